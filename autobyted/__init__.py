@@ -1,0 +1,1 @@
+"""autobyted: the daemon that stores job telemetry, predicts good configurations and pushes them."""

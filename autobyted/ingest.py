@@ -1,0 +1,126 @@
+"""Validation of incoming samples and the writer thread that stores them in batched transactions."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import queue
+import threading
+import time
+
+from autobyte.convert import metrics_from_proto
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyted.errors import InvalidArgument
+from autobyted.storage.base import BaseStorage
+from autobyted.storage.records import SampleBatch
+
+log = logging.getLogger(__name__)
+
+DAY_S = 86_400.0
+# Upper bounds no real measurement reaches; a value beyond them is a bug or an attack.
+_LIMITS = {"step_time_s": DAY_S, "forward_s": DAY_S, "backward_s": DAY_S, "exposed_comm_s": DAY_S,
+           "queueing_delay_s": DAY_S, "bytes_reduced": 1 << 50, "partitions": 100_000_000,
+           "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62}
+
+
+def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
+    """A clean SampleBatch, or InvalidArgument naming the first bad value. Nothing is stored
+    from a batch with one bad sample."""
+    if not batch.job:
+        raise InvalidArgument("metrics batch without a job id")
+    if not batch.session_id:
+        raise InvalidArgument("metrics batch without a session id: call Register first")
+    if len(batch.samples) > max_samples:
+        raise InvalidArgument(f"batch of {len(batch.samples)} samples exceeds the limit of {max_samples}; "
+                              "send smaller batches")
+    if batch.dropped_total < 0:
+        raise InvalidArgument(f"dropped_total={batch.dropped_total} must not be negative")
+    now = time.time()
+    samples = []
+    previous_seq = 0
+    for index, message in enumerate(batch.samples):
+        where = f"sample {index} (seq {message.seq}) of job {batch.job!r} rank {batch.rank}"
+        if message.seq <= previous_seq:
+            raise InvalidArgument(f"{where}: seq must start at 1 and increase within a batch")
+        previous_seq = message.seq
+        for name, limit in _LIMITS.items():
+            value = getattr(message, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidArgument(f"{where}: {name}={value} is not a finite number")
+            if value < 0 or value > limit:
+                raise InvalidArgument(f"{where}: {name}={value} is outside [0, {limit:g}]")
+        if not 0 <= message.wall_time_s <= now + DAY_S or not math.isfinite(message.wall_time_s):
+            raise InvalidArgument(f"{where}: wall_time_s={message.wall_time_s} is not a plausible unix time")
+        try:
+            samples.append(metrics_from_proto(message))
+        except ValueError as error:
+            raise InvalidArgument(f"{where}: {error}") from None
+    return SampleBatch(job=batch.job, rank=batch.rank, session_id=batch.session_id,
+                       samples=tuple(samples), dropped_total=batch.dropped_total)
+
+
+class IngestWriter:
+    """One thread owns sample writes: every batch waiting when it wakes goes into one transaction.
+    `submit` returns a future of the stored high-water seq (-1: stale session)."""
+
+    _STOP = object()
+
+    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None) -> None:
+        self._storage = storage
+        self._max_rows = max_rows
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="autobyted-writer", daemon=True)
+        self._on_written = on_written
+        self._closed = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: SampleBatch) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._closed:
+            future.set_exception(RuntimeError("autobyted is shutting down"))
+        else:
+            self._queue.put((batch, future))
+        return future
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush everything submitted so far, then stop."""
+        self._closed = True
+        self._queue.put(self._STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            if item is self._STOP:
+                break
+            pending = [item]
+            rows = len(item[0].samples)
+            while rows < self._max_rows:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is self._STOP:
+                    stopping = True
+                    break
+                pending.append(item)
+                rows += len(item[0].samples)
+            self._write(pending)
+
+    def _write(self, pending) -> None:
+        try:
+            acked = self._storage.append_samples([batch for batch, _ in pending])
+        except Exception as error:  # the stream handlers report it; the writer keeps going
+            log.error("writing %d batches failed: %s", len(pending), error)
+            for _, future in pending:
+                future.set_exception(error)
+            return
+        for (_, future), seq in zip(pending, acked):
+            future.set_result(seq)
+        if self._on_written is not None:
+            self._on_written(sum(len(b.samples) for b, _ in pending))

@@ -1,0 +1,55 @@
+"""Prometheus metrics of the daemon and structured (JSON) logging for its entry point."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class DaemonMetrics:
+    """The daemon's counters, on a registry of their own (one per daemon, so tests can run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.jobs = Gauge("autobyted_jobs", "Jobs known to the daemon", ["state"], registry=self.registry)
+        self.samples_ingested = Counter("autobyted_samples_ingested", "Step samples stored",
+                                        registry=self.registry)
+        self.samples_rejected = Counter("autobyted_samples_rejected", "Step samples rejected as invalid",
+                                        registry=self.registry)
+        self.streams = Gauge("autobyted_streams_active", "Open telemetry and control streams", ["kind"],
+                             registry=self.registry)
+        self.decisions = Counter("autobyted_decisions", "Configuration decisions made", registry=self.registry)
+        self.rpc_errors = Counter("autobyted_rpc_errors", "RPCs answered with an error status", ["code"],
+                                  registry=self.registry)
+
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and any `extra=` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                 "msg": record.getMessage()}
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Only the entry point calls this; it configures the `autobyted` logger tree, nothing else."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.Formatter.converter = time.gmtime
+    root = logging.getLogger("autobyted")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

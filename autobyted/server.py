@@ -1,0 +1,69 @@
+"""Builds the daemon's gRPC server; starts nothing (app.py does)."""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+
+from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyted.servicer import Services
+from autobyted.settings import Settings
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC must carry `authorization: Bearer <token>` when the daemon has a token."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        supplied = metadata.get("authorization", "")
+        if isinstance(supplied, str):
+            supplied = supplied.encode()
+        if hmac.compare_digest(supplied, self._expected):
+            return await continuation(handler_call_details)
+        message = ("missing token: pass --token or set AUTOBYTE_TOKEN" if not supplied
+                   else "wrong token: check --token / AUTOBYTE_TOKEN against the daemon's")
+        handler = await continuation(handler_call_details)
+        return _deny(handler, message)
+
+
+def _deny(handler, message: str):
+    async def unary(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def stream(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover
+
+    if handler is None:
+        return None
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(stream)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(stream)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary)
+    return grpc.unary_unary_rpc_method_handler(unary)
+
+
+def make_server(services: Services, settings: Settings) -> tuple[grpc.aio.Server, int]:
+    """An unstarted server bound to settings.listen; returns it with the bound port (0 → a free one)."""
+    interceptors = [TokenInterceptor(settings.token)] if settings.token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.so_reuseport", 0),
+    ])
+    pb_grpc.add_TelemetryServicer_to_server(services, server)
+    pb_grpc.add_ControlServicer_to_server(services, server)
+    pb_grpc.add_QueryServicer_to_server(services, server)
+    if settings.tls_cert:
+        with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        port = server.add_secure_port(settings.listen, credentials)
+    else:
+        port = server.add_insecure_port(settings.listen)
+    return server, port

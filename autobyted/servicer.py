@@ -1,0 +1,251 @@
+"""gRPC servicers: telemetry in, control out, queries for the CLI (grpc.aio)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from typing import Callable
+
+import grpc
+
+from autobyte import __version__
+from autobyte.convert import config_from_proto, config_to_proto
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.types import Config
+from autobyted.errors import InvalidArgument, status_for
+from autobyted.ingest import IngestWriter, validate_batch
+from autobyted.observability import DaemonMetrics
+from autobyted.settings import Settings
+from autobyted.storage.base import BaseStorage
+from autobyted.storage.records import DecisionRecord, Fingerprint, Registration
+
+log = logging.getLogger(__name__)
+RUNNING_WITHIN_S = 30.0
+
+
+def _abort_on_error(metrics: DaemonMetrics):
+    """Turn any exception of a handler into a gRPC status via errors.status_for."""
+
+    def decorate(method: Callable):
+        async def report(error: BaseException, context) -> None:
+            code, message = status_for(error)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("internal error in %s", method.__name__)
+            metrics.rpc_errors.labels(code.name).inc()
+            await context.abort(code, message)
+
+        if inspect.isasyncgenfunction(method):
+            @functools.wraps(method)
+            async def stream_wrapper(self, request, context):
+                try:
+                    async for item in method(self, request, context):
+                        yield item
+                except (asyncio.CancelledError, grpc.aio.AbortError):
+                    raise
+                except Exception as error:
+                    await report(error, context)
+            return stream_wrapper
+
+        @functools.wraps(method)
+        async def wrapper(self, request, context):
+            try:
+                return await method(self, request, context)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as error:
+                await report(error, context)
+        return wrapper
+
+    return decorate
+
+
+def decision_to_proto(record: DecisionRecord) -> pb.Decision:
+    message = pb.Decision(decision_id=record.decision_id, job=record.job, config=config_to_proto(record.config),
+                          apply_at_step=record.apply_at_step, reason=record.reason,
+                          created_at_s=record.created_at_s, state=record.state)
+    for name in ("predicted_step_time_s", "measured_step_time_s", "applied_at_step"):
+        if getattr(record, name) is not None:
+            setattr(message, name, getattr(record, name))
+    return message
+
+
+class DecisionHub:
+    """Wakes WatchConfig streams of a job when a decision is stored."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    def subscribe(self, job: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(job, set()).add(event)
+        return event
+
+    def unsubscribe(self, job: str, event: asyncio.Event) -> None:
+        self._waiters.get(job, set()).discard(event)
+
+    def publish(self, job: str) -> None:
+        for event in self._waiters.get(job, ()):
+            event.set()
+
+
+class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.QueryServicer):
+    """All three services over one storage; one instance per daemon."""
+
+    def __init__(self, storage: BaseStorage, writer: IngestWriter, settings: Settings,
+                 metrics: DaemonMetrics) -> None:
+        self._storage = storage
+        self._writer = writer
+        self._settings = settings
+        self._metrics = metrics
+        self._hub = DecisionHub()
+        wrap = _abort_on_error(metrics)
+        for name in ("Register", "StreamMetrics", "WatchConfig", "ReportConfig", "ProposeConfig", "Status",
+                     "History", "Best"):
+            setattr(self, name, wrap(getattr(type(self), name)).__get__(self))
+
+    async def _call(self, fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # ------------------------------------------------------------------ telemetry
+    async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterResponse:
+        if not request.job or len(request.job) > 255:
+            raise InvalidArgument("job id must be 1 to 255 characters")
+        if request.world_size < 1 or not 0 <= request.rank < request.world_size:
+            raise InvalidArgument(f"rank {request.rank} is not within world size {request.world_size}")
+        if not request.instance_id:
+            raise InvalidArgument("registration without an instance id")
+        fp = request.model
+        registration = Registration(
+            job=request.job, rank=request.rank, world_size=request.world_size, backend=request.backend or "unknown",
+            instance_id=request.instance_id, hostname=request.hostname, pid=request.pid,
+            fingerprint=Fingerprint(fp.parameter_count, fp.parameter_bytes, fp.tensor_count,
+                                    fp.largest_tensor_bytes, fp.median_tensor_bytes, fp.digest),
+            config=config_from_proto(request.config))
+        result = await self._call(self._storage.register, registration, self._settings.rank_liveness_s)
+        log.info("rank registered", extra={"job": request.job, "rank": request.rank,
+                                           "last_acked_seq": result.last_acked_seq})
+        return pb.RegisterResponse(session_id=result.session_id, last_acked_seq=result.last_acked_seq)
+
+    async def StreamMetrics(self, request_iterator, context):
+        self._metrics.streams.labels("telemetry").inc()
+        try:
+            async for batch in request_iterator:
+                try:
+                    clean = validate_batch(batch, self._settings.max_samples_per_batch)
+                except InvalidArgument:
+                    self._metrics.samples_rejected.inc(len(batch.samples))
+                    raise
+                acked = await asyncio.wrap_future(self._writer.submit(clean))
+                if acked < 0:
+                    raise InvalidArgument(
+                        f"session {batch.session_id!r} is not the current registration of job {batch.job!r} "
+                        f"rank {batch.rank}; register again")
+                yield pb.MetricsAck(acked_seq=acked)
+        finally:
+            self._metrics.streams.labels("telemetry").dec()
+
+    # ------------------------------------------------------------------ control
+    async def WatchConfig(self, request: pb.WatchConfigRequest, context):
+        await self._call(self._storage.decisions, request.job, 2**62)  # NotFound for an unknown job
+        event = self._hub.subscribe(request.job)
+        self._metrics.streams.labels("control").inc()
+        after = request.after_decision_id
+        try:
+            while True:
+                event.clear()
+                for record in await self._call(self._storage.decisions, request.job, after):
+                    after = record.decision_id
+                    if record.state in ("pending", "applied"):
+                        yield pb.ConfigUpdate(job=record.job, decision_id=record.decision_id,
+                                              config=config_to_proto(record.config),
+                                              apply_at_step=record.apply_at_step, reason=record.reason)
+                await event.wait()
+        finally:
+            self._hub.unsubscribe(request.job, event)
+            self._metrics.streams.labels("control").dec()
+
+    async def ReportConfig(self, request: pb.ReportConfigRequest, context) -> pb.ReportConfigResponse:
+        config = config_from_proto(request.config)
+        if request.applied_at_step < 0:
+            raise InvalidArgument(f"applied_at_step={request.applied_at_step} must not be negative")
+        await self._call(self._storage.record_applied_config, request.job, request.rank, request.decision_id,
+                         config, request.applied_at_step)
+        return pb.ReportConfigResponse()
+
+    async def ProposeConfig(self, request: pb.ProposeConfigRequest, context) -> pb.Decision:
+        config = config_from_proto(request.config)
+        if request.apply_at_step < 0:
+            raise InvalidArgument(f"apply_at_step={request.apply_at_step} must not be negative")
+        record = await self.decide(request.job, config, request.apply_at_step, request.reason or "operator request")
+        return decision_to_proto(record)
+
+    async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
+                     predicted_step_time_s: float | None = None) -> DecisionRecord:
+        """Store a decision and wake the job's control streams (also the tuner's way out)."""
+        record = await self._call(self._storage.add_decision, job, config, apply_at_step, reason,
+                                  predicted_step_time_s)
+        self._metrics.decisions.inc()
+        self._hub.publish(job)
+        log.info("decision", extra={"job": job, "decision_id": record.decision_id, "config": config.describe(),
+                                    "reason": reason})
+        return record
+
+    # ------------------------------------------------------------------ query
+    async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+        jobs = await self._call(self._storage.jobs, RUNNING_WITHIN_S)
+        response = pb.StatusResponse(daemon_version=__version__)
+        for job in jobs:
+            status = response.jobs.add(
+                job=job.job, state=job.state, world_size=job.world_size, steps=job.steps,
+                config=config_to_proto(job.config), ranks=job.ranks, backend=job.backend,
+                recent_step_time_s=job.recent_step_time_s,
+                recent_steps_per_s=1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0,
+                last_seen_s=job.last_seen_s, dropped_total=job.dropped_total,
+                has_last_decision=job.last_decision is not None)
+            if job.last_decision is not None:
+                status.last_decision.CopyFrom(decision_to_proto(job.last_decision))
+        counts: dict[str, int] = {"running": 0, "idle": 0}
+        for job in jobs:
+            counts[job.state] = counts.get(job.state, 0) + 1
+        for state, count in counts.items():
+            self._metrics.jobs.labels(state).set(count)
+        return response
+
+    async def History(self, request: pb.HistoryRequest, context) -> pb.HistoryResponse:
+        if request.limit < 0:
+            raise InvalidArgument(f"limit={request.limit} must not be negative")
+        rank = request.rank if request.HasField("rank") else None
+        limit = min(request.limit or 1000, 100_000)
+        steps = await self._call(self._storage.history, request.job, request.since_s, rank, limit)
+        decisions = await self._call(self._storage.decisions, request.job, 0)
+        response = pb.HistoryResponse(job=request.job)
+        for record in steps:
+            response.steps.add(step=record.step, rank=record.rank, wall_time_s=record.wall_time_s,
+                               step_time_s=record.step_time_s, exposed_comm_s=record.exposed_comm_s,
+                               bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config))
+        response.decisions.extend(decision_to_proto(d) for d in decisions if d.created_at_s >= request.since_s)
+        return response
+
+    async def Best(self, request: pb.BestRequest, context) -> pb.BestResponse:
+        best = await self._call(self._storage.best, request.job)
+        return pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
+                               median_step_time_s=best.median_step_time_s, samples=best.samples,
+                               baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
+
+
+async def retention_loop(storage: BaseStorage, settings: Settings, interval_s: float = 60.0) -> None:
+    """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            removed = await asyncio.to_thread(storage.enforce_retention, settings.retention_raw_samples,
+                                              settings.downsample_every)
+            if removed:
+                log.info("retention downsampled samples", extra={"removed": removed})
+        except Exception as error:  # keep serving; the next round tries again
+            log.warning("retention pass failed: %s", error)
+
+

@@ -1,0 +1,1 @@
+"""Persistent history of jobs, ranks, step metrics, configurations and decisions."""

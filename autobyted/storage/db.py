@@ -1,0 +1,136 @@
+"""Engine, SQLite pragmas, the one session scope, and schema migration on start."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pathlib
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from autobyted.errors import AlreadyExists, ForeignDatabase, StorageError
+
+log = logging.getLogger(__name__)
+MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent.parent / "migrations"
+if not (MIGRATIONS_DIR / "env.py").exists():  # editable checkout: the source folder at the root
+    MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parents[2] / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine; for SQLite the pragmas are applied on every new connection."""
+    try:
+        engine = sa.create_engine(url, future=True)
+    except (SQLAlchemyError, ValueError, ImportError) as error:
+        raise StorageError(f"cannot use database URL {url!r}: {error}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class SessionScope:
+    """`with scope() as session:` commits on success, rolls back on error, always closes, and
+    turns SQLAlchemy errors into the daemon's errors."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._factory = sessionmaker(engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[Session]:
+        session = self._factory()
+        try:
+            yield session
+            session.commit()
+        except IntegrityError as error:
+            session.rollback()
+            raise AlreadyExists(f"conflicting record: {error.orig}") from None
+        except OperationalError as error:
+            session.rollback()
+            raise StorageError(f"database unavailable: {error.orig}") from None
+        except SQLAlchemyError as error:
+            session.rollback()
+            raise StorageError(f"database error: {error}") from None
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+
+def _alembic_config(connection=None):
+    from alembic.config import Config as AlembicConfig
+
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def migrate(engine: Engine) -> str:
+    """Create or upgrade the schema to head; refuse a database autobyted did not create.
+    Returns the revision now in effect."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    known = {rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    with engine.connect() as connection:
+        tables = set(sa.inspect(connection).get_table_names())
+        current = MigrationContext.configure(connection).get_current_revision()
+    url = engine.url.render_as_string(hide_password=True)
+    if current is None and tables - {"alembic_version"}:
+        raise ForeignDatabase(
+            f"database {url} already holds tables ({', '.join(sorted(tables)[:5])}) that autobyted did "
+            "not create; point --db at a new file or an autobyted database")
+    if current is not None and current not in known:
+        raise ForeignDatabase(
+            f"database {url} is at schema revision {current!r}, which this autobyted does not know "
+            "(written by a newer autobyted?); upgrade autobyted or use another database")
+    with engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), "head")
+    revision = head_revision()
+    if current != revision:
+        log.info("database schema migrated", extra={"from_revision": current, "to_revision": revision})
+    return revision
+
+
+def _revision_cli() -> None:  # pragma: no cover - developer tool
+    """python -m autobyted.storage.db revision "message": autogenerate a revision against the models."""
+    import sys
+    import tempfile
+
+    from alembic import command
+
+    from autobyted.storage.models import Base
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = make_engine(f"sqlite:///{tmp}/rev.db")
+        with engine.begin() as connection:
+            command.upgrade(_alembic_config(connection), "head")
+            config = _alembic_config(connection)
+            config.attributes["target_metadata"] = Base.metadata
+            command.revision(config, message=sys.argv[2], autogenerate=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _revision_cli()

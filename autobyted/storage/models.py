@@ -1,0 +1,104 @@
+"""SQLAlchemy 2.x models. Every change here ships an Alembic revision in migrations/versions."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    world_size: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(32))
+    model_digest: Mapped[str] = mapped_column(String(64))
+    parameter_count: Mapped[int] = mapped_column(BigInteger)
+    parameter_bytes: Mapped[int] = mapped_column(BigInteger)
+    tensor_count: Mapped[int] = mapped_column(Integer)
+    largest_tensor_bytes: Mapped[int] = mapped_column(BigInteger)
+    median_tensor_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited).
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Rank(Base):
+    __tablename__ = "ranks"
+    __table_args__ = (UniqueConstraint("job_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    instance_id: Mapped[str] = mapped_column(String(128))
+    session_id: Mapped[str] = mapped_column(String(64))
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    registered_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    # Highest sample seq of this instance that is stored: the ack the client may rely on.
+    last_acked_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StepSample(Base):
+    __tablename__ = "step_metrics"
+    __table_args__ = (Index("ix_step_metrics_job_step", "job_id", "step"),
+                      Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
+    wall_time_s: Mapped[float] = mapped_column(Float)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    forward_s: Mapped[float] = mapped_column(Float)
+    backward_s: Mapped[float] = mapped_column(Float)
+    exposed_comm_s: Mapped[float] = mapped_column(Float)
+    queueing_delay_s: Mapped[float] = mapped_column(Float)
+    bytes_reduced: Mapped[int] = mapped_column(BigInteger)
+    partitions: Mapped[int] = mapped_column(Integer)
+    bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    decision_id: Mapped[int] = mapped_column(BigInteger)
+
+
+class Decision(Base):
+    __tablename__ = "decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    apply_at_step: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(Text)
+    predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    measured_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16))
+    applied_at_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AppliedConfig(Base):
+    """What a rank reported as actually in effect, and from which step."""
+
+    __tablename__ = "configurations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    decision_id: Mapped[int] = mapped_column(BigInteger)
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    applied_at_step: Mapped[int] = mapped_column(BigInteger)
+    reported_at: Mapped[float] = mapped_column(Float)

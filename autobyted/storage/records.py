@@ -1,0 +1,98 @@
+"""Frozen values the storage returns; ORM rows never leave the storage package."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autobyte.types import Config, StepMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    parameter_count: int = 0
+    parameter_bytes: int = 0
+    tensor_count: int = 0
+    largest_tensor_bytes: int = 0
+    median_tensor_bytes: int = 0
+    digest: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    job: str
+    rank: int
+    world_size: int
+    backend: str
+    instance_id: str
+    fingerprint: Fingerprint = Fingerprint()
+    config: Config = Config()
+    hostname: str = ""
+    pid: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterResult:
+    session_id: str
+    last_acked_seq: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleBatch:
+    """Validated samples of one (job, rank, session) in seq order."""
+
+    job: str
+    rank: int
+    session_id: str
+    samples: tuple[tuple[int, StepMetrics], ...]
+    dropped_total: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+    decision_id: int
+    job: str
+    config: Config
+    apply_at_step: int
+    reason: str
+    created_at_s: float
+    state: str
+    predicted_step_time_s: float | None = None
+    measured_step_time_s: float | None = None
+    applied_at_step: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    job: str
+    state: str
+    world_size: int
+    backend: str
+    steps: int
+    config: Config
+    ranks: tuple[int, ...]
+    recent_step_time_s: float
+    last_seen_s: float
+    dropped_total: int
+    last_decision: DecisionRecord | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    step: int
+    rank: int
+    wall_time_s: float
+    step_time_s: float
+    exposed_comm_s: float
+    bytes_reduced: int
+    config: Config
+
+
+@dataclasses.dataclass(frozen=True)
+class BestRecord:
+    job: str
+    found: bool
+    config: Config = Config()
+    median_step_time_s: float = 0.0
+    samples: int = 0
+    baseline_step_time_s: float = 0.0
+    evidence: str = ""

@@ -1,0 +1,257 @@
+"""SQLAlchemy implementation of the storage contract (SQLite by default, any SQLAlchemy URL)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from autobyte.types import Config
+from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
+from autobyted.storage import models as m
+from autobyted.storage.base import BaseStorage
+from autobyted.storage.db import SessionScope
+from autobyted.storage.records import (BestRecord, DecisionRecord, JobRecord, RegisterResult,
+                                       Registration, SampleBatch, StepRecord)
+
+# Steps right after a job starts are warm-up (allocation, first-use order recording).
+WARMUP_STEPS = 5
+
+
+def _config(row) -> Config:
+    return Config(row.partition_bytes, row.credit_bytes)
+
+
+def _decision(row: m.Decision, job: str) -> DecisionRecord:
+    return DecisionRecord(decision_id=row.id, job=job, config=_config(row), apply_at_step=row.apply_at_step,
+                          reason=row.reason, created_at_s=row.created_at, state=row.state,
+                          predicted_step_time_s=row.predicted_step_time_s,
+                          measured_step_time_s=row.measured_step_time_s, applied_at_step=row.applied_at_step)
+
+
+class SqlStorage(BaseStorage):
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._scope = SessionScope(engine)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _job(session, name: str) -> m.Job:
+        job = session.scalars(sa.select(m.Job).where(m.Job.name == name)).one_or_none()
+        if job is None:
+            raise NotFound(f"unknown job {name!r}; `autobyte status` lists the jobs the daemon knows")
+        return job
+
+    # ------------------------------------------------------------------ telemetry
+    def register(self, registration: Registration, liveness_s: float) -> RegisterResult:
+        now = time.time()
+        r = registration
+        with self._scope() as session:
+            job = session.scalars(sa.select(m.Job).where(m.Job.name == r.job)).one_or_none()
+            fp = r.fingerprint
+            if job is None:
+                job = m.Job(name=r.job, world_size=r.world_size, backend=r.backend, model_digest=fp.digest,
+                            parameter_count=fp.parameter_count, parameter_bytes=fp.parameter_bytes,
+                            tensor_count=fp.tensor_count, largest_tensor_bytes=fp.largest_tensor_bytes,
+                            median_tensor_bytes=fp.median_tensor_bytes, created_at=now, last_seen_at=now,
+                            max_step=-1, partition_bytes=r.config.partition_bytes,
+                            credit_bytes=r.config.credit_bytes, dropped_total=0)
+                session.add(job)
+                session.flush()
+            elif job.world_size != r.world_size:
+                raise FailedPrecondition(
+                    f"job {r.job!r} is registered with world size {job.world_size}, not {r.world_size}; "
+                    "use a new job id for a differently sized run")
+            rank = session.scalars(sa.select(m.Rank).where(m.Rank.job_id == job.id,
+                                                           m.Rank.rank == r.rank)).one_or_none()
+            session_id = uuid.uuid4().hex
+            if rank is None:
+                session.add(m.Rank(job_id=job.id, rank=r.rank, instance_id=r.instance_id, session_id=session_id,
+                                   hostname=r.hostname, pid=r.pid, registered_at=now, last_seen_at=now,
+                                   last_acked_seq=0, dropped_total=0))
+                last_acked = 0
+            elif rank.instance_id == r.instance_id:
+                rank.session_id, rank.last_seen_at = session_id, now
+                last_acked = rank.last_acked_seq
+            elif now - rank.last_seen_at < liveness_s:
+                raise AlreadyExists(
+                    f"rank {r.rank} of job {r.job!r} is held by a live process (pid {rank.pid} on "
+                    f"{rank.hostname}, seen {now - rank.last_seen_at:.1f}s ago); use another job id "
+                    f"or wait {liveness_s:.0f}s after it stops")
+            else:  # a restarted job takes over a silent rank; its samples start from seq 1 again
+                rank.instance_id, rank.session_id, rank.hostname, rank.pid = (r.instance_id, session_id,
+                                                                               r.hostname, r.pid)
+                rank.registered_at = rank.last_seen_at = now
+                rank.last_acked_seq = 0
+                last_acked = 0
+            job.last_seen_at = now
+        return RegisterResult(session_id=session_id, last_acked_seq=last_acked)
+
+    def append_samples(self, batches: Sequence[SampleBatch]) -> list[int]:
+        """Returns per batch the stored high-water seq, or -1 when its session is not current."""
+        now = time.time()
+        acked: list[int] = []
+        with self._scope() as session:
+            jobs: dict[str, m.Job | None] = {}
+            rows: list[dict] = []
+            for batch in batches:
+                if batch.job not in jobs:
+                    jobs[batch.job] = session.scalars(sa.select(m.Job).where(m.Job.name == batch.job)).one_or_none()
+                job = jobs[batch.job]
+                rank = None if job is None else session.scalars(
+                    sa.select(m.Rank).where(m.Rank.job_id == job.id, m.Rank.rank == batch.rank)).one_or_none()
+                if rank is None or rank.session_id != batch.session_id:
+                    acked.append(-1)
+                    continue
+                fresh = [(seq, s) for seq, s in batch.samples if seq > rank.last_acked_seq]
+                for seq, s in fresh:
+                    rows.append(dict(job_id=job.id, rank=batch.rank, step=s.step, wall_time_s=s.wall_time_s,
+                                     step_time_s=s.step_time_s, forward_s=s.forward_s, backward_s=s.backward_s,
+                                     exposed_comm_s=s.exposed_comm_s, queueing_delay_s=s.queueing_delay_s,
+                                     bytes_reduced=s.bytes_reduced, partitions=s.partitions,
+                                     bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
+                                     partition_bytes=s.config.partition_bytes,
+                                     credit_bytes=s.config.credit_bytes, decision_id=s.decision_id))
+                if fresh:
+                    rank.last_acked_seq = fresh[-1][0]
+                    job.max_step = max(job.max_step, max(s.step for _, s in fresh))
+                    if batch.rank == 0:
+                        job.partition_bytes = fresh[-1][1].config.partition_bytes
+                        job.credit_bytes = fresh[-1][1].config.credit_bytes
+                if batch.dropped_total > rank.dropped_total:
+                    job.dropped_total += batch.dropped_total - rank.dropped_total
+                    rank.dropped_total = batch.dropped_total
+                rank.last_seen_at = job.last_seen_at = now
+                acked.append(rank.last_acked_seq)
+            if rows:
+                session.execute(sa.insert(m.StepSample), rows)
+        return acked
+
+    # ------------------------------------------------------------------ control
+    def record_applied_config(self, job: str, rank: int, decision_id: int, config: Config,
+                              applied_at_step: int) -> None:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            session.add(m.AppliedConfig(job_id=job_row.id, rank=rank, decision_id=decision_id,
+                                        partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
+                                        applied_at_step=applied_at_step, reported_at=time.time()))
+            if decision_id:
+                decision = session.get(m.Decision, decision_id)
+                if decision is None or decision.job_id != job_row.id:
+                    raise NotFound(f"job {job!r} has no decision {decision_id}")
+                if rank == 0:
+                    decision.state, decision.applied_at_step = "applied", applied_at_step
+            if rank == 0:
+                job_row.partition_bytes, job_row.credit_bytes = config.partition_bytes, config.credit_bytes
+
+    def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
+                     predicted_step_time_s: float | None = None) -> DecisionRecord:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            session.execute(sa.update(m.Decision).where(m.Decision.job_id == job_row.id,
+                                                        m.Decision.state == "pending")
+                            .values(state="superseded"))
+            row = m.Decision(job_id=job_row.id, partition_bytes=config.partition_bytes,
+                             credit_bytes=config.credit_bytes, apply_at_step=apply_at_step, reason=reason,
+                             predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
+                             state="pending")
+            session.add(row)
+            session.flush()
+            return _decision(row, job)
+
+    def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            rows = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job_row.id,
+                                                               m.Decision.id > after_decision_id)
+                                   .order_by(m.Decision.id)).all()
+            return [_decision(row, job) for row in rows]
+
+    # ------------------------------------------------------------------ query
+    def jobs(self, running_within_s: float) -> list[JobRecord]:
+        now = time.time()
+        out = []
+        with self._scope() as session:
+            for job in session.scalars(sa.select(m.Job).order_by(m.Job.name)).all():
+                ranks = tuple(session.scalars(sa.select(m.Rank.rank).where(m.Rank.job_id == job.id)
+                                              .order_by(m.Rank.rank)).all())
+                recent = session.scalars(sa.select(m.StepSample.step_time_s)
+                                         .where(m.StepSample.job_id == job.id, m.StepSample.rank == 0)
+                                         .order_by(m.StepSample.step.desc()).limit(20)).all()
+                last = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job.id)
+                                       .order_by(m.Decision.id.desc()).limit(1)).one_or_none()
+                out.append(JobRecord(
+                    job=job.name, state="running" if now - job.last_seen_at < running_within_s else "idle",
+                    world_size=job.world_size, backend=job.backend, steps=job.max_step + 1, config=_config(job),
+                    ranks=ranks, recent_step_time_s=statistics.median(recent) if recent else 0.0,
+                    last_seen_s=job.last_seen_at, dropped_total=job.dropped_total,
+                    last_decision=_decision(last, job.name) if last else None))
+        return out
+
+    def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
+                limit: int = 1000) -> list[StepRecord]:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id,
+                                                  m.StepSample.wall_time_s >= since_s)
+            if rank is not None:
+                query = query.where(m.StepSample.rank == rank)
+            rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
+                                   .limit(limit)).all()
+            return [StepRecord(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
+                               exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r))
+                    for r in reversed(rows)]
+
+    def best(self, job: str, min_samples: int = 5) -> BestRecord:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            rows = session.execute(sa.select(m.StepSample.partition_bytes, m.StepSample.credit_bytes,
+                                             m.StepSample.step_time_s, m.StepSample.step)
+                                   .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0,
+                                          m.StepSample.step >= WARMUP_STEPS)).all()
+        by_config: dict[tuple, list[tuple[float, int]]] = {}
+        for partition, credit, step_time, step in rows:
+            by_config.setdefault((partition, credit), []).append((step_time, step))
+        candidates = {key: vals for key, vals in by_config.items() if len(vals) >= min_samples}
+        if not candidates:
+            return BestRecord(job=job, found=False,
+                              evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
+        medians = {key: statistics.median(v for v, _ in vals) for key, vals in candidates.items()}
+        key = min(medians, key=medians.get)
+        steps = [s for _, s in candidates[key]]
+        baseline = medians.get((None, None), 0.0)
+        evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; "
+                    f"{len(candidates)} configuration(s) compared")
+        if baseline:
+            evidence += f"; {baseline / medians[key]:.2f}x the no-scheduling baseline"
+        return BestRecord(job=job, found=True, config=Config(*key), median_step_time_s=medians[key],
+                          samples=len(steps), baseline_step_time_s=baseline, evidence=evidence)
+
+    # ------------------------------------------------------------------ maintenance
+    def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:
+        removed = 0
+        with self._scope() as session:
+            for job_id in session.scalars(sa.select(m.Job.id)).all():
+                count = session.scalar(sa.select(sa.func.count()).where(m.StepSample.job_id == job_id))
+                excess = count - max_raw_samples
+                if excess <= 0:
+                    continue
+                # The oldest `excess` rows lose all but every keep_every-th step.
+                cutoff = session.scalar(sa.select(m.StepSample.id).where(m.StepSample.job_id == job_id)
+                                        .order_by(m.StepSample.id).offset(excess - 1).limit(1))
+                result = session.execute(sa.delete(m.StepSample).where(
+                    m.StepSample.job_id == job_id, m.StepSample.id <= cutoff,
+                    m.StepSample.step % keep_every != 0))
+                removed += result.rowcount or 0
+        return removed
+
+    def sample_count(self, job: str | None = None) -> int:
+        with self._scope() as session:
+            query = sa.select(sa.func.count()).select_from(m.StepSample)
+            if job is not None:
+                query = query.where(m.StepSample.job_id == self._job(session, job).id)
+            return session.scalar(query)

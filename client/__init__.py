@@ -1,0 +1,16 @@
+"""autobyte: a continuously tuned communication scheduler for distributed PyTorch training."""
+
+from autobyte._version import __version__
+from autobyte.telemetry import init, shutdown
+from autobyte.types import Config, StepMetrics
+
+__all__ = ["__version__", "Config", "ScheduledOptimizer", "StepMetrics", "init", "shutdown"]
+
+
+def __getattr__(name: str):
+    # torch is an extra: `import autobyte` works without it; the scheduler loads on first use.
+    if name == "ScheduledOptimizer":
+        from autobyte.scheduler import ScheduledOptimizer
+
+        return ScheduledOptimizer
+    raise AttributeError(f"module 'autobyte' has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""Opening a gRPC channel to autobyted: address and token defaults, TLS, auth metadata."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+
+DEFAULT_DAEMON = "127.0.0.1:7077"
+
+
+def daemon_address(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("AUTOBYTE_DAEMON") or DEFAULT_DAEMON
+
+
+def daemon_token(explicit: str | None = None) -> str | None:
+    return explicit or os.environ.get("AUTOBYTE_TOKEN") or None
+
+
+def open_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+    if tls_ca:
+        with open(tls_ca, "rb") as handle:
+            credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
+        return grpc.secure_channel(address, credentials, options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()

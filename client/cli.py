@@ -1,0 +1,205 @@
+"""`autobyte` command line: status, history and best of the jobs autobyted knows."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import sys
+
+import click
+import grpc
+
+from autobyte import __version__
+from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_channel
+from autobyte.convert import config_dict
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.types import Config, format_bytes, parse_bytes
+
+RPC_TIMEOUT_S = 10.0
+EXIT_UNREACHABLE = 2
+EXIT_ERROR = 1
+
+
+class Connection:
+    def __init__(self, daemon: str | None, token: str | None, tls_ca: str | None) -> None:
+        self.address = daemon_address(daemon)
+        self.metadata = auth_metadata(daemon_token(token))
+        self.channel = open_channel(self.address, tls_ca)
+
+    def call(self, stub_type, method: str, request):
+        stub = stub_type(self.channel)
+        try:
+            return getattr(stub, method)(request, timeout=RPC_TIMEOUT_S, metadata=self.metadata)
+        except grpc.RpcError as error:
+            code = error.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                fail(f"cannot reach autobyted at {self.address} ({code.name.lower()}); is it running? "
+                     "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
+            fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
+
+
+def fail(message: str, code: int) -> None:
+    click.echo(f"autobyte: {message}", err=True)
+    sys.exit(code)
+
+
+def _when(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).strftime("%H:%M:%S") if unix_s else "-"
+
+
+def _cfg(message: pb.Config) -> str:
+    c = config_dict(message)
+    return f"{format_bytes(c['partition_bytes'], 'none')}/{format_bytes(c['credit_bytes'], 'inf')}"
+
+
+def decision_dict(d: pb.Decision) -> dict:
+    return {"decision_id": d.decision_id, "config": config_dict(d.config), "apply_at_step": d.apply_at_step,
+            "reason": d.reason, "state": d.state, "created_at_s": d.created_at_s,
+            "predicted_step_time_s": d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None,
+            "measured_step_time_s": d.measured_step_time_s if d.HasField("measured_step_time_s") else None,
+            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None}
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns; callers keep widths within 80 columns."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def connection_options(fn):
+    fn = click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
+                      help="PEM CA certificate when the daemon uses TLS")(fn)
+    fn = click.option("--token", help="shared token [env AUTOBYTE_TOKEN]")(fn)
+    fn = click.option("--daemon", help="HOST:PORT of autobyted [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]")(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="autobyte")
+def main() -> None:
+    """autobyte: what the daemon sees, what it decided, and why."""
+
+
+@main.command()
+@connection_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status(daemon, token, tls_ca, fmt) -> None:
+    """Jobs, state, ranks, configuration in effect, throughput, last decision."""
+    response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Status", pb.StatusRequest())
+    if fmt == "json":
+        jobs = [{"job": j.job, "state": j.state, "world_size": j.world_size, "steps": j.steps,
+                 "config": config_dict(j.config), "ranks": list(j.ranks), "backend": j.backend,
+                 "recent_step_time_s": j.recent_step_time_s, "recent_steps_per_s": j.recent_steps_per_s,
+                 "dropped_samples": j.dropped_total,
+                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None}
+                for j in response.jobs]
+        click.echo(json.dumps({"jobs": jobs, "daemon_version": response.daemon_version}, indent=2))
+        return
+    if not response.jobs:
+        click.echo("no jobs yet")
+        return
+    rows = []
+    for j in response.jobs:
+        last = (f"#{j.last_decision.decision_id} {_cfg(j.last_decision.config)} {j.last_decision.state}"
+                if j.has_last_decision else "-")
+        rows.append([j.job[:18], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
+                     f"{j.recent_steps_per_s:.2f}", last[:24]])
+    click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "LAST DECISION"], rows))
+
+
+@main.command()
+@click.argument("job")
+@connection_options
+@click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
+@click.option("--rank", type=int, default=None, help="only this rank's steps")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
+              help="latest N step records")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
+    """Steps and decisions of JOB over time."""
+    request = pb.HistoryRequest(job=job, since_s=since, limit=limit)
+    if rank is not None:
+        request.rank = rank
+    response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "History", request)
+    steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
+              "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": config_dict(s.config)}
+             for s in response.steps]
+    decisions = [decision_dict(d) for d in response.decisions]
+    if fmt == "json":
+        click.echo(json.dumps({"job": job, "steps": steps, "decisions": decisions}, indent=2))
+    elif fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
+                         "partition_bytes", "credit_bytes", "decision_id", "state", "reason"])
+        for s in steps:
+            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
+                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
+                             "", "", ""])
+        for d in decisions:
+            writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
+                             d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
+                             d["state"], d["reason"]])
+        click.echo(out.getvalue(), nl=False)
+    else:
+        rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
+                 f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(response.steps[i].config)] for i, s in enumerate(steps)]
+        click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
+                   else "no steps recorded")
+        if decisions:
+            click.echo("")
+            click.echo(table(["DECISION", "AT_STEP", "PART/CREDIT", "STATE", "REASON"],
+                             [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.state, d.reason[:36]]
+                              for d in response.decisions]))
+
+
+@main.command()
+@click.argument("job")
+@connection_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def best(job, daemon, token, tls_ca, fmt) -> None:
+    """The best configuration found for JOB, with its evidence."""
+    r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
+    if fmt == "json":
+        click.echo(json.dumps({"job": r.job, "found": r.found, "config": config_dict(r.config) if r.found else None,
+                               "median_step_time_s": r.median_step_time_s, "samples": r.samples,
+                               "baseline_step_time_s": r.baseline_step_time_s or None,
+                               "evidence": r.evidence}, indent=2))
+        return
+    if not r.found:
+        click.echo(f"{job}: no best configuration yet ({r.evidence})")
+        return
+    click.echo(f"{job}: {Config(**config_dict(r.config)).describe()}")
+    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps")
+    if r.baseline_step_time_s:
+        click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms")
+    click.echo(f"  evidence: {r.evidence}")
+
+
+@main.command()
+@click.argument("job")
+@connection_options
+@click.option("--partition", "partition", required=True, help="partition size, e.g. 4MiB, or none")
+@click.option("--credit", "credit", required=True, help="credit window, e.g. 16MiB, or unlimited")
+@click.option("--at-step", type=click.IntRange(0), default=0, help="step to apply at (0: next step)")
+@click.option("--reason", default="operator request", show_default=True)
+def propose(job, daemon, token, tls_ca, partition, credit, at_step, reason) -> None:
+    """Ask JOB to switch to a configuration (stored as a decision)."""
+    from autobyte.convert import config_to_proto
+
+    try:
+        config = Config(parse_bytes(partition), parse_bytes(credit))
+    except ValueError as error:
+        fail(str(error), EXIT_ERROR)
+    d = Connection(daemon, token, tls_ca).call(
+        pb_grpc.ControlStub, "ProposeConfig",
+        pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))
+    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Generated gRPC protocol code (see protos/ and scripts/gen_protos.py)."""

@@ -1,0 +1,321 @@
+"""Client transport: streams each rank's step metrics to autobyted and applies its decisions.
+
+The training thread only appends to a bounded buffer (a few µs); everything that touches the network
+runs on background threads with timeouts, reconnects with backoff and jitter, and keeps the last good
+configuration when the daemon is slow, down or wrong.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+import random
+import socket
+import statistics
+import threading
+import time
+import uuid
+import weakref
+from typing import Any
+
+import grpc
+
+from autobyte import __version__
+from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_channel
+from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.types import Config, StepMetrics
+
+log = logging.getLogger(__name__)
+log.addHandler(logging.NullHandler())
+
+RPC_TIMEOUT_S = 5.0
+MAX_BATCH_SAMPLES = 500
+BACKOFF_INITIAL_S = 0.2
+BACKOFF_MAX_S = 10.0
+
+_lock = threading.Lock()
+_reporter: "Reporter | None" = None
+
+
+def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
+         rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
+         tls_ca: str | None = None) -> "Reporter":
+    """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
+    created) streams its step metrics and accepts the daemon's configurations. Defaults come from
+    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE.
+    Never blocks on the network."""
+    global _reporter
+    job = job or os.environ.get("AUTOBYTE_JOB") or os.environ.get("TORCHELASTIC_RUN_ID")
+    if not job:
+        raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
+                         "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not within world size {world_size}")
+    if buffer_samples < 1:
+        raise ValueError(f"buffer_samples={buffer_samples} must be positive")
+    with _lock:
+        if _reporter is not None:
+            _reporter.close()
+        _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
+                             buffer_samples, tls_ca)
+        for optimizer in list(_pending_optimizers):
+            _reporter.attach(optimizer)
+        return _reporter
+
+
+def shutdown(timeout_s: float = 2.0) -> None:
+    """Flush what can be flushed within timeout_s and stop the background threads."""
+    global _reporter
+    with _lock:
+        if _reporter is not None:
+            _reporter.close(timeout_s)
+            _reporter = None
+
+
+_pending_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def on_optimizer_created(optimizer) -> None:
+    """Called by ScheduledOptimizer's constructor; attaches it if init() was called."""
+    _pending_optimizers.add(optimizer)
+    reporter = _reporter
+    if reporter is not None:
+        reporter.attach(optimizer)
+
+
+def model_fingerprint(parameters) -> pb.ModelFingerprint:
+    sizes, digest = [], hashlib.sha256()
+    count = 0
+    for p in parameters:
+        sizes.append(p.numel() * p.element_size())
+        count += p.numel()
+        digest.update(f"{tuple(p.shape)}:{p.dtype};".encode())
+    return pb.ModelFingerprint(parameter_count=count, parameter_bytes=sum(sizes), tensor_count=len(sizes),
+                               largest_tensor_bytes=max(sizes, default=0),
+                               median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0,
+                               digest=digest.hexdigest()[:32])
+
+
+def _backend_of(optimizer) -> str:
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(getattr(optimizer, "process_group", None)))
+    except Exception:  # not initialised, or a transport that is not torch.distributed
+        return "unknown"
+
+
+class Reporter:
+    """Per-process connection to the daemon for one (job, rank)."""
+
+    def __init__(self, address: str, job: str, rank: int, world_size: int, token: str | None,
+                 buffer_samples: int, tls_ca: str | None = None) -> None:
+        self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
+        self._metadata = auth_metadata(token)
+        self._tls_ca = tls_ca
+        self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # (seq, metrics, id of the decision in effect)
+        self._buffer: collections.deque[tuple[int, StepMetrics, int]] = collections.deque()
+        self._capacity = buffer_samples
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._acked_seq = 0
+        self._sent_seq = 0
+        self.dropped_total = 0
+        self._closed = threading.Event()
+        self._optimizer = None
+        self._fingerprint: pb.ModelFingerprint | None = None
+        self._backend = "unknown"
+        self._initial_config = Config()
+        # Configuration updates: the watcher thread stores, the training thread applies (rank 0 only).
+        self._pending_update: tuple[int, Config, int, str] | None = None
+        self._decision_id = 0
+        self._reports: collections.deque[pb.ReportConfigRequest] = collections.deque(maxlen=100)
+        self.connected = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._channel: grpc.Channel | None = None
+
+    # ------------------------------------------------------------------ training thread
+    def attach(self, optimizer) -> None:
+        if self._optimizer is not None:
+            if self._optimizer is not optimizer:
+                log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
+            return
+        self._optimizer = optimizer
+        self._fingerprint = model_fingerprint(optimizer.model.parameters())
+        self._backend = _backend_of(optimizer)
+        self._initial_config = optimizer.config
+        optimizer.add_step_callback(self.on_step)
+        self._channel = open_channel(self.address, self._tls_ca)
+        self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
+        if self.rank == 0:
+            self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        """Step callback (training thread): buffer the sample; on rank 0 apply a due configuration."""
+        with self._cond:
+            self._seq += 1
+            if len(self._buffer) >= self._capacity:
+                self._buffer.popleft()
+                self.dropped_total += 1
+            self._buffer.append((self._seq, metrics, self._decision_id))
+            self._cond.notify()
+        update = self._pending_update
+        if update is not None and metrics.step + 1 >= update[2]:
+            self._pending_update = None
+            self._apply(update, metrics.step + 1)
+
+    def _apply(self, update: tuple[int, Config, int, str], step: int) -> None:
+        decision_id, config, _, reason = update
+        try:
+            self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+        except Exception as error:  # keep the last good configuration
+            log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
+            return
+        self._decision_id = decision_id
+        self._reports.append(pb.ReportConfigRequest(job=self.job, rank=self.rank, decision_id=decision_id,
+                                                    config=config_to_proto(self._optimizer.config),
+                                                    applied_at_step=step))
+        with self._cond:
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ background threads
+    def _backoff(self, attempt: int) -> None:
+        delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(attempt, 10))
+        self._closed.wait(delay * random.uniform(0.5, 1.0))
+
+    def _register(self, stub) -> str:
+        response = stub.Register(pb.RegisterRequest(
+            job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
+            model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
+            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id),
+            timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+        with self._cond:
+            self._acked_seq = max(self._acked_seq, response.last_acked_seq)
+            self._sent_seq = self._acked_seq
+            while self._buffer and self._buffer[0][0] <= self._acked_seq:
+                self._buffer.popleft()
+        return response.session_id
+
+    def _batches(self, session_id: str):
+        """Request iterator of the metrics stream (runs on a gRPC thread)."""
+        while not self._closed.is_set():
+            with self._cond:
+                while not self._closed.is_set() and not self._unsent():
+                    self._cond.wait(0.5)
+                pending = [item for item in self._buffer if item[0] > self._sent_seq][:MAX_BATCH_SAMPLES]
+                if pending:
+                    self._sent_seq = pending[-1][0]
+                dropped = self.dropped_total
+            if pending:
+                yield pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id,
+                                      dropped_total=dropped,
+                                      samples=[metrics_to_proto(m, seq, decision) for seq, m, decision in pending])
+
+    def _unsent(self) -> bool:
+        return bool(self._buffer) and self._buffer[-1][0] > self._sent_seq
+
+    def _send_loop(self) -> None:
+        telemetry = pb_grpc.TelemetryStub(self._channel)
+        control = pb_grpc.ControlStub(self._channel)
+        attempt = 0
+        while not self._closed.is_set():
+            try:
+                session_id = self._register(telemetry)
+                self.connected.set()
+                attempt = 0
+                self._flush_reports(control)
+                for ack in telemetry.StreamMetrics(self._batches(session_id), metadata=self._metadata):
+                    with self._cond:
+                        self._acked_seq = max(self._acked_seq, ack.acked_seq)
+                        while self._buffer and self._buffer[0][0] <= self._acked_seq:
+                            self._buffer.popleft()
+                        self._cond.notify_all()
+                    self._flush_reports(control)
+            except grpc.RpcError as error:
+                self.connected.clear()
+                if not self._closed.is_set():
+                    log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
+            except Exception:  # never let the thread die: the training job must not notice
+                self.connected.clear()
+                log.exception("unexpected error in the autobyte telemetry thread")
+            attempt += 1
+            self._backoff(attempt)
+
+    def _flush_reports(self, control) -> None:
+        while self._reports:
+            request = self._reports[0]
+            control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+            self._reports.popleft()
+
+    def _watch_loop(self) -> None:
+        control = pb_grpc.ControlStub(self._channel)
+        attempt = 0
+        while not self._closed.is_set():
+            try:
+                self.connected.wait(1.0)
+                if not self.connected.is_set():
+                    continue
+                stream = control.WatchConfig(pb.WatchConfigRequest(job=self.job, rank=self.rank,
+                                                                   after_decision_id=self._decision_id),
+                                             metadata=self._metadata)
+                self._watch_stream = stream
+                for update in stream:
+                    attempt = 0
+                    try:
+                        config = config_from_proto(update.config)
+                    except ValueError as error:
+                        log.warning("ignoring decision %d from the daemon: %s", update.decision_id, error)
+                        continue
+                    self._pending_update = (update.decision_id, config, update.apply_at_step, update.reason)
+            except grpc.RpcError as error:
+                if not self._closed.is_set():
+                    log.debug("control stream ended: %s %s", error.code(), error.details())
+            except Exception:
+                log.exception("unexpected error in the autobyte control thread")
+            attempt += 1
+            self._backoff(attempt)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def acked_seq(self) -> int:
+        return self._acked_seq
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every buffered sample is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        if self._closed.is_set():
+            return
+        if self._optimizer is not None:
+            self.flush(timeout_s)
+        self._closed.set()
+        with self._cond:
+            self._cond.notify_all()
+        stream = getattr(self, "_watch_stream", None)
+        if stream is not None:
+            stream.cancel()
+        if self._channel is not None:
+            self._channel.close()
+        for thread in self._threads:
+            thread.join(timeout_s)

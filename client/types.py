@@ -1,0 +1,96 @@
+"""Plain frozen values shared by the scheduler, the client transport, the daemon and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Safe limits for the two tuned numbers. A partition smaller than 4 KiB costs more in per-collective
+# overhead than it can ever win; nothing above 16 GiB is a sane bound for one message or a window.
+MIN_PARTITION_BYTES = 4 << 10
+MAX_PARTITION_BYTES = 16 << 30
+MIN_CREDIT_BYTES = 4 << 10
+MAX_CREDIT_BYTES = 16 << 30
+
+
+def _check_bytes(name: str, value: object, low: int, high: int) -> int | None:
+    if value is None:
+        return None
+    # bool is an int subclass; True bytes is never what a caller meant.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int number of bytes or None, got {value!r}")
+    if value < low or value > high:
+        raise ValueError(f"{name}={value} is outside the safe range [{low}, {high}] bytes "
+                         f"(use None for {'no partitioning' if 'partition' in name else 'unlimited credit'})")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A scheduler configuration. None means no partitioning / unlimited credit."""
+
+    partition_bytes: int | None = None
+    credit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_bytes("partition_bytes", self.partition_bytes, MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)
+        _check_bytes("credit_bytes", self.credit_bytes, MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"partition_bytes": self.partition_bytes, "credit_bytes": self.credit_bytes}
+
+    def describe(self) -> str:
+        return f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    """What one rank measured in one optimizer step (DESIGN §3). Times in seconds."""
+
+    step: int
+    wall_time_s: float
+    step_time_s: float
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    queueing_delay_s: float = 0.0
+    bytes_reduced: int = 0
+    partitions: int = 0
+    bandwidth_bytes_per_s: float = 0.0
+    config: Config = Config()
+    decision_id: int = 0
+
+
+def format_bytes(value: int | None, none: str = "-") -> str:
+    """1048576 -> '1MiB'; None -> `none`."""
+    if value is None:
+        return none
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return f"{value >> shift}{unit}"
+    if value >= 1 << 20:
+        return f"{value / (1 << 20):.1f}MiB"
+    return f"{value}B"
+
+
+def parse_bytes(text: str) -> int | None:
+    """'4MiB', '4m', '4096', 'none', 'unlimited' -> bytes (None for none/unlimited)."""
+    raw = text.strip().lower()
+    if raw in ("none", "unlimited", "inf", "null"):
+        return None
+    units = {"kib": 1 << 10, "k": 1 << 10, "kb": 1 << 10, "mib": 1 << 20, "m": 1 << 20, "mb": 1 << 20,
+             "gib": 1 << 30, "g": 1 << 30, "gb": 1 << 30, "b": 1}
+    for suffix in sorted(units, key=len, reverse=True):
+        if raw.endswith(suffix):
+            number = raw[: -len(suffix)]
+            scale = units[suffix]
+            break
+    else:
+        number, scale = raw, 1
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a byte size: {text!r} (examples: 4096, 256KiB, 4MiB, none)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"not a positive byte size: {text!r}")
+    return int(value * scale)

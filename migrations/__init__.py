@@ -1,0 +1,1 @@
+"""Alembic environment and revisions of the autobyted database (installed as autobyted.migrations)."""

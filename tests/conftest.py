@@ -1,0 +1,124 @@
+"""Shared fixtures: free ports, real daemons (in a thread or as a process), temp databases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadDaemon:
+    """A real autobyted (gRPC server + SQLite) running on an event loop in a background thread."""
+
+    def __init__(self, db_url: str, **overrides) -> None:
+        from autobyted.app import Daemon
+        from autobyted.settings import Settings
+
+        self.settings = Settings(listen="127.0.0.1:0", db=db_url, **overrides)
+        self.daemon = Daemon(self.settings)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False))
+        except BaseException as error:  # surfaced by start()
+            self._error = error
+            self._ready.set()
+
+    def start(self) -> "ThreadDaemon":
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"daemon failed to start: {self._error!r}")
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.daemon.port}"
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "daemon did not stop"
+
+
+@pytest.fixture
+def db_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'autobyte.db'}"
+
+
+@pytest.fixture
+def thread_daemon(db_url):
+    daemon = ThreadDaemon(db_url).start()
+    yield daemon
+    daemon.stop()
+
+
+def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """`autobyted start` as a real process; waits until it answers Status."""
+    proc = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{port}", "--db", db_url,
+                             "--log-format", "text", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    wait_until_serving(f"127.0.0.1:{port}", proc, token=(env or {}).get("AUTOBYTE_TOKEN"))
+    return proc
+
+
+def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0,
+                       token: str | None = None) -> None:
+    import grpc
+
+    from autobyte.channel import auth_metadata
+    from autobyte.protocol import autobyte_pb2 as pb
+    from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.QueryStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"autobyted exited with {proc.returncode}: {proc.stdout.read()}")
+            try:
+                stub.Status(pb.StatusRequest(), timeout=1.0, metadata=auth_metadata(token))
+                return
+            except grpc.RpcError:
+                time.sleep(0.1)
+    raise RuntimeError(f"autobyted at {address} did not come up within {timeout_s}s")
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture
+def daemon_process(db_url):
+    port = free_port()
+    proc = start_daemon_process(db_url, port)
+    proc.address = f"127.0.0.1:{port}"
+    yield proc
+    stop_process(proc, signal.SIGKILL)
