@@ -1,0 +1,107 @@
+"""The storage contract, run against every backend (today: SQLAlchemy on SQLite files)."""
+
+import time
+
+import pytest
+
+from autobyte.types import Config, StepMetrics
+from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
+from autobyted.storage.db import make_engine, migrate
+from autobyted.storage.records import Registration, SampleBatch
+from autobyted.storage.sql import SqlStorage
+
+
+def sqlite_file(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'contract.db'}")
+    migrate(engine)
+    return SqlStorage(engine)
+
+
+@pytest.fixture(params=[sqlite_file], ids=["sqlite-file"])
+def store(request, tmp_path):
+    return request.param(tmp_path)
+
+
+def reg(rank=0, instance="a", job="j", world=2):
+    return Registration(job=job, rank=rank, world_size=world, backend="gloo", instance_id=instance)
+
+
+def samples(first, last, **kw):
+    return tuple((seq, StepMetrics(step=seq - 1, wall_time_s=time.time(), step_time_s=0.1, **kw))
+                 for seq in range(first, last + 1))
+
+
+def test_register_and_append(store):
+    session = store.register(reg(), 30).session_id
+    assert store.append_samples([SampleBatch("j", 0, session, samples(1, 10))]) == [10]
+    assert store.sample_count("j") == 10
+    (job,) = store.jobs(30)
+    assert (job.job, job.steps, job.ranks, job.state) == ("j", 10, (0,), "running")
+
+
+def test_append_is_idempotent_per_seq(store):
+    session = store.register(reg(), 30).session_id
+    store.append_samples([SampleBatch("j", 0, session, samples(1, 10))])
+    assert store.append_samples([SampleBatch("j", 0, session, samples(1, 12))]) == [12]
+    assert store.sample_count("j") == 12
+
+
+def test_stale_session_is_reported_not_stored(store):
+    old = store.register(reg(), 30).session_id
+    new = store.register(reg(), 30).session_id
+    assert store.append_samples([SampleBatch("j", 0, old, samples(1, 3)),
+                                 SampleBatch("j", 0, new, samples(1, 2))]) == [-1, 2]
+    assert store.sample_count("j") == 2
+
+
+def test_live_rank_cannot_be_taken_over_but_a_silent_one_can(store):
+    store.register(reg(instance="a"), 30)
+    with pytest.raises(AlreadyExists):
+        store.register(reg(instance="b"), 30)
+    assert store.register(reg(instance="b"), 0).last_acked_seq == 0
+
+
+def test_world_size_is_fixed_per_job(store):
+    store.register(reg(world=2), 30)
+    with pytest.raises(FailedPrecondition):
+        store.register(reg(rank=1, instance="b", world=3), 30)
+
+
+def test_decisions(store):
+    store.register(reg(), 30)
+    first = store.add_decision("j", Config(1 << 20, None), 5, "first")
+    second = store.add_decision("j", Config(None, 1 << 22), 9, "second")
+    states = [(d.decision_id, d.state) for d in store.decisions("j")]
+    assert states == [(first.decision_id, "superseded"), (second.decision_id, "pending")]
+    store.record_applied_config("j", 0, second.decision_id, second.config, 9)
+    (applied,) = store.decisions("j", first.decision_id)
+    assert (applied.state, applied.applied_at_step) == ("applied", 9)
+    assert store.jobs(30)[0].config == Config(None, 1 << 22)
+    with pytest.raises(NotFound):
+        store.record_applied_config("j", 0, 999, Config(), 1)
+
+
+def test_unknown_job(store):
+    for call in (lambda: store.history("x"), lambda: store.best("x"), lambda: store.decisions("x"),
+                 lambda: store.add_decision("x", Config(), 0, "")):
+        with pytest.raises(NotFound, match="unknown job 'x'"):
+            call()
+
+
+def test_retention_downsamples_oldest(store):
+    session = store.register(reg(), 30).session_id
+    store.append_samples([SampleBatch("j", 0, session, samples(1, 1000))])
+    removed = store.enforce_retention(max_raw_samples=500, keep_every=10)
+    assert removed == 450  # the oldest 500 keep every 10th step
+    assert store.sample_count("j") == 550
+    kept = [r.step for r in store.history("j", limit=10_000)]
+    assert kept[:3] == [0, 10, 20] and kept[-1] == 999
+
+
+def test_history_filters(store):
+    s0 = store.register(reg(0), 30).session_id
+    s1 = store.register(reg(1, instance="b"), 30).session_id
+    store.append_samples([SampleBatch("j", 0, s0, samples(1, 5)), SampleBatch("j", 1, s1, samples(1, 5))])
+    assert {r.rank for r in store.history("j", rank=1)} == {1}
+    assert len(store.history("j", limit=3)) == 3
+    assert store.history("j", since_s=time.time() + 100) == []
