@@ -1,0 +1,1 @@
+"""Benchmarks, the namespace testbed and the evaluation harness (not shipped with the package)."""

@@ -1,0 +1,321 @@
+"""Configuration policies evaluated side by side: ddp, static:P,C, grid-best, bo-once, oracle.
+
+Every policy implements one interface, the same one the autobyte tuner will plug into:
+
+    policy.prepare(context)        # once; offline knowledge (only grid-best and oracle use it)
+    policy.initial_config()        # the configuration of the first step
+    policy.observe(record)         # after every step; returns a new configuration or None
+
+`record` is a `benchmarks.sim.StepRecord` (the testbed adapter produces the same record from the
+harness's per-step metrics). A returned configuration takes effect at the next step, as the real
+scheduler applies a reconfiguration at a step boundary.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+from scipy.stats import norm
+
+from autobyte.types import Config, parse_bytes
+from benchmarks.sim.engine import DDP, RunConfig, StepRecord, describe_config
+
+MIB = 1 << 20
+KIB = 1 << 10
+
+# The static search space shared by grid-best and bo-once (and the oracle).
+GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+GRID_CREDIT_MULTIPLES = (1, 2, 4, 16, None)  # credit = multiple x partition; None = unlimited
+GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
+
+
+def default_grid(include_ddp: bool = True) -> tuple[RunConfig, ...]:
+    """The scheduler grid (29 configurations), plus DDP: not scheduling is always a candidate for
+    grid-best and the oracle. bo-once searches the scheduler configurations only, as ByteScheduler."""
+    grid: list[RunConfig] = [Config(p, None if m is None else p * m)
+                             for p in GRID_PARTITIONS for m in GRID_CREDIT_MULTIPLES]
+    grid += [Config(None, c) for c in GRID_UNPARTITIONED_CREDITS]
+    if include_ddp:
+        grid.append(DDP)
+    return tuple(grid)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    steps: int
+    elapsed_s: float
+
+    @property
+    def throughput_steps_per_s(self) -> float:
+        return self.steps / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know before the run. Offline hooks are None where they cannot exist."""
+
+    candidates: tuple[RunConfig, ...]
+    seed: int = 0
+    # (start_s, end_s, bandwidth bytes/s, compute factor) of every phase of the run's traces
+    phases: tuple[tuple[float, float, float, float], ...] = ()
+    # full run of one static configuration (grid-best); None when too expensive (testbed)
+    evaluate_static: Callable[[RunConfig], RunSummary] | None = None
+    # settled step time of a configuration at a bandwidth and compute factor (oracle)
+    steady_step_s: Callable[[RunConfig, float, float], float] | None = None
+
+
+class Policy(abc.ABC):
+    """Chooses the configuration of every step (see the module docstring for the contract)."""
+
+    name: str = ""
+
+    def prepare(self, context: PolicyContext) -> None:  # noqa: B027 - optional hook
+        """Receive what is known before the run; online policies ignore it."""
+
+    @abc.abstractmethod
+    def initial_config(self) -> RunConfig: ...
+
+    @abc.abstractmethod
+    def observe(self, record: StepRecord) -> RunConfig | None: ...
+
+    def describe(self) -> str:
+        """What the policy chose, for reports."""
+        return ""
+
+
+class StaticPolicy(Policy):
+    def __init__(self, config: RunConfig, name: str | None = None) -> None:
+        self.config = config
+        self.name = name or ("ddp" if config == DDP else f"static:{describe_config(config)}")
+
+    def initial_config(self) -> RunConfig:
+        return self.config
+
+    def observe(self, record: StepRecord) -> RunConfig | None:
+        return None
+
+    def describe(self) -> str:
+        return describe_config(self.config)
+
+
+class GridBestPolicy(Policy):
+    """The best static configuration over the whole run, found by running every candidate."""
+
+    name = "grid-best"
+
+    def __init__(self) -> None:
+        self.config: RunConfig | None = None
+        self.scores: dict[RunConfig, float] = {}
+
+    def prepare(self, context: PolicyContext) -> None:
+        if context.evaluate_static is None:
+            raise RuntimeError("grid-best needs full runs of every candidate (not available here)")
+        self.scores = {c: context.evaluate_static(c).throughput_steps_per_s
+                       for c in context.candidates}
+        self.config = max(self.scores, key=self.scores.__getitem__)
+
+    def initial_config(self) -> RunConfig:
+        if self.config is None:
+            raise RuntimeError("grid-best used before prepare()")
+        return self.config
+
+    def observe(self, record: StepRecord) -> RunConfig | None:
+        return None
+
+    def describe(self) -> str:
+        return describe_config(self.config) if self.config is not None else ""
+
+
+class OraclePolicy(Policy):
+    """The best configuration of each phase, known in advance; switches at phase boundaries."""
+
+    name = "oracle"
+
+    def __init__(self) -> None:
+        self.phase_starts: list[float] = []
+        self.phase_configs: list[RunConfig] = []
+
+    def prepare(self, context: PolicyContext) -> None:
+        if context.steady_step_s is None or not context.phases:
+            raise RuntimeError("oracle needs the phases and a steady-state evaluator")
+        best_by_condition: dict[tuple[float, float], RunConfig] = {}
+        for start, _end, bandwidth, factor in context.phases:
+            key = (bandwidth, factor)
+            if key not in best_by_condition:
+                best_by_condition[key] = min(
+                    context.candidates,
+                    key=lambda c: context.steady_step_s(c, bandwidth, factor))  # noqa: B023
+            self.phase_starts.append(start)
+            self.phase_configs.append(best_by_condition[key])
+
+    def _config_at(self, t_s: float) -> RunConfig:
+        index = max(0, np.searchsorted(self.phase_starts, t_s, side="right") - 1)
+        return self.phase_configs[index]
+
+    def initial_config(self) -> RunConfig:
+        return self._config_at(0.0)
+
+    def observe(self, record: StepRecord) -> RunConfig | None:
+        config = self._config_at(record.end_s)
+        return config if config != record.config else None
+
+    def describe(self) -> str:
+        return f"{len(set(self.phase_configs))} configs over {len(self.phase_configs)} phases"
+
+
+class GaussianProcess:
+    """A small GP regressor (Matern 5/2, constant mean) with its length scale and noise picked by
+    marginal likelihood over a grid; inputs are expected in [0, 1]."""
+
+    LENGTH_SCALES = (0.1, 0.2, 0.35, 0.6, 1.0, 2.0)
+    NOISES = (1e-4, 1e-2, 1e-1)
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> GaussianProcess:
+        self.x = np.asarray(x, dtype=float)
+        y = np.asarray(y, dtype=float)
+        self.mean, self.scale = float(y.mean()), float(y.std()) or 1.0
+        self.y = (y - self.mean) / self.scale
+        best = None
+        for length in self.LENGTH_SCALES:
+            for noise in self.NOISES:
+                k = self._kernel(self.x, self.x, length) + noise * np.eye(len(self.x))
+                try:
+                    factor = cho_factor(k, lower=True)
+                except np.linalg.LinAlgError:
+                    continue
+                alpha = cho_solve(factor, self.y)
+                log_ml = (-0.5 * self.y @ alpha - np.log(np.diag(factor[0])).sum())
+                if best is None or log_ml > best[0]:
+                    best = (log_ml, length, factor, alpha)
+        assert best is not None
+        _, self.length, self.factor, self.alpha = best
+        return self
+
+    @staticmethod
+    def _kernel(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
+        d = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)) / length
+        s = math.sqrt(5) * d
+        return (1 + s + s * s / 3) * np.exp(-s)
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation, in the units of the fitted y."""
+        k_star = self._kernel(np.asarray(x, dtype=float), self.x, self.length)
+        mean = k_star @ self.alpha
+        v = cho_solve(self.factor, k_star.T)
+        var = np.maximum(1.0 - (k_star * v.T).sum(1), 1e-12)
+        return mean * self.scale + self.mean, np.sqrt(var) * self.scale
+
+
+def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+    """EI for minimisation."""
+    z = (best - mean) / std
+    return (best - mean) * norm.cdf(z) + std * norm.pdf(z)
+
+
+def config_features(configs: Sequence[Config]) -> np.ndarray:
+    """log2 partition and log2 credit, scaled to [0, 1] (none / unlimited = the top of the range)."""
+    low, high = math.log2(64 * KIB), math.log2(4 << 30)
+    rows = []
+    for config in configs:
+        partition = config.partition_bytes or (1 << 30)
+        credit = config.credit_bytes or (4 << 30)
+        rows.append(((math.log2(partition) - low) / (high - low),
+                     (math.log2(credit) - low) / (high - low)))
+    return np.array(rows)
+
+
+class BayesOptOncePolicy(Policy):
+    """ByteScheduler-style one-shot tuning: `random_trials` random then `bo_trials` GP-EI trials,
+    each `trial_steps` steps (the first `settle_steps` ignored), then the best is fixed for good."""
+
+    name = "bo-once"
+
+    def __init__(self, random_trials: int = 10, bo_trials: int = 5, trial_steps: int = 100,
+                 settle_steps: int = 10) -> None:
+        self.random_trials, self.bo_trials = random_trials, bo_trials
+        self.trial_steps, self.settle_steps = trial_steps, settle_steps
+        self.candidates: tuple[Config, ...] = ()
+        self.results: list[tuple[Config, float]] = []
+        self.current: Config | None = None
+        self.final: Config | None = None
+        self._window: list[float] = []
+
+    def prepare(self, context: PolicyContext) -> None:
+        self.candidates = tuple(c for c in context.candidates if isinstance(c, Config))
+        self.rng = random.Random(context.seed)
+        order = list(self.candidates)
+        self.rng.shuffle(order)
+        self._random_queue = order[: self.random_trials]
+        self.current = self._random_queue.pop(0)
+
+    def initial_config(self) -> RunConfig:
+        if self.current is None:
+            raise RuntimeError("bo-once used before prepare()")
+        return self.current
+
+    def _next_candidate(self) -> Config | None:
+        if self._random_queue:
+            return self._random_queue.pop(0)
+        if len(self.results) >= self.random_trials + self.bo_trials:
+            return None
+        tried = {c for c, _ in self.results}
+        untried = [c for c in self.candidates if c not in tried]
+        if not untried:
+            return None
+        gp = GaussianProcess().fit(config_features([c for c, _ in self.results]),
+                                   np.array([s for _, s in self.results]))
+        mean, std = gp.predict(config_features(untried))
+        ei = expected_improvement(mean, std, min(s for _, s in self.results))
+        return untried[int(np.argmax(ei))]
+
+    def observe(self, record: StepRecord) -> RunConfig | None:
+        if self.final is not None:
+            return None
+        self._window.append(record.step_time_s)
+        if len(self._window) < self.trial_steps:
+            return None
+        assert self.current is not None
+        measured = self._window[self.settle_steps:]
+        self.results.append((self.current, float(np.mean(measured))))
+        self._window = []
+        following = self._next_candidate()
+        if following is None:
+            self.final = min(self.results, key=lambda item: item[1])[0]
+            self.current = self.final
+        else:
+            self.current = following
+        return self.current
+
+    def describe(self) -> str:
+        if self.final is None:
+            return f"tuning ({len(self.results)} trials done)"
+        return f"{describe_config(self.final)} after {len(self.results)} trials"
+
+
+POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle")
+
+
+def make_policy(spec: str) -> Policy:
+    """'ddp', 'static:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle' -> a fresh policy."""
+    if spec == "ddp":
+        return StaticPolicy(DDP, "ddp")
+    if spec.startswith("static:"):
+        try:
+            partition_text, credit_text = spec[len("static:"):].split(",")
+            config = Config(parse_bytes(partition_text), parse_bytes(credit_text))
+        except ValueError as exc:
+            raise ValueError(f"bad policy {spec!r}: {exc} (example: static:4MiB,16MiB)") from None
+        return StaticPolicy(config, spec)
+    if spec == "grid-best":
+        return GridBestPolicy()
+    if spec == "bo-once":
+        return BayesOptOncePolicy()
+    if spec == "oracle":
+        return OraclePolicy()
+    raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICY_NAMES)}")

@@ -1,0 +1,201 @@
+"""Simulator invariants: lower bound, monotonicity, ring cost, priority under credit, traces, BO."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autobyte.types import Config
+from benchmarks.policies import (
+    BayesOptOncePolicy,
+    GaussianProcess,
+    PolicyContext,
+    default_grid,
+    make_policy,
+)
+from benchmarks.sim import (
+    DDP,
+    LayerProfile,
+    LinkModel,
+    ModelProfile,
+    Simulator,
+    Trace,
+    bert_base,
+    lower_bound_step_s,
+    ramp_trace,
+    resnet50,
+    ring_allreduce_s,
+    vgg16,
+)
+from benchmarks.sim.engine import _dispatch
+from benchmarks.sim.trace import periodic_trace, step_trace
+
+GBIT = 1e9 / 8
+MIB = 1 << 20
+CONFIGS = [DDP, Config(None, None), Config(4 * MIB, 16 * MIB), Config(1 * MIB, 1 * MIB),
+           Config(256 << 10, None)]
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return resnet50().scaled(50)
+
+
+def test_builtin_profiles_match_public_parameter_counts():
+    assert resnet50().total_param_bytes // 4 == 25_557_032
+    assert vgg16().total_param_bytes // 4 == 138_357_544
+    assert abs(bert_base().total_param_bytes // 4 - 109_482_240) < 1_000
+    assert resnet50().num_tensors == 161
+
+
+@pytest.mark.parametrize("workers", [2, 8, 64])
+@pytest.mark.parametrize("gbit", [1, 10, 100])
+def test_step_time_never_beats_lower_bound(resnet, workers, gbit):
+    sim = Simulator(resnet, workers, Trace.constant(gbit * GBIT))
+    bound = lower_bound_step_s(resnet, workers, gbit * GBIT)
+    for config in CONFIGS:
+        sim.reset()
+        records = sim.run(config, steps=6)
+        assert all(r.step_time_s >= bound * (1 - 1e-9) for r in records[1:]), config
+
+
+def test_more_bandwidth_never_slower_for_ddp(resnet):
+    previous = math.inf
+    for gbit in (0.5, 1, 2, 5, 10, 25, 100, 1000):
+        step = Simulator(resnet, 8, Trace.constant(gbit * GBIT)).steady_step_s(DDP, gbit * GBIT)
+        assert step <= previous + 1e-12
+        previous = step
+
+
+def test_unlimited_bandwidth_costs_only_compute(resnet):
+    link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
+    profile = ModelProfile(resnet.name, resnet.layers, resnet.batch_size, optimizer_s=0.0)
+    sim = Simulator(profile, 16, Trace.constant(1e30), link)
+    for config in CONFIGS:
+        sim.reset()
+        records = sim.run(config, steps=5)
+        for record in records:
+            assert record.step_time_s == pytest.approx(profile.compute_s, rel=1e-9)
+            assert record.blocked_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_single_worker_has_no_communication(resnet):
+    sim = Simulator(resnet, 1, Trace.constant(1 * GBIT))
+    record = sim.run(Config(1 * MIB, 1 * MIB), steps=3)[-1]
+    assert record.step_time_s == pytest.approx(resnet.compute_s)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8, 64])
+def test_ring_allreduce_formula_and_one_message_in_the_simulator(workers):
+    nbytes, bandwidth, latency = 10 * MIB, 5 * GBIT, 20e-6
+    expected = 2 * (workers - 1) / workers * nbytes / bandwidth + 2 * (workers - 1) * latency
+    assert ring_allreduce_s(nbytes, workers, bandwidth, latency) == pytest.approx(expected)
+    assert ring_allreduce_s(nbytes, 1, bandwidth, latency) == 0.0
+    # A one-layer model with zero compute: the step is exactly one all-reduce.
+    profile = ModelProfile("one", (LayerProfile("w", 0.0, 0.0, (nbytes,)),))
+    link = LinkModel(latency_s=latency, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
+    sim = Simulator(profile, workers, Trace.constant(bandwidth), link)
+    assert sim.run(Config(None, None), steps=2)[-1].step_time_s == pytest.approx(expected)
+
+
+def test_transfer_integrates_across_a_bandwidth_change():
+    trace = step_trace([1000.0, 100.0], [1.0])
+    assert trace.integrate_until(0.5, 500.0) == pytest.approx(1.0)
+    assert trace.integrate_until(0.5, 600.0) == pytest.approx(2.0)
+    assert trace.integrate_until(2.0, 100.0) == pytest.approx(3.0)
+
+
+def test_finite_credit_sends_high_priority_first():
+    # Ten 1 MiB messages, all ready at once; priority = index. The link is FIFO, so the order of
+    # completion is the dispatch order.
+    count = 10
+    sizes = tuple([MIB] * count)
+    ready = [0.0] * count
+    # Ready order puts the low-priority (deep) layers first, as backward does.
+    priority = tuple(range(count - 1, -1, -1))
+
+    def completion_order(credit):
+        done = _dispatch(ready, sizes, priority, credit, 1e-6, 0.0, 1.0, MIB / 1e-3, None, 0.0)
+        return [priority[i] for i in np.argsort(done)]
+
+    assert completion_order(MIB) == list(range(count))
+
+
+def test_credit_lets_late_high_priority_gradients_overtake():
+    # Deep layer ready first (big), shallow layer ready a bit later (small). With unlimited credit the
+    # shallow layer queues behind every deep partition; with credit of one partition it overtakes.
+    sizes = tuple([MIB] * 8 + [MIB])
+    ready = [0.0] * 8 + [0.5e-3]
+    priority = tuple([1] * 8 + [0])
+    unlimited = _dispatch(ready, sizes, priority, math.inf, 1e-6, 0.0, 1.0, MIB / 1e-3, None, 0.0)
+    limited = _dispatch(ready, sizes, priority, MIB, 1e-6, 0.0, 1.0, MIB / 1e-3, None, 0.0)
+    assert limited[-1] < unlimited[-1]
+    assert limited[-1] < 3e-3
+    assert max(limited) == pytest.approx(max(unlimited), rel=0.01)  # same work in total
+
+
+def test_cross_iteration_overlap_beats_ddp_when_comm_and_compute_balance():
+    layers = tuple(LayerProfile(f"l{i}", 0.01, 0.02, (8 * MIB,)) for i in range(8))
+    profile = ModelProfile("toy", layers)
+    link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
+    bandwidth = 2 * 64 * MIB / 0.2 / 2  # total comm ~= 0.2 s, compute 0.24 s
+    sim = Simulator(profile, 2, Trace.constant(bandwidth), link)
+    ddp = sim.steady_step_s(DDP, bandwidth)
+    scheduled = sim.steady_step_s(Config(1 * MIB, 2 * MIB), bandwidth)
+    bound = lower_bound_step_s(profile, 2, bandwidth)
+    assert bound <= scheduled < ddp
+
+
+def test_cached_and_exact_paths_agree_across_trace_changes(resnet):
+    trace = step_trace([10 * GBIT, 2 * GBIT, 7 * GBIT], [3.3, 7.1])
+    sim = Simulator(resnet, 8, trace)
+    records = sim.run(Config(4 * MIB, 8 * MIB), until_s=12.0)
+    # Steps in the low-bandwidth phase are slower, and the clock is continuous.
+    low = [r.step_time_s for r in records if 4 < r.start_s < 7]
+    high = [r.step_time_s for r in records if 1 < r.start_s < 3]
+    assert min(low) > max(high)
+    for a, b in zip(records, records[1:]):
+        assert b.start_s == a.end_s
+
+
+def test_trace_kinds():
+    ramp = ramp_trace(10, 20, 5, 15, ramp_segments=10)
+    assert ramp.at(0) == 10 and ramp.at(100) == 20
+    assert 10 < ramp.at(10) < 20
+    periodic = periodic_trace(10, 1, period_s=10, low_s=3, offset_s=5, until_s=30)
+    assert periodic.at(6) == 1 and periodic.at(9) == 10 and periodic.at(16) == 1
+    assert len(periodic.phases(30)) == 7
+
+
+def test_gaussian_process_interpolates_and_is_unsure_far_away():
+    x = np.array([[0.1, 0.1], [0.5, 0.5], [0.9, 0.9]])
+    y = np.array([1.0, 0.2, 1.0])
+    gp = GaussianProcess().fit(x, y)
+    mean, std = gp.predict(np.array([[0.5, 0.5], [0.1, 0.9]]))
+    assert mean[0] == pytest.approx(0.2, abs=0.1)
+    assert std[1] > std[0]
+
+
+def test_bo_once_runs_fifteen_trials_then_fixes_the_best(resnet):
+    sim = Simulator(resnet, 8, Trace.constant(5 * GBIT))
+    policy = BayesOptOncePolicy(trial_steps=12, settle_steps=2)
+    policy.prepare(PolicyContext(candidates=default_grid(), seed=3))
+    config = policy.initial_config()
+    for _ in range(12 * 15 + 5):
+        change = policy.observe(sim.step(config))
+        config = change or config
+    assert len(policy.results) == 15
+    assert len({c for c, _ in policy.results}) == 15
+    assert policy.final == min(policy.results, key=lambda item: item[1])[0] == config
+
+
+def test_policy_names_parse():
+    assert make_policy("static:4MiB,16MiB").initial_config() == Config(4 * MIB, 16 * MIB)
+    assert make_policy("static:none,none").initial_config() == Config(None, None)
+    assert make_policy("ddp").initial_config() == DDP
+    with pytest.raises(ValueError):
+        make_policy("static:4MiB")
+    with pytest.raises(ValueError):
+        make_policy("nonsense")
