@@ -56,6 +56,10 @@ def make_server(services: Services, settings: Settings) -> tuple[grpc.aio.Server
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", 64 << 20),
         ("grpc.so_reuseport", 0),
+        # Clients ping every 10 s to notice a dead daemon quickly; accept that.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
     ])
     pb_grpc.add_TelemetryServicer_to_server(services, server)
     pb_grpc.add_ControlServicer_to_server(services, server)

@@ -18,7 +18,12 @@ def daemon_token(explicit: str | None = None) -> str | None:
 
 
 def open_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)]
+    # Short reconnect backoff: after a daemon restart the client should be back within seconds
+    # (gRPC's default grows to 120 s); the client's own loops add jitter on top.
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0),
+               ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+               ("grpc.max_reconnect_backoff_ms", 5000), ("grpc.keepalive_time_ms", 10_000),
+               ("grpc.keepalive_timeout_ms", 5_000)]
     if tls_ca:
         with open(tls_ca, "rb") as handle:
             credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())

@@ -25,11 +25,8 @@ def config_from_proto(message: pb.Config) -> Config:
     )
 
 
-def metrics_to_proto(metrics: StepMetrics, seq: int, decision_id: int | None = None) -> pb.StepMetrics:
-    """decision_id, when given, overrides the one recorded in metrics."""
+def metrics_to_proto(metrics: StepMetrics, seq: int) -> pb.StepMetrics:
     fields = {f.name: getattr(metrics, f.name) for f in dataclasses.fields(StepMetrics) if f.name != "config"}
-    if decision_id is not None:
-        fields["decision_id"] = decision_id
     return pb.StepMetrics(seq=seq, config=config_to_proto(metrics.config), **fields)
 
 

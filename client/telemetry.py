@@ -120,8 +120,7 @@ class Reporter:
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # (seq, metrics, id of the decision in effect)
-        self._buffer: collections.deque[tuple[int, StepMetrics, int]] = collections.deque()
+        self._buffer: collections.deque[tuple[int, StepMetrics]] = collections.deque()
         self._capacity = buffer_samples
         self._cond = threading.Condition()
         self._seq = 0
@@ -166,7 +165,7 @@ class Reporter:
             if len(self._buffer) >= self._capacity:
                 self._buffer.popleft()
                 self.dropped_total += 1
-            self._buffer.append((self._seq, metrics, self._decision_id))
+            self._buffer.append((self._seq, metrics))
             self._cond.notify()
         update = self._pending_update
         if update is not None and metrics.step + 1 >= update[2]:
@@ -176,7 +175,8 @@ class Reporter:
     def _apply(self, update: tuple[int, Config, int, str], step: int) -> None:
         decision_id, config, _, reason = update
         try:
-            self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+            self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
+                                        decision_id=decision_id)
         except Exception as error:  # keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
             return
@@ -218,7 +218,7 @@ class Reporter:
             if pending:
                 yield pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id,
                                       dropped_total=dropped,
-                                      samples=[metrics_to_proto(m, seq, decision) for seq, m, decision in pending])
+                                      samples=[metrics_to_proto(m, seq) for seq, m in pending])
 
     def _unsent(self) -> bool:
         return bool(self._buffer) and self._buffer[-1][0] > self._sent_seq

@@ -23,14 +23,15 @@ def free_port() -> int:
 
 def cli(*args: str) -> None:
     print(f"\n$ autobyte {' '.join(args)}", flush=True)
-    subprocess.run([str(BIN / "autobyte"), *args], check=False)
+    subprocess.run([str(BIN / "autobyte"), *args], check=False, env=os.environ)
 
 
 def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="autobyte-quickstart-"))
     port = free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "AUTOBYTE_DAEMON": address, "AUTOBYTE_JOB": "quickstart"}
+    os.environ.update(AUTOBYTE_DAEMON=address, AUTOBYTE_JOB="quickstart")
+    env = dict(os.environ)
     log = open(work / "autobyted.log", "w")
     print(f"starting autobyted on {address} with sqlite:///{work}/autobyte.db", flush=True)
     daemon = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", address, "--db",

@@ -26,10 +26,13 @@ command -v ip >/dev/null || apt_install iproute2 || true
 stamp=.venv/.autobyte-installed
 want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
-  # torch first and pinned: this exact CPU build is what the project is tested with.
-  .venv/bin/python -m pip install -q 'torch==2.13.0' 2>&1 | grep -v -i warning || true
-  .venv/bin/python -m pip install -q -e '.[all,test,bench]' 2>&1 | grep -v -i warning || true
+  echo "setup: installing into .venv (log: .venv/setup.log)"
+  {
+    .venv/bin/python -m pip install --upgrade pip
+    # torch first and pinned: this exact CPU build is what the project is tested with.
+    .venv/bin/python -m pip install 'torch==2.13.0'
+    .venv/bin/python -m pip install -e '.[all,test,bench]'
+  } > .venv/setup.log 2>&1 || { tail -30 .venv/setup.log >&2; echo "setup: installation failed" >&2; exit 1; }
   .venv/bin/python -c 'import torch, grpc, sqlalchemy, xgboost, autobyte, autobyted' \
     || { echo "setup: installation failed" >&2; exit 1; }
   echo "$want" > "$stamp"

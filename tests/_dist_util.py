@@ -1,0 +1,92 @@
+"""Spawn real torch.distributed (gloo) process groups for tests, and always clean them up."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=60))
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        results.put((rank, True, value))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """Run fn(rank, world_size, *args) in `world_size` spawned gloo ranks; return their results.
+
+    fn must be importable (module level). A rank's exception fails the call with its traceback; a
+    rank that does not finish within timeout_s fails it too. Every process is killed on the way out.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results), daemon=True)
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    values: dict[int, Any] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(values) + len(errors) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ranks did not finish within {timeout_s}s "
+                                   f"(finished: {sorted(values)}; errors: {errors})")
+            try:
+                rank, ok, value = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead and results.empty():
+                    time.sleep(0.5)
+                    if results.empty():
+                        raise RuntimeError(f"a rank died with exit code {dead[0].exitcode} "
+                                           f"(errors so far: {errors})") from None
+                continue
+            if ok:
+                values[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+                break  # the other ranks may be stuck waiting for this one
+        if errors:
+            raise AssertionError("\n".join(errors))
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if not errors and len(values) == world_size else 0.1)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        results.close()
+    return [values[rank] for rank in range(world_size)]
