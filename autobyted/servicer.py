@@ -15,7 +15,7 @@ from autobyte.convert import config_from_proto, config_to_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import Config
-from autobyted.errors import InvalidArgument, status_for
+from autobyted.errors import FailedPrecondition, InvalidArgument, status_for
 from autobyted.ingest import IngestWriter, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
@@ -140,7 +140,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                     raise
                 acked = await asyncio.wrap_future(self._writer.submit(clean))
                 if acked < 0:
-                    raise InvalidArgument(
+                    raise FailedPrecondition(
                         f"session {batch.session_id!r} is not the current registration of job {batch.job!r} "
                         f"rank {batch.rank}; register again")
                 yield pb.MetricsAck(acked_seq=acked)

@@ -393,7 +393,7 @@ class ScheduledOptimizer:
         self._last_step_t = time.perf_counter()
         self._callbacks: list[Callable[[StepMetrics], Any]] = []
         self._cfg_lock = threading.Lock()
-        self._pending: tuple[Config, int] | None = None
+        self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
         self._config_log: list[tuple[int, Config, int]] = []  # (first step, config, decision id)
         self._config_steps: list[int] = []
         self._initial = (config, 0)
@@ -478,20 +478,21 @@ class ScheduledOptimizer:
         return self._last_grad_norm
 
     def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
-                    *, decision_id: int | None = None) -> Config:
-        """Request a configuration from the next step boundary on. Omitted values stay as they are.
+                    *, decision_id: int | None = None, at_step: int | None = None) -> Config:
+        """Request a configuration from the next step boundary on (or from step `at_step`, if that
+        is later). Omitted values stay as they are.
 
         Bad values raise ValueError and change nothing. Rank 0's request is the one that takes
-        effect (on every rank, at the same step); thread-safe.
+        effect (on every rank, at the same step); thread-safe. A newer request replaces a pending one.
         """
-        if decision_id is not None and (isinstance(decision_id, bool) or not isinstance(decision_id, int)
-                                        or decision_id < 0):
-            raise ValueError(f"decision_id must be a non-negative int, got {decision_id!r}")
+        for name, value in (("decision_id", decision_id), ("at_step", at_step)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         with self._cfg_lock:
             base = self._pending[0] if self._pending is not None else self.config
             new = Config(base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
                          base.credit_bytes if credit_bytes is _UNSET else credit_bytes)
-            self._pending = (new, 0 if decision_id is None else decision_id)
+            self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
         return new
 
     def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
@@ -527,8 +528,8 @@ class ScheduledOptimizer:
         if self._is_leader:
             config, decision_id = self._config_log[-1][1], self._config_log[-1][2]
             with self._cfg_lock:
-                if self._pending is not None:
-                    config, decision_id = self._pending
+                if self._pending is not None and s + 1 >= self._pending[2]:
+                    config, decision_id, _ = self._pending
                     self._pending = None
                     if (config, decision_id) != self._config_log[-1][1:]:
                         self._log_config(s + 1, config, decision_id)

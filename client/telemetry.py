@@ -46,16 +46,18 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
          tls_ca: str | None = None) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
-    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE.
-    Never blocks on the network."""
+    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
+    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network."""
     global _reporter
     job = job or os.environ.get("AUTOBYTE_JOB") or os.environ.get("TORCHELASTIC_RUN_ID")
     if not job:
         raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
                          "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
-    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
+    if rank is None and "RANK" in os.environ:
+        rank = int(os.environ["RANK"])
+    if world_size is None and "WORLD_SIZE" in os.environ:
+        world_size = int(os.environ["WORLD_SIZE"])
+    if rank is not None and world_size is not None and (world_size < 1 or not 0 <= rank < world_size):
         raise ValueError(f"rank {rank} is not within world size {world_size}")
     if buffer_samples < 1:
         raise ValueError(f"buffer_samples={buffer_samples} must be positive")
@@ -102,6 +104,20 @@ def model_fingerprint(parameters) -> pb.ModelFingerprint:
                                digest=digest.hexdigest()[:32])
 
 
+def _rank_of(optimizer, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """The rank in the optimizer's data-parallel group unless given (or set by RANK/WORLD_SIZE)."""
+    try:
+        import torch.distributed as dist
+
+        group = getattr(optimizer, "process_group", None)
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank(group) if rank is None else rank
+            world_size = dist.get_world_size(group) if world_size is None else world_size
+    except Exception:  # a transport that is not torch.distributed
+        pass
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
 def _backend_of(optimizer) -> str:
     try:
         import torch.distributed as dist
@@ -114,7 +130,7 @@ def _backend_of(optimizer) -> str:
 class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
-    def __init__(self, address: str, job: str, rank: int, world_size: int, token: str | None,
+    def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
                  buffer_samples: int, tls_ca: str | None = None) -> None:
         self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
         self._metadata = auth_metadata(token)
@@ -132,8 +148,8 @@ class Reporter:
         self._fingerprint: pb.ModelFingerprint | None = None
         self._backend = "unknown"
         self._initial_config = Config()
-        # Configuration updates: the watcher thread stores, the training thread applies (rank 0 only).
-        self._pending_update: tuple[int, Config, int, str] | None = None
+        # Decisions: the control thread hands them to the scheduler; the step callback sees them land.
+        self._last_update_id = 0
         self._decision_id = 0
         self._reports: collections.deque[pb.ReportConfigRequest] = collections.deque(maxlen=100)
         self.connected = threading.Event()
@@ -147,6 +163,7 @@ class Reporter:
                 log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
             return
         self._optimizer = optimizer
+        self.rank, self.world_size = _rank_of(optimizer, self.rank, self.world_size)
         self._fingerprint = model_fingerprint(optimizer.model.parameters())
         self._backend = _backend_of(optimizer)
         self._initial_config = optimizer.config
@@ -167,25 +184,21 @@ class Reporter:
                 self.dropped_total += 1
             self._buffer.append((self._seq, metrics))
             self._cond.notify()
-        update = self._pending_update
-        if update is not None and metrics.step + 1 >= update[2]:
-            self._pending_update = None
-            self._apply(update, metrics.step + 1)
+        if metrics.decision_id != self._decision_id:  # a decision took effect at this step
+            self._decision_id = metrics.decision_id
+            self._reports.append(pb.ReportConfigRequest(job=self.job, rank=self.rank,
+                                                        decision_id=metrics.decision_id,
+                                                        config=config_to_proto(metrics.config),
+                                                        applied_at_step=metrics.step))
 
-    def _apply(self, update: tuple[int, Config, int, str], step: int) -> None:
-        decision_id, config, _, reason = update
+    def _apply(self, decision_id: int, config: Config, apply_at_step: int) -> None:
+        """Hand a decision to the scheduler (control thread); it takes effect at the step boundary
+        it names, or the next one if that has passed. Rank 0 decides for every rank."""
         try:
             self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        decision_id=decision_id)
+                                        decision_id=decision_id, at_step=apply_at_step)
         except Exception as error:  # keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
-            return
-        self._decision_id = decision_id
-        self._reports.append(pb.ReportConfigRequest(job=self.job, rank=self.rank, decision_id=decision_id,
-                                                    config=config_to_proto(self._optimizer.config),
-                                                    applied_at_step=step))
-        with self._cond:
-            self._cond.notify()
 
     # ------------------------------------------------------------------ background threads
     def _backoff(self, attempt: int) -> None:
@@ -242,13 +255,27 @@ class Reporter:
                     self._flush_reports(control)
             except grpc.RpcError as error:
                 self.connected.clear()
-                if not self._closed.is_set():
+                if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self._drop_rejected(error.details())
+                elif not self._closed.is_set():
                     log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
             except Exception:  # never let the thread die: the training job must not notice
                 self.connected.clear()
                 log.exception("unexpected error in the autobyte telemetry thread")
             attempt += 1
             self._backoff(attempt)
+
+    def _drop_rejected(self, reason: str) -> None:
+        """The daemon refused a batch: resending it would be refused again, so drop what was sent
+        and not acknowledged, count it, and go on with the rest."""
+        with self._cond:
+            rejected = 0
+            while self._buffer and self._buffer[0][0] <= self._sent_seq:
+                self._buffer.popleft()
+                rejected += 1
+            self.dropped_total += rejected
+            self._cond.notify_all()
+        log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 
     def _flush_reports(self, control) -> None:
         while self._reports:
@@ -265,7 +292,7 @@ class Reporter:
                 if not self.connected.is_set():
                     continue
                 stream = control.WatchConfig(pb.WatchConfigRequest(job=self.job, rank=self.rank,
-                                                                   after_decision_id=self._decision_id),
+                                                                   after_decision_id=self._last_update_id),
                                              metadata=self._metadata)
                 self._watch_stream = stream
                 for update in stream:
@@ -275,7 +302,8 @@ class Reporter:
                     except ValueError as error:
                         log.warning("ignoring decision %d from the daemon: %s", update.decision_id, error)
                         continue
-                    self._pending_update = (update.decision_id, config, update.apply_at_step, update.reason)
+                    self._last_update_id = update.decision_id
+                    self._apply(update.decision_id, config, update.apply_at_step)
             except grpc.RpcError as error:
                 if not self._closed.is_set():
                     log.debug("control stream ended: %s %s", error.code(), error.details())

@@ -57,7 +57,7 @@ def test_stale_session_is_refused(client):
     client.register()  # supersedes `first`
     with pytest.raises(grpc.RpcError) as info:
         client.stream([batch(first, [1])])
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "register again" in info.value.details()
 
 

@@ -1,0 +1,194 @@
+"""The client transport in real 2-rank gloo jobs against a real daemon: streaming, decisions applied at
+the step they name on every rank, reports back, overflow accounting, and silence without init()."""
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import ThreadDaemon
+from _dist_util import run_ranks
+from _grpc_util import Client
+from autobyte.protocol import autobyte_pb2 as pb
+
+
+def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wait_decision_at=None):
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    root_handlers = list(logging.getLogger().handlers)
+    if address is not None:
+        autobyte.init(daemon=address, job=job, buffer_samples=buffer_samples)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      partition_bytes=8 << 10, credit_bytes=None)
+    configs = {}
+    opt.add_step_callback(lambda m: configs.__setitem__(m.step, m.config.to_dict()))
+    for step in range(steps):
+        if wait_decision_at is not None and rank == 0 and step == wait_decision_at:
+            # Hold rank 0 (and so the job) until the daemon's decision has arrived.
+            deadline = time.monotonic() + 30
+            while telemetry._reporter._last_update_id == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        x = torch.randn(16, 32)
+        model(x).sum().backward()
+        if sleep_s:
+            time.sleep(sleep_s)
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    metrics = [opt.last_step_metrics()]
+    out = {"configs": [configs[s] for s in range(steps)], "threads": sorted(t.name for t in threading.enumerate()),
+           "root_handlers_unchanged": list(logging.getLogger().handlers) == root_handlers,
+           "last_step": metrics[-1].step}
+    if address is not None:
+        reporter = telemetry._reporter
+        out.update(flushed=reporter.flush(20), dropped=reporter.dropped_total, acked=reporter.acked_seq)
+        autobyte.shutdown()
+    opt.close()
+    return out
+
+
+def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
+    client = Client(thread_daemon.address)
+
+    def propose_when_registered():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            jobs = client.query.Status(pb.StatusRequest(), timeout=5).jobs
+            if jobs and len(jobs[0].ranks) == 2:
+                request = pb.ProposeConfigRequest(job="t1", apply_at_step=30, reason="test")
+                request.config.partition_bytes = 16 << 10
+                request.config.credit_bytes = 64 << 10
+                client.control.ProposeConfig(request, timeout=5)
+                return
+            time.sleep(0.1)
+
+    proposer = threading.Thread(target=propose_when_registered)
+    proposer.start()
+    rank0, rank1 = run_ranks(_train, 2, thread_daemon.address, "t1", 60, 0.0, 10_000, 20, timeout_s=150)
+    proposer.join()
+    for result in (rank0, rank1):
+        assert result["flushed"] and result["dropped"] == 0 and result["acked"] == 60, {k: v for k, v in result.items() if k != "configs"}
+        assert result["root_handlers_unchanged"]
+    # the decision named step 30: both ranks ran steps < 30 on the old and >= 30 on the new config
+    for result in (rank0, rank1):
+        assert result["configs"][29] == {"partition_bytes": 8 << 10, "credit_bytes": None}
+        assert result["configs"][30:] == [{"partition_bytes": 16 << 10, "credit_bytes": 64 << 10}] * 30
+    history = client.query.History(pb.HistoryRequest(job="t1", limit=1000), timeout=5)
+    assert len(history.steps) == 120
+    (decision,) = history.decisions
+    assert (decision.state, decision.applied_at_step) == ("applied", 30)
+    status = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0]
+    assert status.config.partition_bytes == 16 << 10
+    client.close()
+
+
+def test_without_init_nothing_is_sent_or_started():
+    rank0, _ = run_ranks(_train, 2, None, None, 5, 0.0, timeout_s=90)
+    assert not any(name.startswith("autobyte-telemetry") or name.startswith("autobyte-control")
+                   for name in rank0["threads"])
+
+
+def test_absent_daemon_never_stops_training_and_overflow_is_counted(tmp_path):
+    from conftest import free_port
+
+    port = free_port()  # nothing listens here while the job runs
+    results = run_ranks(_train_then_daemon, 2, port, str(tmp_path / "late.db"), timeout_s=150)
+    for result in results:
+        assert result["last_step"] == 79
+        assert result["dropped"] == 80 - 25  # buffer of 25: the oldest were dropped and counted
+        assert result["flushed"] and result["acked"] == 80  # the 25 newest arrive once a daemon is up
+    assert results[0]["status_dropped"] == 2 * 55
+
+
+def _train_then_daemon(rank, world, port, db_path):
+    """Train with the daemon down, then start one and let the buffered samples drain."""
+    import torch
+    import torch.distributed as dist
+
+    import autobyte
+    from autobyte import telemetry
+
+    autobyte.init(daemon=f"127.0.0.1:{port}", job="late", buffer_samples=25)
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(80):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    reporter = telemetry._reporter
+    daemon = None
+    dist.barrier()
+    if rank == 0:
+        from autobyted.settings import Settings
+
+        from conftest import ThreadDaemon
+
+        daemon = ThreadDaemon(f"sqlite:///{db_path}")
+        daemon.settings = Settings(listen=f"127.0.0.1:{port}", db=f"sqlite:///{db_path}")
+        from autobyted.app import Daemon
+
+        daemon.daemon = Daemon(daemon.settings)
+        daemon.start()
+    flushed = reporter.flush(30)
+    dist.barrier()
+    out = {"last_step": opt.last_step_metrics().step, "dropped": reporter.dropped_total, "flushed": flushed,
+           "acked": reporter.acked_seq}
+    if rank == 0:
+        time.sleep(0.5)
+        client = Client(daemon.address)
+        out["status_dropped"] = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0].dropped_total
+        client.close()
+    dist.barrier()
+    autobyte.shutdown()
+    opt.close()
+    if daemon is not None:
+        daemon.stop()
+    return out
+
+
+def _rejected_sample_worker(rank, world, address):
+    import dataclasses
+
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    autobyte.init(daemon=address, job="rejects")
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    reporter = telemetry._reporter
+    for step in range(20):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 10:
+            assert reporter.flush(20)
+            # a broken measurement (NaN) reaches the buffer: the daemon must refuse it, the client
+            # must drop it, count it, and carry on streaming the rest
+            reporter.on_step(dataclasses.replace(opt.last_step_metrics(), step_time_s=float("nan")))
+    opt.synchronize()
+    flushed = reporter.flush(20)
+    out = {"flushed": flushed, "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    autobyte.shutdown()
+    opt.close()
+    return out
+
+
+def test_rejected_samples_are_dropped_and_streaming_goes_on(thread_daemon):
+    (result,) = run_ranks(_rejected_sample_worker, 1, thread_daemon.address, timeout_s=90)
+    assert result["flushed"] and result["acked"] == 21
+    assert 1 <= result["dropped"] <= 10
+    client = Client(thread_daemon.address)
+    stored = client.query.History(pb.HistoryRequest(job="rejects"), timeout=5).steps
+    client.close()
+    assert len(stored) == 21 - result["dropped"]
+    assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
