@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import statistics
@@ -105,6 +106,7 @@ def hot_path(calls: int) -> None:
         hole.close()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
     print(f"\nReporter.on_step per training step, {calls} calls each; load {os.getloadavg()[0]:.2f}")
     print(f"{'daemon':<14} {'median_us':>9} {'p99_us':>8} {'p99.9_us':>9} {'max_us':>8}")
     for r in rows:
@@ -136,6 +138,7 @@ def training(steps: int, repeats: int) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
     offline, streaming = statistics.median(results["offline"]), statistics.median(results["streaming"])
     print(f"\n2-rank gloo MLP, {steps} steps x {repeats} interleaved repeats; load {os.getloadavg()[0]:.2f}")
     print(f"{'mode':<10} {'median_step_ms':>14}  runs")

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import sqlite3
@@ -126,6 +127,7 @@ def run(streams_list: list[int], total_samples: int, batch: int, watch_rss: bool
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
+        shutil.rmtree(work, ignore_errors=True)
     print(f"\nload: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; batch {batch} samples; "
           f"daemon exit {daemon.returncode}")
     print(f"{'streams':>7} {'samples':>9} {'seconds':>8} {'samples/s':>10} {'acked':>9} {'stored':>9} "
