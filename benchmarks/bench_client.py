@@ -26,16 +26,11 @@ import threading
 import time
 
 from autobyte.telemetry import Reporter
+from benchmarks.bench_ingest import free_port
 from autobyte.types import Config, StepMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _one_rank_optimizer():
