@@ -7,6 +7,7 @@ configuration when the daemon is slow, down or wrong.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import logging
@@ -39,6 +40,7 @@ BACKOFF_MAX_S = 10.0
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None
+_atexit_registered = False
 
 
 def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
@@ -68,6 +70,10 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
                              buffer_samples, tls_ca)
         for optimizer in list(_pending_optimizers):
             _reporter.attach(optimizer)
+        global _atexit_registered
+        if not _atexit_registered:
+            atexit.register(shutdown)  # a short, bounded flush when the training script ends
+            _atexit_registered = True
         return _reporter
 
 
@@ -280,7 +286,13 @@ class Reporter:
     def _flush_reports(self, control) -> None:
         while self._reports:
             request = self._reports[0]
-            control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+            try:
+                control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise  # transient: the send loop reconnects and tries again
+                log.warning("autobyted refused the report of decision %d: %s", request.decision_id,
+                            error.details())
             self._reports.popleft()
 
     def _watch_loop(self) -> None:
