@@ -1,0 +1,261 @@
+"""Scheduler benchmark: DDP vs ScheduledOptimizer configurations, 2 ranks on the namespace testbed.
+
+    python -m benchmarks.bench_scheduler [--rates 10gbit,1gbit,300mbit] [--models mlp,vgg]
+        [--grid 1MiB:2MiB,4MiB:16MiB,...] [--rounds 3] [--steps 8] [--warmup 3] [--dispatch]
+        [--out results/bench_scheduler.json]
+
+For every (model, rate) one pair of ranks runs every configuration in one process, interleaved
+round by round (compute-only, comm-only, DDP, the scheduler without partitioning and with unlimited
+credit, and the (partition, credit) grid), so drift on a noisy machine hits all alike. The table
+gives the median over rounds of each configuration's median step time, the median over rounds of the
+per-round throughput ratio against DDP (higher is better), the median exposed communication, and
+the lower bound max(compute, comm) with DDP's ratio to it. `--dispatch` also measures the
+scheduler's own dispatch overhead per partition (see `measure_dispatch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.testbed import Testbed, format_rate, parse_rate
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Batch sizes that put compute and communication of the same order at 1gbit on this 2-core machine
+# (MLP 6.8M params: ≈240 ms compute vs ≈229 ms all-reduce; VGG-11/2: ≈137 ms vs ≈122 ms).
+DEFAULT_BATCH = {"mlp": 512, "vgg": 64, "resnet50": 16, "bert": 8}
+
+
+def scheduler_available() -> bool:
+    try:
+        import autobyte.scheduler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# (partition, credit) pairs measured by default: small partitions with a credit of 2-4 partitions
+# (where priority matters) up to 4 MiB partitions with unlimited credit.
+DEFAULT_GRID = "1MiB:2MiB,1MiB:4MiB,2MiB:4MiB,2MiB:8MiB,4MiB:8MiB,4MiB:16MiB,4MiB:none"
+
+
+def config_labels(grid: Sequence[tuple[str, str]], with_sched: bool) -> list[str]:
+    labels = ["compute", "comm", "ddp"]
+    if with_sched:
+        labels.append("sched:none,none")
+        labels += [f"sched:{p},{c}" for p, c in grid if not (p == "none" and c == "none")]
+    return labels
+
+
+def parse_grid(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if args.partitions or args.credits:
+        return [(p, c) for p in (args.partitions or "none").split(",")
+                for c in (args.credits or "none").split(",")]
+    return [tuple(pair.split(":")) for pair in args.grid.split(",")]  # type: ignore[misc]
+
+
+def run_pair(bed: Testbed, model: str, batch_size: int, labels: list[str], args: argparse.Namespace,
+             model_args: str = "", rounds: int | None = None, steps: int | None = None
+             ) -> list[dict[str, Any]]:
+    """One 2-rank run of all configurations, interleaved; returns rank 0's result events."""
+    command = [sys.executable, "-m", "benchmarks.train_worker", "--model", model,
+               "--batch-size", str(batch_size), "--rounds", str(rounds or args.rounds),
+               "--steps", str(steps or args.steps), "--warmup", str(args.warmup),
+               "--threads", str(args.threads), "--configs", *labels]
+    if model_args:
+        command += ["--model-args", model_args]
+    if args.sched_group:
+        command.append("--sched-group")
+    result = bed.run(command, cwd=str(REPO), timeout_s=args.timeout)
+    return result.ranks[0].results
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per configuration: median step, median paired ratio vs DDP, median exposed comm."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by_round[r["round"]][r["config"]] = r
+    rows: dict[str, dict[str, Any]] = {}
+    labels = list(dict.fromkeys(r["config"] for r in results))
+    for label in labels:
+        medians = [rounds[label]["median_step_s"] for rounds in by_round.values()
+                   if label in rounds]
+        ratios = [rounds["ddp"]["median_step_s"] / rounds[label]["median_step_s"]
+                  for rounds in by_round.values() if label in rounds and "ddp" in rounds]
+        exposed = [rounds[label]["exposed_comm_s"] for rounds in by_round.values()
+                   if label in rounds and rounds[label].get("exposed_comm_s") is not None]
+        rows[label] = {"median_step_s": statistics.median(medians),
+                       "ratio_vs_ddp": statistics.median(ratios) if ratios else None,
+                       "exposed_comm_s": statistics.median(exposed) if exposed else None,
+                       "rounds": len(medians)}
+    # DDP has no exposed-comm probe of its own: its step time minus compute-only time is exposed.
+    if "ddp" in rows and "compute" in rows:
+        rows["ddp"]["exposed_comm_s"] = max(0.0, rows["ddp"]["median_step_s"]
+                                            - rows["compute"]["median_step_s"])
+    return rows
+
+
+def format_table(blocks: list[dict[str, Any]]) -> str:
+    lines = [f"{'model':<6} {'rate':>8} {'configuration':<24} {'step ms':>9} {'x DDP':>7} "
+             f"{'exposed ms':>10}"]
+    lines.append("-" * len(lines[0]))
+    for block in blocks:
+        rows = block["rows"]
+        for label, row in rows.items():
+            if label in ("compute", "comm"):
+                continue
+            ratio = f"{row['ratio_vs_ddp']:.2f}" if row["ratio_vs_ddp"] is not None else "-"
+            exposed = ("-" if row["exposed_comm_s"] is None
+                       else f"{row['exposed_comm_s'] * 1e3:.1f}")
+            lines.append(f"{block['model']:<6} {block['rate']:>8} {label:<24} "
+                         f"{row['median_step_s'] * 1e3:9.1f} {ratio:>7} {exposed:>10}")
+        if "compute" in rows and "comm" in rows and "ddp" in rows:
+            bound = max(rows["compute"]["median_step_s"], rows["comm"]["median_step_s"])
+            lines.append(f"{block['model']:<6} {block['rate']:>8} {'bound=max(compute,comm)':<24} "
+                         f"{bound * 1e3:9.1f} {rows['ddp']['median_step_s'] / bound:7.2f} "
+                         f"{'':>10}  (compute {rows['compute']['median_step_s'] * 1e3:.0f} ms, "
+                         f"comm {rows['comm']['median_step_s'] * 1e3:.0f} ms)")
+        sched = {k: v for k, v in rows.items() if k.startswith("sched:") and v["ratio_vs_ddp"]}
+        if sched:
+            best = max(sched, key=lambda k: sched[k]["ratio_vs_ddp"])
+            lines.append(f"{block['model']:<6} {block['rate']:>8} {'best: ' + best:<24} "
+                         f"{sched[best]['median_step_s'] * 1e3:9.1f} "
+                         f"{sched[best]['ratio_vs_ddp']:7.2f}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler's own dispatch cost per partition, apart from the backend's launch cost.
+
+    2 ranks on the testbed train a small MLP (0.3M parameters) with many small partitions. Reported:
+    the scheduler's own measurement (`dispatch_stats()`: scheduler-thread time per partition
+    excluding the backend's launch call, and the launch call itself), and an external estimate:
+    the extra step time per extra partition against no partitioning (scheduler + backend + wire).
+    """
+    labels = ["sched:none,none"] + [f"sched:{p},none" for p in args.dispatch_partitions.split(",")]
+    bed.set_rate(parse_rate(args.dispatch_rate))
+    model_args = json.dumps({"in_features": 256, "hidden": 256, "depth": 4})
+    results = run_pair(bed, "mlp", 32, labels, args, model_args=model_args, rounds=2, steps=10)
+    rows = summarise(results)
+    out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {}}
+    base = rows["sched:none,none"]["median_step_s"]
+    base_parts = statistics.median(r["metrics_median"]["partitions"] for r in results
+                                   if r["config"] == "sched:none,none")
+    for label in labels:
+        mine = [r for r in results if r["config"] == label]
+        parts = statistics.median(r["metrics_median"]["partitions"] for r in mine)
+        sched_us = statistics.median(r["dispatch"]["scheduler_us_per_partition"] for r in mine)
+        launch_us = statistics.median(r["dispatch"]["backend_launch_us_per_partition"]
+                                      for r in mine)
+        step = rows[label]["median_step_s"]
+        extra = parts - base_parts
+        out["configs"][label] = {
+            "partitions_per_step": parts, "step_ms": step * 1e3,
+            "scheduler_us_per_partition": sched_us, "backend_launch_us_per_partition": launch_us,
+            "external_us_per_extra_partition": (step - base) / extra * 1e6 if extra > 0 else None}
+    return out
+
+
+def format_dispatch(d: dict[str, Any]) -> str:
+    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32)",
+             f"{'configuration':<22} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
+             f"{'launch us/part':>14} {'extra step us/part':>18}"]
+    for label, row in d["configs"].items():
+        ext = row["external_us_per_extra_partition"]
+        lines.append(f"{label:<22} {row['partitions_per_step']:10.0f} {row['step_ms']:8.1f} "
+                     f"{row['scheduler_us_per_partition']:13.1f} "
+                     f"{row['backend_launch_us_per_partition']:14.1f} "
+                     f"{(f'{ext:.0f}' if ext is not None else '-'):>18}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="mlp,vgg")
+    parser.add_argument("--rates", default="10gbit,1gbit,300mbit",
+                        help="link rates; the defaults are compute-bound, balanced, link-bound")
+    parser.add_argument("--grid", default=DEFAULT_GRID,
+                        help="partition:credit pairs ('none': no partitioning / unlimited credit)")
+    parser.add_argument("--partitions", default="",
+                        help="with --credits: measure their cross product instead of --grid")
+    parser.add_argument("--credits", default="")
+    parser.add_argument("--batch-sizes", default="",
+                        help="e.g. mlp=512,vgg=64 (defaults: balanced at 1gbit)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8,
+                        help="measured steps per configuration per round")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps after each switch")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--sched-group", action="store_true",
+                        help="scheduler on its own gloo group (default: the world group)")
+    parser.add_argument("--no-sched", action="store_true", help="DDP and probes only")
+    parser.add_argument("--dispatch", action="store_true",
+                        help="also measure the scheduler's dispatch overhead per partition")
+    parser.add_argument("--dispatch-only", action="store_true")
+    parser.add_argument("--dispatch-partitions", default="16KiB,64KiB")
+    parser.add_argument("--dispatch-rate", default="10gbit")
+    parser.add_argument("--out", default="", help="write raw results + table as JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with_sched = not args.no_sched and scheduler_available()
+    if not args.no_sched and not with_sched:
+        print("autobyte.scheduler is not importable: measuring DDP and the probes only", flush=True)
+    batch = dict(DEFAULT_BATCH)
+    for item in filter(None, args.batch_sizes.split(",")):
+        name, value = item.split("=")
+        batch[name] = int(value)
+    given = list(argv) if argv is not None else sys.argv[1:]
+    command = ["python -m benchmarks.bench_scheduler", *given]
+    report: dict[str, Any] = {"command": " ".join(command), "load_before": load_average(),
+                              "blocks": []}
+    started = time.time()
+    labels = config_labels(parse_grid(args), with_sched)
+    rates = [parse_rate(r) for r in args.rates.split(",")]
+    with Testbed(world_size=2, rate=rates[0]) as bed:
+        if not args.dispatch_only:
+            for model in args.models.split(","):
+                for rate in rates:
+                    bed.set_rate(rate)
+                    load = load_average()
+                    results = run_pair(bed, model, batch.get(model, 0), labels, args)
+                    block = {"model": model, "rate": format_rate(rate), "load": load,
+                             "batch_size": batch.get(model), "rows": summarise(results),
+                             "raw": results}
+                    report["blocks"].append(block)
+                    print(f"[{model} @ {format_rate(rate)} done, load {load}]", flush=True)
+            report["table"] = format_table(report["blocks"])
+            print()
+            print(report["table"])
+        if (args.dispatch or args.dispatch_only) and with_sched:
+            report["dispatch"] = measure_dispatch(bed, args)
+            print(format_dispatch(report["dispatch"]))
+    report["load_after"] = load_average()
+    report["wall_s"] = time.time() - started
+    print(f"load average before {report['load_before']}, after {report['load_after']}; "
+          f"{report['wall_s']:.0f} s")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

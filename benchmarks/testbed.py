@@ -1,0 +1,685 @@
+"""Network-namespace testbed: one namespace per rank, joined by shaped veth links, real ranks.
+
+Topology (a star, so that every rank has its own access link and N is free)::
+
+    <prefix>-r0 [ab0 10.x.y.1] ==veth== [r0]\
+    <prefix>-r1 [ab0 10.x.y.2] ==veth== [r1]-- br0  (bridge inside <prefix>-hub)
+    ...                                     /
+
+Every veth end is created directly inside a namespace this module made (``ip -n NS link add
+... peer ... netns HUB``), so nothing is ever added to, or removed from, the root namespace. Each
+link is shaped in both directions with ``tbf`` (the rank's egress on ``ab0`` and the hub's egress
+towards the rank), so a rank's link is full duplex at the configured rate. Rates change with ``tc
+qdisc change`` keeping the burst fixed: lowering tbf's burst while traffic flows froze the link for
+good on this kernel (DESIGN §6), and there is no netem here.
+
+Everything is named ``abtb-<pid>-<seq><random>-...`` so concurrent runs never collide and cleanup
+only touches what this run made. Cleanup runs on ``close()``/context exit, from an ``atexit`` hook,
+and on SIGTERM/SIGHUP (the handler closes all live testbeds, then chains to the previous handler
+or exits). A run killed with SIGKILL leaves its namespaces behind; ``python -m benchmarks.testbed
+--cleanup-stale`` removes those whose owning pid no longer exists.
+
+Usage::
+
+    with Testbed(world_size=2, rate="1gbit") as bed:
+        result = bed.run(lambda rank: [sys.executable, "-m", "benchmarks.train_worker", ...],
+                         trace=Trace.from_times([(0, "1gbit"), (20, "200mbit")]))
+    result.ranks[0].results   # JSON objects the rank printed with {"event": "result", ...}
+
+The worker contract: a rank prints JSON objects, one per line, on stdout.
+``{"event": "train_start"}`` sets the origin of a time-based trace (before it, time counts from the
+launch); ``{"event": "step", "step": n}`` from rank 0 drives a step-based trace. Everything else is
+collected as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+NAME_PREFIX = "abtb"
+RANK_IFNAME = "ab0"  # the rank's interface inside its namespace (GLOO_SOCKET_IFNAME)
+BRIDGE_IFNAME = "br0"
+DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed across rate changes
+DEFAULT_LATENCY_MS = 50
+DEFAULT_MASTER_PORT = 29500
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+               "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9}
+_SIZE_UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20}
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be set up, or a run failed (a rank exited non-zero or timed out)."""
+
+    __test__ = False  # not a pytest test class
+
+
+def parse_rate(rate: str | int | float) -> int:
+    """'1gbit', '300mbit', '100Mbit', 5e8 -> bits/s (tc's units; 'bps' means bytes/s, as in tc)."""
+    if isinstance(rate, bool):
+        raise ValueError(f"not a rate: {rate!r}")
+    if isinstance(rate, (int, float)):
+        value = float(rate)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", rate.lower())
+        if not match or (match.group(2) or "bit") not in _RATE_UNITS:
+            raise ValueError(f"not a rate: {rate!r} (examples: 1gbit, 300mbit, 100mbit)")
+        value = float(match.group(1)) * _RATE_UNITS[match.group(2) or "bit"]
+    if not value >= 8000:
+        raise ValueError(f"rate {rate!r} is below 8kbit, which tbf cannot shape sensibly")
+    return int(value)
+
+
+def format_rate(bits_per_s: int) -> str:
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits_per_s >= scale:
+            return f"{bits_per_s / scale:g}{unit}"
+    return f"{bits_per_s}bit"
+
+
+def parse_size(size: str | int) -> int:
+    """'512kb', '1mb', 65536 -> bytes (tc's kb = KiB)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    match = re.fullmatch(r"\s*([0-9]+)\s*([a-z]*)\s*", str(size).lower())
+    if not match or (match.group(2) or "b") not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {size!r} (examples: 256kb, 1mb)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2) or "b"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RateChange:
+    """Set the rate of `ranks`' links (None: all) at `at_s` seconds or at rank 0's `at_step`."""
+
+    rate_bps: int
+    at_s: float | None = None
+    at_step: int | None = None
+    ranks: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.at_s is None) == (self.at_step is None):
+            raise ValueError("a RateChange needs exactly one of at_s and at_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """A bandwidth trace: rate changes applied while the ranks run."""
+
+    changes: tuple[RateChange, ...] = ()
+
+    @classmethod
+    def from_times(cls, pairs: Iterable[tuple[float, str | int]],
+                   ranks: Sequence[int] | None = None) -> Trace:
+        """[(t_seconds, rate), ...]; t is measured from the first {"event": "train_start"}."""
+        ranks_t = tuple(ranks) if ranks is not None else None
+        return cls(tuple(RateChange(parse_rate(r), at_s=float(t), ranks=ranks_t) for t, r in pairs))
+
+    @classmethod
+    def from_steps(cls, pairs: Iterable[tuple[int, str | int]],
+                   ranks: Sequence[int] | None = None) -> Trace:
+        """[(step, rate), ...]; applied when rank 0 reports {"event": "step", "step": n ≥ step}."""
+        ranks_t = tuple(ranks) if ranks is not None else None
+        return cls(tuple(RateChange(parse_rate(r), at_step=int(s), ranks=ranks_t)
+                         for s, r in pairs))
+
+    def __add__(self, other: Trace) -> Trace:
+        return Trace(self.changes + other.changes)
+
+
+@dataclasses.dataclass
+class RankResult:
+    """What one rank produced."""
+
+    rank: int
+    returncode: int | None
+    events: list[dict[str, Any]]  # every JSON object the rank printed on stdout, in order
+    stdout_other: list[str]  # stdout lines that were not JSON objects
+    stderr_tail: str
+
+    @property
+    def results(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == "result"]
+
+
+@dataclasses.dataclass
+class RunResult:
+    ranks: list[RankResult]
+    # Every rate change applied: t_s (from the origin), wall_time, rate_bps, ranks, step, trigger.
+    rate_log: list[dict[str, Any]]
+    # Optional samples of every rank's egress byte counter: t_launch_s, t_s (from the trace origin;
+    # None before it), wall_time, tx_bytes[rank], rates_bps[rank].
+    link_samples: list[dict[str, Any]]
+    origin_wall_time: float | None
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return all(r.returncode == 0 for r in self.ranks)
+
+
+def _run_cmd(args: Sequence[str], check: bool = True,
+             timeout: float = 30) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"command failed ({proc.returncode}): {' '.join(args)}\n"
+                           f"{proc.stderr.strip()}")
+    return proc
+
+
+def list_namespaces() -> list[str]:
+    out = _run_cmd(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_namespace_pids(ns: str) -> None:
+    out = _run_cmd(["ip", "netns", "pids", ns], check=False).stdout
+    for token in out.split():
+        try:
+            os.kill(int(token), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+
+
+def cleanup_stale() -> list[str]:
+    """Delete testbed namespaces whose owning process (the pid in the name) no longer exists."""
+    removed = []
+    pattern = re.compile(rf"^{NAME_PREFIX}-(\d+)-")
+    for ns in list_namespaces():
+        match = pattern.match(ns)
+        if match and not _pid_alive(int(match.group(1))):
+            _kill_namespace_pids(ns)
+            if _run_cmd(["ip", "netns", "del", ns], check=False).returncode == 0:
+                removed.append(ns)
+    return removed
+
+
+# ---- process-wide cleanup: atexit + SIGTERM/SIGHUP ----------------------------------------------
+
+_LIVE: set[Testbed] = set()
+_LIVE_LOCK = threading.RLock()
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_SEQ = itertools.count()
+
+
+def _close_all_live() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for bed in live:
+        try:
+            bed.close()
+        except Exception:  # cleanup of one must not stop cleanup of the others
+            logger.exception("testbed cleanup failed for %s", bed.name)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _close_all_live()
+    previous = _PREVIOUS_HANDLERS.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        raise SystemExit(128 + signum)
+
+
+def _register(bed: Testbed) -> None:
+    with _LIVE_LOCK:
+        first = not _LIVE
+        _LIVE.add(bed)
+    if first and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            _PREVIOUS_HANDLERS[sig] = signal.signal(sig, _on_signal)
+
+
+def _unregister(bed: Testbed) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(bed)
+        last = not _LIVE
+    if last and _PREVIOUS_HANDLERS and threading.current_thread() is threading.main_thread():
+        for sig, previous in list(_PREVIOUS_HANDLERS.items()):
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        _PREVIOUS_HANDLERS.clear()
+
+
+atexit.register(_close_all_live)
+
+
+# ---- the testbed ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Link:
+    rank: int
+    rank_ns: str
+    hub_ifname: str
+
+
+class Testbed:
+    """N namespaces on a shaped star. The constructor starts nothing; `create()`/`with` does."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, world_size: int = 2, rate: str | int = "1gbit", *,
+                 burst: str | int = DEFAULT_BURST_BYTES, latency_ms: int = DEFAULT_LATENCY_MS,
+                 subnet: str = "10.217.0", name: str | None = None) -> None:
+        if os.geteuid() != 0:
+            raise TestbedError("the testbed needs root (ip netns, tc); run as root")
+        if not 1 <= world_size <= 200:
+            raise ValueError(f"world_size={world_size} must be in [1, 200]")
+        if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
+            raise ValueError(f"subnet must be the first three octets of a /24, e.g. '10.217.0', "
+                             f"got {subnet!r}")
+        self.world_size = world_size
+        self.burst_bytes = parse_size(burst)
+        self.latency_ms = int(latency_ms)
+        self.subnet = subnet
+        self.name = name or f"{NAME_PREFIX}-{os.getpid()}-{next(_SEQ)}{secrets.token_hex(2)}"
+        self.hub_ns = f"{self.name}-hub"
+        self.links = [_Link(r, f"{self.name}-r{r}", f"r{r}") for r in range(world_size)]
+        self._initial_rate_bps = parse_rate(rate)
+        self.rates_bps: list[int] = [self._initial_rate_bps] * world_size
+        self._created: list[str] = []  # namespaces made so far, in creation order
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # -- lifecycle --
+
+    def __enter__(self) -> Testbed:
+        self.create()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create(self) -> Testbed:
+        if self._created or self._closed:
+            raise TestbedError("a Testbed is created once; make a new one")
+        _register(self)
+        try:
+            self._make_ns(self.hub_ns)
+            self._ip(self.hub_ns, "link", "add", BRIDGE_IFNAME, "type", "bridge")
+            self._ip(self.hub_ns, "link", "set", BRIDGE_IFNAME, "up")
+            for link in self.links:
+                self._make_ns(link.rank_ns)
+                self._ip(link.rank_ns, "link", "add", RANK_IFNAME, "type", "veth",
+                         "peer", "name", link.hub_ifname, "netns", self.hub_ns)
+                self._ip(link.rank_ns, "addr", "add", f"{self.address(link.rank)}/24",
+                         "dev", RANK_IFNAME)
+                self._ip(link.rank_ns, "link", "set", RANK_IFNAME, "up")
+                self._ip(self.hub_ns, "link", "set", link.hub_ifname, "master", BRIDGE_IFNAME)
+                self._ip(self.hub_ns, "link", "set", link.hub_ifname, "up")
+                for ns, dev in ((link.rank_ns, RANK_IFNAME), (self.hub_ns, link.hub_ifname)):
+                    self._tbf(ns, dev, self.rates_bps[link.rank], "replace")
+        except BaseException:
+            self.close()
+            raise
+        logger.info("testbed %s: %d ranks at %s", self.name, self.world_size,
+                    format_rate(self._initial_rate_bps))
+        return self
+
+    def close(self) -> None:
+        """Kill every process this testbed started, delete every namespace it made. Idempotent."""
+        with self._lock:
+            procs, self._procs = self._procs, []
+            created, self._created = self._created, []
+            self._closed = True
+        for proc in procs:
+            _kill_group(proc)
+        # Processes that escaped their group still live inside our namespaces, which are ours.
+        for ns in reversed(created):
+            _kill_namespace_pids(ns)
+        for ns in reversed(created):  # rank namespaces first, then the hub (deleting the peers)
+            proc = _run_cmd(["ip", "netns", "del", ns], check=False)
+            if proc.returncode != 0 and ns in list_namespaces():
+                logger.error("could not delete namespace %s: %s", ns, proc.stderr.strip())
+        _unregister(self)
+
+    # -- addressing and shaping --
+
+    def namespace(self, rank: int) -> str:
+        return self.links[rank].rank_ns
+
+    def address(self, rank: int) -> str:
+        return f"{self.subnet}.{rank + 1}"
+
+    @property
+    def ifname(self) -> str:
+        return RANK_IFNAME
+
+    def set_rate(self, rate: str | int, ranks: Iterable[int] | None = None) -> None:
+        """Change the rate of the given ranks' links (both directions) with the burst kept fixed."""
+        rate_bps = parse_rate(rate)
+        for rank in (range(self.world_size) if ranks is None else ranks):
+            link = self.links[rank]
+            self._tbf(link.rank_ns, RANK_IFNAME, rate_bps, "change")
+            self._tbf(self.hub_ns, link.hub_ifname, rate_bps, "change")
+            self.rates_bps[rank] = rate_bps
+
+    def link_tx_bytes(self, rank: int) -> int:
+        """Bytes the rank has sent through its shaped egress so far (tc qdisc counters)."""
+        out = _run_cmd(["tc", "-n", self.namespace(rank), "-s", "-j", "qdisc", "show", "dev",
+                        RANK_IFNAME]).stdout
+        for qdisc in json.loads(out or "[]"):
+            if qdisc.get("kind") == "tbf":
+                return int(qdisc.get("bytes", 0))
+        return 0
+
+    def exec_args(self, rank: int) -> list[str]:
+        """Prefix that runs a command inside the rank's namespace."""
+        return ["ip", "netns", "exec", self.namespace(rank)]
+
+    def rank_env(self, rank: int, master_port: int = DEFAULT_MASTER_PORT) -> dict[str, str]:
+        return {
+            "MASTER_ADDR": self.address(0), "MASTER_PORT": str(master_port),
+            "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1", "GLOO_SOCKET_IFNAME": RANK_IFNAME,
+            "TP_SOCKET_IFNAME": RANK_IFNAME, "PYTHONUNBUFFERED": "1",
+        }
+
+    def _make_ns(self, ns: str) -> None:
+        _run_cmd(["ip", "netns", "add", ns])
+        with self._lock:
+            self._created.append(ns)
+        self._ip(ns, "link", "set", "lo", "up")
+
+    def _ip(self, ns: str, *args: str) -> None:
+        _run_cmd(["ip", "-n", ns, *args])
+
+    def _tbf(self, ns: str, dev: str, rate_bps: int, verb: str) -> None:
+        _run_cmd(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "tbf",
+                  "rate", f"{rate_bps}bit", "burst", f"{self.burst_bytes}b",
+                  "latency", f"{self.latency_ms}ms"])
+
+    # -- running ranks --
+
+    def run(self, command: Callable[[int], Sequence[str]] | Sequence[str], *,
+            env: dict[str, str] | Callable[[int], dict[str, str]] | None = None,
+            trace: Trace | None = None, timeout_s: float = 600.0,
+            master_port: int = DEFAULT_MASTER_PORT, fail_grace_s: float = 5.0,
+            monitor_interval_s: float | None = None,
+            on_event: Callable[[int, dict[str, Any]], None] | None = None,
+            check: bool = True, cwd: str | None = None) -> RunResult:
+        """Run one process per rank in its namespace, follow `trace`, and collect what they print.
+
+        `command(rank)` (or one list for every rank) is the argv; the rank environment (MASTER_ADDR,
+        MASTER_PORT, RANK, WORLD_SIZE, GLOO_SOCKET_IFNAME) is added to os.environ and `env`. When a
+        rank fails, the others get `fail_grace_s` to finish, then are killed. With `check`, a failed
+        or timed-out run raises TestbedError carrying each rank's stderr tail.
+        """
+        if not self._created or self._closed:
+            raise TestbedError("create() the testbed before run()")
+        started = time.monotonic()
+        collectors = [_RankCollector(rank, on_event) for rank in range(self.world_size)]
+        follower = _TraceFollower(self, trace or Trace(), started)
+        for collector in collectors:
+            collector.listeners.append(follower.on_event)
+        procs: list[subprocess.Popen] = []
+        monitor: _LinkMonitor | None = None
+        try:
+            for rank in range(self.world_size):
+                argv = list(command(rank) if callable(command) else command)
+                rank_env = dict(os.environ)
+                extra = env(rank) if callable(env) else env
+                rank_env.update(extra or {})
+                rank_env.update(self.rank_env(rank, master_port))
+                proc = subprocess.Popen(self.exec_args(rank) + argv, env=rank_env, cwd=cwd,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, bufsize=1,
+                                        start_new_session=True)
+                with self._lock:
+                    self._procs.append(proc)
+                procs.append(proc)
+                collectors[rank].attach(proc)
+            follower.start()
+            if monitor_interval_s:
+                monitor = _LinkMonitor(self, follower, monitor_interval_s)
+                monitor.start()
+            timed_out = self._wait(procs, started + timeout_s, fail_grace_s)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill_group(proc)
+            follower.stop()
+            if monitor is not None:
+                monitor.stop()
+            with self._lock:
+                self._procs = [p for p in self._procs if p not in procs]
+        samples = monitor.samples if monitor is not None else []
+        for collector in collectors:
+            collector.join()
+        result = RunResult(
+            ranks=[c.result(p.returncode) for c, p in zip(collectors, procs)],
+            rate_log=follower.log, link_samples=samples,
+            origin_wall_time=follower.origin_wall_time, duration_s=time.monotonic() - started)
+        if check and (timed_out or not result.ok):
+            detail = "\n".join(
+                f"--- rank {r.rank} (exit {r.returncode}) stderr tail:\n{r.stderr_tail}"
+                for r in result.ranks)
+            why = f"timed out after {timeout_s:.0f}s" if timed_out else "a rank failed"
+            error = TestbedError(f"testbed run {why}\n{detail}")
+            error.result = result  # type: ignore[attr-defined]
+            raise error
+        return result
+
+    @staticmethod
+    def _wait(procs: list[subprocess.Popen], deadline: float, fail_grace_s: float) -> bool:
+        failed_at = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                return False
+            now = time.monotonic()
+            if now >= deadline:
+                return True
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = now
+            if failed_at is not None and now - failed_at > fail_grace_s:
+                for proc in procs:
+                    if proc.poll() is None:
+                        _kill_group(proc)
+                return False
+            time.sleep(0.05)
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)  # start_new_session: the group id is the child's pid
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class _RankCollector:
+    """Reads one rank's stdout (JSON lines) and stderr (tail) on two threads."""
+
+    def __init__(self, rank: int, on_event: Callable[[int, dict[str, Any]], None] | None) -> None:
+        self.rank = rank
+        self.events: list[dict[str, Any]] = []
+        self.other: list[str] = []
+        self.stderr: collections.deque[str] = collections.deque(maxlen=200)
+        self.listeners: list[Callable[[int, dict[str, Any]], None]] = [on_event] if on_event else []
+        self.threads: list[threading.Thread] = []
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        for target, stream in ((self._read_stdout, proc.stdout), (self._read_stderr, proc.stderr)):
+            thread = threading.Thread(target=target, args=(stream,), daemon=True,
+                                      name=f"testbed-rank{self.rank}")
+            thread.start()
+            self.threads.append(thread)
+
+    def _read_stdout(self, stream: Any) -> None:
+        for line in stream:
+            text = line.strip()
+            event = None
+            if text.startswith("{"):
+                try:
+                    event = json.loads(text)
+                except json.JSONDecodeError:
+                    event = None
+            if isinstance(event, dict):
+                self.events.append(event)
+                for listener in self.listeners:
+                    try:
+                        listener(self.rank, event)
+                    except Exception:
+                        logger.exception("testbed event listener failed")
+            elif text:
+                self.other.append(text)
+
+    def _read_stderr(self, stream: Any) -> None:
+        for line in stream:
+            self.stderr.append(line.rstrip("\n"))
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(10)
+
+    def result(self, returncode: int | None) -> RankResult:
+        return RankResult(self.rank, returncode, self.events, self.other, "\n".join(self.stderr))
+
+
+class _TraceFollower(threading.Thread):
+    """Applies a trace's rate changes when their time (from train_start) or rank 0's step comes."""
+
+    def __init__(self, bed: Testbed, trace: Trace, launch_monotonic: float) -> None:
+        super().__init__(daemon=True, name="testbed-trace")
+        self.bed = bed
+        self.pending = sorted(trace.changes, key=lambda c: (c.at_step is not None, c.at_s or 0,
+                                                            c.at_step or 0))
+        self.launch = launch_monotonic
+        self.origin: float | None = None
+        self.origin_wall_time: float | None = None
+        self.step = -1
+        self.log: list[dict[str, Any]] = []
+        self._wake = threading.Condition()
+        self._stopped = False
+
+    def on_event(self, rank: int, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        with self._wake:
+            if kind == "train_start" and self.origin is None:
+                self.origin, self.origin_wall_time = time.monotonic(), time.time()
+            elif kind == "step" and rank == 0 and isinstance(event.get("step"), int):
+                self.step = max(self.step, event["step"])
+            else:
+                return
+            self._wake.notify()
+
+    def _due(self, change: RateChange) -> bool:
+        if change.at_step is not None:
+            return self.step >= change.at_step
+        return self.origin is not None and self.elapsed() >= (change.at_s or 0.0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - (self.origin if self.origin is not None else self.launch)
+
+    def run(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopped or not self.pending:
+                    return
+                due = [c for c in self.pending if self._due(c)]
+                if not due:
+                    self._wake.wait(0.005)
+                    continue
+                self.pending = [c for c in self.pending if c not in due]
+                step, elapsed = self.step, self.elapsed()
+            for change in due:
+                try:
+                    self.bed.set_rate(change.rate_bps, change.ranks)
+                except TestbedError:
+                    logger.exception("rate change failed")
+                    continue
+                self.log.append({"t_s": round(elapsed, 4), "wall_time": time.time(),
+                                 "rate_bps": change.rate_bps, "step": step,
+                                 "ranks": list(change.ranks) if change.ranks is not None else None,
+                                 "trigger": "step" if change.at_step is not None else "time"})
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        if self.is_alive():
+            self.join(5)
+
+
+class _LinkMonitor(threading.Thread):
+    """Samples every rank's egress byte counter, for throughput-over-time plots."""
+
+    def __init__(self, bed: Testbed, follower: _TraceFollower, interval_s: float) -> None:
+        super().__init__(daemon=True, name="testbed-monitor")
+        self.bed, self.follower, self.interval_s = bed, follower, interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                tx = [self.bed.link_tx_bytes(r) for r in range(self.bed.world_size)]
+            except (TestbedError, ValueError, subprocess.TimeoutExpired):
+                return  # the testbed is being torn down
+            origin = self.follower.origin
+            now = time.monotonic()
+            self.samples.append({"t_launch_s": round(now - self.follower.launch, 4),
+                                 "t_s": round(now - origin, 4) if origin is not None else None,
+                                 "wall_time": time.time(), "tx_bytes": tx,
+                                 "rates_bps": list(self.bed.rates_bps)})
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cleanup-stale", action="store_true",
+                        help="delete testbed namespaces of runs whose process no longer exists")
+    parser.add_argument("--list", action="store_true", help="list testbed namespaces")
+    args = parser.parse_args(argv)
+    if args.cleanup_stale:
+        for ns in cleanup_stale():
+            print(f"removed {ns}")
+    if args.list or not args.cleanup_stale:
+        for ns in list_namespaces():
+            if ns.startswith(NAME_PREFIX + "-"):
+                print(ns)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

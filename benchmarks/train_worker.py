@@ -1,0 +1,365 @@
+"""One training rank for the testbed: runs a plan of (configuration, steps) segments, prints JSON.
+
+Launched once per namespace by `benchmarks.testbed.Testbed.run` (it reads MASTER_ADDR, MASTER_PORT,
+RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration is one of
+
+    ddp              DistributedDataParallel with default buckets (25 MiB)
+    sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
+                     such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
+    compute          forward + backward + update, no gradient sync (DDP under no_sync)
+    comm             all-reduce of all gradients in DDP-sized buckets, no compute
+
+The plan comes from either
+
+    --configs ddp "sched:none,none" "sched:4MiB,8MiB" --rounds 3 --steps 20 --warmup 5
+        interleaved: every round runs every configuration (warm-up steps, then measured steps), so
+        that drift on a noisy machine hits all configurations alike; or
+    --schedule FILE --steps N
+        one run of N steps whose configuration changes at given steps (JSON list of
+        {"at_step": n, "config": "sched:4MiB,8MiB"}), for trace-driven evaluations.
+
+With `--control FILE` (scheduler configurations only) rank 0 reads new lines of FILE before every
+step: each a JSON object {"partition_bytes": int|null, "credit_bytes": int|null} (an omitted key
+keeps its value) passed to `reconfigure()`; a rejected one is reported as a
+`reconfigure_rejected` event and training goes on. Rank 0's word is the scheduler's word, so the change lands on every rank at the
+same step. A policy in the harness process reads the `step` events (Testbed.run's on_event) and
+appends decisions: online tuning on the testbed.
+
+All configurations share one process: one model replica under DDP and one under the scheduler,
+switched at segment boundaries after `synchronize()` and a barrier, and reconfigured in place.
+
+Output (stdout, one JSON object per line; rank 0 also prints `step` events for step-based traces):
+    {"event": "train_start", ...}
+    {"event": "step", "step": global_step, "config": label, "step_time_s": ...}      (rank 0)
+    {"event": "reconfigure", "step": global_step, "partition_bytes": .., "credit_bytes": ..}
+    {"event": "result", "rank": r, "segment": i, "round": k, "config": label, "step_times_s": [...],
+     "median_step_s": ..., "exposed_comm_s": ..., "metrics": [...]}
+    {"event": "done", "rank": r, "wall_s": ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from benchmarks.models import build
+
+DDP_BUCKET_BYTES = 25 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A parsed configuration label."""
+
+    kind: str  # ddp | sched | compute | comm
+    partition_bytes: int | None = None
+    credit_bytes: int | None = None
+
+    @classmethod
+    def parse(cls, label: str) -> RunConfig:
+        text = label.strip().lower()
+        if text in ("ddp", "compute", "comm"):
+            return cls(text)
+        if text.startswith("sched:"):
+            from autobyte.types import parse_bytes
+            parts = text[len("sched:"):].split(",")
+            if len(parts) != 2:
+                raise ValueError(f"bad configuration {label!r}: expected sched:PARTITION,CREDIT")
+            return cls("sched", parse_bytes(parts[0]), parse_bytes(parts[1]))
+        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm or sched:P,C")
+
+    @property
+    def label(self) -> str:
+        if self.kind != "sched":
+            return self.kind
+        from autobyte.types import format_bytes
+        partition = format_bytes(self.partition_bytes, "none")
+        return f"sched:{partition},{format_bytes(self.credit_bytes, 'none')}"
+
+
+@dataclasses.dataclass
+class Segment:
+    config: RunConfig
+    steps: int
+    warmup: int
+    round: int = 0
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+class Trainer:
+    """Holds the replicas (DDP and scheduler) and runs segments."""
+
+    def __init__(self, args: argparse.Namespace, need_sched: bool) -> None:
+        self.args = args
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        model_args = json.loads(args.model_args) if args.model_args else {}
+        torch.manual_seed(args.seed)
+        self.workload = build(args.model, **model_args)
+        self.batch_size = args.batch_size or self.workload.default_batch_size
+        generator = torch.Generator().manual_seed(args.seed * 1000 + self.rank)
+        self.batches = [self.workload.make_batch(self.batch_size, generator) for _ in range(4)]
+        self.global_step = 0
+        self.control = None
+        if args.control and dist.get_rank() == 0:
+            self.control = open(args.control, "a+")  # create it if the harness has not yet
+            self.control.seek(0)
+        self._control_partial = ""
+        # DDP replica (also used for compute-only steps under no_sync).
+        self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
+        self.ddp_opt = self._optimizer(self.ddp_model.parameters())
+        self.comm_buffers = self._comm_buffers()
+        self.sched = None
+        if need_sched:
+            from autobyte.scheduler import ScheduledOptimizer
+            torch.manual_seed(args.seed)
+            sched_model = build(args.model, **model_args).model
+            group = dist.new_group(backend="gloo") if args.sched_group else None
+            self.sched_model = sched_model
+            self.sched = ScheduledOptimizer(sched_model, self._optimizer(sched_model.parameters()),
+                                            partition_bytes=None, credit_bytes=None,
+                                            process_group=group)
+            # Every completed step's metrics (last_step_metrics() lags and may skip steps).
+            self.sched_metrics: list[Any] = []
+            self.sched.add_step_callback(self.sched_metrics.append)
+
+    def _optimizer(self, params: Any) -> torch.optim.Optimizer:
+        if self.args.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=self.args.lr, momentum=0.9)
+        if self.args.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.args.lr)
+        return torch.optim.AdamW(params, lr=self.args.lr)
+
+    def _comm_buffers(self) -> list[torch.Tensor]:
+        sizes, current = [], 0
+        for p in reversed(list(self.workload.model.parameters())):
+            nbytes = p.numel() * p.element_size()
+            if current and current + nbytes > DDP_BUCKET_BYTES:
+                sizes.append(current)
+                current = 0
+            current += nbytes
+        sizes.append(current)
+        return [torch.zeros(n // 4) for n in sizes]
+
+    def _batch(self) -> Any:
+        return self.batches[self.global_step % len(self.batches)]
+
+    def _step(self, config: RunConfig) -> None:
+        """One training step (or one probe) under `config`."""
+        inputs, targets = self._batch()
+        if config.kind == "comm":
+            works = [dist.all_reduce(b, async_op=True) for b in self.comm_buffers]
+            for work in works:
+                work.wait()
+            return
+        if config.kind in ("ddp", "compute"):
+            self.ddp_opt.zero_grad(set_to_none=True)
+            if config.kind == "compute":
+                with self.ddp_model.no_sync():
+                    self.workload.loss_fn(self.ddp_model(inputs), targets).backward()
+            else:
+                self.workload.loss_fn(self.ddp_model(inputs), targets).backward()
+            self.ddp_opt.step()
+            return
+        assert self.sched is not None
+        self.sched.zero_grad()
+        self.workload.loss_fn(self.sched_model(inputs), targets).backward()
+        self.sched.step()
+
+    def _poll_control(self) -> None:
+        """Rank 0: apply the configurations appended to the control file since the last step."""
+        if self.control is None or self.sched is None:
+            return
+        self._control_partial += self.control.read()
+        *lines, self._control_partial = self._control_partial.split("\n")
+        for line in filter(None, (line.strip() for line in lines)):
+            try:
+                request = json.loads(line)
+                # An omitted key keeps its value; null means none / unlimited.
+                config = self.sched.reconfigure(**{k: request[k] for k in
+                                                   ("partition_bytes", "credit_bytes")
+                                                   if k in request})
+            except (ValueError, TypeError, AttributeError) as error:  # training goes on
+                emit({"event": "reconfigure_rejected", "step": self.global_step,
+                      "request": line, "error": str(error)})
+                continue
+            emit({"event": "reconfigure", "step": self.global_step,
+                  "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes})
+
+    def _quiesce(self) -> None:
+        if self.sched is not None:
+            self.sched.synchronize()
+        dist.barrier()
+
+    def run_segment(self, index: int, segment: Segment, emit_steps: bool) -> dict[str, Any]:
+        config = segment.config
+        self._quiesce()
+        if config.kind == "sched":
+            if self.sched is None:
+                raise RuntimeError("a sched: configuration needs autobyte.scheduler")
+            self.sched.reconfigure(partition_bytes=config.partition_bytes,
+                                   credit_bytes=config.credit_bytes)
+        for _ in range(segment.warmup):
+            self._step(config)
+            self.global_step += 1
+        if config.kind == "sched":
+            self.sched.synchronize()
+        dist.barrier()
+        sched_first = self.sched.step_index if config.kind == "sched" else 0
+        dispatch_before = self.sched.dispatch_stats() if config.kind == "sched" else None
+        marks = [time.perf_counter()]
+        for _ in range(segment.steps):
+            if config.kind == "sched":
+                self._poll_control()
+            self._step(config)
+            if config.kind == "sched" and len(marks) == segment.steps:
+                self.sched.synchronize()  # the last step's updates land inside its own time
+            marks.append(time.perf_counter())
+            self.global_step += 1
+            if emit_steps and self.rank == 0:
+                label = config.label
+                if config.kind == "sched":  # the configuration in effect, under --control too
+                    label = RunConfig("sched", self.sched.config.partition_bytes,
+                                      self.sched.config.credit_bytes).label
+                emit({"event": "step", "step": self.global_step, "config": label,
+                      "step_time_s": marks[-1] - marks[-2], "t": time.time()})
+        step_times = [b - a for a, b in zip(marks, marks[1:])]
+        metrics: list[dict[str, Any]] = []
+        dispatch = None
+        if config.kind == "sched":
+            self.sched.last_step_metrics()  # drains completed steps into the callback
+            last = self.sched.step_index
+            metrics = [_as_dict(m) for m in self.sched_metrics if sched_first <= m.step < last]
+            self.sched_metrics.clear()
+            dispatch = _dispatch_delta(dispatch_before, self.sched.dispatch_stats())
+        exposed = [m.get("exposed_comm_s", 0.0) for m in metrics]
+        result = {
+            "event": "result", "rank": self.rank, "segment": index, "round": segment.round,
+            "config": config.label, "kind": config.kind,
+            "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes,
+            "steps": segment.steps, "step_times_s": step_times,
+            "median_step_s": statistics.median(step_times) if step_times else None,
+            "exposed_comm_s": statistics.median(exposed) if exposed else None,
+            "first_step": self.global_step - segment.steps,
+        }
+        if dispatch is not None:
+            result["dispatch"] = dispatch
+        if metrics and self.args.full_metrics:
+            result["metrics"] = metrics
+        elif metrics:
+            keys = ("forward_s", "backward_s", "queueing_delay_s", "partitions", "bytes_reduced",
+                    "bandwidth_bytes_per_s")
+            result["metrics_median"] = {k: statistics.median(m.get(k, 0) or 0 for m in metrics)
+                                        for k in keys}
+        return result
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+        if self.sched is not None:
+            self.sched.synchronize()
+            close = getattr(self.sched, "close", None)
+            if close:
+                close()
+
+
+def _as_dict(metrics: Any) -> dict[str, Any]:
+    return dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else dict(metrics)
+
+
+def _dispatch_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per-partition scheduler and backend-launch cost over one segment, from cumulative means."""
+    parts = after["partitions"] - before["partitions"]
+    out = {"partitions": parts}
+    for key in ("scheduler_us_per_partition", "backend_launch_us_per_partition"):
+        total = after[key] * after["partitions"] - before[key] * before["partitions"]
+        out[key] = total / parts if parts else 0.0
+    out["channel_messages"] = after["channel_messages"] - before["channel_messages"]
+    out["channel_send_us_per_message"] = after["channel_send_us_per_message"]
+    out["channel_latency_us"] = after["channel_latency_us"]
+    return out
+
+
+def make_plan(args: argparse.Namespace) -> list[Segment]:
+    if args.schedule:
+        with open(args.schedule) as f:
+            changes = sorted(json.load(f), key=lambda c: c["at_step"])
+        if not changes or changes[0]["at_step"] != 0:
+            changes.insert(0, {"at_step": 0, "config": args.configs[0] if args.configs else "ddp"})
+        plan = []
+        for change, following in zip(changes, changes[1:] + [{"at_step": args.steps}]):
+            steps = min(following["at_step"], args.steps) - change["at_step"]
+            if steps > 0:
+                plan.append(Segment(RunConfig.parse(change["config"]), steps, 0))
+        return plan
+    configs = [RunConfig.parse(c) for c in args.configs]
+    return [Segment(c, args.steps, args.warmup, r) for r in range(args.rounds) for c in configs]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--model-args", default="",
+                        help="JSON keyword arguments for the model builder")
+    parser.add_argument("--batch-size", type=int, default=0, help="0: the model's default")
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--configs", nargs="*", default=["ddp"])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per segment / total")
+    parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps after each switch")
+    parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")
+    parser.add_argument("--control", default="",
+                        help="rank 0 applies JSON configuration lines appended to this file")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sched-group", action="store_true",
+                        help="give the scheduler its own gloo group instead of the default one")
+    parser.add_argument("--full-metrics", action="store_true", help="emit every StepMetrics")
+    parser.add_argument("--steps-events", action="store_true",
+                        help="rank 0 prints a step event per step (needed for step-based traces)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=120))
+    try:
+        plan = make_plan(args)
+        if args.control and any(s.config.kind != "sched" for s in plan):
+            raise SystemExit("--control needs scheduler configurations only (sched:P,C)")
+        trainer = Trainer(args, need_sched=any(s.config.kind == "sched" for s in plan))
+        emit({"event": "train_start", "rank": trainer.rank, "model": args.model,
+              "parameters": trainer.workload.parameter_count,
+              "gradient_bytes": trainer.workload.gradient_bytes, "batch_size": trainer.batch_size,
+              "threads": args.threads, "segments": len(plan), "pid": os.getpid()})
+        emit_steps = args.steps_events or bool(args.schedule)
+        for index, segment in enumerate(plan):
+            emit(trainer.run_segment(index, segment, emit_steps))
+        trainer.close()
+        dist.barrier()
+        emit({"event": "done", "rank": trainer.rank, "wall_s": time.perf_counter() - started})
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
