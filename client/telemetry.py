@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import collections
 import hashlib
+import itertools
 import logging
 import os
 import random
@@ -28,7 +29,7 @@ from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_c
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import Config, StepMetrics
+from autobyte.types import Config, StepMetrics, check_metrics
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -45,7 +46,7 @@ _atexit_registered = False
 
 def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
          rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None) -> "Reporter":
+         tls_ca: str | None = None, flush_interval_s: float = 1.0) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
@@ -63,11 +64,13 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         raise ValueError(f"rank {rank} is not within world size {world_size}")
     if buffer_samples < 1:
         raise ValueError(f"buffer_samples={buffer_samples} must be positive")
+    if not 0 < flush_interval_s <= 60:
+        raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60] seconds")
     with _lock:
         if _reporter is not None:
             _reporter.close()
         _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
-                             buffer_samples, tls_ca)
+                             buffer_samples, tls_ca, flush_interval_s)
         for optimizer in list(_pending_optimizers):
             _reporter.attach(optimizer)
         global _atexit_registered
@@ -137,18 +140,25 @@ class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
     def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
-                 buffer_samples: int, tls_ca: str | None = None) -> None:
+                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0) -> None:
         self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._buffer: collections.deque[tuple[int, StepMetrics]] = collections.deque()
         self._capacity = buffer_samples
+        self._flush_interval_s = flush_interval_s
+        self._send_due = 0.0
+        self._flush_requested = False
         self._cond = threading.Condition()
         self._seq = 0
         self._acked_seq = 0
         self._sent_seq = 0
-        self.dropped_total = 0
+        self._dropped_overflow = 0
+        self._invalid = 0  # samples that failed check_metrics; counted in dropped_total
+        # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
+        # gRPC's internal threads are not counted.
+        self.background_cpu_s = 0.0
         self._closed = threading.Event()
         self._optimizer = None
         self._fingerprint: pb.ModelFingerprint | None = None
@@ -187,9 +197,10 @@ class Reporter:
             self._seq += 1
             if len(self._buffer) >= self._capacity:
                 self._buffer.popleft()
-                self.dropped_total += 1
+                self._dropped_overflow += 1
             self._buffer.append((self._seq, metrics))
-            self._cond.notify()
+            if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
+                self._cond.notify()
         if metrics.decision_id != self._decision_id:  # a decision took effect at this step
             self._decision_id = metrics.decision_id
             self._reports.append(pb.ReportConfigRequest(job=self.job, rank=self.rank,
@@ -225,22 +236,45 @@ class Reporter:
         return response.session_id
 
     def _batches(self, session_id: str):
-        """Request iterator of the metrics stream (runs on a gRPC thread)."""
+        """Request iterator of the metrics stream (runs on a gRPC thread). Sends a batch when
+        MAX_BATCH_SAMPLES are waiting, when the oldest unsent sample is `flush_interval_s` old, or
+        when flush() asks; one wake-up per step would cost the training job CPU and GIL time."""
         while not self._closed.is_set():
             with self._cond:
-                while not self._closed.is_set() and not self._unsent():
-                    self._cond.wait(0.5)
-                pending = [item for item in self._buffer if item[0] > self._sent_seq][:MAX_BATCH_SAMPLES]
+                while not self._closed.is_set():
+                    unsent = self._unsent_count()
+                    if unsent >= MAX_BATCH_SAMPLES or (unsent and (self._flush_requested or
+                                                                   time.monotonic() >= self._send_due)):
+                        break
+                    self._cond.wait(max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5)
+                offset = max(0, self._sent_seq - self._buffer[0][0] + 1) if self._buffer else 0
+                pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
+                in_flight = self._sent_seq > self._acked_seq
                 if pending:
                     self._sent_seq = pending[-1][0]
-                dropped = self.dropped_total
+                self._send_due = time.monotonic() + self._flush_interval_s
             if pending:
-                yield pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id,
-                                      dropped_total=dropped,
-                                      samples=[metrics_to_proto(m, seq) for seq, m in pending])
+                cpu0 = time.thread_time()
+                batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
+                now = time.time()
+                for seq, metrics in pending:
+                    try:
+                        check_metrics(metrics, now)
+                    except ValueError as error:  # a broken measurement: never worth a refused batch
+                        self._invalid += 1
+                        log.warning("dropping step %d's sample: %s", metrics.step, error)
+                        continue
+                    batch.samples.append(metrics_to_proto(metrics, seq))
+                batch.dropped_total = self.dropped_total
+                self.background_cpu_s += time.thread_time() - cpu0
+                if batch.samples:
+                    yield batch
+                elif not in_flight:  # nothing valid to send and nothing in flight: done with these
+                    self._ack(pending[-1][0])
+                # else: the next acknowledgement covers them (the daemon acks the highest seq stored)
 
-    def _unsent(self) -> bool:
-        return bool(self._buffer) and self._buffer[-1][0] > self._sent_seq
+    def _unsent_count(self) -> int:
+        return self._buffer[-1][0] - self._sent_seq if self._buffer else 0
 
     def _send_loop(self) -> None:
         telemetry = pb_grpc.TelemetryStub(self._channel)
@@ -253,12 +287,10 @@ class Reporter:
                 attempt = 0
                 self._flush_reports(control)
                 for ack in telemetry.StreamMetrics(self._batches(session_id), metadata=self._metadata):
-                    with self._cond:
-                        self._acked_seq = max(self._acked_seq, ack.acked_seq)
-                        while self._buffer and self._buffer[0][0] <= self._acked_seq:
-                            self._buffer.popleft()
-                        self._cond.notify_all()
-                    self._flush_reports(control)
+                    cpu0 = time.thread_time()
+                    self._flush_reports(control)  # before the ack wakes flush()
+                    self._ack(ack.acked_seq)
+                    self.background_cpu_s += time.thread_time() - cpu0
             except grpc.RpcError as error:
                 self.connected.clear()
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
@@ -271,6 +303,13 @@ class Reporter:
             attempt += 1
             self._backoff(attempt)
 
+    def _ack(self, seq: int) -> None:
+        with self._cond:
+            self._acked_seq = max(self._acked_seq, seq)
+            while self._buffer and self._buffer[0][0] <= self._acked_seq:
+                self._buffer.popleft()
+            self._cond.notify_all()
+
     def _drop_rejected(self, reason: str) -> None:
         """The daemon refused a batch: resending it would be refused again, so drop what was sent
         and not acknowledged, count it, and go on with the rest."""
@@ -279,7 +318,7 @@ class Reporter:
             while self._buffer and self._buffer[0][0] <= self._sent_seq:
                 self._buffer.popleft()
                 rejected += 1
-            self.dropped_total += rejected
+            self._invalid += rejected
             self._cond.notify_all()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 
@@ -326,6 +365,11 @@ class Reporter:
 
     # ------------------------------------------------------------------ lifecycle
     @property
+    def dropped_total(self) -> int:
+        """Samples that never reached the daemon: buffer overflow plus invalid or refused ones."""
+        return self._dropped_overflow + self._invalid
+
+    @property
     def acked_seq(self) -> int:
         return self._acked_seq
 
@@ -337,11 +381,15 @@ class Reporter:
         """Wait until every buffered sample is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._flush_requested = True
+            self._cond.notify_all()
             while self._buffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self._flush_requested = False
                     return False
                 self._cond.wait(remaining)
+            self._flush_requested = False
         return True
 
     def close(self, timeout_s: float = 2.0) -> None:

@@ -61,6 +61,26 @@ class StepMetrics:
     decision_id: int = 0
 
 
+_DAY_S = 86_400.0
+# Upper bounds no real measurement reaches; a value beyond them is a bug, not a measurement.
+METRIC_LIMITS = {"step_time_s": _DAY_S, "forward_s": _DAY_S, "backward_s": _DAY_S, "exposed_comm_s": _DAY_S,
+                 "queueing_delay_s": _DAY_S, "bytes_reduced": 1 << 50, "partitions": 100_000_000,
+                 "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62}
+
+
+def check_metrics(metrics: StepMetrics, now_s: float) -> None:
+    """ValueError naming the first implausible value (NaN, negative, absurd). The client drops such a
+    sample before sending it; the daemon refuses a batch that holds one."""
+    for name, limit in METRIC_LIMITS.items():
+        value = getattr(metrics, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}={value} is not a finite number")
+        if value < 0 or value > limit:
+            raise ValueError(f"{name}={value} is outside [0, {limit:g}]")
+    if not (math.isfinite(metrics.wall_time_s) and 0 <= metrics.wall_time_s <= now_s + _DAY_S):
+        raise ValueError(f"wall_time_s={metrics.wall_time_s} is not a plausible unix time")
+
+
 def format_bytes(value: int | None, none: str = "-") -> str:
     """1048576 -> '1MiB'; None -> `none`."""
     if value is None:

@@ -69,7 +69,7 @@ def main() -> None:
         reporter = telemetry._reporter
         flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))
         reporter_state = {"flushed": flushed, "acked_seq": reporter.acked_seq, "dropped": reporter.dropped_total,
-                          "buffered": reporter.buffered}
+                          "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s}
         autobyte.shutdown()
     if args.out:
         with open(args.out.format(rank=rank), "w") as handle:
