@@ -20,7 +20,7 @@ import math
 import pathlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.policies import (
@@ -155,12 +155,6 @@ def _summarise(scenario: Scenario, policy_names: Sequence[str], runs: dict[str, 
 
 # ---- testbed ---------------------------------------------------------------------------------------
 
-# Policies the testbed half can run today: fixed configurations (with the rate trace applied while
-# the ranks train). bo-once and oracle need configuration changes decided while the ranks run, which
-# the harness's worker does not accept yet (it takes a fixed --schedule); see README.
-TESTBED_POLICIES = ("ddp", "static:", "grid-best")
-
-
 def _testbed_label(config: RunConfig) -> str:
     from benchmarks.sim.engine import DDPConfig
     if isinstance(config, DDPConfig):
@@ -169,66 +163,217 @@ def _testbed_label(config: RunConfig) -> str:
     return f"sched:{format_bytes(config.partition_bytes, 'none')},{format_bytes(config.credit_bytes, 'none')}"
 
 
-def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
-    """Run fixed-configuration policies on the namespace testbed under the scenario's trace.
+@dataclasses.dataclass
+class TestbedSeries:
+    """Rank 0's steps of one testbed run: times relative to the first step's start."""
 
-    The scenario's [testbed] table says which harness model to train (model, model_args, batch_size),
-    how many steps (steps, default 200) and, for grid-best, which configurations to try (grid, a
-    list of "sched:P,C" labels; default: a 6-point grid). Rates come from the bandwidth trace.
-    """
+    step_times_s: list[float]
+    labels: list[str]
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    applied: int = 0  # reconfigure events the worker reported
+
+    @property
+    def ends_s(self) -> list[float]:
+        out, total = [], 0.0
+        for value in self.step_times_s:
+            total += value
+            out.append(total)
+        return out
+
+
+class _OnlineDriver:
+    """Feeds rank 0's `step` events to a policy (as StepRecords) and appends its decisions to the
+    worker's --control file; called on the harness's reader thread, so it stays short."""
+
+    def __init__(self, policy: Policy, control: pathlib.Path, scenario: Scenario,
+                 initial: RunConfig) -> None:
+        self.policy, self.control, self.scenario = policy, control, scenario
+        self.elapsed = 0.0
+        self.current = initial
+        self.decisions: list[dict[str, Any]] = []
+        self.applied = 0
+        self.errors: list[str] = []
+
+    def on_event(self, rank: int, event: dict[str, Any]) -> None:
+        if rank != 0:
+            return
+        kind = event.get("event")
+        if kind == "reconfigure":
+            self.applied += 1
+        elif kind == "reconfigure_rejected":
+            self.errors.append(str(event.get("error")))
+        if kind != "step":
+            return
+        from benchmarks.sim.calibrate import parse_config
+        from benchmarks.sim.engine import DDPConfig
+        step_s = float(event["step_time_s"])
+        start = self.elapsed
+        self.elapsed += step_s
+        config = parse_config(event["config"])
+        record = StepRecord(int(event["step"]), start, self.elapsed, step_s, 0.0, 0.0, 0.0,
+                            self.scenario.bandwidth.at(start), self.scenario.compute.at(start),
+                            0, 0, config)
+        change = self.policy.observe(record)
+        if change is None or change == self.current:
+            return
+        if isinstance(change, DDPConfig):  # --control drives the scheduler only
+            self.errors.append("policy asked for ddp: not reachable through --control")
+            return
+        self.current = change
+        self.decisions.append({"after_step": record.step, "t_s": self.elapsed,
+                               "config": _testbed_label(change)})
+        with open(self.control, "a") as handle:
+            handle.write(json.dumps({"partition_bytes": change.partition_bytes,
+                                     "credit_bytes": change.credit_bytes}) + "\n")
+
+
+def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy | None = None,
+                    initial: RunConfig | None = None) -> TestbedSeries:
+    """One run on a fresh testbed: a fixed configuration, or an online policy through --control."""
+    import tempfile
+
     from benchmarks import testbed as harness
 
     options = scenario.testbed
-    steps = int(options.get("steps", 200))
     workers = min(scenario.workers, int(options.get("max_workers", 2)))
-    pairs = [(start, f"{bandwidth / GBIT * 1000:.0f}mbit")
-             for start, _end, bandwidth, _factor in scenario.phases(
-                 scenario.duration_s or math.inf)]
-    trace = harness.Trace.from_times(pairs)
+    steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
+    command = [sys.executable, "-m", "benchmarks.train_worker",
+               "--model", str(options.get("model", "mlp")),
+               "--model-args", json.dumps(options.get("model_args", {})),
+               "--batch-size", str(int(options.get("batch_size", 0))),
+               "--configs", label, "--steps", str(steps), "--warmup", "0",
+               "--rounds", "1", "--steps-events"]
+    if scenario.duration_s is not None:
+        command += ["--max-seconds", str(scenario.duration_s)]
+    with tempfile.TemporaryDirectory(prefix="abeval-") as tmp:
+        driver = None
+        if policy is not None:
+            control = pathlib.Path(tmp) / "control.jsonl"
+            control.touch()
+            command += ["--control", str(control)]
+            assert initial is not None
+            driver = _OnlineDriver(policy, control, scenario, initial)
+        with harness.Testbed(world_size=workers, rate=trace.changes[0].rate_bps) as bed:
+            result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
+                             timeout_s=float(options.get("timeout_s", 900)),
+                             cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+    events = [e for e in result.ranks[0].events if e.get("event") == "step"]
+    series = TestbedSeries([float(e["step_time_s"]) for e in events],
+                           [str(e["config"]) for e in events])
+    if driver is not None:
+        series.decisions, series.applied = driver.decisions, driver.applied
+        if driver.errors:
+            logger.warning("%s: %s", label, "; ".join(driver.errors[:3]))
+    return series
+
+
+def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float, float, float, float]],
+                     settle_steps: int = 2) -> Callable[[RunConfig, float, float], float]:
+    """steady_step_s for the oracle on the testbed: the median measured step time of the
+    configuration's fixed run during the phases at that bandwidth (first steps of a phase skipped)."""
+    import statistics
+
+    def steady(config: RunConfig, bandwidth: float, factor: float) -> float:
+        run = series.get(_testbed_label(config))
+        if run is None:
+            return math.inf
+        times = []
+        for start, end, bw, fac in phases:
+            if bw != bandwidth or fac != factor:
+                continue
+            inside = [t for t, e in zip(run.step_times_s, run.ends_s) if start < e - t and e <= end]
+            times += inside[settle_steps:]
+        return statistics.median(times) if times else math.inf
+    return steady
+
+
+def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
+    """Run every policy on the namespace testbed under the scenario's bandwidth trace.
+
+    The scenario's [testbed] table says which harness model to train (model, model_args,
+    batch_size), for how long (the scenario's duration_s: every run stops at the same time, via the
+    worker's --max-seconds; or `steps`), the fixed configurations grid-best tries (grid, "sched:P,C"
+    labels) and bo-once's trial length (bo_trial_steps, bo_settle_steps; 100/10 in the simulator
+    are too long for a testbed run). Fixed policies run their configuration for the whole run.
+    bo-once and oracle are the simulator's policy classes, driven online: the harness turns rank 0's
+    `step` events into StepRecords for policy.observe() and appends each decision to the worker's
+    --control file, which rank 0 applies with reconfigure() before its next step. The oracle's
+    per-phase choice comes from the grid runs measured just before (median step time of every grid
+    configuration in every phase), over the grid's scheduler configurations only (--control cannot
+    switch to DDP).
+    """
+    from benchmarks import testbed as harness
+    from benchmarks.policies import BayesOptOncePolicy
+    from benchmarks.sim.calibrate import parse_config
+
+    options = scenario.testbed
+    horizon = scenario.duration_s if scenario.duration_s is not None else math.inf
+    phases = scenario.phases(horizon)
+    trace = harness.Trace.from_times([(start, f"{bandwidth / GBIT * 1000:.0f}mbit")
+                                      for start, _end, bandwidth, _factor in phases])
     grid_labels = list(options.get("grid", ["sched:none,none", "sched:1MiB,4MiB", "sched:4MiB,8MiB",
                                             "sched:4MiB,16MiB", "sched:16MiB,32MiB",
                                             "sched:16MiB,none"]))
-    labels: dict[str, list[str]] = {}
-    for name in dict.fromkeys([*policy_names, "grid-best"]):
+    wanted = list(dict.fromkeys([*policy_names, *REFERENCE_POLICIES]))
+    fixed: dict[str, list[str]] = {}
+    for name in wanted:
         if name == "ddp":
-            labels[name] = ["ddp"]
+            fixed[name] = ["ddp"]
         elif name.startswith("static:"):
-            labels[name] = [_testbed_label(make_policy(name).initial_config())]
+            fixed[name] = [_testbed_label(make_policy(name).initial_config())]
         elif name == "grid-best":
-            labels[name] = grid_labels
-        else:
-            raise NotImplementedError(
-                f"policy {name!r} cannot run on the testbed yet: it changes configuration while "
-                "the ranks train, and benchmarks/train_worker.py only takes a fixed --schedule; "
-                "it needs an online control input (e.g. the autobyte daemon's control stream)")
+            fixed[name] = grid_labels
+    measured: dict[str, TestbedSeries] = {}
+    for label in dict.fromkeys(label for group in fixed.values() for label in group):
+        logger.info("%s: fixed %s", scenario.name, label)
+        measured[label] = _run_on_testbed(scenario, label, trace)
+
+    def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
+        ends = series.ends_s
+        return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed")
+
+    def throughput(series: TestbedSeries) -> float:
+        ends = series.ends_s
+        return len(ends) / ends[-1] if ends and ends[-1] > 0 else 0.0
+
     runs: dict[str, PolicyRun] = {}
-    measured: dict[str, tuple[int, float, list[float]]] = {}
-    initial_rate = pairs[0][1]
-    for label in dict.fromkeys(label for group in labels.values() for label in group):
-        with harness.Testbed(world_size=workers, rate=initial_rate) as bed:
-            command = [sys.executable, "-m", "benchmarks.train_worker",
-                       "--model", str(options.get("model", "mlp")),
-                       "--model-args", json.dumps(options.get("model_args", {})),
-                       "--batch-size", str(int(options.get("batch_size", 0))),
-                       "--configs", label, "--steps", str(steps), "--warmup", "0",
-                       "--rounds", "1", "--steps-events"]
-            result = bed.run(command, trace=trace, timeout_s=float(options.get("timeout_s", 900)),
-                             cwd=str(pathlib.Path(__file__).resolve().parent.parent))
-        events = [e for e in result.ranks[0].events if e.get("event") == "step"]
-        step_times = [float(e["step_time_s"]) for e in events]
-        ends, total = [], 0.0
-        for value in step_times:
-            total += value
-            ends.append(total)
-        measured[label] = (len(step_times), total, ends)
-    for name, group in labels.items():
-        best = max(group, key=lambda lab: measured[lab][0] / measured[lab][1] if measured[lab][1] else 0)
-        count, total, ends = measured[best]
-        runs[name] = PolicyRun(name, count, total, ends, best, "testbed")
-    # The lower bound on the testbed needs the measured compute time; use the simulator's.
+    for name, group in fixed.items():
+        best = max(group, key=lambda lab: throughput(measured[lab]))
+        runs[name] = as_run(name, measured[best], best)
+    extra: dict[str, Any] = {}
+    for name in wanted:
+        if name in fixed:
+            continue
+        policy: Policy
+        if name == "bo-once":
+            policy = BayesOptOncePolicy(trial_steps=int(options.get("bo_trial_steps", 10)),
+                                        settle_steps=int(options.get("bo_settle_steps", 2)))
+            context = PolicyContext(candidates=default_grid(include_ddp=False), seed=scenario.seed)
+        elif name == "oracle":
+            policy = make_policy(name)
+            candidates = tuple(parse_config(lab) for lab in grid_labels)
+            context = PolicyContext(candidates=candidates, seed=scenario.seed, phases=tuple(phases),
+                                    steady_step_s=_measured_steady(measured, phases))
+        else:
+            raise ValueError(f"policy {name!r} has no testbed driver")
+        policy.prepare(context)
+        initial = policy.initial_config()
+        label = _testbed_label(initial)
+        logger.info("%s: online %s from %s", scenario.name, name, label)
+        series = _run_on_testbed(scenario, label, trace, policy=policy, initial=initial)
+        runs[name] = as_run(name, series, f"{policy.describe()}; {len(series.decisions)} "
+                                          f"decisions, {series.applied} applied")
+        extra[name] = {"decisions": series.decisions, "applied": series.applied}
+    # The lower bound uses the scenario's (simulator) profile of the trained model.
     sim = scenario.make_simulator()
-    lower = lower_bound_run(dataclasses.replace(scenario, duration_steps=steps, duration_s=None), sim)
-    return _summarise(scenario, [p for p in policy_names], runs, lower, "testbed")
+    bounded = (scenario if scenario.duration_s is not None else
+               dataclasses.replace(scenario, duration_steps=runs["grid-best"].steps))
+    lower = lower_bound_run(bounded, sim)
+    summary = _summarise(scenario, list(policy_names), runs, lower, "testbed")
+    summary["online"] = extra
+    summary["fixed_runs"] = {label: {"steps": len(s.step_times_s), "elapsed_s": sum(s.step_times_s),
+                                     "steps_per_s": throughput(s)} for label, s in measured.items()}
+    return summary
 
 
 # ---- reports ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ The plan comes from either
     --configs ddp "sched:none,none" "sched:4MiB,8MiB" --rounds 3 --steps 20 --warmup 5
         interleaved: every round runs every configuration (warm-up steps, then measured steps), so
         that drift on a noisy machine hits all configurations alike; or
-    --schedule FILE --steps N
+    --schedule FILE --steps N [--max-seconds S]
         one run of N steps whose configuration changes at given steps (JSON list of
         {"at_step": n, "config": "sched:4MiB,8MiB"}), for trace-driven evaluations.
 
@@ -120,6 +120,11 @@ class Trainer:
             self.control = open(args.control, "a+")  # create it if the harness has not yet
             self.control.seek(0)
         self._control_partial = ""
+        # --max-seconds: rank 0's clock decides, a flag on a group of its own tells every rank at the
+        # same step (a separate group: never interleaved with DDP's or the scheduler's all-reduces).
+        self.stop_group = dist.new_group(backend="gloo") if args.max_seconds else None
+        self.deadline: float | None = None
+        self.stopped = False
         # DDP replica (also used for compute-only steps under no_sync).
         self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
@@ -201,6 +206,17 @@ class Trainer:
             emit({"event": "reconfigure", "step": self.global_step,
                   "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes})
 
+    def _should_stop(self) -> bool:
+        """Collective: whether rank 0's --max-seconds deadline has passed (False without one)."""
+        if self.stop_group is None:
+            return False
+        flag = torch.zeros(1)
+        if self.rank == 0 and self.deadline is not None and time.perf_counter() >= self.deadline:
+            flag[0] = 1
+        dist.broadcast(flag, src=0, group=self.stop_group)
+        self.stopped = bool(flag[0])
+        return self.stopped
+
     def _quiesce(self) -> None:
         if self.sched is not None:
             self.sched.synchronize()
@@ -224,6 +240,8 @@ class Trainer:
         dispatch_before = self.sched.dispatch_stats() if config.kind == "sched" else None
         marks = [time.perf_counter()]
         for _ in range(segment.steps):
+            if self._should_stop():
+                break
             if config.kind == "sched":
                 self._poll_control()
             self._step(config)
@@ -238,6 +256,8 @@ class Trainer:
                                       self.sched.config.credit_bytes).label
                 emit({"event": "step", "step": self.global_step, "config": label,
                       "step_time_s": marks[-1] - marks[-2], "t": time.time()})
+        if self.stopped and config.kind == "sched":
+            self.sched.synchronize()
         step_times = [b - a for a, b in zip(marks, marks[1:])]
         metrics: list[dict[str, Any]] = []
         dispatch = None
@@ -255,7 +275,7 @@ class Trainer:
             "steps": segment.steps, "step_times_s": step_times,
             "median_step_s": statistics.median(step_times) if step_times else None,
             "exposed_comm_s": statistics.median(exposed) if exposed else None,
-            "first_step": self.global_step - segment.steps,
+            "first_step": self.global_step - len(step_times),
         }
         if dispatch is not None:
             result["dispatch"] = dispatch
@@ -326,6 +346,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")
     parser.add_argument("--control", default="",
                         help="rank 0 applies JSON configuration lines appended to this file")
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="stop every rank at the same step once this long has passed since "
+                             "train_start on rank 0 (a 1-float broadcast per step on its own group)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sched-group", action="store_true",
@@ -350,9 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               "parameters": trainer.workload.parameter_count,
               "gradient_bytes": trainer.workload.gradient_bytes, "batch_size": trainer.batch_size,
               "threads": args.threads, "segments": len(plan), "pid": os.getpid()})
+        if args.max_seconds:
+            trainer.deadline = time.perf_counter() + args.max_seconds
         emit_steps = args.steps_events or bool(args.schedule)
         for index, segment in enumerate(plan):
             emit(trainer.run_segment(index, segment, emit_steps))
+            if trainer.stopped:
+                break
         trainer.close()
         dist.barrier()
         emit({"event": "done", "rank": trainer.rank, "wall_s": time.perf_counter() - started})

@@ -199,3 +199,83 @@ def test_policy_names_parse():
         make_policy("static:4MiB")
     with pytest.raises(ValueError):
         make_policy("nonsense")
+
+
+# ---- compute slowed while communication runs (calibrated on the testbed) --------------------------
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_contended_path_equals_fast_path_without_slowdown(config):
+    profile = vgg16(16)
+    plain = Simulator(profile, 4, Trace.constant(1 * GBIT), LinkModel()).run(config, steps=4)
+    # a slowdown of (almost) 1 takes the contended code path and must give the same steps
+    same = Simulator(profile, 4, Trace.constant(1 * GBIT),
+                     LinkModel(comm_compute_slowdown=1 + 1e-12)).run(config, steps=4)
+    for a, b in zip(plain, same):
+        assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
+        assert b.blocked_s == pytest.approx(a.blocked_s, abs=1e-9)
+
+
+def test_cpu_bound_communication_serialises_with_compute():
+    """With comm_cpu_s_per_byte x bandwidth >= 1 compute (almost) stops while gradients move, so a
+    step costs about compute + communication; at a tenth of that load about 1/0.9 slower in the
+    overlapped part; the slowdown never makes a step faster and never beats the lower bound."""
+    profile = vgg16(16)
+    bandwidth = 10 * GBIT
+    base = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
+    comm = ring_allreduce_s(profile.total_param_bytes, 2, bandwidth, 0.0)
+    config = Config(4 * MIB, None)
+    free = Simulator(profile, 2, Trace.constant(bandwidth), base).steady_step_s(config, bandwidth)
+    bound = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 1.0 / bandwidth})
+    assert bound.compute_slowdown(bandwidth) == pytest.approx(20.0)  # capped at 95% of the CPU
+    serial = Simulator(profile, 2, Trace.constant(bandwidth), bound).steady_step_s(config, bandwidth)
+    assert free < serial <= profile.compute_s + comm + 1e-9
+    assert serial > profile.compute_s + 0.9 * comm
+    light = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 0.1 / bandwidth})
+    mid = Simulator(profile, 2, Trace.constant(bandwidth), light).steady_step_s(config, bandwidth)
+    assert free < mid < serial
+    for config in CONFIGS:
+        sim = Simulator(profile, 2, Trace.constant(bandwidth), light)
+        assert sim.steady_step_s(config, bandwidth) >= lower_bound_step_s(profile, 2, bandwidth) - 1e-9
+
+
+def test_contended_steps_follow_a_trace_change():
+    profile = vgg16(16).scaled(100)
+    link = LinkModel(comm_cpu_s_per_byte=1e-10)
+    trace = step_trace([10 * GBIT, 1 * GBIT], [3.0])
+    records = Simulator(profile, 4, trace, link).run(Config(1 * MIB, 4 * MIB), until_s=40.0)
+    fast = [r.step_time_s for r in records if r.end_s < 3.0]
+    slow = [r.step_time_s for r in records if r.start_s > 10.0]
+    assert fast and slow and min(slow) > max(fast)
+
+
+def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
+    """The testbed converter: rates from each block's comm probe, per-collective cost from the
+    dispatch probe, CPU per byte from the CPU-bound (highest-rate) probe; step times untouched."""
+    import json
+
+    from benchmarks.sim.calibrate import MBIT, _bench_buckets, from_bench
+    grad_bytes, buckets = _bench_buckets("mlp", {})
+
+    def block(rate, comm_s, ddp_s):
+        rows = {"compute": {"median_step_s": 0.2}, "comm": {"median_step_s": comm_s},
+                "ddp": {"median_step_s": ddp_s, "rounds": 3}}
+        return {"model": "mlp", "rate": rate, "load": "1.0 1.0 1.0", "batch_size": 512,
+                "rows": rows, "raw": []}
+    bench = {"command": "x", "load_before": "1", "load_after": "1",
+             "blocks": [block("10gbit", 0.03, 0.25), block("1gbit", 0.23, 0.42)],
+             "dispatch": {"configs": {
+                 "a": {"external_us_per_extra_partition": 1000.0, "scheduler_us_per_partition": 10.0,
+                       "backend_launch_us_per_partition": 30.0},
+                 "b": {"external_us_per_extra_partition": None, "scheduler_us_per_partition": 10.0,
+                       "backend_launch_us_per_partition": 30.0}}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    measured = from_bench([path])
+    assert measured["link"]["collective_overhead_s"] == pytest.approx(1e-3)
+    assert measured["link"]["launch_s"] == pytest.approx(40e-6)
+    fast, slow = measured["runs"]
+    assert fast["step_time_median_s"] == 0.25 and slow["step_time_median_s"] == 0.42
+    assert slow["rate_mbit"] == pytest.approx(grad_bytes / (0.23 - buckets * 1e-3) / MBIT)
+    # the 10gbit probe reached far less than 10 Gbit/s: CPU-bound, its inverse goodput is the cost
+    assert fast["link"]["comm_cpu_s_per_byte"] == pytest.approx((0.03 - buckets * 1e-3) / grad_bytes)
+    assert slow["link"] == fast["link"]

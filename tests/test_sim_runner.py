@@ -66,7 +66,7 @@ def test_scenario_errors_name_the_problem(tmp_path):
 
 
 def test_record_profile_from_a_real_torch_model(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     from benchmarks.sim import ModelProfile, record_profile
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))

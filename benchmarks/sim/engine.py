@@ -29,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+from bisect import bisect_right
 from collections import deque
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from benchmarks.sim.profiles import ModelProfile
 from benchmarks.sim.trace import Trace
 
 MIB = 1 << 20
+MAX_COMM_CPU_SHARE = 0.95  # communication never takes more than this share of a rank's CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,20 @@ class LinkModel:
     collective_overhead_s: float = 200e-6  # fixed backend cost of one collective, occupies the link
     launch_s: float = 100e-6  # scheduler thread time to issue one partition (Python + launch)
     ddp_launch_s: float = 20e-6  # DDP's C++ reducer issuing one bucket
+    # Compute slowed while an all-reduce is on the link, because the backend's threads take CPU
+    # from the training thread (0 / 1.0 on a GPU with NCCL). Forward and backward progress at
+    # 1/slowdown while the link is busy, with
+    #     slowdown = comm_compute_slowdown / (1 - min(comm_cpu_s_per_byte * bandwidth, 0.95))
+    # comm_cpu_s_per_byte: CPU seconds per all-reduced byte (a rank's core is shared between its
+    # compute and the bytes it moves; measured as the inverse of the unshaped all-reduce goodput
+    # when that is CPU-bound, ~1 ns/B for gloo over veth on this 2-core machine: at 10gbit compute
+    # all but stops while gradients move, at 1gbit it runs ~1.15x slower).
+    comm_compute_slowdown: float = 1.0
+    comm_cpu_s_per_byte: float = 0.0
+
+    def compute_slowdown(self, bandwidth_bytes_per_s: float) -> float:
+        load = min(self.comm_cpu_s_per_byte * bandwidth_bytes_per_s, MAX_COMM_CPU_SHARE)
+        return self.comm_compute_slowdown / (1.0 - load)
 
     def fixed_s(self, workers: int) -> float:
         """Per-collective time that does not depend on size."""
@@ -170,6 +186,105 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
         t = launched
 
 
+def _advance(t: float, work: float, starts: list[float], ends: list[float], slowdown: float
+             ) -> float:
+    """When `work` seconds of compute started at `t` finish, running 1/slowdown as fast inside the
+    busy intervals [starts[k], ends[k]) (sorted, disjoint)."""
+    k = bisect_right(ends, t)
+    while work > 0:
+        if k >= len(starts):
+            return t + work
+        a, b = starts[k], ends[k]
+        if t < a:  # free stretch before the next busy interval
+            if t + work <= a:
+                return t + work
+            work -= a - t
+            t = a
+        # inside [t, b): progress 1/slowdown per second
+        if t + work * slowdown <= b:
+            return t + work * slowdown
+        work -= (b - t) / slowdown
+        t = b
+        k += 1
+    return t
+
+
+def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
+                        sizes: tuple[int, ...], priority: tuple[int, ...], credit_bytes: float,
+                        launch_s: float, fixed_s: float, wire_factor: float, rate: float,
+                        trace: Trace | None, base_s: float, slowdown: float
+                        ) -> tuple[list[float], float, list[float], list[float]]:
+    """Backward pass and dispatcher together, compute slowed while the link is busy.
+
+    `backward[i]` is layer i's backward work; layers run from the last to the first, and a
+    message becomes ready when its layer's backward ends (`ready_layer` must be in that order).
+    Returns every message's completion, the backward's end, and the link's busy intervals
+    (starts, ends), all relative to the backward start (absolute time base_s + t under a trace).
+    """
+    count = len(sizes)
+    done = [0.0] * count
+    starts: list[float] = []
+    ends: list[float] = []
+    heap: list[tuple[int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    inflight: deque[tuple[float, int]] = deque()
+    inflight_bytes = 0.0
+    link_free = 0.0
+    dispatcher_t = 0.0  # the dispatcher thread is free from this time
+    layer = len(backward) - 1
+    layer_start = 0.0
+    index = 0
+    while True:
+        layer_end = (_advance(layer_start, backward[layer], starts, ends, slowdown)
+                     if layer >= 0 else math.inf)
+        # The dispatcher's next issue among the messages ready so far.
+        issue_t = math.inf
+        if heap:
+            issue_t = dispatcher_t
+            while inflight and inflight[0][0] <= issue_t:
+                inflight_bytes -= inflight.popleft()[1]
+            if inflight_bytes >= credit_bytes:
+                # wait until enough credit frees (in-flight messages end in FIFO order)
+                left = inflight_bytes
+                for end, size in inflight:
+                    left -= size
+                    if left < credit_bytes:
+                        issue_t = max(issue_t, end)
+                        break
+        if issue_t < layer_end:
+            while inflight and inflight[0][0] <= issue_t:
+                inflight_bytes -= inflight.popleft()[1]
+            message = pop(heap)[1]
+            launched = issue_t + launch_s
+            start = link_free if link_free > launched else launched
+            size = sizes[message]
+            if trace is None:
+                end = start + fixed_s + size * wire_factor / rate
+            else:
+                end = trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
+            if starts and start <= ends[-1]:
+                ends[-1] = end
+            else:
+                starts.append(start)
+                ends.append(end)
+            link_free = end
+            done[message] = end
+            inflight.append((end, size))
+            inflight_bytes += size
+            dispatcher_t = launched
+            continue
+        if layer < 0:
+            return done, layer_start, starts, ends
+        # layer `layer` finishes: its messages become ready
+        while index < count and ready_layer[index] == layer:
+            push(heap, (priority[index], index))
+            index += 1
+        if dispatcher_t < layer_end:
+            dispatcher_t = layer_end
+        layer_start = layer_end
+        layer -= 1
+
+
 class Simulator:
     """Steps one data-parallel job forward in time; `step(config)` simulates one training step.
 
@@ -202,7 +317,13 @@ class Simulator:
                                  else np.zeros(self.num_layers))
         self._wire_factor = 2 * (workers - 1) / workers
         self._fixed_s = link.fixed_s(workers)
+        self._forward_list = forward.tolist()
+        self._backward_list = backward.tolist()
+        if link.comm_compute_slowdown < 1.0 or link.comm_cpu_s_per_byte < 0:
+            raise ValueError("comm_compute_slowdown must be >= 1 and comm_cpu_s_per_byte >= 0")
+        self._contended_model = link.comm_compute_slowdown != 1.0 or link.comm_cpu_s_per_byte > 0
         self._plans: dict[RunConfig, _CommPlan] = {}
+        self._contended_cache: dict[tuple[RunConfig, float, float], tuple] = {}
         self._comm_cache: dict[tuple[RunConfig, float, float], tuple[np.ndarray, float]] = {}
         self.reset()
 
@@ -212,6 +333,8 @@ class Simulator:
         self.now_s = 0.0
         self.step_index = 0
         self._param_ready = np.full(self.num_layers, -math.inf)
+        # link busy intervals (absolute) of the last step and the slowdown in them (contended model)
+        self._busy: tuple[list[float], list[float], float] = ([], [], 1.0)
 
     # -- configuration -> messages -------------------------------------------------------------
 
@@ -305,11 +428,79 @@ class Simulator:
         exact = self._comm(plan, factor, rate, self.bandwidth, backward_start_s)
         return exact[0], exact[1], rate
 
+    def _contended(self, plan: _CommPlan, factor: float, rate: float, trace: Trace | None,
+                   base_s: float) -> tuple[np.ndarray, float, float, list[float], list[float]]:
+        """Like _comm, with compute slowed while the link is busy: also the backward's duration
+        and the link's busy intervals, all relative to the backward start."""
+        backward = [b * factor for b in self._backward_list]
+        if not plan.sizes or self.workers <= 1:
+            return (np.full(1 if plan.is_ddp else self.num_layers, -math.inf), 0.0,
+                    sum(backward), [], [])
+        done, backward_s, starts, ends = _dispatch_contended(
+            backward, plan.ready_layer, plan.sizes, plan.priority, plan.credit_bytes,
+            plan.launch_s, self._fixed_s, self._wire_factor, rate, trace, base_s,
+            self.link.compute_slowdown(rate))
+        span = max(done)
+        if plan.is_ddp:
+            return np.array([span]), span, backward_s, starts, ends
+        layer_done = np.full(self.num_layers, -math.inf)
+        np.maximum.at(layer_done, np.asarray(plan.ready_layer), np.asarray(done))
+        return layer_done, span, backward_s, starts, ends
+
+    def _contended_at(self, config: RunConfig, plan: _CommPlan, factor: float,
+                      backward_start_s: float) -> tuple[Any, ...]:
+        rate = self.bandwidth.at(backward_start_s)
+        key = (config, rate, factor)
+        cached = self._contended_cache.get(key)
+        if cached is None:
+            cached = self._contended(plan, factor, rate, None, 0.0)
+            self._contended_cache[key] = cached
+        if backward_start_s + cached[1] <= self.bandwidth.next_change(backward_start_s):
+            return (*cached, rate)
+        return (*self._contended(plan, factor, rate, self.bandwidth, backward_start_s), rate)
+
+    def _step_contended(self, config: RunConfig, plan: _CommPlan) -> StepRecord:
+        """step() with compute slowed while the link is busy (LinkModel.compute_slowdown)."""
+        start = self.now_s
+        factor = self.compute_trace.at(start)
+        busy_starts, busy_ends, slowdown = self._busy
+        t, blocked = start, 0.0
+        for i, work in enumerate(self._forward_list):
+            ready = self._param_ready[i]
+            if ready > t:
+                blocked += ready - t
+                t = ready
+            t = _advance(t, work * factor, busy_starts, busy_ends, slowdown)
+        backward_start = t
+        layer_done, span, backward_s, starts, ends, rate = self._contended_at(
+            config, plan, factor, backward_start)
+        backward_end = backward_start + backward_s
+        compute = backward_start - start - blocked + backward_s
+        if plan.is_ddp:
+            comm_end = backward_start + float(layer_done[0])
+            next_start = max(backward_end, comm_end) + self.profile.optimizer_s * factor
+            blocked += next_start - backward_end - self.profile.optimizer_s * factor
+            self._param_ready = np.full(self.num_layers, -math.inf)
+            self._busy = ([], [], 1.0)
+        else:
+            next_start = backward_end
+            self._param_ready = backward_start + layer_done + self._optimizer_share * factor
+            self._busy = ([backward_start + a for a in starts], [backward_start + b for b in ends],
+                          self.link.compute_slowdown(rate))
+        record = StepRecord(self.step_index, start, next_start, next_start - start, compute,
+                            blocked, span, rate, factor, len(plan.sizes),
+                            self.profile.total_param_bytes, config)
+        self.now_s = next_start
+        self.step_index += 1
+        return record
+
     # -- stepping ----------------------------------------------------------------------------
 
     def step(self, config: RunConfig) -> StepRecord:
         """Simulate one training step under `config` and advance the clock."""
         plan = self._plan(config)
+        if self._contended_model:
+            return self._step_contended(config, plan)
         start = self.now_s
         factor = self.compute_trace.at(start)
         forward_total = self._forward_total * factor
@@ -352,7 +543,8 @@ class Simulator:
     def steady_step_s(self, config: RunConfig, bandwidth_bytes_per_s: float,
                       compute_factor: float = 1.0, steps: int = 4) -> float:
         """Step time once a constant bandwidth and compute factor have settled (the oracle's view)."""
-        saved = (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace)
+        saved = (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
+                 self._busy)
         try:
             self.bandwidth = Trace.constant(bandwidth_bytes_per_s)
             self.compute_trace = Trace.constant(compute_factor)
@@ -364,7 +556,7 @@ class Simulator:
             return record.step_time_s
         finally:
             (self.now_s, self.step_index, self._param_ready, self.bandwidth,
-             self.compute_trace) = saved
+             self.compute_trace, self._busy) = saved
 
     def lower_bound_step_s(self, t_s: float) -> float:
         return lower_bound_step_s(self.profile, self.workers, self.bandwidth.at(t_s),

@@ -1,0 +1,63 @@
+"""The runner's testbed half: an online policy (bo-once) trains real ranks under a rate trace."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+    pytest.skip("the testbed tests need root and iproute2 (ip, tc); they run as root in CI",
+                allow_module_level=True)
+
+from benchmarks.evaluate import main  # noqa: E402  (after the root check)
+from benchmarks.testbed import NAME_PREFIX, list_namespaces  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny MLP (0.4M parameters), 6 s per run, 1gbit -> 200mbit at 3 s; grid-best and the oracle
+# (always run as references) have one grid configuration, so the whole evaluation is 3 testbed runs
+# (grid, bo-once, oracle), ~30 s.
+SCENARIO = textwrap.dedent("""
+    model = "{profile}"
+    workers = 2
+    duration_s = 6
+    [bandwidth]
+    kind = "step"
+    levels = [1, 0.2]
+    at_s = [3]
+    [testbed]
+    model = "mlp"
+    model_args = {{in_features = 256, hidden = 256, depth = 4}}
+    batch_size = 32
+    grid = ["sched:1MiB,4MiB"]
+    bo_trial_steps = 3
+    bo_settle_steps = 1
+    timeout_s = 60
+""")
+
+
+def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
+    profile = REPO / "benchmarks" / "scenarios" / "testbed-mlp.profile.json"
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO.format(profile=profile))
+    out = tmp_path / "out"
+    assert main([str(scenario), "--policy", "bo-once", "--testbed", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [row["policy"] for row in rows] == ["bo-once"]
+    assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
+    result = json.loads((out / "results.json").read_text())["scenarios"][0]
+    online = result["online"]["bo-once"]
+    # the policy changed the configuration while the ranks trained, and rank 0 applied it
+    assert online["decisions"] and online["applied"] >= 1
+    # every run stopped at the scenario's duration (--max-seconds), not after a fixed step count
+    assert 5.0 < float(rows[0]["elapsed_s"]) < 8.0
+    assert (out / "tiny.png").exists()
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"{NAME_PREFIX}-{os.getpid()}-")]
