@@ -47,8 +47,6 @@ class Daemon:
         writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc)
         services = Services(storage, writer, settings, metrics)
         server, port = make_server(services, settings)
-        if port == 0:
-            raise OSError(f"cannot listen on {settings.listen} (address in use or not local?)")
         self.port = port
         self._stop = asyncio.Event()
         loop = self._loop = asyncio.get_running_loop()

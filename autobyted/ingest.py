@@ -11,7 +11,7 @@ import time
 from autobyte.convert import metrics_from_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import check_metrics
-from autobyted.errors import InvalidArgument
+from autobyted.errors import InvalidArgument, StorageError
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import SampleBatch
 
@@ -27,8 +27,8 @@ def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
     if len(batch.samples) > max_samples:
         raise InvalidArgument(f"batch of {len(batch.samples)} samples exceeds the limit of {max_samples}; "
                               "send smaller batches")
-    if batch.dropped_total < 0:
-        raise InvalidArgument(f"dropped_total={batch.dropped_total} must not be negative")
+    if not 0 <= batch.dropped_total <= 1 << 50:
+        raise InvalidArgument(f"dropped_total={batch.dropped_total} is outside [0, 2^50]")
     now = time.time()
     samples = []
     previous_seq = 0
@@ -67,7 +67,7 @@ class IngestWriter:
     def submit(self, batch: SampleBatch) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
-            future.set_exception(RuntimeError("autobyted is shutting down"))
+            future.set_exception(StorageError("autobyted is shutting down; the client reconnects"))
         else:
             self._queue.put((batch, future))
         return future
@@ -97,7 +97,14 @@ class IngestWriter:
                     break
                 pending.append(item)
                 rows += len(item[0].samples)
-            self._write(pending)
+            for _, future in pending:
+                # From here a stream that goes away can no longer cancel its future. A batch whose
+                # stream went away before is written all the same (a resend is deduplicated by seq).
+                future.set_running_or_notify_cancel()
+            try:
+                self._write(pending)
+            except Exception:  # never let the writer die: every stream of every job depends on it
+                log.exception("unexpected error in the writer thread")
 
     def _write(self, pending) -> None:
         try:
@@ -105,9 +112,11 @@ class IngestWriter:
         except Exception as error:  # the stream handlers report it; the writer keeps going
             log.error("writing %d batches failed: %s", len(pending), error)
             for _, future in pending:
-                future.set_exception(error)
+                if not future.cancelled():
+                    future.set_exception(error)
             return
         for (_, future), seq in zip(pending, acked):
-            future.set_result(seq)
+            if not future.cancelled():
+                future.set_result(seq)
         if self._on_written is not None:
             self._on_written(sum(len(b.samples) for b, _ in pending))

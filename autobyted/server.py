@@ -67,7 +67,13 @@ def make_server(services: Services, settings: Settings) -> tuple[grpc.aio.Server
     if settings.tls_cert:
         with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:
             credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
-        port = server.add_secure_port(settings.listen, credentials)
+        add_port = lambda: server.add_secure_port(settings.listen, credentials)  # noqa: E731
     else:
-        port = server.add_insecure_port(settings.listen)
+        add_port = lambda: server.add_insecure_port(settings.listen)  # noqa: E731
+    try:
+        port = add_port()
+    except RuntimeError as error:  # grpcio raises instead of returning 0 on a failed bind
+        raise OSError(f"cannot listen on {settings.listen}: {error}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen} (address in use or not local?)")
     return server, port

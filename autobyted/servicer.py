@@ -158,7 +158,9 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                 event.clear()
                 for record in await self._call(self._storage.decisions, request.job, after):
                     after = record.decision_id
-                    if record.state in ("pending", "applied"):
+                    # Only a pending decision is news: an applied or superseded one belongs to the
+                    # past (or to an earlier run of the job) and must not be replayed.
+                    if record.state == "pending":
                         yield pb.ConfigUpdate(job=record.job, decision_id=record.decision_id,
                                               config=config_to_proto(record.config),
                                               apply_at_step=record.apply_at_step, reason=record.reason)

@@ -85,3 +85,23 @@ def test_versions_and_help():
         assert version.returncode == 0 and "0." in version.stdout
         help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
         assert help_text.returncode == 0 and "Usage" in help_text.stdout
+
+
+def test_port_in_use_exits_4(daemon_process):
+    result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", daemon_process.address,
+                             "--db", "sqlite:////tmp/unused-autobyte-port-test.db"], capture_output=True, text=True,
+                            timeout=60)
+    import os
+
+    if os.path.exists("/tmp/unused-autobyte-port-test.db"):
+        os.remove("/tmp/unused-autobyte-port-test.db")
+    assert result.returncode == 4, result.stderr
+    assert "cannot listen" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unusable_database_exits_3(tmp_path):
+    result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}",
+                             "--db", f"sqlite:///{tmp_path}/missing/dir/x.db"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert "cannot open or migrate database" in result.stderr and "Traceback" not in result.stderr

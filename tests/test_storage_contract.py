@@ -105,3 +105,38 @@ def test_history_filters(store):
     assert {r.rank for r in store.history("j", rank=1)} == {1}
     assert len(store.history("j", limit=3)) == 3
     assert store.history("j", since_s=time.time() + 100) == []
+
+
+def test_model_must_match_the_job(store):
+    from autobyted.storage.records import Fingerprint
+
+    store.register(Registration(job="j", rank=0, world_size=2, backend="gloo", instance_id="a",
+                                fingerprint=Fingerprint(digest="aaaa")), 30)
+    with pytest.raises(FailedPrecondition, match="different model"):
+        store.register(Registration(job="j", rank=1, world_size=2, backend="gloo", instance_id="b",
+                                    fingerprint=Fingerprint(digest="bbbb")), 30)
+
+
+def test_ranks_of_a_new_job_register_at_once(store):
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda rank: store.register(reg(rank=rank, instance=f"i{rank}", world=8), 30),
+                                range(8)))
+    assert len({r.session_id for r in results}) == 8
+    assert store.jobs(30)[0].ranks == tuple(range(8))
+
+
+def test_writer_survives_a_stream_that_went_away(store):
+    from autobyted.ingest import IngestWriter
+
+    session = store.register(reg(), 30).session_id
+    writer = IngestWriter(store)
+    gone = writer.submit(SampleBatch("j", 0, session, samples(1, 5)))
+    assert gone.cancel()  # the client's stream was cancelled before the writer took the batch
+    writer.start()
+    try:
+        assert writer.submit(SampleBatch("j", 0, session, samples(6, 8))).result(timeout=30) == 8
+    finally:
+        writer.close()
+    assert store.sample_count("j") == 8  # the cancelled batch was written all the same

@@ -93,6 +93,14 @@ def migrate(engine: Engine) -> str:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
+    try:
+        return _migrate(engine, command, MigrationContext, ScriptDirectory)
+    except SQLAlchemyError as error:
+        url = engine.url.render_as_string(hide_password=True)
+        raise StorageError(f"cannot open or migrate database {url}: {getattr(error, 'orig', None) or error}") from None
+
+
+def _migrate(engine: Engine, command, MigrationContext, ScriptDirectory) -> str:
     known = {rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
     with engine.connect() as connection:
         tables = set(sa.inspect(connection).get_table_names())

@@ -20,6 +20,7 @@ from autobyted.storage.records import (BestRecord, DecisionRecord, JobRecord, Re
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
 WARMUP_STEPS = 5
+RETENTION_CHUNK_ROWS = 20_000
 
 
 def _config(row) -> Config:
@@ -50,22 +51,29 @@ class SqlStorage(BaseStorage):
     def register(self, registration: Registration, liveness_s: float) -> RegisterResult:
         now = time.time()
         r = registration
+        fp = r.fingerprint
+        try:  # the ranks of a new job register at the same moment: the first insert wins
+            with self._scope() as session:
+                if session.scalars(sa.select(m.Job.id).where(m.Job.name == r.job)).one_or_none() is None:
+                    session.add(m.Job(name=r.job, world_size=r.world_size, backend=r.backend,
+                                      model_digest=fp.digest, parameter_count=fp.parameter_count,
+                                      parameter_bytes=fp.parameter_bytes, tensor_count=fp.tensor_count,
+                                      largest_tensor_bytes=fp.largest_tensor_bytes,
+                                      median_tensor_bytes=fp.median_tensor_bytes, created_at=now,
+                                      last_seen_at=now, max_step=-1, partition_bytes=r.config.partition_bytes,
+                                      credit_bytes=r.config.credit_bytes, dropped_total=0))
+        except AlreadyExists:
+            pass
         with self._scope() as session:
-            job = session.scalars(sa.select(m.Job).where(m.Job.name == r.job)).one_or_none()
-            fp = r.fingerprint
-            if job is None:
-                job = m.Job(name=r.job, world_size=r.world_size, backend=r.backend, model_digest=fp.digest,
-                            parameter_count=fp.parameter_count, parameter_bytes=fp.parameter_bytes,
-                            tensor_count=fp.tensor_count, largest_tensor_bytes=fp.largest_tensor_bytes,
-                            median_tensor_bytes=fp.median_tensor_bytes, created_at=now, last_seen_at=now,
-                            max_step=-1, partition_bytes=r.config.partition_bytes,
-                            credit_bytes=r.config.credit_bytes, dropped_total=0)
-                session.add(job)
-                session.flush()
-            elif job.world_size != r.world_size:
+            job = self._job(session, r.job)
+            if job.world_size != r.world_size:
                 raise FailedPrecondition(
                     f"job {r.job!r} is registered with world size {job.world_size}, not {r.world_size}; "
                     "use a new job id for a differently sized run")
+            if fp.digest and job.model_digest and fp.digest != job.model_digest:
+                raise FailedPrecondition(
+                    f"job {r.job!r} is registered with a different model (digest {job.model_digest[:12]}, "
+                    f"not {fp.digest[:12]}); use a new job id (AUTOBYTE_JOB) for this run")
             rank = session.scalars(sa.select(m.Rank).where(m.Rank.job_id == job.id,
                                                            m.Rank.rank == r.rank)).one_or_none()
             session_id = uuid.uuid4().hex
@@ -86,7 +94,7 @@ class SqlStorage(BaseStorage):
                 rank.instance_id, rank.session_id, rank.hostname, rank.pid = (r.instance_id, session_id,
                                                                                r.hostname, r.pid)
                 rank.registered_at = rank.last_seen_at = now
-                rank.last_acked_seq = 0
+                rank.last_acked_seq = rank.dropped_total = 0
                 last_acked = 0
             job.last_seen_at = now
         return RegisterResult(session_id=session_id, last_acked_seq=last_acked)
@@ -234,6 +242,7 @@ class SqlStorage(BaseStorage):
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:
         removed = 0
+        jobs_to_trim: list[tuple[int, int]] = []
         with self._scope() as session:
             for job_id in session.scalars(sa.select(m.Job.id)).all():
                 count = session.scalar(sa.select(sa.func.count()).where(m.StepSample.job_id == job_id))
@@ -243,10 +252,18 @@ class SqlStorage(BaseStorage):
                 # The oldest `excess` rows lose all but every keep_every-th step.
                 cutoff = session.scalar(sa.select(m.StepSample.id).where(m.StepSample.job_id == job_id)
                                         .order_by(m.StepSample.id).offset(excess - 1).limit(1))
-                result = session.execute(sa.delete(m.StepSample).where(
-                    m.StepSample.job_id == job_id, m.StepSample.id <= cutoff,
-                    m.StepSample.step % keep_every != 0))
-                removed += result.rowcount or 0
+                jobs_to_trim.append((job_id, cutoff))
+        # Delete in short transactions so that the writer never waits long for the lock.
+        for job_id, cutoff in jobs_to_trim:
+            while True:
+                with self._scope() as session:
+                    chunk = sa.select(m.StepSample.id).where(
+                        m.StepSample.job_id == job_id, m.StepSample.id <= cutoff,
+                        m.StepSample.step % keep_every != 0).limit(RETENTION_CHUNK_ROWS).scalar_subquery()
+                    deleted = session.execute(sa.delete(m.StepSample).where(m.StepSample.id.in_(chunk))).rowcount
+                removed += deleted or 0
+                if not deleted or deleted < RETENTION_CHUNK_ROWS:
+                    break
         return removed
 
     def sample_count(self, job: str | None = None) -> int:
