@@ -104,11 +104,11 @@ def status(daemon, token, tls_ca, fmt) -> None:
         return
     rows = []
     for j in response.jobs:
-        last = (f"#{j.last_decision.decision_id} {_cfg(j.last_decision.config)} {j.last_decision.state}"
-                if j.has_last_decision else "-")
-        rows.append([j.job[:18], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
-                     f"{j.recent_steps_per_s:.2f}", last[:24]])
-    click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "LAST DECISION"], rows))
+        last = f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"
+        rows.append([j.job[:14], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
+                     f"{j.recent_steps_per_s:.2f}", last[:14]])
+    # Widest row: 14+7+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
+    click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows))
 
 
 @main.command()
@@ -153,7 +153,7 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
         if decisions:
             click.echo("")
             click.echo(table(["DECISION", "AT_STEP", "PART/CREDIT", "STATE", "REASON"],
-                             [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.state, d.reason[:36]]
+                             [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.state, d.reason[:30]]
                               for d in response.decisions]))
 
 

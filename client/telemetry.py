@@ -52,7 +52,9 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
     without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network."""
     global _reporter
-    job = job or os.environ.get("AUTOBYTE_JOB") or os.environ.get("TORCHELASTIC_RUN_ID")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
+    job = job or os.environ.get("AUTOBYTE_JOB") or (run_id if run_id and run_id != "none" else None)
     if not job:
         raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
                          "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
@@ -155,7 +157,11 @@ class Reporter:
         self._acked_seq = 0
         self._sent_seq = 0
         self._dropped_overflow = 0
-        self._invalid = 0  # samples that failed check_metrics; counted in dropped_total
+        self._invalid = 0  # samples that failed check_metrics
+        self._counted_invalid: set[int] = set()  # their seqs while buffered (each is counted once)
+        self._rejected = 0  # samples in batches the daemon refused
+        self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
+        self._generation = 0  # bumped at every registration: one live request iterator at a time
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
         # gRPC's internal threads are not counted.
         self.background_cpu_s = 0.0
@@ -192,7 +198,9 @@ class Reporter:
             thread.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
-        """Step callback (training thread): buffer the sample; on rank 0 apply a due configuration."""
+        """Step callback (training thread): buffer the sample and note a decision that took effect."""
+        if self._closed.is_set():
+            return
         with self._cond:
             self._seq += 1
             if len(self._buffer) >= self._capacity:
@@ -222,56 +230,68 @@ class Reporter:
         delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(attempt, 10))
         self._closed.wait(delay * random.uniform(0.5, 1.0))
 
-    def _register(self, stub) -> str:
+    def _register(self, stub) -> tuple[str, int]:
         response = stub.Register(pb.RegisterRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
             model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
             hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id),
             timeout=RPC_TIMEOUT_S, metadata=self._metadata)
         with self._cond:
-            self._acked_seq = max(self._acked_seq, response.last_acked_seq)
+            # A new stream starts from what the daemon holds; a request iterator of an earlier
+            # stream that is still parked in gRPC sees the generation change and ends, unsent.
+            self._generation += 1
+            self._covers.clear()
             self._sent_seq = self._acked_seq
-            while self._buffer and self._buffer[0][0] <= self._acked_seq:
-                self._buffer.popleft()
-        return response.session_id
+            self._cond.notify_all()
+        self._ack(response.last_acked_seq)
+        return response.session_id, self._generation
 
-    def _batches(self, session_id: str):
+    def _batches(self, session_id: str, generation: int):
         """Request iterator of the metrics stream (runs on a gRPC thread). Sends a batch when
         MAX_BATCH_SAMPLES are waiting, when the oldest unsent sample is `flush_interval_s` old, or
         when flush() asks; one wake-up per step would cost the training job CPU and GIL time."""
-        while not self._closed.is_set():
+        while True:
             with self._cond:
-                while not self._closed.is_set():
+                while not self._closed.is_set() and generation == self._generation:
                     unsent = self._unsent_count()
                     if unsent >= MAX_BATCH_SAMPLES or (unsent and (self._flush_requested or
                                                                    time.monotonic() >= self._send_due)):
                         break
                     self._cond.wait(max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5)
-                offset = max(0, self._sent_seq - self._buffer[0][0] + 1) if self._buffer else 0
+                if self._closed.is_set() or generation != self._generation:
+                    return
+                offset = max(0, self._sent_seq - self._buffer[0][0] + 1)
                 pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
-                in_flight = self._sent_seq > self._acked_seq
-                if pending:
-                    self._sent_seq = pending[-1][0]
+                previous_sent, in_flight = self._sent_seq, self._sent_seq > self._acked_seq
+                self._sent_seq = pending[-1][0]
                 self._send_due = time.monotonic() + self._flush_interval_s
-            if pending:
-                cpu0 = time.thread_time()
-                batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
-                now = time.time()
-                for seq, metrics in pending:
-                    try:
-                        check_metrics(metrics, now)
-                    except ValueError as error:  # a broken measurement: never worth a refused batch
+            cpu0 = time.thread_time()
+            batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
+            now = time.time()
+            for seq, metrics in pending:
+                try:
+                    check_metrics(metrics, now)
+                except ValueError as error:  # a broken measurement: never worth a refused batch
+                    if seq not in self._counted_invalid:
+                        self._counted_invalid.add(seq)
                         self._invalid += 1
                         log.warning("dropping step %d's sample: %s", metrics.step, error)
-                        continue
-                    batch.samples.append(metrics_to_proto(metrics, seq))
-                batch.dropped_total = self.dropped_total
-                self.background_cpu_s += time.thread_time() - cpu0
-                if batch.samples:
-                    yield batch
-                elif not in_flight:  # nothing valid to send and nothing in flight: done with these
-                    self._ack(pending[-1][0])
-                # else: the next acknowledgement covers them (the daemon acks the highest seq stored)
+                    continue
+                batch.samples.append(metrics_to_proto(metrics, seq))
+            batch.dropped_total = self.dropped_total
+            self.background_cpu_s += time.thread_time() - cpu0
+            last = pending[-1][0]
+            with self._cond:
+                # The daemon acknowledges the highest seq it stored: make that ack cover the invalid
+                # samples behind it, or those of a batch with nothing valid in it.
+                if batch.samples and batch.samples[-1].seq != last:
+                    self._covers[batch.samples[-1].seq] = last
+                elif not batch.samples and in_flight:
+                    self._covers[previous_sent] = last
+            if batch.samples:
+                yield batch
+            elif not in_flight:
+                self._ack(last)
 
     def _unsent_count(self) -> int:
         return self._buffer[-1][0] - self._sent_seq if self._buffer else 0
@@ -282,32 +302,42 @@ class Reporter:
         attempt = 0
         while not self._closed.is_set():
             try:
-                session_id = self._register(telemetry)
-                self.connected.set()
-                attempt = 0
+                session_id, generation = self._register(telemetry)
+            except grpc.RpcError as error:
+                if not self._closed.is_set():
+                    log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                attempt += 1
+                self._backoff(attempt)
+                continue
+            self.connected.set()
+            attempt = 0
+            try:
                 self._flush_reports(control)
-                for ack in telemetry.StreamMetrics(self._batches(session_id), metadata=self._metadata):
+                for ack in telemetry.StreamMetrics(self._batches(session_id, generation), metadata=self._metadata):
                     cpu0 = time.thread_time()
                     self._flush_reports(control)  # before the ack wakes flush()
                     self._ack(ack.acked_seq)
                     self.background_cpu_s += time.thread_time() - cpu0
             except grpc.RpcError as error:
-                self.connected.clear()
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     self._drop_rejected(error.details())
                 elif not self._closed.is_set():
                     log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
             except Exception:  # never let the thread die: the training job must not notice
-                self.connected.clear()
                 log.exception("unexpected error in the autobyte telemetry thread")
+            self.connected.clear()
             attempt += 1
             self._backoff(attempt)
 
     def _ack(self, seq: int) -> None:
         with self._cond:
+            while seq in self._covers:
+                seq = max(seq, self._covers.pop(seq))
             self._acked_seq = max(self._acked_seq, seq)
             while self._buffer and self._buffer[0][0] <= self._acked_seq:
                 self._buffer.popleft()
+            if self._counted_invalid:
+                self._counted_invalid = {s for s in self._counted_invalid if s > self._acked_seq}
             self._cond.notify_all()
 
     def _drop_rejected(self, reason: str) -> None:
@@ -318,7 +348,7 @@ class Reporter:
             while self._buffer and self._buffer[0][0] <= self._sent_seq:
                 self._buffer.popleft()
                 rejected += 1
-            self._invalid += rejected
+            self._rejected += rejected
             self._cond.notify_all()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 
@@ -338,6 +368,7 @@ class Reporter:
         control = pb_grpc.ControlStub(self._channel)
         attempt = 0
         while not self._closed.is_set():
+            opened = time.monotonic()
             try:
                 self.connected.wait(1.0)
                 if not self.connected.is_set():
@@ -346,6 +377,7 @@ class Reporter:
                                                                    after_decision_id=self._last_update_id),
                                              metadata=self._metadata)
                 self._watch_stream = stream
+                opened = time.monotonic()
                 for update in stream:
                     attempt = 0
                     try:
@@ -356,6 +388,8 @@ class Reporter:
                     self._last_update_id = update.decision_id
                     self._apply(update.decision_id, config, update.apply_at_step)
             except grpc.RpcError as error:
+                if time.monotonic() - opened > 5.0:
+                    attempt = 0  # it was a working stream that broke, not a failing one
                 if not self._closed.is_set():
                     log.debug("control stream ended: %s %s", error.code(), error.details())
             except Exception:
@@ -367,7 +401,7 @@ class Reporter:
     @property
     def dropped_total(self) -> int:
         """Samples that never reached the daemon: buffer overflow plus invalid or refused ones."""
-        return self._dropped_overflow + self._invalid
+        return self._dropped_overflow + self._invalid + self._rejected
 
     @property
     def acked_seq(self) -> int:

@@ -192,3 +192,63 @@ def test_invalid_samples_are_dropped_and_streaming_goes_on(thread_daemon):
     client.close()
     assert len(stored) == 21 - result["dropped"]
     assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
+
+
+def _steady_worker(rank, world, address, steps):
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    autobyte.init(daemon=address, job="restarts", flush_interval_s=0.05)
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(steps):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.01)
+    opt.synchronize()
+    reporter = telemetry._reporter
+    out = {"flushed": reporter.flush(30), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    autobyte.shutdown()
+    opt.close()
+    return out
+
+
+def test_quick_daemon_restarts_lose_and_duplicate_nothing(tmp_path):
+    """Reconnects within a flush interval once let a stale request iterator swallow batches."""
+    import sqlite3
+
+    from autobyted.app import Daemon
+    from autobyted.settings import Settings
+    from conftest import free_port
+
+    port, db = free_port(), f"sqlite:///{tmp_path / 'restarts.db'}"
+
+    def daemon() -> ThreadDaemon:
+        d = ThreadDaemon(db)
+        d.settings = Settings(listen=f"127.0.0.1:{port}", db=db)
+        d.daemon = Daemon(d.settings)
+        return d.start()
+
+    current = [daemon()]
+    stop = threading.Event()
+
+    def restarter():
+        while not stop.wait(1.0):
+            current[0].stop()
+            current[0] = daemon()
+
+    thread = threading.Thread(target=restarter)
+    thread.start()
+    try:
+        (result,) = run_ranks(_steady_worker, 1, f"127.0.0.1:{port}", 500, timeout_s=120)
+    finally:
+        stop.set()
+        thread.join()
+        current[0].stop()
+    assert result["flushed"] and result["dropped"] == 0 and result["acked"] == 500
+    with sqlite3.connect(db.removeprefix("sqlite:///")) as conn:
+        steps = [s for (s,) in conn.execute("select step from step_metrics order by step")]
+    assert steps == list(range(500))

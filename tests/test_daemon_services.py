@@ -264,8 +264,19 @@ def test_status_json_shape(client, thread_daemon):
     (job,) = json.loads(result.stdout)["jobs"]
     assert {"job", "state", "world_size", "steps", "config"} <= set(job)
     assert job["config"] == {"partition_bytes": None, "credit_bytes": None}
-    table = run_cli("status", "--daemon", thread_daemon.address)
-    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+    long_job = "a-rather-long-job-name-for-the-table-0123456789"
+    long_session = client.register(job=long_job, instance="wide").session_id
+    wide = batch(long_session, range(1, 4), job=long_job)
+    for sample_message in wide.samples:
+        sample_message.config.partition_bytes, sample_message.config.credit_bytes = 64 << 10, 256 << 10
+    client.stream([wide])
+    proposal = pb.ProposeConfigRequest(job=long_job, reason="x" * 200)
+    proposal.config.partition_bytes = 3 << 20
+    client.control.ProposeConfig(proposal, timeout=5)
+    client.control.ProposeConfig(proposal, timeout=5)  # the first becomes "superseded"
+    for args in (["status"], ["history", long_job]):
+        table = run_cli(*args, "--daemon", thread_daemon.address)
+        assert table.returncode == 0 and all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
     history = json.loads(run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
     assert set(history) == {"job", "steps", "decisions"}
     assert {"step", "rank", "step_time_s", "config"} <= set(history["steps"][0])
