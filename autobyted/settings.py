@@ -40,6 +40,10 @@ class Settings:
             raise ConfigError(f"log level {self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
         if self.log_format not in ("json", "text"):
             raise ConfigError(f"log format {self.log_format!r} must be json or text")
+        if self.db.startswith("sqlite") and (self.db.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://")
+                                             or ":memory:" in self.db):
+            raise ConfigError("an in-memory SQLite database is not supported (each thread would see its "
+                              "own empty database): use a file, e.g. sqlite:///autobyte.db")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if not is_loopback(host) and not self.token:

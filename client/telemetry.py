@@ -162,6 +162,7 @@ class Reporter:
         self._rejected = 0  # samples in batches the daemon refused
         self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
         self._generation = 0  # bumped at every registration: one live request iterator at a time
+        self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
         # gRPC's internal threads are not counted.
         self.background_cpu_s = 0.0
@@ -241,6 +242,7 @@ class Reporter:
             # stream that is still parked in gRPC sees the generation change and ends, unsent.
             self._generation += 1
             self._covers.clear()
+            self._in_flight.clear()
             self._sent_seq = self._acked_seq
             self._cond.notify_all()
         self._ack(response.last_acked_seq)
@@ -289,6 +291,8 @@ class Reporter:
                 elif not batch.samples and in_flight:
                     self._covers[previous_sent] = last
             if batch.samples:
+                with self._cond:
+                    self._in_flight.append(last)
                 yield batch
             elif not in_flight:
                 self._ack(last)
@@ -336,19 +340,23 @@ class Reporter:
             self._acked_seq = max(self._acked_seq, seq)
             while self._buffer and self._buffer[0][0] <= self._acked_seq:
                 self._buffer.popleft()
+            while self._in_flight and self._in_flight[0] <= self._acked_seq:
+                self._in_flight.popleft()
             if self._counted_invalid:
                 self._counted_invalid = {s for s in self._counted_invalid if s > self._acked_seq}
             self._cond.notify_all()
 
     def _drop_rejected(self, reason: str) -> None:
-        """The daemon refused a batch: resending it would be refused again, so drop what was sent
-        and not acknowledged, count it, and go on with the rest."""
+        """The daemon refused a batch (acks come in order: the oldest unacknowledged one). Resending
+        it would be refused again, so drop it, count it; later batches are resent after registering."""
         with self._cond:
+            last = self._in_flight[0] if self._in_flight else self._acked_seq
             rejected = 0
-            while self._buffer and self._buffer[0][0] <= self._sent_seq:
+            while self._buffer and self._buffer[0][0] <= last:
                 self._buffer.popleft()
                 rejected += 1
             self._rejected += rejected
+            self._acked_seq = max(self._acked_seq, last)
             self._cond.notify_all()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 

@@ -194,13 +194,13 @@ def test_invalid_samples_are_dropped_and_streaming_goes_on(thread_daemon):
     assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
 
 
-def _steady_worker(rank, world, address, steps):
+def _steady_worker(rank, world, address, steps, flush_interval_s=0.05):
     import torch
 
     import autobyte
     from autobyte import telemetry
 
-    autobyte.init(daemon=address, job="restarts", flush_interval_s=0.05)
+    autobyte.init(daemon=address, job="steady", flush_interval_s=flush_interval_s)
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     for _ in range(steps):
@@ -252,3 +252,19 @@ def test_quick_daemon_restarts_lose_and_duplicate_nothing(tmp_path):
     with sqlite3.connect(db.removeprefix("sqlite:///")) as conn:
         steps = [s for (s,) in conn.execute("select step from step_metrics order by step")]
     assert steps == list(range(500))
+
+
+def test_refused_batches_are_dropped_once_and_accounted(db_url):
+    """A daemon that refuses some batches (here: more than 5 samples) costs exactly those samples."""
+    import sqlite3
+
+    daemon = ThreadDaemon(db_url, max_samples_per_batch=5).start()
+    try:
+        (result,) = run_ranks(_steady_worker, 1, daemon.address, 300, 0.3, timeout_s=120)
+    finally:
+        daemon.stop()
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        steps = [s for (s,) in conn.execute("select step from step_metrics order by step")]
+    assert result["flushed"] and result["acked"] == 300
+    assert result["dropped"] > 0  # batches of ~20 samples were refused
+    assert len(steps) == len(set(steps)) and len(steps) + result["dropped"] == 300

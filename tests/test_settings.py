@@ -32,6 +32,8 @@ def test_precedence(tmp_path):
     ("retention_raw_samples = -4", "must be positive"),
     ("log_level = 'LOUD'", "log level"),
     ("listen = ", "not valid TOML"),
+    ('db = "sqlite://"', "in-memory"),
+    ('db = "sqlite:///:memory:"', "in-memory"),
 ])
 def test_bad_settings_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
