@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import signal
 import sys
@@ -35,7 +36,7 @@ class Daemon:
         from autobyted.ingest import IngestWriter
         from autobyted.observability import DaemonMetrics
         from autobyted.server import make_server
-        from autobyted.servicer import Services, retention_loop
+        from autobyted.servicer import RUNNING_WITHIN_S, Services, retention_loop
         from autobyted.storage.db import make_engine, migrate
         from autobyted.storage.sql import SqlStorage
 
@@ -43,7 +44,8 @@ class Daemon:
         engine = make_engine(settings.db)
         revision = migrate(engine)
         storage = SqlStorage(engine)
-        metrics = DaemonMetrics()
+        metrics = DaemonMetrics(job_states=lambda: collections.Counter(
+            job.state for job in storage.jobs(RUNNING_WITHIN_S)))
         writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc)
         services = Services(storage, writer, settings, metrics)
         server, port = make_server(services, settings)

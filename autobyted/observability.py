@@ -7,14 +7,17 @@ import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
 
 
 class DaemonMetrics:
     """The daemon's counters, on a registry of their own (one per daemon, so tests can run several)."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_states=None) -> None:
+        """job_states: a callable returning {state: count}, read at every scrape."""
         self.registry = CollectorRegistry()
-        self.jobs = Gauge("autobyted_jobs", "Jobs known to the daemon", ["state"], registry=self.registry)
+        if job_states is not None:
+            self.registry.register(_JobsCollector(job_states))
         self.samples_ingested = Counter("autobyted_samples_ingested", "Step samples stored",
                                         registry=self.registry)
         self.samples_rejected = Counter("autobyted_samples_rejected", "Step samples rejected as invalid",
@@ -24,6 +27,23 @@ class DaemonMetrics:
         self.decisions = Counter("autobyted_decisions", "Configuration decisions made", registry=self.registry)
         self.rpc_errors = Counter("autobyted_rpc_errors", "RPCs answered with an error status", ["code"],
                                   registry=self.registry)
+
+
+class _JobsCollector:
+    """autobyted_jobs{state}: counted from the database when Prometheus scrapes, so it is never stale."""
+
+    def __init__(self, job_states) -> None:
+        self._job_states = job_states
+
+    def collect(self):
+        family = GaugeMetricFamily("autobyted_jobs", "Jobs known to the daemon", labels=["state"])
+        try:
+            states = self._job_states()
+        except Exception:  # a scrape must not fail because the database is busy
+            states = {}
+        for state in ("running", "idle"):
+            family.add_metric([state], states.get(state, 0))
+        yield family
 
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}

@@ -209,11 +209,6 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                 has_last_decision=job.last_decision is not None)
             if job.last_decision is not None:
                 status.last_decision.CopyFrom(decision_to_proto(job.last_decision))
-        counts: dict[str, int] = {"running": 0, "idle": 0}
-        for job in jobs:
-            counts[job.state] = counts.get(job.state, 0) + 1
-        for state, count in counts.items():
-            self._metrics.jobs.labels(state).set(count)
         return response
 
     async def History(self, request: pb.HistoryRequest, context) -> pb.HistoryResponse:

@@ -243,7 +243,6 @@ def test_prometheus_endpoint(db_url):
         client.stream([batch(session, range(1, 31))])
         with pytest.raises(grpc.RpcError):
             client.stream([batch(session, [31], step_time_s=-1.0)])
-        client.query.Status(pb.StatusRequest(), timeout=5)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         daemon.stop()
