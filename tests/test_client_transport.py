@@ -2,11 +2,9 @@
 the step they name on every rank, reports back, overflow accounting, and silence without init()."""
 
 import logging
-import os
 import threading
 import time
 
-import pytest
 
 from conftest import ThreadDaemon
 from _dist_util import run_ranks
