@@ -128,13 +128,15 @@ def test_cleans_up_on_sigterm_of_the_harness() -> None:
     # A harness process holding a testbed with two sleeping ranks gets SIGTERM: its handler must
     # kill the ranks and delete the namespaces before the process exits.
     harness = textwrap.dedent("""
-        import json, sys
+        import json, sys, threading
         from benchmarks.testbed import Testbed
+        lock = threading.Lock()  # on_event runs on one reader thread per rank
         worker = ("import json, os, time; "
                   "print(json.dumps({'event': 'pid', 'pid': os.getpid()}), flush=True); "
                   "time.sleep(600)")
         def report(rank, event):
-            print(json.dumps({"rank": rank, **event}), flush=True)
+            with lock:
+                print(json.dumps({"rank": rank, **event}), flush=True)
         with Testbed(world_size=2) as bed:
             print(json.dumps({"name": bed.name}), flush=True)
             bed.run([sys.executable, "-c", worker], on_event=report, timeout_s=120)
@@ -142,8 +144,20 @@ def test_cleans_up_on_sigterm_of_the_harness() -> None:
     proc = subprocess.Popen([sys.executable, "-c", harness], cwd=str(REPO), stdout=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        name = json.loads(proc.stdout.readline())["name"]
-        pids = [json.loads(proc.stdout.readline())["pid"] for _ in range(2)]
+        name, pids = None, []
+        for line in proc.stdout:  # skip anything that is not ours (warnings, other events)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict):
+                continue
+            name = message.get("name", name)
+            if message.get("event") == "pid":
+                pids.append(message["pid"])
+            if name and len(pids) == 2:
+                break
+        assert name and len(pids) == 2, (name, pids)
         assert len(_ours(name)) == 3
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
