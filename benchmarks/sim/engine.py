@@ -140,6 +140,15 @@ class _CommPlan:
     is_ddp: bool
 
 
+def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, rate: float,
+                  trace: Trace | None, base_s: float) -> float:
+    """The link model, in one place: when a message of `size` bytes that starts at `start` has
+    crossed the link (fixed per-collective cost, then size x ring factor at the bandwidth in force)."""
+    if trace is None:
+        return start + fixed_s + size * wire_factor / rate
+    return trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
+
+
 def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, ...],
               credit_bytes: float, launch_s: float, fixed_s: float, wire_factor: float,
               rate: float, trace: Trace | None, base_s: float) -> list[float]:
@@ -175,10 +184,7 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
         launched = t + launch_s
         start = link_free if link_free > launched else launched
         size = sizes[message]
-        if trace is None:
-            end = start + fixed_s + size * wire_factor / rate
-        else:
-            end = trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
+        end = _transfer_end(start, size, fixed_s, wire_factor, rate, trace, base_s)
         link_free = end
         done[message] = end
         inflight.append((end, size))
@@ -258,10 +264,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
             launched = issue_t + launch_s
             start = link_free if link_free > launched else launched
             size = sizes[message]
-            if trace is None:
-                end = start + fixed_s + size * wire_factor / rate
-            else:
-                end = trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
+            end = _transfer_end(start, size, fixed_s, wire_factor, rate, trace, base_s)
             if starts and start <= ends[-1]:
                 ends[-1] = end
             else:
