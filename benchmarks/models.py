@@ -1,4 +1,4 @@
-"""Benchmark workloads in plain torch (no downloads): MLP, VGG-style, ResNet-50, BERT-style encoder.
+"""Benchmark workloads in plain torch (no downloads): MLP, VGG-style, ResNet-50, BERT-style encoders.
 
 Each builder returns a `Workload`: the model, a function that makes a synthetic batch, and the loss.
 The shapes of VGG, ResNet-50 and BERT-base are their public layer shapes; `width`, `image_size`,
@@ -204,12 +204,21 @@ def bert(hidden: int = 768, layers: int = 12, heads: int = 12, intermediate: int
     return Workload("bert", model, make, nn.functional.cross_entropy, 8)
 
 
+def transformer(hidden: int = 256, layers: int = 4, heads: int = 4, vocab: int = 8192,
+                sequence: int = 64, classes: int = 2) -> Workload:
+    """A small BERT-style encoder (≈5.5M parameters, 57 tensors) sized for this 2-core testbed:
+    `nn.TransformerEncoder` layers, so `nn.MultiheadAttention` reads `out_proj` without calling it."""
+    workload = bert(hidden, layers, heads, None, vocab, sequence, classes)
+    return Workload("transformer", workload.model, workload.make_batch, workload.loss_fn, 16)
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {"mlp": mlp, "vgg": vgg, "resnet50": resnet50,
-                                                "bert": bert}
+                                                "bert": bert, "transformer": transformer}
 
 
 def build(name: str, **overrides: Any) -> Workload:
-    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert') with keyword overrides."""
+    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert', 'transformer') with keyword
+    overrides."""
     try:
         builder = BUILDERS[name]
     except KeyError:
