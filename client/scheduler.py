@@ -550,18 +550,25 @@ class ScheduledOptimizer:
                     else:
                         p.grad.detach_().zero_()
 
-    def synchronize(self) -> None:
-        """Wait until every update of every `step()` so far has landed; raise any scheduler error."""
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Wait until every update of every `step()` so far has landed; raise any scheduler error.
+
+        `timeout_s` (default: the constructor's `timeout_s`) bounds the wait; SchedulerError on expiry.
+        """
         self._check_usable()
+        if timeout_s is None:
+            timeout_s = self._timeout_s
+        elif not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         target = self._step_index
         if self._updated_through < target:
-            deadline = time.monotonic() + self._timeout_s
+            deadline = time.monotonic() + timeout_s
             with self._cond:
                 while self._updated_through < target:
                     self._raise_if_failed()
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise SchedulerError(f"synchronize() timed out after {self._timeout_s}s waiting "
+                        raise SchedulerError(f"synchronize() timed out after {timeout_s}s waiting "
                                              f"for step {target - 1}'s updates")
                     self._cond.wait(min(remaining, 1.0))
         self._raise_if_failed()
