@@ -86,7 +86,13 @@ def policy_context(scenario: Scenario, sim: Simulator, horizon_s: float) -> Poli
         candidates=default_grid(), seed=scenario.seed,
         phases=tuple(scenario.phases(horizon_s)),
         evaluate_static=lambda config: simulate_static(scenario, sim, config),
-        steady_step_s=lambda config, bw, factor: sim.steady_step_s(config, bw, factor))
+        steady_step_s=lambda config, bw, factor: sim.steady_step_s(config, bw, factor),
+        profile=scenario.profile, workers=scenario.workers, backend=scenario_backend(scenario))
+
+
+def scenario_backend(scenario: Scenario) -> str:
+    """The backend a rank of this scenario would report: NCCL-like link costs mean a GPU job."""
+    return "nccl" if scenario.link.collective_overhead_s < 100e-6 else "gloo"
 
 
 def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
@@ -107,7 +113,10 @@ def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
     return RunSummary(steps, t)
 
 
-def simulate_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
+def simulate_scenario(scenario: Scenario, policy_names: Sequence[str],
+                      keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every policy on the scenario's simulator. `keep`, if given, receives per policy the policy
+    object and its step records (benchmarks/eval_tuner.py reads the tuner's side from them)."""
     sim = scenario.make_simulator()
     lower = lower_bound_run(scenario, sim)
     horizon = scenario.duration_s if scenario.duration_s is not None else lower.elapsed_s * 4
@@ -120,6 +129,8 @@ def simulate_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[s
         elapsed = records[-1].end_s if records else 0.0
         runs[name] = PolicyRun(name, len(records), elapsed, [r.end_s for r in records],
                                policy.describe())
+        if keep is not None:
+            keep[name] = (policy, records)
     return _summarise(scenario, policy_names, runs, lower, "sim")
 
 
@@ -455,7 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
     parser.add_argument("--policy", nargs="+", default=["ddp", "grid-best", "bo-once", "oracle"],
-                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle")
+                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle, "
+                             "autobyte (the daemon's tuner)")
     parser.add_argument("--testbed", action="store_true",
                         help="run on the namespace testbed (root) instead of the simulator")
     parser.add_argument("--out", default="results", help="directory for csv, json and png")

@@ -1,0 +1,555 @@
+"""The per-job search, an explicit state machine fed with a job's step metrics (rank 0):
+
+    warm-up -> baseline -> exploring k/N -> (verifying) -> holding | no headroom
+                  ^                                            |  drift (drift.py)
+                  +---------------- re-tuning <----------------+
+
+- warm-up: the first `warmup_steps` steps are ignored (allocation, first-use order recording).
+- baseline: a window of the configuration in effect (the job's starting configuration the first
+  time) gives the context, the noise level and the incumbent's step time.
+- exploring: the predictor scores the whole candidate grid; candidates whose optimistic bound
+  (mean - kappa x spread of the predicted log ratio) beats the incumbent by more than `min_gain`
+  are tried, best bound first, at most `max_trials`. After each trial the remaining ones are
+  re-ranked with the predictor's measured bias and dropped unless their bound still beats the best
+  measurement so far by `min_gain`. A trial: switch (a decision applied a few steps ahead), discard
+  `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
+  step times cuts a trial that is clearly (`clearly_worse`) slower than the incumbent as soon as
+  `min_trial_steps` are in.
+- the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
+  by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
+  the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
+- verifying: after switching to the winner, one window checks it: if the context moved meanwhile
+  (drift.window_shift), re-tune; if it is slower than the incumbent beyond the noise, roll back.
+- holding / no headroom: drift.DriftDetector watches the held configuration; an alarm opens a new
+  context segment and re-tunes (a short baseline, then the predictor's top candidates for the new
+  context).
+- paused: an operator decided (`autobyte propose`) or paused it; only a resume ends it.
+- observe mode (`autobyted start --tuner observe`): baseline, then a *recommendation* (stored,
+  never pushed) and watching; no trials.
+
+Nothing here does I/O: decisions, measured effects, windows and status go to a `TunerSink`
+(the daemon's writes to storage and the control path; the benchmark's simulator adapter).
+Constants and how they were chosen: `TunerParams`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+
+from autobyte.types import Config, StepMetrics, format_bytes
+from autobyted.storage.records import TunerStatusRecord
+from autobyted.tuner.drift import DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.predictor import Prediction, Predictor, Window
+
+log = logging.getLogger(__name__)
+
+KIB, MIB = 1 << 10, 1 << 20
+GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+GRID_CREDIT_MULTIPLES = (1, 2, 4, 16, None)  # credit = multiple x partition; None = unlimited
+GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
+
+
+def candidate_grid(shape: JobShape, starting: Config | None = None) -> tuple[Config, ...]:
+    """Configurations the real scheduler runs, inside autobyte.types' safe limits (Config checks
+    them): partitions 256 KiB-64 MiB x credit of 1/2/4/16 partitions or unlimited, unpartitioned
+    with 4/16/64 MiB or unlimited credit, and the job's starting configuration. Partitions larger
+    than the whole gradient all send one message: only the smallest of them is kept."""
+    total = shape.parameter_bytes
+    grid: list[Config] = []
+    whole_kept = False
+    for partition in GRID_PARTITIONS:
+        if total and partition >= total:
+            if whole_kept:
+                continue
+            whole_kept = True
+        for multiple in GRID_CREDIT_MULTIPLES:
+            grid.append(Config(partition, None if multiple is None else partition * multiple))
+    grid += [Config(None, credit) for credit in GRID_UNPARTITIONED_CREDITS]
+    if starting is not None and starting not in grid:
+        grid.append(starting)
+    return tuple(dict.fromkeys(grid))
+
+
+def describe(config: Config) -> str:
+    return f"{format_bytes(config.partition_bytes, 'none')}/{format_bytes(config.credit_bytes, 'inf')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TunerParams:
+    """The tuner's constants. None was fitted to a scenario; each follows from a cost or a test:
+
+    - warmup_steps 10: the scheduler records first-use order and allocates in the first steps.
+    - transition_steps 2: the first step after a switch still waits on the previous step's
+      all-reduces (cross-iteration overlap), the second may still be planned under the old one.
+    - baseline_steps 20 / rebaseline_steps 12 / trial_steps 16: the standard error of a median of
+      n log step times is 1.25 sigma/sqrt(n); at the 2-4% noise measured on the testbed, 16 steps
+      resolve ~3% differences at 2.5 standard errors.
+    - min_gain 2%: below that a switch does not pay for its transition steps within a few minutes,
+      and it is the testbed's run-to-run spread of a configuration's median.
+    - z_switch 2.5: a switch needs a difference of 2.5 standard errors (~0.6% one-sided error).
+    - kappa 1: optimism of the bound that picks trials (one spread of the ensemble).
+    - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
+      error rates (Wald's thresholds log((1 - beta) / alpha)).
+    - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
+    - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
+      is further ahead applies at its next boundary (the scheduler does).
+    - apply_timeout_steps 60: a decision not seen in effect after that many newer steps is given up.
+    """
+
+    warmup_steps: int = 10
+    transition_steps: int = 2
+    baseline_steps: int = 20
+    rebaseline_steps: int = 12
+    trial_steps: int = 16
+    min_trial_steps: int = 5
+    max_trials: int = 4
+    min_gain: float = 0.02
+    z_switch: float = 2.5
+    kappa: float = 1.0
+    clearly_worse: float = 0.10
+    sprt_alpha: float = 0.01
+    sprt_beta: float = 0.10
+    sigma_floor: float = 0.01
+    apply_lead_steps: int = 2
+    apply_timeout_steps: int = 60
+
+
+class TunerSink(abc.ABC):
+    """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
+
+    @abc.abstractmethod
+    def decide(self, config: Config, apply_at_step: int, reason: str, predicted_step_time_s: float | None,
+               kind: str) -> int | None:
+        """Issue a decision (kind: trial, switch, return, rollback) or only record one (kind
+        "recommend", observe mode); its id, or None if refused because an operator has paused the
+        tuner for the job."""
+
+    @abc.abstractmethod
+    def close_decision(self, decision_id: int, measured_step_time_s: float | None, state: str | None) -> None: ...
+
+    @abc.abstractmethod
+    def record_window(self, window: Window) -> None: ...
+
+    @abc.abstractmethod
+    def publish(self, status: TunerStatusRecord) -> None: ...
+
+
+@dataclasses.dataclass
+class _Measured:
+    config: Config
+    samples: list[StepMetrics]
+    decision_id: int = 0
+    predicted_log: float = 0.0
+    cut: bool = False
+
+    @property
+    def log_median(self) -> float:
+        return statistics.median(math.log(s.step_time_s) for s in self.samples)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(s.step_time_s for s in self.samples)
+
+
+@dataclasses.dataclass
+class _Expect:
+    decision_id: int
+    config: Config
+    apply_at_step: int
+
+
+class JobTuner:
+    """The search for one job. Feed it rank 0's samples in step order with `observe`."""
+
+    def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
+                 params: TunerParams = TunerParams(), clock=None) -> None:
+        if mode not in ("auto", "observe"):
+            raise ValueError(f"tuner mode {mode!r} is not auto or observe")
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
+        self.phase = "warm-up"
+        self.detail = f"warm-up (first {params.warmup_steps} steps)"
+        self.segment = 0
+        self.config: Config | None = None  # in effect, from the newest sample
+        self.decision_in_effect: int | None = None
+        self.newest_step = -1
+        self.mine: set[int] = set()
+        self.expect: _Expect | None = None
+        self.settle = 0
+        self.window: list[StepMetrics] = []
+        self.need = params.baseline_steps
+        self.incumbent: _Measured | None = None
+        self.starting: _Measured | None = None
+        self.searched_once = False
+        self.retune_reason = ""
+        self.sigma = params.sigma_floor
+        self.residuals: list[float] = []  # log step time minus its window's median, recent windows
+        self.plan: list[tuple[Config, float, float]] = []
+        self.trials: list[_Measured] = []
+        self.trial: _Measured | None = None
+        self.trials_planned = 0
+        self.winner: _Measured | None = None
+        self.switch_id = 0
+        self.held: _Measured | None = None
+        self.detector: DriftDetector | None = None
+        self.best_predicted_s = 0.0
+        self.paused = False
+        self.candidates: tuple[Config, ...] = ()
+        # Counters the benchmarks read (never steer anything).
+        self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
+        self.recommended: Config | None = None
+
+    # ------------------------------------------------------------------ public
+    def observe(self, samples: Sequence[StepMetrics]) -> None:
+        for sample in samples:
+            self._on_sample(sample)
+
+    def pause(self, why: str = "an operator decided") -> None:
+        if self.paused:
+            return
+        self.paused = True
+        self.expect = None
+        self.trial = None
+        self._set("paused", f"paused: {why}; `autobyte tune {self.job} --resume` hands it back")
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        self.searched_once = False  # the operator's configuration is the new starting point
+        self.starting = None
+        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps)
+
+    @property
+    def status(self) -> TunerStatusRecord:
+        held = self.held or self.incumbent
+        return TunerStatusRecord(
+            mode=self.mode, state=self.phase, detail=self.detail,
+            config=(self.recommended if self.mode == "observe" and self.recommended else
+                    held.config if held else self.config) or Config(),
+            baseline_step_time_s=self.starting.median_s if self.starting else 0.0,
+            measured_step_time_s=held.median_s if held else 0.0,
+            predicted_step_time_s=self.best_predicted_s, trials_done=len(self.trials),
+            trials_planned=self.trials_planned, paused=self.paused)
+
+    # ------------------------------------------------------------------ per sample
+    def _on_sample(self, m: StepMetrics) -> None:
+        if m.step <= self.newest_step:
+            return  # a resent or reordered sample
+        self.newest_step = m.step
+        self.config = m.config
+        changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
+        self.decision_in_effect = m.decision_id
+        if m.step < self.p.warmup_steps:
+            return
+        if self.paused:
+            return
+        if self.expect is not None:
+            if m.decision_id == self.expect.decision_id:
+                self.expect = None
+                self.settle = self.p.transition_steps
+            elif m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps:
+                self._not_applied()
+                return
+            else:
+                return  # the job has not switched yet: these steps belong to the previous plan
+        elif changed and m.decision_id not in self.mine:
+            # Someone else's decision took effect (an operator's, or one from before a restart).
+            self._rebaseline(f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
+                             new_segment=True, steps=self.p.baseline_steps)
+            self.settle = self.p.transition_steps
+        if self.settle > 0:
+            self.settle -= 1
+            return
+        if self.phase == "warm-up":
+            self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
+        handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
+                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
+        handler(m)
+
+    # ------------------------------------------------------------------ baseline and planning
+    def _rebaseline(self, reason: str, new_segment: bool, steps: int) -> None:
+        if new_segment:
+            self.segment += 1
+        self.retune_reason = reason
+        self.window = []
+        self.need = steps
+        self.trials, self.trial, self.plan, self.winner, self.detector = [], None, [], None, None
+        self.trials_planned = 0
+        phase = "re-tuning" if reason else "baseline"
+        prefix = f"{reason}: " if reason else ""
+        self._set(phase, f"{prefix}measuring {describe(self.config or Config())}")
+
+    def _on_baseline(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent = _Measured(m.config, list(self.window), self.decision_in_effect or 0)
+        self.incumbent = incumbent
+        if self.starting is None:
+            self.starting = incumbent
+        self._learn_noise(incumbent.samples)
+        self._record(incumbent)
+        self.candidates = candidate_grid(self.shape, self.starting.config)
+        context = summarize(incumbent.samples, self.shape)
+        prediction = self.predictor.predict(context, incumbent.config, self.candidates)
+        self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
+                                    for i in range(len(self.candidates)))
+        gate = -math.log1p(self.p.min_gain)
+        ranked = sorted(((c, float(mu), float(sd)) for c, mu, sd in
+                         zip(prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config),
+                        key=lambda t: t[1] - self.p.kappa * t[2])
+        self.plan = [t for t in ranked if t[1] - self.p.kappa * t[2] < gate][: self.p.max_trials]
+        if self.mode == "observe":
+            self._recommend(prediction, incumbent, gate)
+            return
+        self.trials_planned = len(self.plan)
+        if not self.plan:
+            self._finish("no candidate is predicted to beat it")
+            return
+        self._next_trial()
+
+    def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
+        confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                     if mu - self.p.kappa * sd < gate and mu < gate]
+        self._hold(incumbent, watch_reference=incumbent.samples)
+        if not confident:
+            self._set("observing", f"observe: no configuration is predicted to beat {describe(incumbent.config)}")
+            return
+        mu, best = min(confident, key=lambda t: t[0])
+        predicted = incumbent.median_s * math.exp(mu)
+        reason = (f"observe: recommend {describe(best)}, predicted {math.exp(-mu):.2f}x "
+                  f"{describe(incumbent.config)}{self._context_note()}")
+        self.sink.decide(best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend")
+        self.recommended = best
+        self._set("observing", f"observe: recommends {describe(best)} (predicted {math.exp(-mu):.2f}x)")
+
+    def _context_note(self) -> str:
+        return f" ({self.retune_reason})" if self.retune_reason else ""
+
+    # ------------------------------------------------------------------ trials
+    def _next_trial(self) -> None:
+        assert self.incumbent is not None
+        done = [t for t in self.trials if not t.cut]
+        best_measured = min([0.0] + [t.log_median - self.incumbent.log_median for t in done])
+        residuals = [(t.log_median - self.incumbent.log_median) - t.predicted_log for t in self.trials]
+        bias = statistics.mean(residuals) if residuals else 0.0
+        gate = best_measured - math.log1p(self.p.min_gain)
+        remaining = sorted(((c, mu + bias, sd) for c, mu, sd in self.plan),
+                           key=lambda t: t[1] - self.p.kappa * t[2])
+        remaining = [t for t in remaining if t[1] - self.p.kappa * t[2] < gate]
+        if not remaining or len(self.trials) >= self.p.max_trials:
+            self._finish("")
+            return
+        config, mu, _sd = remaining[0]
+        self.plan = [t for t in self.plan if t[0] != config]
+        number = len(self.trials) + 1
+        predicted = self.incumbent.median_s * math.exp(mu)
+        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted {math.exp(-mu):.2f}x "
+                  f"{describe(self.incumbent.config)}{self._context_note()}")
+        decision = self._decide(config, reason, predicted, "trial")
+        if decision is None:
+            return
+        self.trial = _Measured(config, [], decision, mu)
+        prefix = f"{self.retune_reason}: " if self.retune_reason else ""
+        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned}: {describe(config)}")
+
+    def _on_trial(self, m: StepMetrics) -> None:
+        trial = self.trial
+        if trial is None:
+            return
+        trial.samples.append(m)
+        n = len(trial.samples)
+        if n >= self.p.min_trial_steps and n < self.p.trial_steps and self._clearly_worse(trial):
+            trial.cut = True
+        if not trial.cut and n < self.p.trial_steps:
+            return
+        self.trial = None
+        assert self.incumbent is not None
+        jump = context_jump(self.incumbent.samples, trial.samples)
+        self.stats["trials"] += 1
+        if jump is not None:
+            # The context moved while the trial ran: its comparison with the incumbent means nothing.
+            self.sink.close_decision(trial.decision_id, trial.median_s, None)
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {jump.reason} (during the search)", new_segment=True,
+                             steps=self.p.rebaseline_steps)
+            return
+        self._learn_noise(trial.samples)
+        self.trials.append(trial)
+        self.stats["cut"] += trial.cut
+        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        self._record(trial)
+        self._next_trial()
+
+    def _clearly_worse(self, trial: _Measured) -> bool:
+        """Wald's SPRT on log step times: H0 mean = incumbent's, H1 mean = incumbent's +
+        log(1 + clearly_worse), known sigma; True when H1 is accepted."""
+        assert self.incumbent is not None
+        mu0 = self.incumbent.log_median
+        delta = math.log1p(self.p.clearly_worse)
+        sigma2 = self.sigma * self.sigma
+        low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
+        llr = sum(delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
+                  for s in trial.samples)
+        return llr >= math.log((1 - self.p.sprt_beta) / self.p.sprt_alpha)
+
+    def _finish(self, why: str) -> None:
+        """End of a search: pick the winner (hysteresis), switch to it if needed, verify."""
+        incumbent = self.incumbent
+        assert incumbent is not None
+        winner = incumbent
+        for trial in self.trials:
+            if trial.cut:
+                continue
+            gain = incumbent.log_median - trial.log_median
+            se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / len(incumbent.samples))
+            if gain > max(math.log1p(self.p.min_gain), self.p.z_switch * se) and \
+                    trial.log_median < winner.log_median:
+                winner = trial
+        self.winner = winner
+        if winner.config == self.config:
+            # Already in effect (the last trial won, or nothing was tried): its window is the proof.
+            if winner is not incumbent:
+                self.stats["switches"] += 1
+            self._settle_winner(winner, winner.samples, why)
+            return
+        returning = winner is incumbent
+        reason = (f"return to {describe(winner.config)}: no trial beat it{self._context_note()}" if returning else
+                  f"hold best: {describe(winner.config)} measured {incumbent.median_s / winner.median_s:.2f}x "
+                  f"{describe(incumbent.config)}{self._context_note()}")
+        decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
+        if decision is None:
+            return
+        self.switch_id = decision
+        self.stats["switches"] += not returning
+        self.window = []
+        self.need = self.p.rebaseline_steps
+        self._set("verifying", f"switching to {describe(winner.config)}, verifying")
+
+    def _on_verify(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        winner, incumbent = self.winner, self.incumbent
+        assert winner is not None and incumbent is not None
+        measured = _Measured(winner.config, list(self.window), self.switch_id)
+        self._learn_noise(measured.samples)
+        self.sink.close_decision(self.switch_id, measured.median_s, None)
+        shift = window_shift(winner.samples, measured.samples)
+        if shift is not None:
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {shift.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            return
+        se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
+        if winner is not incumbent and measured.log_median - incumbent.log_median > max(
+                math.log1p(self.p.min_gain) / 2, self.p.z_switch * se):
+            self.stats["rollbacks"] += 1
+            self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
+            reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
+                      f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms")
+            decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
+            if decision is None:
+                return
+            self.switch_id = decision
+            self.winner = incumbent
+            self.window = []
+            self._set("verifying", f"rolled back to {describe(incumbent.config)}, verifying")
+            return
+        self._record(measured)
+        self._settle_winner(winner, measured.samples, "")
+
+    def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
+        first = not self.searched_once
+        self.searched_once = True
+        starting = self.starting
+        assert starting is not None
+        self._hold(_Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        if winner.config == starting.config and first:
+            note = f" ({why})" if why else ""
+            self._set("no headroom", f"no headroom: nothing beat the starting configuration "
+                                     f"{describe(starting.config)}{note}")
+            return
+        held, incumbent = self.held, self.incumbent
+        assert held is not None and incumbent is not None
+        if held.config == incumbent.config:
+            gain = "no candidate beat it"
+        else:
+            gain = f"measured {incumbent.median_s / held.median_s:.2f}x {describe(incumbent.config)}"
+        self._set("holding", f"holding {describe(held.config)}: {gain}{self._context_note()}")
+
+    # ------------------------------------------------------------------ holding and drift
+    def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
+        self.held = held
+        self.detector = DriftDetector(watch_reference)
+
+    def _on_watch(self, m: StepMetrics) -> None:
+        if self.held is not None and m.config != self.held.config:
+            self.held, self.detector, self.window = None, None, []  # not what we hold: start over
+        if self.detector is None:
+            # Holding without a reference yet (after a decision the job did not apply): collect one.
+            self.window.append(m)
+            if len(self.window) >= self.need:
+                self._hold(_Measured(m.config, list(self.window), self.decision_in_effect or 0), self.window)
+                self.window = []
+            return
+        alarm = self.detector.update(m)
+        if alarm is None:
+            return
+        self.stats["retunes"] += 1
+        self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+
+    def _not_applied(self) -> None:
+        """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
+        what is in effect, and say so; drift can still re-open the search."""
+        expect = self.expect
+        assert expect is not None
+        self.expect = None
+        self.trial = None
+        self.stats["not_applied"] += 1
+        log.warning("job %s did not apply decision #%d within %d steps", self.job, expect.decision_id,
+                    self.p.apply_timeout_steps)
+        self.window = []
+        self.held = None
+        self.detector = None
+        self.need = self.p.rebaseline_steps
+        self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
+                             f"was not applied by the job after {self.p.apply_timeout_steps} steps")
+
+    # ------------------------------------------------------------------ helpers
+    def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
+        """The job's step-time noise (log units): a robust spread of every measured window's
+        deviations from its own median, pooled over the recent windows (a 12-step window alone
+        misjudges it by +-30%)."""
+        logs = [math.log(s.step_time_s) for s in samples]
+        center = statistics.median(logs)
+        self.residuals.extend(x - center for x in logs)
+        del self.residuals[:-400]
+        self.sigma = max(self.p.sigma_floor, robust_sigma(self.residuals))
+
+    def _decide(self, config: Config, reason: str, predicted_s: float | None, kind: str) -> int | None:
+        decision = self.sink.decide(config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind)
+        if decision is None:
+            self.pause("an operator decided")
+            return None
+        self.mine.add(decision)
+        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps)
+        return decision
+
+    def _record(self, measured: _Measured) -> None:
+        if len(measured.samples) < self.p.min_trial_steps:
+            return
+        context = summarize(measured.samples, self.shape)
+        self.sink.record_window(Window(self.job, self.segment, measured.config, context, measured.median_s,
+                                       len(measured.samples), measured.samples[-1].wall_time_s))
+
+    def _set(self, phase: str, detail: str) -> None:
+        changed = (phase, detail) != (self.phase, self.detail)
+        self.phase, self.detail = phase, detail
+        if changed:
+            self.sink.publish(self.status)
