@@ -46,12 +46,21 @@ class Daemon:
         storage = SqlStorage(engine)
         metrics = DaemonMetrics(job_states=lambda: collections.Counter(
             job.state for job in storage.jobs(RUNNING_WITHIN_S)))
-        writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc)
-        services = Services(storage, writer, settings, metrics)
+        loop = self._loop = asyncio.get_running_loop()
+        tuner = None
+
+        def wake_tuner(jobs) -> None:  # the ingest writer and the services wake the tuner's worker
+            if tuner is not None:
+                tuner.notify(jobs)
+
+        writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc,
+                              on_jobs=wake_tuner)
+        services = Services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
+        services.loop = loop
+        tuner = make_tuner(settings, storage, services.decide_from_thread)
         server, port = make_server(services, settings)
         self.port = port
         self._stop = asyncio.Event()
-        loop = self._loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
@@ -63,11 +72,14 @@ class Daemon:
             metrics_server, _ = start_http_server(int(metrics_port), addr=host.strip("[]"),
                                                   registry=metrics.registry)
         writer.start()
+        if tuner is not None:
+            tuner.start()
         await server.start()
         retention = asyncio.create_task(retention_loop(storage, settings))
         log.info("autobyted listening", extra={"listen": settings.listen, "port": port, "db": _safe_url(settings.db),
                                                "schema_revision": revision, "version": __version__,
-                                               "token": bool(settings.token), "tls": bool(settings.tls_cert)})
+                                               "token": bool(settings.token), "tls": bool(settings.tls_cert),
+                                               "tuner": settings.tuner})
         if ready is not None:
             ready(port)
         try:
@@ -75,6 +87,8 @@ class Daemon:
         finally:
             log.info("autobyted stopping: draining streams and flushing samples")
             retention.cancel()
+            if tuner is not None:
+                await asyncio.to_thread(tuner.close)
             await server.stop(grace=3.0)
             await asyncio.to_thread(writer.close)
             if metrics_server is not None:
@@ -86,6 +100,15 @@ class Daemon:
         """Thread-safe: ask a running daemon to shut down."""
         if self._stop is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
+
+
+def make_tuner(settings: Settings, storage, decide):
+    """The tuner manager for --tuner auto|observe (None for off); started by Daemon.run."""
+    if settings.tuner == "off":
+        return None
+    from autobyted.tuner.manager import TunerManager
+
+    return TunerManager(storage, decide=decide, mode=settings.tuner)
 
 
 def _safe_url(url: str) -> str:
@@ -113,6 +136,8 @@ def main() -> None:
 @click.option("--log-format", type=click.Choice(["json", "text"]), help="log line format [default json]")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate for TLS")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key for TLS")
+@click.option("--tuner", type=click.Choice(["auto", "observe", "off"]),
+              help="auto: tune jobs; observe: record recommendations only; off [env AUTOBYTED_TUNER; default auto]")
 def start(config_file, **flags) -> None:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
     try:

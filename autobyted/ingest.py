@@ -53,12 +53,13 @@ class IngestWriter:
 
     _STOP = object()
 
-    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None) -> None:
+    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None, on_jobs=None) -> None:
         self._storage = storage
         self._max_rows = max_rows
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="autobyted-writer", daemon=True)
         self._on_written = on_written
+        self._on_jobs = on_jobs  # called with the names of the jobs a write stored samples of
         self._closed = False
 
     def start(self) -> None:
@@ -120,3 +121,5 @@ class IngestWriter:
                 future.set_result(seq)
         if self._on_written is not None:
             self._on_written(sum(len(b.samples) for b, _ in pending))
+        if self._on_jobs is not None:
+            self._on_jobs({batch.job for batch, _ in pending})

@@ -31,6 +31,8 @@ class Settings:
     max_message_bytes: int = 4 << 20
     max_samples_per_batch: int = 10_000
     writer_batch_rows: int = 20_000
+    # auto: tune every job; observe: record recommendations, push nothing; off: no tuner.
+    tuner: str = "auto"
 
     def __post_init__(self) -> None:
         host, port = split_host_port(self.listen, "listen")
@@ -44,6 +46,8 @@ class Settings:
                                              or ":memory:" in self.db):
             raise ConfigError("an in-memory SQLite database is not supported (each thread would see its "
                               "own empty database): use a file, e.g. sqlite:///autobyte.db")
+        if self.tuner not in ("auto", "observe", "off"):
+            raise ConfigError(f"tuner mode {self.tuner!r} must be auto, observe or off")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if not is_loopback(host) and not self.token:
@@ -72,7 +76,8 @@ def is_loopback(host: str) -> bool:
 
 
 _ENV = {"listen": "AUTOBYTED_LISTEN", "db": "AUTOBYTED_DB", "token": "AUTOBYTE_TOKEN",
-        "metrics_listen": "AUTOBYTED_METRICS_LISTEN", "log_level": "AUTOBYTED_LOG_LEVEL"}
+        "metrics_listen": "AUTOBYTED_METRICS_LISTEN", "log_level": "AUTOBYTED_LOG_LEVEL",
+        "tuner": "AUTOBYTED_TUNER"}
 
 
 def load_settings(flags: Mapping[str, Any], config_file: str | None = None,

@@ -60,7 +60,26 @@ def decision_dict(d: pb.Decision) -> dict:
             "reason": d.reason, "state": d.state, "created_at_s": d.created_at_s,
             "predicted_step_time_s": d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None,
             "measured_step_time_s": d.measured_step_time_s if d.HasField("measured_step_time_s") else None,
-            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None}
+            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None,
+            "source": d.source or "operator"}
+
+
+def tuner_dict(t: pb.TunerStatus) -> dict:
+    return {"mode": t.mode, "state": t.state, "detail": t.detail, "config": config_dict(t.config),
+            "baseline_step_time_s": t.baseline_step_time_s or None,
+            "measured_step_time_s": t.measured_step_time_s or None,
+            "predicted_step_time_s": t.predicted_step_time_s or None,
+            "predicted_gain": (t.measured_step_time_s / t.predicted_step_time_s
+                               if t.measured_step_time_s and t.predicted_step_time_s else None),
+            "trials_done": t.trials_done, "trials_planned": t.trials_planned, "paused": t.paused}
+
+
+def tuner_line(t: pb.TunerStatus) -> str:
+    """One line under a job in `autobyte status`: what the tuner does, the predicted gain."""
+    text = f"  tuner: {t.detail or t.state or 'unknown'}"
+    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error"):
+        text += f"; best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x"
+    return text if len(text) <= 80 else text[:77] + ".."
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -95,7 +114,8 @@ def status(daemon, token, tls_ca, fmt) -> None:
                  "config": config_dict(j.config), "ranks": list(j.ranks), "backend": j.backend,
                  "recent_step_time_s": j.recent_step_time_s, "recent_steps_per_s": j.recent_steps_per_s,
                  "dropped_samples": j.dropped_total,
-                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None}
+                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
+                 "tuner": tuner_dict(j.tuner)}
                 for j in response.jobs]
         click.echo(json.dumps({"jobs": jobs, "daemon_version": response.daemon_version}, indent=2))
         return
@@ -108,7 +128,11 @@ def status(daemon, token, tls_ca, fmt) -> None:
         rows.append([j.job[:14], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
                      f"{j.recent_steps_per_s:.2f}", last[:14]])
     # Widest row: 14+7+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
-    click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows))
+    lines = table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows).split("\n")
+    click.echo(lines[0])
+    for line, j in zip(lines[1:], response.jobs):
+        click.echo(line)
+        click.echo(tuner_line(j.tuner))
 
 
 @main.command()
@@ -152,9 +176,36 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
                    else "no steps recorded")
         if decisions:
             click.echo("")
-            click.echo(table(["DECISION", "AT_STEP", "PART/CREDIT", "STATE", "REASON"],
-                             [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.state, d.reason[:30]]
-                              for d in response.decisions]))
+            click.echo(decisions_table(response.decisions))
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:.1f}" if value else "-"
+
+
+def decisions_table(decisions) -> str:
+    """Decisions with who made them, predicted and measured step time; the reason on its own line."""
+    rows = [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.source or "operator", d.state,
+             _ms(d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None),
+             _ms(d.measured_step_time_s if d.HasField("measured_step_time_s") else None)] for d in decisions]
+    lines = table(["DECISION", "AT_STEP", "PART/CREDIT", "BY", "STATE", "PRED_MS", "MEAS_MS"], rows).split("\n")
+    out = [lines[0]]
+    for line, d in zip(lines[1:], decisions):
+        reason = f"  {d.reason}"
+        out += [line, reason if len(reason) <= 80 else reason[:77] + "..."]
+    return "\n".join(out)
+
+
+@main.command()
+@click.argument("job")
+@connection_options
+@click.option("--pause/--resume", "paused", required=True,
+              help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
+def tune(job, daemon, token, tls_ca, paused) -> None:
+    """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
+    t = Connection(daemon, token, tls_ca).call(pb_grpc.ControlStub, "SetTuning",
+                                                pb.SetTuningRequest(job=job, paused=paused))
+    click.echo(f"{job}: tuner {'paused' if paused else 'resumed'} ({t.detail or t.state})")
 
 
 @main.command()
@@ -198,7 +249,8 @@ def propose(job, daemon, token, tls_ca, partition, credit, at_step, reason) -> N
     d = Connection(daemon, token, tls_ca).call(
         pb_grpc.ControlStub, "ProposeConfig",
         pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))
-    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state})")
+    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "
+               f"for {job} until `autobyte tune {job} --resume`")
 
 
 if __name__ == "__main__":

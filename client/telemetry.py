@@ -46,11 +46,13 @@ _atexit_registered = False
 
 def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
          rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None, flush_interval_s: float = 1.0) -> "Reporter":
+         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
-    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network."""
+    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
+    `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
+    operator's `autobyte propose` still applies)."""
     global _reporter
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
@@ -72,7 +74,7 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         if _reporter is not None:
             _reporter.close()
         _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
-                             buffer_samples, tls_ca, flush_interval_s)
+                             buffer_samples, tls_ca, flush_interval_s, tune)
         for optimizer in list(_pending_optimizers):
             _reporter.attach(optimizer)
         global _atexit_registered
@@ -142,8 +144,10 @@ class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
     def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
-                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0) -> None:
+                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
+                 tune: bool = True) -> None:
         self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
+        self.tune = tune
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -235,7 +239,8 @@ class Reporter:
         response = stub.Register(pb.RegisterRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
             model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
-            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id),
+            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id,
+            tuning_disabled=not self.tune),
             timeout=RPC_TIMEOUT_S, metadata=self._metadata)
         with self._cond:
             # A new stream starts from what the daemon holds; a request iterator of an earlier

@@ -160,6 +160,8 @@ def test_samples_are_read_incrementally_with_every_field(store):
     rest = store.samples_after("j", first[-1].row_id, rank=0)
     assert [row.metrics.step for row in rest] == [3, 4]
     assert len(store.samples_after("j", 0, rank=None)) == 10
+    assert store.last_sample_row("j") == rest[-1].row_id
+    assert store.last_sample_row("j", rank=None) >= rest[-1].row_id
     with pytest.raises(NotFound):
         store.samples_after("x", 0)
 

@@ -78,6 +78,10 @@ class BaseStorage(abc.ABC):
         (rank None: every rank). NotFound if the job is unknown."""
 
     @abc.abstractmethod
+    def last_sample_row(self, job: str, rank: int | None = 0) -> int:
+        """The highest row id of a job's samples (0 when none); NotFound if the job is unknown."""
+
+    @abc.abstractmethod
     def tuner_status(self, job: str) -> TunerStatusRecord | None: ...
 
     @abc.abstractmethod

@@ -356,6 +356,13 @@ class SqlStorage(BaseStorage):
             rows = session.scalars(query.order_by(m.StepSample.id).limit(limit)).all()
             return [SampleRow(r.id, r.rank, _metrics(r)) for r in rows]
 
+    def last_sample_row(self, job: str, rank: int | None = 0) -> int:
+        with self._scope() as session:
+            query = sa.select(sa.func.max(m.StepSample.id)).where(m.StepSample.job_id == self._job(session, job).id)
+            if rank is not None:
+                query = query.where(m.StepSample.rank == rank)
+            return session.scalar(query) or 0
+
     def tuner_status(self, job: str) -> TunerStatusRecord | None:
         with self._scope() as session:
             row = session.get(m.TunerState, self._job(session, job).id)

@@ -6,19 +6,20 @@ held configuration measured), log of the scheduler's bandwidth estimate, log com
 of the *same* configuration, so a signal that depends on the configuration (the bandwidth estimate
 does) is still comparable.
 
-For a signal with reference median mu and robust spread sigma (1.4826 x MAD, floored), and a
+The test runs on block medians of about half a second of steps (DriftDetector). For a signal with
+reference median mu and robust spread sigma (1.4826 x MAD of the reference blocks, floored), and a
 minimum relevant shift `delta` (a change smaller than that is not worth a re-tune):
 
-    d_t = clip(x_t - mu, -c, c)                 c = k + h/2: one wild step cannot alarm alone
+    d_t = clip(x_t - mu, -c, c)                 c = k + h/2: one wild block cannot alarm alone
     S+_t = max(0, S+_{t-1} + d_t - k)           k = max(delta/2, sigma/2)
     S-_t = max(0, S-_{t-1} - d_t - k)           h = max(2 delta, 10 sigma)
     alarm when S+ > h or S- > h
 
 Why these constants (first principles, not fitted to any scenario): k = delta/2 is the classic
 choice for detecting a shift of size delta; h = 10 sigma with k >= sigma/2 gives an in-control
-average run length above 10^5 steps for Gaussian noise (Siegmund's approximation), i.e. well under
-one false alarm per hour at 10 steps/s; h >= 2 delta means a shift of exactly delta needs about
-four steps to alarm, and the clipping at c needs at least two wild steps in a row. The minimum
+average run length above 10^5 blocks for Gaussian noise (Siegmund's approximation), i.e. well
+under one false alarm per hour at two blocks a second; h >= 2 delta means a shift of exactly delta needs about
+four blocks to alarm, and the clipping at c needs at least two wild blocks in a row. The minimum
 shifts: step time 10% (below that a re-tune rarely pays for its trials), bandwidth 25% and compute
 15% (changes of the communication/computation balance that move the best partition/credit in the
 simulator's and the testbed's maps), host load 0.2 (a fifth of the host's cores taken by others).
@@ -96,40 +97,91 @@ def robust_sigma(values: Sequence[float]) -> float:
 
 
 class DriftDetector:
-    """CUSUMs of every signal against a reference window of the held configuration."""
+    """CUSUMs of every signal of the held configuration, on block medians.
 
-    def __init__(self, reference: Sequence[StepMetrics], signals: Sequence[Signal] = SIGNALS) -> None:
-        self._tests: list[tuple[Signal, Cusum]] = []
+    Steps are grouped into blocks of about `block_s` seconds (one step per block when steps are
+    slower than that) and the CUSUM runs on each block's median: a 5 ms step and a 5 s step then
+    give the same false-alarm rate per unit of *time*, a single slow step never counts alone, and
+    the noise that matters (over a block) is what the reference measures. The reference is the
+    first `reference_blocks` blocks (a head start may be given: the window that measured the held
+    configuration); until then nothing alarms.
+    """
+
+    def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
+                 block_s: float = 0.5, reference_blocks: int = 12) -> None:
+        self._signals = tuple(signals)
+        self._block_s = block_s
+        self._reference_blocks = reference_blocks
+        self._block_steps = 0  # decided from the first samples' step time
+        self._pending: list[StepMetrics] = []
+        self._reference: list[dict[str, float]] = []
+        self._tests: list[tuple[Signal, Cusum]] | None = None
         self._recent: dict[str, list[float]] = {}
-        for signal in signals:
-            values = [v for v in map(signal.extract, reference) if math.isfinite(v)]
-            if len(values) < MIN_REFERENCE:
+        for sample in head_start:
+            self.update(sample)
+
+    @property
+    def ready(self) -> bool:
+        return self._tests is not None
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        return tuple(signal.name for signal, _ in self._tests or ())
+
+    def _block_medians(self, block: Sequence[StepMetrics]) -> dict[str, float]:
+        out = {}
+        for signal in self._signals:
+            values = [v for v in map(signal.extract, block) if math.isfinite(v)]
+            out[signal.name] = statistics.median(values) if values else math.nan
+        return out
+
+    def _start(self) -> None:
+        self._tests = []
+        for signal in self._signals:
+            values = [b[signal.name] for b in self._reference if math.isfinite(b[signal.name])]
+            if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
                 continue  # not measured (e.g. host load from an older client): not watched
             sigma = max(signal.sigma_floor, robust_sigma(values))
             self._tests.append((signal, Cusum(statistics.median(values), sigma, signal.min_shift)))
             self._recent[signal.name] = []
 
-    @property
-    def watched(self) -> tuple[str, ...]:
-        return tuple(signal.name for signal, _ in self._tests)
-
     def update(self, sample: StepMetrics) -> Alarm | None:
-        """Feed one step; the first signal to alarm (in SIGNALS order: the context before the
-        step-time residual, so the reason names the cause when the cause is visible)."""
-        alarms = []
+        """Feed one step; an alarm when a block completes with a signal out of control, named after
+        the context signal nearest its own alarm (so the reason names the cause when it is visible),
+        else the step-time residual."""
+        if not self._block_steps:
+            self._block_steps = max(1, min(1000, round(self._block_s / max(sample.step_time_s, 1e-6))))
+        self._pending.append(sample)
+        if len(self._pending) < self._block_steps:
+            return None
+        block = self._block_medians(self._pending)
+        self._pending = []
+        if self._tests is None:
+            self._reference.append(block)
+            if len(self._reference) >= self._reference_blocks:
+                self._start()
+            return None
+        alarmed = False
         for signal, test in self._tests:
-            x = signal.extract(sample)
+            x = block[signal.name]
             if not math.isfinite(x):
                 continue
             recent = self._recent[signal.name]
             recent.append(x)
             del recent[:-5]
-            direction = test.update(x)
-            if direction:
-                shift = statistics.median(recent) - test.mu
-                alarms.append(Alarm(signal.name, direction, shift,
-                                    signal.rise if direction > 0 else signal.fall))
-        return alarms[0] if alarms else None
+            alarmed |= bool(test.update(x))
+        if not alarmed:
+            return None
+        # Name the cause: the context signal furthest towards its threshold (at least half way),
+        # else the step-time residual.
+        def progress(item):
+            return max(item[1].up, item[1].down) / item[1].h
+
+        context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
+        signal, test = max(context, key=progress) if context else max(self._tests, key=progress)
+        direction = 1 if test.up >= test.down else -1
+        shift = statistics.median(self._recent[signal.name]) - test.mu if self._recent[signal.name] else 0.0
+        return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
 
 
 def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],

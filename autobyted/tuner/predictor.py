@@ -5,8 +5,9 @@ its file format (the same bytes go into the database and into autobyted/tuner/pr
 Why an ensemble and not a quantile objective: the tuner needs to know where the model has *not seen*
 data (a new model shape, an unexplored configuration) to explore there; that is epistemic
 uncertainty, which a quantile loss does not measure (it gives the noise of the data it saw). The
-members are trained on bootstrap resamples *of jobs* (all windows of a drawn job go in together), so
-their disagreement grows for a job unlike the ones seen — the case a cross-job warm start is about.
+members are trained on Bayesian-bootstrap reweightings *of jobs* (all windows of a job share one
+random weight), so their disagreement grows where few jobs carry the evidence — a job unlike the
+ones seen, the case a cross-job warm start is about.
 Five members: the spread of five is a usable (if rough) estimate, at five times one model's cost.
 """
 
@@ -155,11 +156,14 @@ class Ensemble:
 
 
 def _bootstrap(groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Row multiplicities of a bootstrap over groups (jobs): a drawn job brings all its rows."""
+    """Row weights of a Bayesian bootstrap over groups (jobs): every job gets an Exp(1) weight (mean
+    1), shared by all its rows. Unlike drawing jobs with replacement, no member ignores a job
+    entirely (a third of them would, and mispredict that very job), yet members still disagree
+    where few jobs carry the evidence."""
     names = sorted(set(groups.tolist()))
     index = {name: i for i, name in enumerate(names)}
-    draws = np.bincount(rng.integers(0, len(names), len(names)), minlength=len(names))
-    return np.array([draws[index[g]] for g in groups], dtype=np.float64)
+    weights = rng.exponential(1.0, len(names))
+    return np.array([weights[index[g]] for g in groups], dtype=np.float64)
 
 
 def train_ensemble(data: TrainingSet, *, seed: int = 0, base: Ensemble | None = None,

@@ -7,14 +7,17 @@
 - warm-up: the first `warmup_steps` steps are ignored (allocation, first-use order recording).
 - baseline: a window of the configuration in effect (the job's starting configuration the first
   time) gives the context, the noise level and the incumbent's step time.
-- exploring: the predictor scores the whole candidate grid; candidates whose optimistic bound
-  (mean - kappa x spread of the predicted log ratio) beats the incumbent by more than `min_gain`
-  are tried, best bound first, at most `max_trials`. After each trial the remaining ones are
-  re-ranked with the predictor's measured bias and dropped unless their bound still beats the best
-  measurement so far by `min_gain`. A trial: switch (a decision applied a few steps ahead), discard
+- exploring: the predictor scores the whole candidate grid; the candidate whose optimistic bound
+  (mean - kappa x spread of the predicted log ratio) beats the best measured configuration by
+  more than `min_gain` is tried, at most `max_trials` in a search. Before each trial the untried
+  candidates are scored again from the best configuration measured so far, with the spread widened
+  by the predictor's error on this search's measurements (a job the predictor does not know gets
+  explored more). A trial: switch (a decision applied a few steps ahead), discard
   `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
-  step times cuts a trial that is clearly (`clearly_worse`) slower than the incumbent as soon as
-  `min_trial_steps` are in.
+  step times cuts a trial that is clearly (`clearly_worse`) slower than the best measured so far as
+  soon as `min_trial_steps` are in. A trial whose context figures jumped more than a configuration
+  explains (drift.context_jump) is checked: the incumbent is measured again, and if it moved too,
+  the search restarts in the new context.
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
   by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
   the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
@@ -43,11 +46,12 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, format_bytes
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.drift import SIGNALS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
 log = logging.getLogger(__name__)
+SIGNAL_STEP_SHIFT = next(s.min_shift for s in SIGNALS if s.name == "step_time")
 
 KIB, MIB = 1 << 10, 1 << 20
 GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
@@ -99,7 +103,9 @@ class TunerParams:
     - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
     - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
       is further ahead applies at its next boundary (the scheduler does).
-    - apply_timeout_steps 60: a decision not seen in effect after that many newer steps is given up.
+    - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
+      (the job's clock) and 10 steps after the newest sample seen when deciding is given up; the
+      client sends samples every second and applies a decision at its next step.
     """
 
     warmup_steps: int = 10
@@ -117,7 +123,8 @@ class TunerParams:
     sprt_beta: float = 0.10
     sigma_floor: float = 0.01
     apply_lead_steps: int = 2
-    apply_timeout_steps: int = 60
+    apply_timeout_s: float = 30.0
+    apply_timeout_steps: int = 10
 
 
 class TunerSink(abc.ABC):
@@ -162,6 +169,7 @@ class _Expect:
     decision_id: int
     config: Config
     apply_at_step: int
+    issued_wall_s: float  # the newest sample's wall time when the decision was made (the job's clock)
 
 
 class JobTuner:
@@ -178,6 +186,8 @@ class JobTuner:
         self.config: Config | None = None  # in effect, from the newest sample
         self.decision_in_effect: int | None = None
         self.newest_step = -1
+        self.newest_wall_s = 0.0
+        self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
         self.mine: set[int] = set()
         self.expect: _Expect | None = None
         self.settle = 0
@@ -189,7 +199,6 @@ class JobTuner:
         self.retune_reason = ""
         self.sigma = params.sigma_floor
         self.residuals: list[float] = []  # log step time minus its window's median, recent windows
-        self.plan: list[tuple[Config, float, float]] = []
         self.trials: list[_Measured] = []
         self.trial: _Measured | None = None
         self.trials_planned = 0
@@ -199,6 +208,7 @@ class JobTuner:
         self.detector: DriftDetector | None = None
         self.best_predicted_s = 0.0
         self.paused = False
+        self.suspect: tuple[_Measured, Alarm] | None = None
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
         self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
@@ -241,7 +251,10 @@ class JobTuner:
     def _on_sample(self, m: StepMetrics) -> None:
         if m.step <= self.newest_step:
             return  # a resent or reordered sample
+        if not (m.step_time_s > 0 and math.isfinite(m.step_time_s)):
+            return  # not a measurement (the daemon's checks allow 0)
         self.newest_step = m.step
+        self.newest_wall_s = m.wall_time_s
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
         self.decision_in_effect = m.decision_id
@@ -253,7 +266,8 @@ class JobTuner:
             if m.decision_id == self.expect.decision_id:
                 self.expect = None
                 self.settle = self.p.transition_steps
-            elif m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps:
+            elif (m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
+                  and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s):
                 self._not_applied()
                 return
             else:
@@ -269,7 +283,7 @@ class JobTuner:
         if self.phase == "warm-up":
             self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
         handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
-                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
+                   "checking": self._on_check, "verifying": self._on_verify}.get(self.phase, self._on_watch)
         handler(m)
 
     # ------------------------------------------------------------------ baseline and planning
@@ -277,9 +291,10 @@ class JobTuner:
         if new_segment:
             self.segment += 1
         self.retune_reason = reason
+        self.cleared = set()
         self.window = []
         self.need = steps
-        self.trials, self.trial, self.plan, self.winner, self.detector = [], None, [], None, None
+        self.trials, self.trial, self.winner, self.detector = [], None, None, None
         self.trials_planned = 0
         phase = "re-tuning" if reason else "baseline"
         prefix = f"{reason}: " if reason else ""
@@ -301,15 +316,13 @@ class JobTuner:
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
-        ranked = sorted(((c, float(mu), float(sd)) for c, mu, sd in
-                         zip(prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config),
-                        key=lambda t: t[1] - self.p.kappa * t[2])
-        self.plan = [t for t in ranked if t[1] - self.p.kappa * t[2] < gate][: self.p.max_trials]
+        hopeful = sum(1 for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                      if c != incumbent.config and mu - self.p.kappa * sd < gate)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
-        self.trials_planned = len(self.plan)
-        if not self.plan:
+        self.trials_planned = min(self.p.max_trials, hopeful)
+        if not hopeful:
             self._finish("no candidate is predicted to beat it")
             return
         self._next_trial()
@@ -334,28 +347,43 @@ class JobTuner:
 
     # ------------------------------------------------------------------ trials
     def _next_trial(self) -> None:
-        assert self.incumbent is not None
-        done = [t for t in self.trials if not t.cut]
-        best_measured = min([0.0] + [t.log_median - self.incumbent.log_median for t in done])
-        residuals = [(t.log_median - self.incumbent.log_median) - t.predicted_log for t in self.trials]
-        bias = statistics.mean(residuals) if residuals else 0.0
-        gate = best_measured - math.log1p(self.p.min_gain)
-        remaining = sorted(((c, mu + bias, sd) for c, mu, sd in self.plan),
-                           key=lambda t: t[1] - self.p.kappa * t[2])
-        remaining = [t for t in remaining if t[1] - self.p.kappa * t[2] < gate]
-        if not remaining or len(self.trials) >= self.p.max_trials:
+        """Score every untried candidate from the best configuration measured so far (the predictor
+        is relative, and a near reference predicts best), widen the predictor's spread by its
+        measured error on this search (the configurations already measured, predicted from the same
+        reference: a job unlike anything the predictor knows shows large errors and gets explored),
+        and try the best optimistic bound if it beats the best measurement by more than min_gain."""
+        incumbent = self.incumbent
+        assert incumbent is not None
+        measured = [incumbent] + [t for t in self.trials if not t.cut]
+        reference = min(measured, key=lambda t: t.log_median)
+        tried = {t.config for t in self.trials} | {incumbent.config}
+        untried = [c for c in self.candidates if c not in tried]
+        if not untried or len(self.trials) >= self.p.max_trials:
             self._finish("")
             return
-        config, mu, _sd = remaining[0]
-        self.plan = [t for t in self.plan if t[0] != config]
+        context = summarize(reference.samples, self.shape)
+        others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
+        prediction = self.predictor.predict(context, reference.config, untried + [t.config for t in others])
+        residuals = [(t.log_median - reference.log_median) - float(mu)
+                     for t, mu in zip(others, prediction.mean[len(untried):])]
+        error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
+        gate = -math.log1p(self.p.min_gain)
+        scored = sorted(((c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])),
+                        key=lambda t: t[1] - self.p.kappa * t[2])
+        if not scored or scored[0][1] - self.p.kappa * scored[0][2] >= gate:
+            self._finish("")
+            return
+        config, mu, _sd = scored[0]
         number = len(self.trials) + 1
-        predicted = self.incumbent.median_s * math.exp(mu)
-        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted {math.exp(-mu):.2f}x "
-                  f"{describe(self.incumbent.config)}{self._context_note()}")
+        self.trials_planned = max(self.trials_planned, number)
+        predicted = reference.median_s * math.exp(mu)
+        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
+                  f"{incumbent.median_s / predicted:.2f}x {describe(incumbent.config)}{self._context_note()}")
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = _Measured(config, [], decision, mu)
+        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
         self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned}: {describe(config)}")
 
@@ -373,25 +401,58 @@ class JobTuner:
         assert self.incumbent is not None
         jump = context_jump(self.incumbent.samples, trial.samples)
         self.stats["trials"] += 1
-        if jump is not None:
-            # The context moved while the trial ran: its comparison with the incumbent means nothing.
-            self.sink.close_decision(trial.decision_id, trial.median_s, None)
-            self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {jump.reason} (during the search)", new_segment=True,
-                             steps=self.p.rebaseline_steps)
+        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        if jump is not None and (jump.signal, jump.direction) not in self.cleared:
+            # A jump no configuration explains: did the context move while the trial ran? Measure
+            # the incumbent again before trusting the comparison.
+            self.suspect = (trial, jump)
+            decision = self._decide(self.incumbent.config, f"check: {jump.reason} during trial {len(self.trials) + 1}"
+                                    f"? measuring {describe(self.incumbent.config)} again", self.incumbent.median_s,
+                                    "check")
+            if decision is None:
+                return
+            self.window = []
+            self.need = self.p.rebaseline_steps
+            self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
+        self._accept_trial(trial)
+
+    def _accept_trial(self, trial: _Measured) -> None:
         self._learn_noise(trial.samples)
         self.trials.append(trial)
         self.stats["cut"] += trial.cut
-        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
         self._record(trial)
         self._next_trial()
 
+    def _on_check(self, m: StepMetrics) -> None:
+        """The incumbent measured again after a suspicious trial: same context -> the trial counts;
+        moved -> re-tune in the new context."""
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent, (trial, _jump) = self.incumbent, self.suspect
+        assert incumbent is not None
+        again = _Measured(incumbent.config, list(self.window))
+        shift = window_shift(incumbent.samples, again.samples)
+        se = 1.253 * self.sigma * math.sqrt(1 / len(again.samples) + 1 / len(incumbent.samples))
+        moved = again.log_median - incumbent.log_median
+        if shift is None and abs(moved) > max(math.log1p(SIGNAL_STEP_SHIFT), self.p.z_switch * se):
+            shift = Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+        self.suspect = None
+        if shift is None:
+            self.cleared.add((_jump.signal, _jump.direction))
+        if shift is not None:
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {shift.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            return
+        self._accept_trial(trial)
+
     def _clearly_worse(self, trial: _Measured) -> bool:
-        """Wald's SPRT on log step times: H0 mean = incumbent's, H1 mean = incumbent's +
-        log(1 + clearly_worse), known sigma; True when H1 is accepted."""
+        """Wald's SPRT on log step times against the best configuration measured in this search
+        (the incumbent until a trial beats it): H0 mean = its log median, H1 = that +
+        log(1 + clearly_worse), sigma = the job's pooled noise; True when H1 is accepted."""
         assert self.incumbent is not None
-        mu0 = self.incumbent.log_median
+        mu0 = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
         delta = math.log1p(self.p.clearly_worse)
         sigma2 = self.sigma * self.sigma
         low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
@@ -470,6 +531,10 @@ class JobTuner:
         starting = self.starting
         assert starting is not None
         self._hold(_Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        held_context = summarize(reference, self.shape)
+        prediction = self.predictor.predict(held_context, winner.config, self.candidates)
+        self.best_predicted_s = min(prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
+                                    for i in range(len(self.candidates)))
         if winner.config == starting.config and first:
             note = f" ({why})" if why else ""
             self._set("no headroom", f"no headroom: nothing beat the starting configuration "
@@ -512,14 +577,14 @@ class JobTuner:
         self.expect = None
         self.trial = None
         self.stats["not_applied"] += 1
-        log.warning("job %s did not apply decision #%d within %d steps", self.job, expect.decision_id,
-                    self.p.apply_timeout_steps)
+        log.warning("job %s did not apply decision #%d within %.0f s", self.job, expect.decision_id,
+                    self.p.apply_timeout_s)
         self.window = []
         self.held = None
         self.detector = None
         self.need = self.p.rebaseline_steps
         self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
-                             f"was not applied by the job after {self.p.apply_timeout_steps} steps")
+                             f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
 
     # ------------------------------------------------------------------ helpers
     def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
@@ -538,7 +603,7 @@ class JobTuner:
             self.pause("an operator decided")
             return None
         self.mine.add(decision)
-        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps)
+        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s)
         return decision
 
     def _record(self, measured: _Measured) -> None:
