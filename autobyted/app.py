@@ -29,6 +29,7 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.port: int | None = None
+        self.tuner = None  # the TunerManager while running (None with --tuner off)
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -57,7 +58,7 @@ class Daemon:
                               on_jobs=wake_tuner)
         services = Services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
         services.loop = loop
-        tuner = make_tuner(settings, storage, services.decide_from_thread)
+        tuner = self.tuner = make_tuner(settings, storage, services.decide_from_thread)
         server, port = make_server(services, settings)
         self.port = port
         self._stop = asyncio.Event()
@@ -108,7 +109,8 @@ def make_tuner(settings: Settings, storage, decide):
         return None
     from autobyted.tuner.manager import TunerManager
 
-    return TunerManager(storage, decide=decide, mode=settings.tuner)
+    return TunerManager(storage, decide=decide, mode=settings.tuner, idle_after_s=settings.tuner_idle_s,
+                        retrain_interval_s=settings.tuner_retrain_s)
 
 
 def _safe_url(url: str) -> str:

@@ -33,6 +33,10 @@ class Settings:
     writer_batch_rows: int = 20_000
     # auto: tune every job; observe: record recommendations, push nothing; off: no tuner.
     tuner: str = "auto"
+    # A job without new steps for this long is left by the tuner (state "idle").
+    tuner_idle_s: float = 30.0
+    # The predictor is retrained at most this often, when new windows were measured.
+    tuner_retrain_s: float = 60.0
 
     def __post_init__(self) -> None:
         host, port = split_host_port(self.listen, "listen")
@@ -54,8 +58,8 @@ class Settings:
             raise ConfigError(f"refusing to listen on {self.listen} beyond loopback without a token: "
                               "set --token or AUTOBYTE_TOKEN")
         for name in ("retention_raw_samples", "downsample_every", "max_message_bytes",
-                     "max_samples_per_batch", "writer_batch_rows"):
-            if int(getattr(self, name)) <= 0:
+                     "max_samples_per_batch", "writer_batch_rows", "tuner_idle_s", "tuner_retrain_s"):
+            if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
 
 

@@ -183,11 +183,12 @@ class SqlStorage(BaseStorage):
                      state: str = "pending") -> DecisionRecord:
         if state not in ("pending", "recommended"):
             raise ValueError(f"a new decision is pending or recommended, not {state!r}")
+        if source == "operator":
+            self._tuner_row(job)
         with self._scope() as session:
             job_row = self._job(session, job)
             tuner = session.get(m.TunerState, job_row.id)
             if source == "operator":
-                tuner = self._tuner_row(session, job_row.id, tuner)
                 tuner.paused = True
                 tuner.updated_at = time.time()
             elif tuner is not None and tuner.paused:
@@ -216,14 +217,18 @@ class SqlStorage(BaseStorage):
             if state is not None:
                 row.state = state
 
-    @staticmethod
-    def _tuner_row(session, job_id: int, row: m.TunerState | None) -> m.TunerState:
-        if row is None:
-            row = m.TunerState(job_id=job_id, mode="", state="", detail="", baseline_step_time_s=0.0,
-                               measured_step_time_s=0.0, predicted_step_time_s=0.0, trials_done=0,
-                               trials_planned=0, paused=False, updated_at=time.time())
-            session.add(row)
-        return row
+    def _tuner_row(self, job: str) -> None:
+        """Make sure the job has a tuner_states row; in a transaction of its own, because the
+        tuner and an operator may create it at the same moment (the second insert loses, harmlessly)."""
+        try:
+            with self._scope() as session:
+                job_id = self._job(session, job).id
+                if session.get(m.TunerState, job_id) is None:
+                    session.add(m.TunerState(job_id=job_id, mode="", state="", detail="", baseline_step_time_s=0.0,
+                                             measured_step_time_s=0.0, predicted_step_time_s=0.0, trials_done=0,
+                                             trials_planned=0, paused=False, updated_at=time.time()))
+        except AlreadyExists:
+            pass
 
     def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]:
         with self._scope() as session:
@@ -369,9 +374,9 @@ class SqlStorage(BaseStorage):
             return _tuner_status(row) if row is not None else None
 
     def save_tuner_status(self, job: str, status: TunerStatusRecord) -> None:
+        self._tuner_row(job)
         with self._scope() as session:
-            job_row = self._job(session, job)
-            row = self._tuner_row(session, job_row.id, session.get(m.TunerState, job_row.id))
+            row = session.get(m.TunerState, self._job(session, job).id)
             row.mode, row.state, row.detail = status.mode, status.state, status.detail
             row.partition_bytes, row.credit_bytes = status.config.partition_bytes, status.config.credit_bytes
             row.baseline_step_time_s = status.baseline_step_time_s
@@ -381,9 +386,9 @@ class SqlStorage(BaseStorage):
             row.updated_at = status.updated_at_s or time.time()
 
     def set_tuning_paused(self, job: str, paused: bool) -> TunerStatusRecord:
+        self._tuner_row(job)
         with self._scope() as session:
-            job_row = self._job(session, job)
-            row = self._tuner_row(session, job_row.id, session.get(m.TunerState, job_row.id))
+            row = session.get(m.TunerState, self._job(session, job).id)
             row.paused = paused
             row.updated_at = time.time()
             session.flush()

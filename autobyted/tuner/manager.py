@@ -99,9 +99,11 @@ class TunerManager:
         self.new_windows = 0
         self.cycle_cpu_s: list[float] = []  # CPU of cycles that issued a decision (bench_tuner reads it)
         self.cycles = 0
+        self._started_wall_s = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        self._started_wall_s = time.time()
         self._threads = [threading.Thread(target=self._run, name="autobyted-tuner", daemon=True),
                          threading.Thread(target=self._train_loop, name="autobyted-trainer", daemon=True)]
         for thread in self._threads:
@@ -265,9 +267,12 @@ class TunerManager:
         assert self.predictor is not None
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded)
         tuner = JobTuner(job, JobShape.from_info(info), self.predictor, sink, self.mode, self.params)
-        # Start from the newest sample: a job already running when the daemon started (or when the
-        # tuner gave it up as idle) is measured afresh, not replayed from its history.
-        state = _JobState(tuner, sink, last_row=self.storage.last_sample_row(job), last_sample_s=self._clock())
+        # A job that registered while this tuner runs is read from its first sample; one that was
+        # running before (a daemon restart, or a job the tuner let go as idle) from its newest: it
+        # is measured afresh, not replayed from its history.
+        fresh = info.created_at_s >= self._started_wall_s
+        state = _JobState(tuner, sink, last_row=0 if fresh else self.storage.last_sample_row(job),
+                          last_sample_s=self._clock())
         self._jobs[job] = state
         return state
 
