@@ -220,3 +220,74 @@ class AutobytePolicy(Policy):
         stats = self.tuner.stats
         return (f"{self.tuner.phase} {describe(self.current)}; {stats['trials']} trials ({stats['cut']} cut), "
                 f"{stats['retunes']} re-tunes, {stats['rollbacks']} rollbacks")
+
+
+class HubDaemon:
+    """A real autobyted (`--tuner auto`, a fresh SQLite file) inside a testbed's hub namespace, for
+    `evaluate --testbed --policy autobyte`: the ranks stream to it over their shaped links and rank
+    0 applies its decisions through the real control path. `env` is what the ranks need; `stop()`
+    ends the daemon and returns what it decided (read from its database)."""
+
+    PORT = 7077
+
+    def __init__(self, bed, workdir, job: str, tuner: str = "auto", extra_args: Sequence[str] = ()) -> None:
+        import secrets
+
+        self.bed, self.workdir, self.job, self.tuner = bed, workdir, job, tuner
+        self.extra_args = list(extra_args)
+        self.token = secrets.token_hex(16)
+        self.db_url = f"sqlite:///{workdir}/autobyted.db"
+        self.log_path = workdir / "autobyted.log"
+        self.proc = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.bed.hub_address}:{self.PORT}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AUTOBYTE_DAEMON": self.address, "AUTOBYTE_JOB": self.job, "AUTOBYTE_TOKEN": self.token}
+
+    def start(self, timeout_s: float = 30.0) -> HubDaemon:
+        import sys
+        import time
+
+        log = open(self.log_path, "w")
+        self.proc = self.bed.start_in_hub(
+            [sys.executable, "-m", "autobyted.app", "start", "--listen", self.address, "--db", self.db_url,
+             "--token", self.token, "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"autobyted exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            if "autobyted listening" in self.log_path.read_text():
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"autobyted did not come up in the hub namespace: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> dict:
+        import signal
+
+        from autobyted.storage.db import make_engine
+        from autobyted.storage.sql import SqlStorage
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+        storage = SqlStorage(make_engine(self.db_url))
+        try:
+            decisions = storage.decisions(self.job)
+            status = storage.tuner_status(self.job)
+        except Exception as error:  # the job never registered: say so in the results
+            return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})"}
+        return {
+            "decisions": [{"decision_id": d.decision_id, "config": describe(d.config), "reason": d.reason,
+                           "source": d.source, "state": d.state, "apply_at_step": d.apply_at_step,
+                           "applied_at_step": d.applied_at_step, "predicted_step_time_s": d.predicted_step_time_s,
+                           "measured_step_time_s": d.measured_step_time_s} for d in decisions],
+            "applied": sum(d.state in ("applied", "rolled_back") for d in decisions),
+            "state": status.state if status else "", "detail": status.detail if status else "",
+        }

@@ -182,6 +182,7 @@ class TestbedSeries:
     labels: list[str]
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     applied: int = 0  # reconfigure events the worker reported
+    tuner: dict[str, Any] | None = None  # the daemon's view (autobyte policy)
 
     @property
     def ends_s(self) -> list[float]:
@@ -239,8 +240,9 @@ class _OnlineDriver:
 
 
 def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy | None = None,
-                    initial: RunConfig | None = None) -> TestbedSeries:
-    """One run on a fresh testbed: a fixed configuration, or an online policy through --control."""
+                    initial: RunConfig | None = None, daemon: bool = False) -> TestbedSeries:
+    """One run on a fresh testbed: a fixed configuration, an online policy through --control, or
+    (`daemon`) the ranks streaming to a real autobyted in the hub namespace and obeying it."""
     import tempfile
 
     from benchmarks import testbed as harness
@@ -265,9 +267,18 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
             assert initial is not None
             driver = _OnlineDriver(policy, control, scenario, initial)
         with harness.Testbed(world_size=workers, rate=trace.changes[0].rate_bps) as bed:
-            result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
-                             timeout_s=float(options.get("timeout_s", 900)),
-                             cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+            hub = None
+            if daemon:
+                from benchmarks.autobyte_policy import HubDaemon
+
+                hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name).start()
+            try:
+                result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
+                                 timeout_s=float(options.get("timeout_s", 900)),
+                                 cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+                                 env=hub.env if hub else None)
+            finally:
+                tuned = hub.stop() if hub else None
     events = [e for e in result.ranks[0].events if e.get("event") == "step"]
     series = TestbedSeries([float(e["step_time_s"]) for e in events],
                            [str(e["config"]) for e in events])
@@ -275,6 +286,9 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
         series.decisions, series.applied = driver.decisions, driver.applied
         if driver.errors:
             logger.warning("%s: %s", label, "; ".join(driver.errors[:3]))
+    if tuned is not None:
+        series.decisions, series.applied = tuned["decisions"], tuned["applied"]
+        series.tuner = tuned
     return series
 
 
@@ -356,6 +370,15 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
         if name in fixed:
             continue
         policy: Policy
+        if name == "autobyte":
+            from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
+            label = _testbed_label(SCHEDULER_DEFAULT)
+            logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
+            series = _run_on_testbed(scenario, label, trace, daemon=True)
+            tuner = series.tuner or {}
+            runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
+            extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
+            continue
         if name == "bo-once":
             policy = BayesOptOncePolicy(trial_steps=int(options.get("bo_trial_steps", 10)),
                                         settle_steps=int(options.get("bo_settle_steps", 2)))

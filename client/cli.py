@@ -77,9 +77,12 @@ def tuner_dict(t: pb.TunerStatus) -> dict:
 def tuner_line(t: pb.TunerStatus) -> str:
     """One line under a job in `autobyte status`: what the tuner does, the predicted gain."""
     text = f"  tuner: {t.detail or t.state or 'unknown'}"
-    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error"):
-        text += f"; best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x"
-    return text if len(text) <= 80 else text[:77] + ".."
+    gain = ""
+    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error", "idle"):
+        gain = f" (best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x)"
+    if len(text) + len(gain) > 80:
+        text = text[:78 - len(gain)] + ".."
+    return text + gain
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

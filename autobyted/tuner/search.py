@@ -209,6 +209,7 @@ class JobTuner:
         self.best_predicted_s = 0.0
         self.paused = False
         self.suspect: tuple[_Measured, Alarm] | None = None
+        self.check_id = 0
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
         self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
@@ -385,7 +386,7 @@ class JobTuner:
             return
         self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
-        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned}: {describe(config)}")
+        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
 
     def _on_trial(self, m: StepMetrics) -> None:
         trial = self.trial
@@ -406,7 +407,7 @@ class JobTuner:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             self.suspect = (trial, jump)
-            decision = self._decide(self.incumbent.config, f"check: {jump.reason} during trial {len(self.trials) + 1}"
+            decision = self.check_id = self._decide(self.incumbent.config, f"check: {jump.reason} during trial {len(self.trials) + 1}"
                                     f"? measuring {describe(self.incumbent.config)} again", self.incumbent.median_s,
                                     "check")
             if decision is None:
@@ -433,6 +434,7 @@ class JobTuner:
         incumbent, (trial, _jump) = self.incumbent, self.suspect
         assert incumbent is not None
         again = _Measured(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_id, again.median_s, None)
         shift = window_shift(incumbent.samples, again.samples)
         se = 1.253 * self.sigma * math.sqrt(1 / len(again.samples) + 1 / len(incumbent.samples))
         moved = again.log_median - incumbent.log_median
