@@ -190,3 +190,22 @@ def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     assert all((c.credit_bytes or 0) <= MAX_CREDIT_BYTES for c in grid)
     # partitions beyond the whole gradient all send one message: only one of them is kept
     assert {c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes} == {4 * MIB}
+
+
+def test_fruitless_re_tunes_raise_the_bar():
+    """A host whose load wanders (every 150 steps all configurations get 25% slower, then recover)
+    re-opens the search at first; the re-tunes keep the configuration, so the bar rises and the tuner
+    stops spending trials on it. A large change would still re-tune (shift_scale is at most ~5x)."""
+    tuner, sink = make(predictor_for(START, 0.2))
+
+    def landscape(config, step):
+        slow = 1.25 if (step // 150) % 2 else 1.0
+        return (0.1 if config == START else 0.12) * slow, 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 900)
+    early = tuner.stats["retunes"]
+    assert early >= 2 and tuner.fruitless >= 2
+    job.run(tuner, sink, 1500)
+    assert tuner.stats["retunes"] - early <= 1
+    assert job.config == START

@@ -108,8 +108,9 @@ class DriftDetector:
     """
 
     def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
-                 block_s: float = 0.5, reference_blocks: int = 12) -> None:
+                 block_s: float = 0.5, reference_blocks: int = 12, shift_scale: float = 1.0) -> None:
         self._signals = tuple(signals)
+        self._shift_scale = shift_scale  # > 1 after fruitless re-tunes (JobTuner's back-off)
         self._block_s = block_s
         self._reference_blocks = reference_blocks
         self._block_steps = 0  # decided from the first samples' step time
@@ -142,7 +143,8 @@ class DriftDetector:
             if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
                 continue  # not measured (e.g. host load from an older client): not watched
             sigma = max(signal.sigma_floor, robust_sigma(values))
-            self._tests.append((signal, Cusum(statistics.median(values), sigma, signal.min_shift)))
+            self._tests.append((signal, Cusum(statistics.median(values), sigma,
+                                              signal.min_shift * self._shift_scale)))
             self._recent[signal.name] = []
 
     def update(self, sample: StepMetrics) -> Alarm | None:

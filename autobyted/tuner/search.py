@@ -101,6 +101,9 @@ class TunerParams:
     - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
       error rates (Wald's thresholds log((1 - beta) / alpha)).
     - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
+    - fruitless_backoff 1.5, fruitless_max 4: after k re-tunes in a row that kept the configuration,
+      drift must be 1.5^k (at most ~5x) the minimum relevant shift to re-open the search: a host
+      whose load wanders (a shared machine) stops costing trials, a large change still re-tunes.
     - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
       is further ahead applies at its next boundary (the scheduler does).
     - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
@@ -122,6 +125,8 @@ class TunerParams:
     sprt_alpha: float = 0.01
     sprt_beta: float = 0.10
     sigma_floor: float = 0.01
+    fruitless_backoff: float = 1.5
+    fruitless_max: int = 4
     apply_lead_steps: int = 2
     apply_timeout_s: float = 30.0
     apply_timeout_steps: int = 10
@@ -210,6 +215,7 @@ class JobTuner:
         self.paused = False
         self.suspect: tuple[_Measured, Alarm] | None = None
         self.check_id = 0
+        self.fruitless = 0  # re-tunes in a row that kept the configuration
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
         self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
@@ -476,6 +482,11 @@ class JobTuner:
                     trial.log_median < winner.log_median:
                 winner = trial
         self.winner = winner
+        # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
+        # host's own ups and downs, e.g. a neighbour's load on a shared machine); a re-tune that
+        # switched resets it.
+        if self.retune_reason:
+            self.fruitless = self.fruitless + 1 if winner is incumbent else 0
         if winner.config == self.config:
             # Already in effect (the last trial won, or nothing was tried): its window is the proof.
             if winner is not incumbent:
@@ -553,7 +564,8 @@ class JobTuner:
     # ------------------------------------------------------------------ holding and drift
     def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
         self.held = held
-        self.detector = DriftDetector(watch_reference)
+        self.detector = DriftDetector(watch_reference, shift_scale=self.p.fruitless_backoff ** min(
+            self.fruitless, self.p.fruitless_max))
 
     def _on_watch(self, m: StepMetrics) -> None:
         if self.held is not None and m.config != self.held.config:
