@@ -312,7 +312,24 @@ def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float,
     return steady
 
 
-def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
+def _cached_run(cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
+                ) -> TestbedSeries:
+    """A testbed run, or its result from an earlier command (`--testbed-cache DIR`), so that long
+    traces can be measured one policy per command and combined afterwards."""
+    if cache is None:
+        return run()
+    path = cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
+    if path.exists():
+        logger.info("%s: %s from %s", scenario.name, key, path)
+        return TestbedSeries(**json.loads(path.read_text()))
+    series = run()
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(series)) + "\n")
+    return series
+
+
+def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pathlib.Path | None = None,
+                     references: bool = True) -> dict[str, Any]:
     """Run every policy on the namespace testbed under the scenario's bandwidth trace.
 
     The scenario's [testbed] table says which harness model to train (model, model_args,
@@ -326,6 +343,9 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     per-phase choice comes from the grid runs measured just before (median step time of every grid
     configuration in every phase), over the grid's scheduler configurations only (--control cannot
     switch to DDP).
+
+    `cache`: results of earlier commands are reused and new ones stored (one policy per command
+    for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
     from benchmarks import testbed as harness
     from benchmarks.policies import BayesOptOncePolicy
@@ -339,7 +359,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     grid_labels = list(options.get("grid", ["sched:none,none", "sched:1MiB,4MiB", "sched:4MiB,8MiB",
                                             "sched:4MiB,16MiB", "sched:16MiB,32MiB",
                                             "sched:16MiB,none"]))
-    wanted = list(dict.fromkeys([*policy_names, *REFERENCE_POLICIES]))
+    wanted = list(dict.fromkeys([*policy_names, *(REFERENCE_POLICIES if references else ())]))
     fixed: dict[str, list[str]] = {}
     for name in wanted:
         if name == "ddp":
@@ -351,7 +371,8 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     measured: dict[str, TestbedSeries] = {}
     for label in dict.fromkeys(label for group in fixed.values() for label in group):
         logger.info("%s: fixed %s", scenario.name, label)
-        measured[label] = _run_on_testbed(scenario, label, trace)
+        measured[label] = _cached_run(cache, scenario, label,
+                                      lambda label=label: _run_on_testbed(scenario, label, trace))
 
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
@@ -374,7 +395,8 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
             from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
             label = _testbed_label(SCHEDULER_DEFAULT)
             logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
-            series = _run_on_testbed(scenario, label, trace, daemon=True)
+            series = _cached_run(cache, scenario, "policy-autobyte",
+                                 lambda: _run_on_testbed(scenario, label, trace, daemon=True))
             tuner = series.tuner or {}
             runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
             extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
@@ -394,14 +416,15 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
         initial = policy.initial_config()
         label = _testbed_label(initial)
         logger.info("%s: online %s from %s", scenario.name, name, label)
-        series = _run_on_testbed(scenario, label, trace, policy=policy, initial=initial)
-        runs[name] = as_run(name, series, f"{policy.describe()}; {len(series.decisions)} "
-                                          f"decisions, {series.applied} applied")
+        series = _cached_run(cache, scenario, f"policy-{name}",
+                             lambda: _run_on_testbed(scenario, label, trace, policy=policy, initial=initial))
+        runs[name] = as_run(name, series, f"{policy.describe() if series.applied else ''}; "
+                                          f"{len(series.decisions)} decisions, {series.applied} applied")
         extra[name] = {"decisions": series.decisions, "applied": series.applied}
     # The lower bound uses the scenario's (simulator) profile of the trained model.
     sim = scenario.make_simulator()
     bounded = (scenario if scenario.duration_s is not None else
-               dataclasses.replace(scenario, duration_steps=runs["grid-best"].steps))
+               dataclasses.replace(scenario, duration_steps=max(run.steps for run in runs.values())))
     lower = lower_bound_run(bounded, sim)
     summary = _summarise(scenario, list(policy_names), runs, lower, "testbed")
     summary["online"] = extra
@@ -494,6 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--testbed", action="store_true",
                         help="run on the namespace testbed (root) instead of the simulator")
     parser.add_argument("--out", default="results", help="directory for csv, json and png")
+    parser.add_argument("--testbed-cache", default=None, metavar="DIR",
+                        help="with --testbed: reuse the runs stored in DIR by earlier commands, store new ones")
+    parser.add_argument("--skip-references", action="store_true",
+                        help="with --testbed: run only the named policies (no oracle / grid-best)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -506,7 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scenario in scenarios:
         started = time.perf_counter()
         if args.testbed:
-            result = testbed_scenario(scenario, args.policy)
+            result = testbed_scenario(scenario, args.policy,
+                                      pathlib.Path(args.testbed_cache) if args.testbed_cache else None,
+                                      references=not args.skip_references)
         else:
             result = simulate_scenario(scenario, args.policy)
         logger.info("%s done in %.1f s", scenario.name, time.perf_counter() - started)

@@ -209,6 +209,7 @@ def test_windows_and_models(store):
     store.add_window(WindowRecord("b", 2, Config(), 0.2, 15, "{}"))
     assert [(w.job, w.segment, w.samples) for w in store.windows()] == [("a", 0, 20), ("b", 2, 15)]
     assert [w.job for w in store.windows(after_window_id=first)] == ["b"]
+    assert [w.job for w in store.windows(limit=1, newest=True)] == ["b"]
     assert store.latest_model() is None
     for index in range(5):
         store.save_model("online", bytes([index]) * 10, examples=index, keep=3)

@@ -96,8 +96,9 @@ class BaseStorage(abc.ABC):
     def add_window(self, window: WindowRecord) -> int: ...
 
     @abc.abstractmethod
-    def windows(self, after_window_id: int = 0, limit: int = 100_000) -> list[WindowRecord]:
-        """Measured windows of every job, ascending by id."""
+    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
+        """Measured windows of every job, ascending by id: the first `limit` after after_window_id,
+        or (newest=True) the last `limit`."""
 
     @abc.abstractmethod
     def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:

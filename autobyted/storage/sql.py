@@ -404,11 +404,14 @@ class SqlStorage(BaseStorage):
             session.flush()
             return row.id
 
-    def windows(self, after_window_id: int = 0, limit: int = 100_000) -> list[WindowRecord]:
+    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
         with self._scope() as session:
+            order = m.TunerWindow.id.desc() if newest else m.TunerWindow.id
             rows = session.execute(sa.select(m.TunerWindow, m.Job.name).join(m.Job, m.Job.id == m.TunerWindow.job_id)
-                                   .where(m.TunerWindow.id > after_window_id).order_by(m.TunerWindow.id)
+                                   .where(m.TunerWindow.id > after_window_id).order_by(order)
                                    .limit(limit)).all()
+            if newest:
+                rows = rows[::-1]
             return [WindowRecord(job=name, segment=w.segment, config=_config(w), step_time_s=w.step_time_s,
                                  samples=w.samples, context=w.context, created_at_s=w.created_at, window_id=w.id)
                     for w, name in rows]

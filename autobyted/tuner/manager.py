@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # decide(job, config, apply_at_step, reason, predicted_step_time_s, source=, state=) -> DecisionRecord
 DecideFn = Callable[..., DecisionRecord]
 MODES = ("auto", "observe", "off")
+MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows (bounded cost)
 
 
 class StorageSink(TunerSink):
@@ -148,7 +149,7 @@ class TunerManager:
         assert self.base is not None and self.predictor is not None
         self.new_windows = 0
         windows = []
-        for record in self.storage.windows():
+        for record in self.storage.windows(limit=MAX_WINDOWS, newest=True):
             try:
                 windows.append(Window(record.job, record.segment, record.config, Context.from_json(record.context),
                                       record.step_time_s, record.samples, record.created_at_s))
