@@ -30,6 +30,7 @@ def test_wheel_contents(wheel):
     assert "autobyted/migrations/env.py" in names
     assert any(n.startswith("autobyted/migrations/versions/0001") for n in names)
     assert "autobyted/migrations/script.py.mako" in names
+    assert {"autobyted/storage/sql.py", "autobyted/tuner/search.py", "autobyted/tuner/prior.model"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "client/")) for n in names)
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
@@ -47,6 +48,10 @@ def test_installed_wheel_migrates_an_empty_database_and_serves(wheel, tmp_path):
     where = subprocess.run([sys.executable, "-c", "import autobyte, autobyted; print(autobyte.__file__); "
                             "print(autobyted.__file__)"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert all(line.startswith(str(target)) for line in where.stdout.split()), where.stdout
+    prior = subprocess.run([sys.executable, "-c", "from autobyted.tuner.predictor import load_prior; "
+                            "import autobyted.tuner; print(autobyted.tuner.__file__, load_prior().meta['kind'])"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert prior.stdout.startswith(str(target)) and prior.stdout.split()[-1] == "prior", prior.stderr
     port = free_port()
     db = tmp_path / "fresh.db"
     proc = subprocess.Popen([sys.executable, str(target / "bin" / "autobyted"), "start", "--listen",
@@ -63,4 +68,6 @@ def test_installed_wheel_migrates_an_empty_database_and_serves(wheel, tmp_path):
 
     with sqlite3.connect(db) as conn:
         (revision,) = conn.execute("select version_num from alembic_version").fetchone()
-    assert revision == "0001"
+    from autobyted.storage.db import head_revision
+
+    assert revision == head_revision()
