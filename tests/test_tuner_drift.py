@@ -94,7 +94,7 @@ def test_cusum_arithmetic():
     assert (test.k, test.h) == (0.05, 0.2)
     assert [test.update(0.11) for _ in range(4)] == [0, 0, 0, 1]  # 0.06 per block over h = 0.2
     wild = Cusum(mu=0.0, sigma=0.01, min_shift=0.1)
-    assert wild.update(10.0) == 0  # one wild block is clipped at k + h/2
+    assert [wild.update(10.0) for _ in range(4)] == [0, 0, 0, 1]  # wild blocks are clipped at k + h/3
 
 
 def test_window_comparisons():

@@ -79,11 +79,13 @@ def test_a_switch_that_measures_worse_than_the_incumbent_is_rolled_back():
 
     job = ScriptedJob(landscape)
     job.run(tuner, sink, 200)
-    # BEST won its trial, the second trial was cut, the switch back to BEST measured 20% slower
-    # than the incumbent: rolled back, and the switch is marked rolled_back with its measurement
+    # BEST won its trial, the second trial was cut, the incumbent measured again had not moved
+    # (A-B-A), the switch back to BEST measured 20% slower than the incumbent: rolled back, and the
+    # switch is marked rolled_back with its measurement
     kinds = [d.kind for d in sink.decisions]
-    assert kinds == ["trial", "trial", "switch", "rollback"], kinds
-    switch, rollback = sink.decisions[2:]
+    assert kinds == ["trial", "trial", "check", "switch", "rollback"], kinds
+    assert sink.decisions[2].reason.startswith("confirm: measuring 4MiB/16MiB again")
+    switch, rollback = sink.decisions[3:]
     assert switch.state == "rolled_back" and abs(switch.measured_step_time_s - 0.12) < 0.006
     assert rollback.config == START and rollback.reason.startswith("rollback: 1MiB/4MiB measured")
     assert tuner.stats["rollbacks"] == 1
@@ -209,3 +211,20 @@ def test_fruitless_re_tunes_raise_the_bar():
     job.run(tuner, sink, 1500)
     assert tuner.stats["retunes"] - early <= 1
     assert job.config == START
+
+
+def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
+    """All configurations are equal, but every step gets faster while the search runs (a bandwidth
+    ramp): the trials look better than the earlier baseline. Measuring the incumbent again (A-B-A)
+    shows the drift, and the search is repeated instead of switching."""
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 40) / 120))), 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 400)
+    assert not [d for d in sink.decisions if d.kind == "switch"]
+    confirms = [d for d in sink.decisions if d.reason.startswith("confirm")]
+    assert confirms and any(s.detail.endswith("(during the search): measuring 4MiB/16MiB") for s in sink.statuses
+                            if s.state == "re-tuning")

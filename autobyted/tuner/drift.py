@@ -10,7 +10,7 @@ The test runs on block medians of about half a second of steps (DriftDetector). 
 reference median mu and robust spread sigma (1.4826 x MAD of the reference blocks, floored), and a
 minimum relevant shift `delta` (a change smaller than that is not worth a re-tune):
 
-    d_t = clip(x_t - mu, -c, c)                 c = k + h/2: one wild block cannot alarm alone
+    d_t = clip(x_t - mu, -c, c)                 c = k + h/3: three wild blocks cannot alarm alone
     S+_t = max(0, S+_{t-1} + d_t - k)           k = max(delta/2, sigma/2)
     S-_t = max(0, S-_{t-1} - d_t - k)           h = max(2 delta, 10 sigma)
     alarm when S+ > h or S- > h
@@ -19,7 +19,8 @@ Why these constants (first principles, not fitted to any scenario): k = delta/2 
 choice for detecting a shift of size delta; h = 10 sigma with k >= sigma/2 gives an in-control
 average run length above 10^5 blocks for Gaussian noise (Siegmund's approximation), i.e. well
 under one false alarm per hour at two blocks a second; h >= 2 delta means a shift of exactly delta needs about
-four blocks to alarm, and the clipping at c needs at least two wild blocks in a row. The minimum
+four blocks to alarm, and the clipping at c needs at least four wild blocks in a row (a rare slow
+step, a GC pause, is not a change). The minimum
 shifts: step time 10% (below that a re-tune rarely pays for its trials), bandwidth 25% and compute
 15% (changes of the communication/computation balance that move the best partition/credit in the
 simulator's and the testbed's maps), host load 0.2 (a fifth of the host's cores taken by others).
@@ -75,7 +76,7 @@ class Cusum:
         self.mu = mu
         self.k = max(min_shift / 2, sigma / 2)
         self.h = max(2 * min_shift, 10 * sigma)
-        self.clip = self.k + self.h / 2
+        self.clip = self.k + self.h / 3
         self.up = 0.0
         self.down = 0.0
 

@@ -46,12 +46,11 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, format_bytes
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import SIGNALS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.drift import Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
 log = logging.getLogger(__name__)
-SIGNAL_STEP_SHIFT = next(s.min_shift for s in SIGNALS if s.name == "step_time")
 
 KIB, MIB = 1 << 10, 1 << 20
 GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
@@ -94,6 +93,9 @@ class TunerParams:
     - baseline_steps 20 / rebaseline_steps 12 / trial_steps 16: the standard error of a median of
       n log step times is 1.25 sigma/sqrt(n); at the 2-4% noise measured on the testbed, 16 steps
       resolve ~3% differences at 2.5 standard errors.
+    - trial_window_s 30 / baseline_window_s 60: with long steps (seconds each) a window is cut to
+      about that much time (at least min_trial_steps + 2 steps): a search has to end before the
+      context moves on, and a few slow steps still resolve the large differences worth a switch.
     - min_gain 2%: below that a switch does not pay for its transition steps within a few minutes,
       and it is the testbed's run-to-run spread of a configuration's median.
     - z_switch 2.5: a switch needs a difference of 2.5 standard errors (~0.6% one-sided error).
@@ -118,6 +120,8 @@ class TunerParams:
     trial_steps: int = 16
     min_trial_steps: int = 5
     max_trials: int = 4
+    trial_window_s: float = 30.0
+    baseline_window_s: float = 60.0
     min_gain: float = 0.02
     z_switch: float = 2.5
     kappa: float = 1.0
@@ -181,7 +185,7 @@ class JobTuner:
     """The search for one job. Feed it rank 0's samples in step order with `observe`."""
 
     def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams(), clock=None) -> None:
+                 params: TunerParams = TunerParams()) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
@@ -216,6 +220,8 @@ class JobTuner:
         self.suspect: tuple[_Measured, Alarm] | None = None
         self.check_id = 0
         self.fruitless = 0  # re-tunes in a row that kept the configuration
+        self.confirmed = False  # the incumbent was measured again at the end of this search
+        self.step_s = 0.0  # recent step time (sizes windows in time)
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
         self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
@@ -262,6 +268,7 @@ class JobTuner:
             return  # not a measurement (the daemon's checks allow 0)
         self.newest_step = m.step
         self.newest_wall_s = m.wall_time_s
+        self.step_s = m.step_time_s if not self.step_s else 0.9 * self.step_s + 0.1 * m.step_time_s
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
         self.decision_in_effect = m.decision_id
@@ -290,7 +297,8 @@ class JobTuner:
         if self.phase == "warm-up":
             self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
         handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
-                   "checking": self._on_check, "verifying": self._on_verify}.get(self.phase, self._on_watch)
+                   "checking": self._on_check, "confirming": self._on_confirm,
+                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
         handler(m)
 
     # ------------------------------------------------------------------ baseline and planning
@@ -300,8 +308,9 @@ class JobTuner:
         self.retune_reason = reason
         self.cleared = set()
         self.window = []
-        self.need = steps
+        self.need = self._window(steps, self.p.baseline_window_s)
         self.trials, self.trial, self.winner, self.detector = [], None, None, None
+        self.confirmed = False
         self.trials_planned = 0
         phase = "re-tuning" if reason else "baseline"
         prefix = f"{reason}: " if reason else ""
@@ -400,9 +409,10 @@ class JobTuner:
             return
         trial.samples.append(m)
         n = len(trial.samples)
-        if n >= self.p.min_trial_steps and n < self.p.trial_steps and self._clearly_worse(trial):
+        length = self._window(self.p.trial_steps, self.p.trial_window_s)
+        if n >= self.p.min_trial_steps and n < length and self._clearly_worse(trial):
             trial.cut = True
-        if not trial.cut and n < self.p.trial_steps:
+        if not trial.cut and n < length:
             return
         self.trial = None
         assert self.incumbent is not None
@@ -413,13 +423,13 @@ class JobTuner:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             self.suspect = (trial, jump)
-            decision = self.check_id = self._decide(self.incumbent.config, f"check: {jump.reason} during trial {len(self.trials) + 1}"
-                                    f"? measuring {describe(self.incumbent.config)} again", self.incumbent.median_s,
-                                    "check")
+            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? measuring "
+                      f"{describe(self.incumbent.config)} again")
+            decision = self.check_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
             if decision is None:
                 return
             self.window = []
-            self.need = self.p.rebaseline_steps
+            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
             self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
         self._accept_trial(trial)
@@ -441,11 +451,7 @@ class JobTuner:
         assert incumbent is not None
         again = _Measured(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_id, again.median_s, None)
-        shift = window_shift(incumbent.samples, again.samples)
-        se = 1.253 * self.sigma * math.sqrt(1 / len(again.samples) + 1 / len(incumbent.samples))
-        moved = again.log_median - incumbent.log_median
-        if shift is None and abs(moved) > max(math.log1p(SIGNAL_STEP_SHIFT), self.p.z_switch * se):
-            shift = Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+        shift = self._moved(incumbent, again)
         self.suspect = None
         if shift is None:
             self.cleared.add((_jump.signal, _jump.direction))
@@ -487,10 +493,22 @@ class JobTuner:
         # switched resets it.
         if self.retune_reason:
             self.fruitless = self.fruitless + 1 if winner is incumbent else 0
+        if winner is not incumbent and not self.confirmed:
+            # Before trusting a comparison made over a whole search, measure the incumbent again
+            # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
+            # neighbour), and the search is repeated in the context as it is now.
+            reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
+                      f"{describe(winner.config)}{self._context_note()}")
+            decision = self.check_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
+            if decision is None:
+                return
+            self.window = []
+            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self._set("confirming", f"measuring {describe(incumbent.config)} again before switching to "
+                                    f"{describe(winner.config)}")
+            return
         if winner.config == self.config:
-            # Already in effect (the last trial won, or nothing was tried): its window is the proof.
-            if winner is not incumbent:
-                self.stats["switches"] += 1
+            # Already in effect (nothing was tried, or it is the incumbent): its window is the proof.
             self._settle_winner(winner, winner.samples, why)
             return
         returning = winner is incumbent
@@ -503,8 +521,36 @@ class JobTuner:
         self.switch_id = decision
         self.stats["switches"] += not returning
         self.window = []
-        self.need = self.p.rebaseline_steps
+        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
         self._set("verifying", f"switching to {describe(winner.config)}, verifying")
+
+    def _on_confirm(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent = self.incumbent
+        assert incumbent is not None
+        again = _Measured(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_id, again.median_s, None)
+        moved = self._moved(incumbent, again)
+        if moved is not None:
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
+                             steps=self.p.rebaseline_steps)
+            return
+        self.confirmed = True
+        self._finish("")
+
+    def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
+        """The same configuration measured twice: did its context (or its step time) move?"""
+        shift = window_shift(before.samples, after.samples)
+        if shift is not None:
+            return shift
+        se = 1.253 * self.sigma * math.sqrt(1 / len(after.samples) + 1 / len(before.samples))
+        moved = after.log_median - before.log_median
+        if abs(moved) > max(math.log1p(self.p.min_gain), self.p.z_switch * se):
+            return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+        return None
 
     def _on_verify(self, m: StepMetrics) -> None:
         self.window.append(m)
@@ -596,11 +642,19 @@ class JobTuner:
         self.window = []
         self.held = None
         self.detector = None
-        self.need = self.p.rebaseline_steps
+        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
         self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
                              f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
 
     # ------------------------------------------------------------------ helpers
+    def _window(self, nominal: int, seconds: float) -> int:
+        """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
+        would last more than `seconds` (a search must end before the context moves on), never
+        fewer than the sequential test needs."""
+        if self.step_s <= 0:
+            return nominal
+        return max(self.p.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
+
     def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
         """The job's step-time noise (log units): a robust spread of every measured window's
         deviations from its own median, pooled over the recent windows (a 12-step window alone
