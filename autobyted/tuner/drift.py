@@ -109,7 +109,7 @@ class DriftDetector:
     """
 
     def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
-                 block_s: float = 0.5, reference_blocks: int = 12, shift_scale: float = 1.0) -> None:
+                 block_s: float = 0.5, reference_blocks: int = 8, shift_scale: float = 1.0) -> None:
         self._signals = tuple(signals)
         self._shift_scale = shift_scale  # > 1 after fruitless re-tunes (JobTuner's back-off)
         self._block_s = block_s

@@ -310,6 +310,7 @@ class JobTuner:
         self.window = []
         self.need = self._window(steps, self.p.baseline_window_s)
         self.trials, self.trial, self.winner, self.detector = [], None, None, None
+        self.held = None  # what is measured from now on is the new context's incumbent
         self.confirmed = False
         self.trials_planned = 0
         phase = "re-tuning" if reason else "baseline"
@@ -605,7 +606,8 @@ class JobTuner:
             gain = "no candidate beat it"
         else:
             gain = f"measured {incumbent.median_s / held.median_s:.2f}x {describe(incumbent.config)}"
-        self._set("holding", f"holding {describe(held.config)}: {gain}{self._context_note()}")
+        after = f" ({self.retune_reason.removeprefix('re-tuning ')})" if self.retune_reason else ""
+        self._set("holding", f"holding {describe(held.config)}: {gain}{after}")
 
     # ------------------------------------------------------------------ holding and drift
     def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
