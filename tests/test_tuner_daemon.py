@@ -4,6 +4,7 @@ tests/test_tuner_e2e.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 
@@ -15,6 +16,18 @@ from conftest import ThreadDaemon
 from _grpc_util import Client, sample
 
 MIB = 1 << 20
+
+
+@contextlib.contextmanager
+def job_on_daemon(db_url, tuner, **register):
+    """A real daemon with the given --tuner mode and one synthetic job registered with it."""
+    daemon = ThreadDaemon(db_url, tuner=tuner).start()
+    client = Client(daemon.address)
+    try:
+        yield daemon, SyntheticJob(client, **register)
+    finally:
+        client.close()
+        daemon.stop()
 
 
 @pytest.fixture
@@ -89,11 +102,8 @@ def test_operator_proposal_pauses_the_tuner_until_resumed(daemon):
 
 
 def test_observe_mode_records_recommendations_and_pushes_nothing(db_url):
-    daemon = ThreadDaemon(db_url, tuner="observe").start()
-    try:
-        client = Client(daemon.address)
-        job = SyntheticJob(client)
-        watch = client.control.WatchConfig(pb.WatchConfigRequest(job="job", rank=0), timeout=6)
+    with job_on_daemon(db_url, "observe") as (_daemon, job):
+        watch = job.client.control.WatchConfig(pb.WatchConfigRequest(job="job", rank=0), timeout=6)
         job.steps(60, bandwidth_bytes_per_s=1e8)
         tuner = wait_for(lambda: (t := job.tuner()).state == "observing" and t, what="observing")
         assert tuner.mode == "observe" and tuner.detail.startswith("observe:")
@@ -102,9 +112,6 @@ def test_observe_mode_records_recommendations_and_pushes_nothing(db_url):
         with pytest.raises(grpc.RpcError) as info:  # nothing was pushed to the job
             next(iter(watch))
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        client.close()
-    finally:
-        daemon.stop()
 
 
 def test_a_job_that_opted_out_is_never_tuned(daemon):
@@ -119,16 +126,10 @@ def test_a_job_that_opted_out_is_never_tuned(daemon):
 
 
 def test_tuner_off_shows_off(db_url):
-    daemon = ThreadDaemon(db_url, tuner="off").start()
-    try:
-        client = Client(daemon.address)
-        job = SyntheticJob(client)
+    with job_on_daemon(db_url, "off") as (daemon, job):
         job.steps(60)
         assert (job.tuner().mode, job.tuner().state) == ("off", "off")
         assert daemon.daemon.tuner is None
-        client.close()
-    finally:
-        daemon.stop()
 
 
 def test_a_job_that_vanishes_mid_trial_and_a_rank_that_never_applies_leave_the_daemon_healthy(daemon):

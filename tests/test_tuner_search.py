@@ -228,3 +228,28 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
     confirms = [d for d in sink.decisions if d.reason.startswith("confirm")]
     assert confirms and any(s.detail.endswith("(during the search): measuring 4MiB/16MiB") for s in sink.statuses
                             if s.state == "re-tuning")
+
+
+def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
+    """The predictor thinks BEST is 30% faster; on this job it is 20% slower. Once a trial measured
+    that, the job's own measured errors correct what the predictor says about BEST (and, less, about
+    configurations near it) before any retraining."""
+    from autobyted.tuner.features import summarize
+
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        return 0.1 * (1.2 if config == BEST else 1.0), 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 300)
+    assert BEST in [d.config for d in sink.decisions if d.kind == "trial"]
+    context = summarize(tuner.incumbent.samples, SHAPE)
+    near, far = Config(1 * MIB, 2 * MIB), Config(None, 64 * MIB)
+    raw = tuner.predictor.predict(context, START, [BEST, near, far])
+    corrected = tuner._corrected(raw, START)
+    assert raw.mean[0] < -0.1  # the model alone: 1MiB/4MiB is clearly faster
+    measured = math.log(1.2)  # corrected: most of the way to what was measured
+    assert corrected.mean[0] - raw.mean[0] > 0.6 * (measured - raw.mean[0])
+    assert corrected.mean[1] - raw.mean[1] > 0.5 * (corrected.mean[0] - raw.mean[0])  # a neighbour, too
+    assert abs(corrected.mean[2] - raw.mean[2]) < abs(corrected.mean[1] - raw.mean[1])  # far away, less

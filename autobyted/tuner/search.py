@@ -51,6 +51,8 @@ from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
 log = logging.getLogger(__name__)
+ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
+ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 
 KIB, MIB = 1 << 10, 1 << 20
 GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
@@ -103,9 +105,12 @@ class TunerParams:
     - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
       error rates (Wald's thresholds log((1 - beta) / alpha)).
     - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
-    - fruitless_backoff 1.5, fruitless_max 4: after k re-tunes in a row that kept the configuration,
-      drift must be 1.5^k (at most ~5x) the minimum relevant shift to re-open the search: a host
-      whose load wanders (a shared machine) stops costing trials, a large change still re-tunes.
+    - fruitless_backoff 1.5, fruitless_max 4: after k re-tunes in a row that kept the configuration
+      (or that the context moved under), the drift test's reference value and threshold grow by
+      1.5^k (at most ~5x): a host whose load wanders (a shared machine) stops costing trials, a
+      large change still re-tunes, later.
+    - max_aborts 2: after two searches in a row that the context moved under, the tuner holds what
+      is in effect and waits for the drift detector (with the raised bar) instead of searching on.
     - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
       is further ahead applies at its next boundary (the scheduler does).
     - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
@@ -129,6 +134,7 @@ class TunerParams:
     sprt_alpha: float = 0.01
     sprt_beta: float = 0.10
     sigma_floor: float = 0.01
+    max_aborts: int = 2
     fruitless_backoff: float = 1.5
     fruitless_max: int = 4
     apply_lead_steps: int = 2
@@ -208,6 +214,9 @@ class JobTuner:
         self.retune_reason = ""
         self.sigma = params.sigma_floor
         self.residuals: list[float] = []  # log step time minus its window's median, recent windows
+        # The predictor's measured errors on this job: (config, measured - predicted log ratio).
+        self.errors: list[tuple[Config, float]] = []
+        self.search_errors: list[tuple[Config, float]] = []  # this search's, until it ends cleanly
         self.trials: list[_Measured] = []
         self.trial: _Measured | None = None
         self.trials_planned = 0
@@ -221,6 +230,7 @@ class JobTuner:
         self.check_id = 0
         self.fruitless = 0  # re-tunes in a row that kept the configuration
         self.confirmed = False  # the incumbent was measured again at the end of this search
+        self.aborts = 0  # searches in a row that the context moved under
         self.step_s = 0.0  # recent step time (sizes windows in time)
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
@@ -327,9 +337,11 @@ class JobTuner:
             self.starting = incumbent
         self._learn_noise(incumbent.samples)
         self._record(incumbent)
+        self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self.predictor.predict(context, incumbent.config, self.candidates)
+        prediction = self._corrected(self.predictor.predict(context, incumbent.config, self.candidates),
+                                     incumbent.config)
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
@@ -380,7 +392,8 @@ class JobTuner:
             return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
-        prediction = self.predictor.predict(context, reference.config, untried + [t.config for t in others])
+        prediction = self._corrected(self.predictor.predict(context, reference.config,
+                                                            untried + [t.config for t in others]), reference.config)
         residuals = [(t.log_median - reference.log_median) - float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
@@ -436,6 +449,13 @@ class JobTuner:
         self._accept_trial(trial)
 
     def _accept_trial(self, trial: _Measured) -> None:
+        assert self.incumbent is not None
+        # What the predictor got wrong about this configuration, for this job (kept across
+        # segments: a bias of the model for this job and machine outlives a context change).
+        # Committed only when the search ends cleanly (a search the context moved under, found by a
+        # check, the A-B-A confirmation or the verification, is not evidence), and clipped.
+        error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
+        self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
         self._learn_noise(trial.samples)
         self.trials.append(trial)
         self.stats["cut"] += trial.cut
@@ -457,8 +477,7 @@ class JobTuner:
         if shift is None:
             self.cleared.add((_jump.signal, _jump.direction))
         if shift is not None:
-            self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {shift.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            self._abort(shift, again)
             return
         self._accept_trial(trial)
 
@@ -535,12 +554,26 @@ class JobTuner:
         self.sink.close_decision(self.check_id, again.median_s, None)
         moved = self._moved(incumbent, again)
         if moved is not None:
-            self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
-                             steps=self.p.rebaseline_steps)
+            self._abort(moved, again)
             return
         self.confirmed = True
         self._finish("")
+
+    def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
+        """The context moved while a search ran: search again in the new context; but when that
+        keeps happening (the context changes faster than a search completes), hold what is in
+        effect and let the drift detector, with a raised bar, decide when to look again."""
+        self.stats["retunes"] += 1
+        self.aborts += 1
+        self.fruitless += 1
+        if self.aborts < self.p.max_aborts:
+            self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
+                             steps=self.p.rebaseline_steps)
+            return
+        self.search_errors = []
+        self._hold(in_effect, watch_reference=in_effect.samples)
+        self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
+                             f"search completes ({moved.reason})")
 
     def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
         """The same configuration measured twice: did its context (or its step time) move?"""
@@ -564,8 +597,7 @@ class JobTuner:
         self.sink.close_decision(self.switch_id, measured.median_s, None)
         shift = window_shift(winner.samples, measured.samples)
         if shift is not None:
-            self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {shift.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            self._abort(shift, measured)
             return
         se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
         if winner is not incumbent and measured.log_median - incumbent.log_median > max(
@@ -586,6 +618,9 @@ class JobTuner:
         self._settle_winner(winner, measured.samples, "")
 
     def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
+        self.aborts = 0
+        self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
+        self.search_errors = []
         first = not self.searched_once
         self.searched_once = True
         starting = self.starting
@@ -649,6 +684,37 @@ class JobTuner:
                              f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
 
     # ------------------------------------------------------------------ helpers
+    def _corrected(self, prediction: Prediction, reference: Config) -> Prediction:
+        """The predictor's means corrected by its measured errors on this job: a kernel-weighted
+        mean of the errors of configurations near each candidate (distance in octaves of
+        partition and credit size, a Gaussian kernel one octave wide; each search's incumbent is a
+        point of error 0, the reference its errors were measured against), shrunk towards 0 when the evidence is thin
+        (prior weight 0.25): a few measured trials teach the search, before any retraining, that
+        e.g. large partitions are slower here than the predictor thinks."""
+        errors = self.errors + self.search_errors
+        if len(errors) <= 1:
+            return prediction
+        gradient = float(self.shape.parameter_bytes or 1)
+        mean_tensor = gradient / max(1, self.shape.tensor_count)
+
+        def position(config: Config) -> tuple[float, float]:
+            return (math.log2(config.partition_bytes or mean_tensor),
+                    math.log2(min(config.credit_bytes or gradient, gradient) or 1.0))
+
+        points = [(position(c), e) for c, e in errors]
+
+        def correction(config: Config) -> float:
+            p, c = position(config)
+            weights = [math.exp(-((p - a) ** 2 + (c - b) ** 2) / 2) for (a, b), _ in points]
+            return sum(w * e for w, (_, e) in zip(weights, points)) / (sum(weights) + 0.25)
+
+        base = correction(reference)  # predictions are relative to the reference: so are corrections
+        mean = prediction.mean.copy()
+        for i, candidate in enumerate(prediction.candidates):
+            if candidate != reference:
+                mean[i] += correction(candidate) - base
+        return Prediction(prediction.candidates, mean, prediction.std)
+
     def _window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
         would last more than `seconds` (a search must end before the context moves on), never
