@@ -416,10 +416,14 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         initial = policy.initial_config()
         label = _testbed_label(initial)
         logger.info("%s: online %s from %s", scenario.name, name, label)
+        ran: list[bool] = []
         series = _cached_run(cache, scenario, f"policy-{name}",
-                             lambda: _run_on_testbed(scenario, label, trace, policy=policy, initial=initial))
-        runs[name] = as_run(name, series, f"{policy.describe() if series.applied else ''}; "
-                                          f"{len(series.decisions)} decisions, {series.applied} applied")
+                             lambda: ran.append(True) or _run_on_testbed(scenario, label, trace, policy=policy,
+                                                                         initial=initial))
+        # A run read from the cache has no policy object that saw it: say what it decided instead.
+        described = policy.describe() if ran or cache is None else "(cached run)"
+        runs[name] = as_run(name, series, f"{described}; {len(series.decisions)} decisions, "
+                                          f"{series.applied} applied")
         extra[name] = {"decisions": series.decisions, "applied": series.applied}
     # The lower bound uses the scenario's (simulator) profile of the trained model.
     sim = scenario.make_simulator()

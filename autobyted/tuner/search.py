@@ -53,6 +53,7 @@ from autobyted.tuner.predictor import Prediction, Predictor, Window
 log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
+RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
 
 KIB, MIB = 1 << 10, 1 << 20
 GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
@@ -109,6 +110,9 @@ class TunerParams:
       (or that the context moved under), the drift test's reference value and threshold grow by
       1.5^k (at most ~5x): a host whose load wanders (a shared machine) stops costing trials, a
       large change still re-tunes, later.
+    - rescore_s 60: while holding, the predictor re-scores the candidates in the current context
+      once a minute (a few ms), so that a drift too gradual for the CUSUM still re-opens the search
+      when it makes another configuration clearly (twice min_gain) better.
     - max_aborts 2: after two searches in a row that the context moved under, the tuner holds what
       is in effect and waits for the drift detector (with the raised bar) instead of searching on.
     - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
@@ -134,6 +138,7 @@ class TunerParams:
     sprt_alpha: float = 0.01
     sprt_beta: float = 0.10
     sigma_floor: float = 0.01
+    rescore_s: float = 60.0
     max_aborts: int = 2
     fruitless_backoff: float = 1.5
     fruitless_max: int = 4
@@ -232,6 +237,8 @@ class JobTuner:
         self.confirmed = False  # the incumbent was measured again at the end of this search
         self.aborts = 0  # searches in a row that the context moved under
         self.step_s = 0.0  # recent step time (sizes windows in time)
+        self.recent: list[StepMetrics] = []  # while holding: its latest steps
+        self.next_rescore_wall_s = 0.0
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
         self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
@@ -647,8 +654,12 @@ class JobTuner:
     # ------------------------------------------------------------------ holding and drift
     def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
         self.held = held
-        self.detector = DriftDetector(watch_reference, shift_scale=self.p.fruitless_backoff ** min(
-            self.fruitless, self.p.fruitless_max))
+        self.detector = DriftDetector(watch_reference, shift_scale=self._backoff())
+        self.recent = list(watch_reference[-RECENT_STEPS:])
+        self.next_rescore_wall_s = self.newest_wall_s + self.p.rescore_s
+
+    def _backoff(self) -> float:
+        return self.p.fruitless_backoff ** min(self.fruitless, self.p.fruitless_max)
 
     def _on_watch(self, m: StepMetrics) -> None:
         if self.held is not None and m.config != self.held.config:
@@ -661,10 +672,37 @@ class JobTuner:
                 self.window = []
             return
         alarm = self.detector.update(m)
-        if alarm is None:
+        if alarm is not None:
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            return
+        self.recent.append(m)
+        del self.recent[:-RECENT_STEPS]
+        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.p.min_trial_steps + 2:
+            self.next_rescore_wall_s = m.wall_time_s + self.p.rescore_s
+            self._rescore()
+
+    def _rescore(self) -> None:
+        """A drift too gradual for the CUSUM (a slow ramp) can still make another configuration
+        clearly better: every `rescore_s` the predictor (corrected by this job's measured errors)
+        scores the candidates in the held configuration's current context, and a candidate
+        predicted clearly faster (mean gain above twice min_gain, raised by the fruitless back-off,
+        and its optimistic bound past min_gain) re-opens the search."""
+        held = self.held
+        assert held is not None
+        context = summarize(self.recent, self.shape)
+        prediction = self._corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
+        gate = -math.log1p(self.p.min_gain) * self._backoff()
+        best = None
+        for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
+            if candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate:
+                if best is None or mu < best[1]:
+                    best = (candidate, float(mu))
+        if best is None:
             return
         self.stats["retunes"] += 1
-        self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+        self._rebaseline(f"re-tuning: {describe(best[0])} predicted {math.exp(-best[1]):.2f}x faster now",
+                         new_segment=True, steps=self.p.rebaseline_steps)
 
     def _not_applied(self) -> None:
         """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
