@@ -81,23 +81,23 @@ def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None =
 
 def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0,
                        token: str | None = None) -> None:
+    """Polls the standard health service (it needs no token) until it says SERVING."""
     import grpc
-
-    from autobyte.channel import auth_metadata
-    from autobyte.protocol import autobyte_pb2 as pb
-    from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.QueryStub(channel)
+        stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"autobyted exited with {proc.returncode}: {proc.stdout.read()}")
             try:
-                stub.Status(pb.StatusRequest(), timeout=1.0, metadata=auth_metadata(token))
-                return
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
             except grpc.RpcError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
     raise RuntimeError(f"autobyted at {address} did not come up within {timeout_s}s")
 
 

@@ -197,3 +197,22 @@ def test_the_token_guards_every_rpc_of_every_service(db_url):
     finally:
         client.close()
         daemon.stop()
+
+
+def test_prometheus_binds_loopback_by_default(db_url):
+    """Issue 13 item 3: `--metrics-listen PORT` serves on 127.0.0.1 only."""
+    import urllib.request
+
+    import psutil
+
+    from conftest import free_port
+
+    port = free_port()
+    daemon = ThreadDaemon(db_url, metrics_listen=str(port)).start()
+    try:
+        listening = [c.laddr for c in psutil.Process().net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert [address.ip for address in listening] == ["127.0.0.1"]
+        assert b"autobyted_jobs" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        daemon.stop()
