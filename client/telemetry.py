@@ -377,6 +377,7 @@ class Reporter:
                 attempt += 1
                 self._backoff(attempt)
                 continue
+            log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
                 log.warning("autobyted at %s accepted job %r rank %s after all; streaming resumes",

@@ -75,12 +75,15 @@ def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None =
                              "--log-format", "text", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
-    wait_until_serving(f"127.0.0.1:{port}", proc, token=(env or {}).get("AUTOBYTE_TOKEN"))
+    try:
+        wait_until_serving(f"127.0.0.1:{port}", proc)
+    except BaseException:
+        stop_process(proc, signal.SIGKILL)  # never leave a daemon behind
+        raise
     return proc
 
 
-def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0,
-                       token: str | None = None) -> None:
+def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0) -> None:
     """Polls the standard health service (it needs no token) until it says SERVING."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
