@@ -425,8 +425,9 @@ def rolling_throughput(end_times_s: Sequence[float], window_steps: int) -> tuple
 
 
 def draw_scenario(result: dict[str, Any], scenario: Scenario):
-    """The figure of one scenario: each policy's throughput (rolling mean over 1/40 of its steps, 3 to 25),
-    the lower bound, the phases of the traces shaded on both panels, each policy's decisions marked."""
+    """The figure of one scenario: each policy's throughput (rolling mean over 1/40 of its steps,
+    3 to 25), the lower bound, the phases of the traces shaded on both panels, each policy's
+    decisions marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
