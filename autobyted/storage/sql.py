@@ -207,9 +207,10 @@ class SqlStorage(BaseStorage):
                     state = "running"
                 else:
                     state = "idle"
+                # the latest by wall time: a new run's steps count from 0 again
                 recent = session.scalars(sa.select(m.StepSample.step_time_s)
                                          .where(m.StepSample.job_id == job.id, m.StepSample.rank == 0)
-                                         .order_by(m.StepSample.step.desc()).limit(20)).all()
+                                         .order_by(m.StepSample.wall_time_s.desc()).limit(20)).all()
                 last = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job.id)
                                        .order_by(m.Decision.id.desc()).limit(1)).one_or_none()
                 out.append(JobRecord(
