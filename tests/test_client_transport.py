@@ -53,23 +53,32 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
     return out
 
 
-def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
-    client = Client(thread_daemon.address)
+def propose_once_registered(client: Client, job: str, ranks: int, apply_at_step: int, partition_bytes,
+                            credit_bytes) -> threading.Thread:
+    """A started thread that proposes a decision for `job` once `ranks` of its ranks registered."""
 
-    def propose_when_registered():
+    def propose():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             jobs = client.query.Status(pb.StatusRequest(), timeout=5).jobs
-            if jobs and len(jobs[0].ranks) == 2:
-                request = pb.ProposeConfigRequest(job="t1", apply_at_step=30, reason="test")
-                request.config.partition_bytes = 16 << 10
-                request.config.credit_bytes = 64 << 10
+            if jobs and len(jobs[0].ranks) >= ranks:
+                request = pb.ProposeConfigRequest(job=job, apply_at_step=apply_at_step, reason="test")
+                for name, value in (("partition_bytes", partition_bytes), ("credit_bytes", credit_bytes)):
+                    if value is not None:
+                        setattr(request.config, name, value)
                 client.control.ProposeConfig(request, timeout=5)
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
 
-    proposer = threading.Thread(target=propose_when_registered)
-    proposer.start()
+    thread = threading.Thread(target=propose)
+    thread.start()
+    return thread
+
+
+def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
+    client = Client(thread_daemon.address)
+
+    proposer = propose_once_registered(client, "t1", 2, 30, 16 << 10, 64 << 10)
     rank0, rank1 = run_ranks(_train, 2, thread_daemon.address, "t1", 60, 0.0, 10_000, 20, timeout_s=150)
     proposer.join()
     for result in (rank0, rank1):
@@ -193,23 +202,27 @@ def test_invalid_samples_are_dropped_and_streaming_goes_on(thread_daemon):
     assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
 
 
-def _steady_worker(rank, world, address, steps, flush_interval_s=0.05):
+def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="steady", step_sleep_s=0.01,
+                   capture_logs=False):
     import torch
 
     import autobyte
     from autobyte import telemetry
 
-    autobyte.init(daemon=address, job="steady", flush_interval_s=flush_interval_s)
+    logs = _capture_autobyte_logs() if capture_logs else None
+    autobyte.init(daemon=address, job=job, flush_interval_s=flush_interval_s)
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     for _ in range(steps):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         opt.zero_grad()
-        time.sleep(0.01)
+        time.sleep(step_sleep_s)
     opt.synchronize()
     reporter = telemetry._reporter
-    out = {"flushed": reporter.flush(30), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    out = {"flushed": reporter.flush(60), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    if logs is not None:
+        out["records"] = list(logs.records)
     autobyte.shutdown()
     opt.close()
     return out
@@ -363,30 +376,6 @@ def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
         assert result[case]["acked"] == 0 and result[case]["buffered"] > 0
 
 
-def _busy_daemon_worker(rank, world, address, steps):
-    import torch
-
-    import autobyte
-    from autobyte import telemetry
-
-    logs = _capture_autobyte_logs()
-    autobyte.init(daemon=address, job="busy", flush_interval_s=0.05)
-    model = torch.nn.Linear(8, 8)
-    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    for _ in range(steps):
-        model(torch.randn(4, 8)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        time.sleep(0.02)
-    opt.synchronize()
-    reporter = telemetry._reporter
-    out = {"flushed": reporter.flush(60), "dropped": reporter.dropped_total, "acked": reporter.acked_seq,
-           "records": list(logs.records)}
-    autobyte.shutdown()
-    opt.close()
-    return out
-
-
 def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url):
     """Issue 13 item 2: the writer's queue fills while the database is locked; refused batches come
     with `retry-after-ms`; the client waits that long before registering again, keeps its samples,
@@ -416,7 +405,7 @@ def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url
     locker = threading.Thread(target=lock_the_database_for_a_while)
     locker.start()
     try:
-        results = run_ranks(_busy_daemon_worker, 2, daemon.address, steps, timeout_s=150)
+        results = run_ranks(_steady_worker, 2, daemon.address, steps, 0.05, "busy", 0.02, True, timeout_s=150)
     finally:
         locker.join()
         client.close()
@@ -475,18 +464,7 @@ def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(t
     starts counting steps from 0: the old decision expires and is never applied at ITS step 25."""
     client = Client(thread_daemon.address)
 
-    def propose_when_registered():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if client.query.Status(pb.StatusRequest(), timeout=5).jobs:
-                request = pb.ProposeConfigRequest(job="rerun", apply_at_step=25, reason="for run 1")
-                request.config.partition_bytes = 16 << 10
-                client.control.ProposeConfig(request, timeout=5)
-                return
-            time.sleep(0.05)
-
-    proposer = threading.Thread(target=propose_when_registered)
-    proposer.start()
+    proposer = propose_once_registered(client, "rerun", 1, 25, 16 << 10, None)
     (first,) = run_ranks(_one_run, 1, thread_daemon.address, "rerun", 20, 10, timeout_s=120)
     proposer.join()
     assert first["received"] == 1 and first["acked"] == 20
