@@ -138,7 +138,10 @@ class Daemon:
 SERVICE_NAMES = ("autobyte.v1.Telemetry", "autobyte.v1.Control", "autobyte.v1.Query")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes of start: 0 stopped cleanly, 2 bad settings or command line, 3 database "
+                    "refused or unusable, 4 cannot listen, 5 another autobyted serves this SQLite file, "
+                    "6 installed without the [daemon] extra.")
 @click.version_option(__version__, prog_name="autobyted")
 def main() -> None:
     """autobyted: stores the step telemetry of training jobs, answers the `autobyte` CLI, and pushes

@@ -87,6 +87,10 @@ def test_versions_and_help():
         assert version.returncode == 0 and "0." in version.stdout
         help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
         assert help_text.returncode == 0 and "Usage" in help_text.stdout
+        # Issue 13 item 5: say what is true today (no predictor yet) and name the exit codes
+        assert "predict" not in help_text.stdout.lower() and "Exit codes" in help_text.stdout
+    assert "does not choose configurations" in subprocess.run([str(BIN / "autobyted"), "--help"],
+                                                              capture_output=True, text=True).stdout
 
 
 def test_port_in_use_is_one_line_and_creates_nothing(daemon_process, tmp_path):
