@@ -1,0 +1,518 @@
+"""`ScheduledOptimizer`: the public API, its setup checks and its training-thread hooks.
+
+The threads it starts live in `dispatch` (collective order) and `update` (optimizer updates); the
+flat buffer in `layout`; the decision channel in `decisions`; measurements in `metrics`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autobyte.scheduler.decisions import DecisionChannel
+from autobyte.scheduler.dispatch import Dispatcher
+from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
+from autobyte.scheduler.layout import Layout
+from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.scheduler.update import Updater
+from autobyte.types import Config, StepMetrics
+
+logger = logging.getLogger(__name__)
+
+_UNSET: Any = object()
+
+# Optimizers that cannot be updated one parameter at a time (closure-based or sparse-only).
+_UNSUPPORTED_OPTIMIZERS = tuple(getattr(torch.optim, name) for name in ("LBFGS", "SparseAdam")
+                                if hasattr(torch.optim, name))
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, _UNSUPPORTED_OPTIMIZERS):
+        raise ValueError(f"{type(optimizer).__name__} cannot be applied one parameter at a time "
+                         "(closure-based or sparse-only); use an element-wise optimizer such as "
+                         "SGD, Adam or AdamW")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise ValueError("pass the bare module, not a DistributedDataParallel wrapper: "
+                         "ScheduledOptimizer replaces DDP's gradient sync")
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            raise ValueError(f"module {name or type(module).__name__!r} produces sparse gradients "
+                             "(sparse=True), which the scheduler cannot partition; use sparse=False")
+
+
+class ScheduledOptimizer:
+    """Gradient sync + optimizer step with priority, partitioning and a credit window.
+
+    Args:
+        model: the module to train (not wrapped in DDP).
+        optimizer: a `torch.optim` optimizer over (some of) the model's parameters, with a
+            per-parameter update rule (SGD, Adam, AdamW, RMSprop, ...).
+        partition_bytes: partition size; None = one partition per parameter (no partitioning).
+        credit_bytes: in-flight window; None = unlimited.
+        process_group: the data-parallel group (default: the default group).
+        clip_grad_norm: if set, clip the averaged gradients to this global norm before updating.
+        clip_norm_type: the norm for `clip_grad_norm`.
+        timeout_s: how long the training thread waits for parameters or shutdown before raising.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
+                 process_group: Any = None, *, clip_grad_norm: float | None = None,
+                 clip_norm_type: float = 2.0, timeout_s: float = 300.0) -> None:
+        config = Config(partition_bytes, credit_bytes)
+        _check_model(model)
+        _check_optimizer(optimizer)
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
+                                               and not isinstance(clip_grad_norm, bool)
+                                               and 0 < clip_grad_norm < float("inf")):
+            raise ValueError(f"clip_grad_norm must be a positive finite number or None, "
+                             f"got {clip_grad_norm!r}")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no parameter that requires a gradient")
+        first = params[0]
+        for p in params:
+            if p.dtype != first.dtype or p.device != first.device:
+                raise ValueError("all trainable parameters must share one dtype and device, found "
+                                 f"{first.dtype}/{first.device} and {p.dtype}/{p.device}")
+            if not p.dtype.is_floating_point:
+                raise ValueError(f"trainable parameters must be floating point, found {p.dtype}")
+            if p.layout != torch.strided:
+                raise ValueError(f"only dense (strided) parameters are supported, found {p.layout}")
+        index_of = {p: i for i, p in enumerate(params)}
+        all_model_params = set(model.parameters())
+        group_of = [-1] * len(params)
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if p not in all_model_params:
+                    raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
+                if p in index_of:
+                    group_of[index_of[p]] = g
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("torch.distributed is not initialised: call "
+                               "torch.distributed.init_process_group() before ScheduledOptimizer")
+
+        self._model = model
+        self._optimizer = optimizer
+        self._pg = process_group if process_group is not None else dist.group.WORLD
+        self._rank = dist.get_rank(self._pg)
+        self._world = dist.get_world_size(self._pg)
+        self._leader_global = dist.get_global_rank(self._pg, 0) if process_group is not None else 0
+        self._is_leader = self._rank == 0
+        self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
+        self._clip_norm_type = float(clip_norm_type)
+        self._timeout_s = float(timeout_s)
+
+        self._params = params
+        self._group_of = group_of
+        self._n = len(params)
+        self._dtype = first.dtype
+        self._device = first.device
+
+        self._broadcast_initial_state()
+        self._decision_group = None
+        self._follower_globals: list[int] = []
+        if self._world > 1:
+            ranks = dist.get_process_group_ranks(self._pg)
+            self._decision_group = dist.new_group(
+                ranks, backend="gloo", timeout=datetime.timedelta(seconds=self._timeout_s))
+            self._follower_globals = [r for r in ranks if r != self._leader_global]
+
+        # Training-thread state.
+        self._progress = Progress(self._n, self._rank, self._timeout_s)
+        self._step_index = 0
+        self._closed = False
+        self._order: list[int] | None = []  # first-use order while recording
+        self._seen = [False] * self._n
+        self._layout: Layout | None = None
+        self._channel: DecisionChannel | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._updater: Updater | None = None
+        self._steps = StepLog(config)
+        self._cfg_lock = threading.Lock()
+        self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
+        if self._is_leader:
+            self._steps.log_config(0, config, 0)
+        self._threads: list[threading.Thread] = []
+
+        self._handles = []
+        for i, p in enumerate(params):
+            self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
+        for module in model.modules():
+            own = tuple(dict.fromkeys(index_of[p] for p in module.parameters(recurse=False)
+                                      if p in index_of))
+            if own:
+                self._handles.append(module.register_forward_pre_hook(
+                    functools.partial(self._forward_pre_hook, own)))
+        # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
+        from autobyte import telemetry
+
+        telemetry.on_optimizer_created(self)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped model."""
+        return self._model
+
+    @property
+    def process_group(self) -> Any:
+        """The data-parallel process group."""
+        return self._pg
+
+    @property
+    def config(self) -> Config:
+        """The configuration in effect for the step in progress (rank 0's, on every rank)."""
+        return self._steps.current()[0]
+
+    @property
+    def step_index(self) -> int:
+        """Number of `step()` calls so far (their updates may still be landing)."""
+        return self._step_index
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer (attach LR schedulers to it)."""
+        return self._optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self._optimizer.param_groups
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last clipped step (with `clip_grad_norm`)."""
+        return self._updater.last_grad_norm if self._updater is not None else None
+
+    def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
+                    *, decision_id: int | None = None, at_step: int | None = None) -> Config:
+        """Request a configuration from the next step boundary on (or from step `at_step`, if that
+        is later). Omitted values stay as they are.
+
+        Bad values raise ValueError and change nothing. Rank 0's request is the one that takes
+        effect (on every rank, at the same step); thread-safe. A newer request replaces a pending one.
+        """
+        for name, value in (("decision_id", decision_id), ("at_step", at_step)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        with self._cfg_lock:
+            base = self._pending[0] if self._pending is not None else self.config
+            new = Config(base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
+                         base.credit_bytes if credit_bytes is _UNSET else credit_bytes)
+            self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
+        return new
+
+    def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
+        """Call fn(StepMetrics) on the training thread for each completed step (keep it cheap).
+
+        Exceptions raised by fn are logged and swallowed.
+        """
+        if not callable(fn):
+            raise ValueError("the step callback must be callable")
+        self._steps.callbacks.append(fn)
+
+    def last_step_metrics(self) -> StepMetrics | None:
+        """Measurements of the most recent step whose updates have all landed."""
+        self._steps.drain()
+        return self._steps.last_metrics
+
+    def step(self, closure: Any = None) -> None:
+        """End the step: flush unused parameters, capture hyper-parameters, return at once."""
+        if closure is not None:
+            raise ValueError("step(closure) is not supported: the update runs per parameter, later")
+        self._check_usable()
+        if self._layout is None:
+            self._finalize_layout()
+        s = self._step_index
+        progress = self._progress
+        if progress.produced_count != self._n:
+            self._flush_unused(s)
+        groups = self._optimizer.param_groups
+        snapshot = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        self._steps.record(s).t_step = time.perf_counter()
+        self._updater.queue.put(StepHyperParameters(s, snapshot))
+        if self._is_leader:
+            config, decision_id = self._steps.current()
+            with self._cfg_lock:
+                if self._pending is not None and s + 1 >= self._pending[2]:
+                    config, decision_id, _ = self._pending
+                    self._pending = None
+                    if (config, decision_id) != self._steps.current():
+                        self._steps.log_config(s + 1, config, decision_id)
+            self._dispatcher.queue.put(StepBoundary(s + 1, config, decision_id))
+        progress.produced_count = 0
+        self._step_index = s + 1
+        self._optimizer._opt_called = True  # what the LR scheduler's step tracker would set
+        self._steps.drain()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients of parameters the scheduler does not manage; managed ones are never touched."""
+        managed = set(self._params)
+        for group in self._optimizer.param_groups:
+            for p in group["params"]:
+                if p not in managed and p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().zero_()
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Wait until every update of every `step()` so far has landed; raise any scheduler error.
+
+        `timeout_s` (default: the constructor's `timeout_s`) bounds the wait; SchedulerError on expiry.
+        """
+        self._check_usable()
+        if timeout_s is None:
+            timeout_s = self._timeout_s
+        elif not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self._progress.wait_updated_through(self._step_index, timeout_s)
+        self._progress.raise_if_failed()
+        self._steps.drain()
+
+    def state_dict(self) -> dict:
+        """The optimizer's state_dict, after `synchronize()`."""
+        self.synchronize()
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load the optimizer's state, after `synchronize()`."""
+        self.synchronize()
+        self._optimizer.load_state_dict(state_dict)
+
+    def dispatch_overhead_us(self) -> float:
+        """The scheduler's own cost per partition in µs: CPU time of its thread (decisions, queues,
+        bookkeeping, decision messages), excluding the backend's all-reduce launch calls."""
+        stats = self._dispatcher.stats if self._dispatcher is not None else None
+        return stats.sched_ns / 1e3 / stats.parts if stats is not None and stats.parts else 0.0
+
+    def dispatch_stats(self) -> dict[str, float]:
+        """Scheduler costs: own overhead vs backend launch per partition, decision channel."""
+        stats = self._dispatcher.stats if self._dispatcher is not None else None
+        channel = self._channel
+        parts = (stats.parts if stats is not None else 0) or 1
+        messages = channel.messages if channel is not None else 0
+        latency_n = channel.latency_n if channel is not None else 0
+        return {
+            "partitions": float(stats.parts if stats is not None else 0),
+            # CPU time of the scheduler thread, without the backend's launch calls
+            "scheduler_us_per_partition": (stats.sched_ns if stats else 0) / 1e3 / parts,
+            # the all-reduce launch call (+ channel posts on rank 0): CPU time, and wall time
+            "backend_launch_us_per_partition": (stats.backend_ns if stats else 0) / 1e3 / parts,
+            "backend_launch_wall_us_per_partition": (stats.backend_wall_ns if stats else 0) / 1e3 / parts,
+            "channel_socket": float(channel is not None and channel.kind == "socket"),
+            "channel_messages": float(messages),
+            # rank 0: cost of posting one decision message (all followers) on the scheduler thread
+            "channel_send_us_per_message": channel.send_ns / 1e3 / messages if messages else 0.0,
+            # followers: send-to-receive latency (wall clocks; meaningful on one host or with NTP)
+            "channel_latency_us": channel.latency_ns / 1e3 / latency_n if latency_n else 0.0,
+        }
+
+    def close(self) -> None:
+        """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
+        if self._closed:
+            return
+        failed = self._progress.error is not None
+        stop_error: BaseException | None = None
+        if self._threads and not failed:
+            try:
+                self.synchronize()
+            except BaseException as error:  # still stop the threads below
+                stop_error = error
+        self._closed = True
+        if self._dispatcher is not None:
+            self._dispatcher.closed = True
+            self._dispatcher.queue.put(Stop())
+        if self._updater is not None:
+            self._updater.queue.put(Stop())
+        deadline = time.monotonic() + min(self._timeout_s, 60.0)
+        stuck = []
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                stuck.append(thread.name)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if stop_error is not None:
+            raise stop_error
+        if stuck and not failed:
+            # the receiving thread of a follower waits on rank 0; it is a daemon thread
+            real = [name for name in stuck if not name.endswith("receiver")]
+            if real:
+                raise SchedulerError(f"scheduler threads did not stop in time: {', '.join(real)}")
+            logger.warning("decision receiver still waiting for rank 0's stop message: %s", stuck)
+
+    def __enter__(self) -> "ScheduledOptimizer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except BaseException:
+                logger.exception("while closing the scheduler after an error")
+
+    # ------------------------------------------------------------------ setup
+
+    def _broadcast_initial_state(self) -> None:
+        tensors = list(dict.fromkeys([*self._model.parameters(), *self._model.buffers()]))
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.device, t.dtype), []).append(t)
+        with torch.no_grad():
+            for group in by_kind.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                dist.broadcast(flat, src=self._leader_global, group=self._pg)
+                offset = 0
+                for t in group:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    def _finalize_layout(self) -> None:
+        """Fix the flat layout (rank 0's first-use order), allocate the buffer, start threads."""
+        order = list(self._order or [])
+        order += [i for i in range(self._n) if not self._seen[i]]
+        self._order = None
+        if self._world > 1:
+            tensor = torch.tensor(order, dtype=torch.int64)
+            dist.broadcast(tensor, src=self._leader_global, group=self._decision_group)
+            order = tensor.tolist()
+        if sorted(order) != list(range(self._n)):
+            raise SchedulerError("rank 0 published an inconsistent parameter order")
+        if self._world > 1:
+            self._channel = DecisionChannel(self._is_leader, self._rank, self._leader_global,
+                                            self._follower_globals, self._decision_group, self._timeout_s)
+            self._channel.open()
+        layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
+        self._updater = Updater(layout, self._params, self._optimizer, self._group_of, self._progress,
+                                self._steps, self._clip, self._clip_norm_type)
+        self._dispatcher = Dispatcher(layout, self._pg, self._is_leader, self._world > 1, self._progress,
+                                      self._steps, self._channel, self._updater.queue)
+        self._layout = layout
+        self._start_threads(self._step_index)
+
+    def _start_threads(self, start_step: int) -> None:
+        dispatcher, updater = self._dispatcher, self._updater
+        if self._is_leader:
+            targets = [("leader", dispatcher.leader_main, (start_step,))]
+        else:
+            targets = [("follower", dispatcher.follower_main, ()), ("receiver", dispatcher.receiver_main, ())]
+        targets.append(("update", updater.main, ()))
+        for name, target, args in targets:
+            thread = threading.Thread(target=target, args=args, daemon=True,
+                                      name=f"autobyte-r{self._rank}-{name}")
+            self._threads.append(thread)
+            thread.start()
+
+    # ------------------------------------------------------------------ hooks (training thread)
+
+    def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
+        s = self._step_index
+        rec = self._steps.records.get(s)
+        if rec is None or rec.t_forward is None:
+            self._steps.record(s).t_forward = time.perf_counter()
+        if self._order is not None:
+            seen = self._seen
+            for i in own:
+                if not seen[i]:
+                    seen[i] = True
+                    self._order.append(i)
+        if self._progress.updated_through >= s:
+            return
+        self._wait_params(own, s)
+
+    def _wait_params(self, idxs: tuple[int, ...], s: int) -> None:
+        blocked = self._progress.wait_params(idxs, s)
+        if blocked:
+            self._steps.record(s).blocked_s += blocked
+
+    def _grad_hook(self, i: int, param: torch.Tensor) -> None:
+        progress = self._progress
+        try:
+            if self._closed:
+                return
+            if self._layout is None:
+                self._finalize_layout()
+            s = self._step_index
+            if progress.produced[i] >= s:
+                raise SchedulerError("a parameter received a second gradient in one step: gradient "
+                                     "accumulation over several backward() calls is not supported")
+            if progress.param_step[i] < s:
+                self._wait_params((i,), s)
+            grad = param.grad
+            if grad is None:
+                raise SchedulerError("the gradient vanished before the scheduler's hook ran")
+            if grad.layout != torch.strided:
+                raise SchedulerError("sparse gradients are not supported")
+            layout = self._layout
+            with torch.no_grad():
+                if self._world == 1:
+                    layout.grad_views[i].copy_(grad)
+                else:
+                    torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
+                layout.flag_views[i].fill_(1.0)
+            param.grad = None
+            self._post_grad(i, s)
+        except BaseException as error:  # surfaced at the next step()/synchronize()
+            progress.fail(error)
+            if self._layout is not None and progress.produced[i] < self._step_index:
+                # keep the collective sequence going for the other ranks: a zero contribution
+                self._layout.ext_views[i].zero_()
+                param.grad = None
+                self._post_grad(i, self._step_index)
+
+    def _post_grad(self, i: int, s: int) -> None:
+        progress = self._progress
+        now = time.perf_counter()
+        if progress.produced_count == 0:
+            rec = self._steps.record(s)
+            if rec.t_backward is None:
+                rec.t_backward = now
+        progress.produced_t[i] = now
+        progress.produced[i] = s
+        progress.produced_count += 1
+        self._dispatcher.queue.put(GradReady(i, s))
+
+    def _flush_unused(self, s: int) -> None:
+        """Parameters without a gradient this step contribute zeros (flag 0)."""
+        progress = self._progress
+        for i in range(self._n):
+            if progress.produced[i] < s:
+                if progress.param_step[i] < s:
+                    self._wait_params((i,), s)
+                self._layout.ext_views[i].zero_()
+                self._post_grad(i, s)
+
+    # ------------------------------------------------------------------ errors
+
+    def _raise_if_failed(self) -> None:
+        self._progress.raise_if_failed()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SchedulerError("this ScheduledOptimizer is closed")
+        self._progress.raise_if_failed()
