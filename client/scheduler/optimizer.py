@@ -23,6 +23,7 @@ from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler import tracking
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
 from autobyte.types import Config, StepMetrics
@@ -99,6 +100,9 @@ class ScheduledOptimizer:
             if p.layout != torch.strided:
                 raise ValueError(f"only dense (strided) parameters are supported, found {p.layout}")
         index_of = {p: i for i, p in enumerate(params)}
+        names = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(p, name)
         all_model_params = set(model.parameters())
         group_of = [-1] * len(params)
         for g, group in enumerate(optimizer.param_groups):
@@ -124,6 +128,7 @@ class ScheduledOptimizer:
         self._timeout_s = float(timeout_s)
 
         self._params = params
+        self._names = [names.get(p, f"#{i}") for i, p in enumerate(params)]
         self._group_of = group_of
         self._n = len(params)
         self._dtype = first.dtype
@@ -143,7 +148,9 @@ class ScheduledOptimizer:
         self._step_index = 0
         self._closed = False
         self._order: list[int] | None = []  # first-use order while recording
+        self._recording = False  # from the first forward pass until the layout is fixed
         self._seen = [False] * self._n
+        self._read_step = [-1] * self._n  # last step in which each parameter was read
         self._layout: Layout | None = None
         self._channel: DecisionChannel | None = None
         self._dispatcher: Dispatcher | None = None
@@ -155,9 +162,10 @@ class ScheduledOptimizer:
             self._steps.log_config(0, config, 0)
         self._threads: list[threading.Thread] = []
 
-        self._handles = []
+        self._handles = [model.register_forward_pre_hook(self._root_pre_hook, prepend=True)]
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
+        self._tracked = tracking.install(model, index_of, self._on_read)
         for module in model.modules():
             own = tuple(dict.fromkeys(index_of[p] for p in module.parameters(recurse=False)
                                       if p in index_of))
@@ -355,6 +363,8 @@ class ScheduledOptimizer:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        tracking.uninstall(self._tracked)
+        self._tracked = []
         if stop_error is not None:
             raise stop_error
         if stuck and not failed:
@@ -397,6 +407,7 @@ class ScheduledOptimizer:
         order = list(self._order or [])
         order += [i for i in range(self._n) if not self._seen[i]]
         self._order = None
+        self._recording = False
         if self._world > 1:
             tensor = torch.tensor(order, dtype=torch.int64)
             dist.broadcast(tensor, src=self._leader_global, group=self._decision_group)
@@ -430,20 +441,36 @@ class ScheduledOptimizer:
 
     # ------------------------------------------------------------------ hooks (training thread)
 
-    def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
+    def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         s = self._step_index
         rec = self._steps.records.get(s)
         if rec is None or rec.t_forward is None:
             self._steps.record(s).t_forward = time.perf_counter()
         if self._order is not None:
+            self._recording = True
+
+    def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
+        self._on_read(own, False)
+
+    def _on_read(self, idxs: tuple[int, ...], iterating: bool) -> None:
+        """A read of managed parameters (tracking, module pre-hooks): record the first-use order,
+        mark them read in this step, and wait for their pending updates."""
+        s = self._step_index
+        if self._recording:
             seen = self._seen
-            for i in own:
+            for i in idxs:
                 if not seen[i]:
                     seen[i] = True
                     self._order.append(i)
-        if self._progress.updated_through >= s:
+        read_step = self._read_step
+        for i in idxs:
+            read_step[i] = s
+        progress = self._progress
+        if progress.updated_through >= s or progress.ready(idxs, s):
             return
-        self._wait_params(own, s)
+        if iterating and tracking._called_from_zero_grad():
+            return  # Module.zero_grad() only touches .grad, which the scheduler owns
+        self._wait_params(idxs, s)
 
     def _wait_params(self, idxs: tuple[int, ...], s: int) -> None:
         blocked = self._progress.wait_params(idxs, s)
@@ -461,6 +488,12 @@ class ScheduledOptimizer:
             if progress.produced[i] >= s:
                 raise SchedulerError("a parameter received a second gradient in one step: gradient "
                                      "accumulation over several backward() calls is not supported")
+            if self._read_step[i] != s:
+                raise SchedulerError(
+                    f"parameter {self._names[i]!r} received a gradient in step {s} but was never read "
+                    "through its module in that step (a tensor reference kept elsewhere?), so the "
+                    "scheduler cannot make that read wait for its update; read it as an attribute of "
+                    "its module (e.g. self.layer.weight) inside the forward pass")
             if progress.param_step[i] < s:
                 self._wait_params((i,), s)
             grad = param.grad
