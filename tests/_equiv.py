@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 SIZES = [None, 4 << 10, 8 << 10, 64 << 10, 1 << 20]

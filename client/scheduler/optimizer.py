@@ -6,7 +6,6 @@ flat buffer in `layout`; the decision channel in `decisions`; measurements in `m
 
 from __future__ import annotations
 
-import datetime
 import functools
 import logging
 import threading
@@ -23,7 +22,7 @@ from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
-from autobyte.scheduler import tracking
+from autobyte.scheduler import groups, tracking
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
 from autobyte.types import Config, StepMetrics
@@ -71,12 +70,16 @@ class ScheduledOptimizer:
         clip_grad_norm: if set, clip the averaged gradients to this global norm before updating.
         clip_norm_type: the norm for `clip_grad_norm`.
         timeout_s: how long the training thread waits for parameters or shutdown before raising.
+        own_communicator: run the scheduler's collectives on a group of its own (default), so that
+            nothing the user does on any group can interleave with them. False: on
+            `process_group` itself — only safe if nothing else uses that group while training.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
-                 clip_norm_type: float = 2.0, timeout_s: float = 300.0) -> None:
+                 clip_norm_type: float = 2.0, timeout_s: float = 300.0,
+                 own_communicator: bool = True) -> None:
         config = Config(partition_bytes, credit_bytes)
         _check_model(model)
         _check_optimizer(optimizer)
@@ -119,6 +122,9 @@ class ScheduledOptimizer:
         self._model = model
         self._optimizer = optimizer
         self._pg = process_group if process_group is not None else dist.group.WORLD
+        if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
+            raise ValueError("this rank is not a member of process_group: construct the "
+                             "ScheduledOptimizer only on the ranks of its data-parallel group")
         self._rank = dist.get_rank(self._pg)
         self._world = dist.get_world_size(self._pg)
         self._leader_global = dist.get_global_rank(self._pg, 0) if process_group is not None else 0
@@ -136,12 +142,14 @@ class ScheduledOptimizer:
 
         self._broadcast_initial_state()
         self._decision_group = None
+        self._data_group = self._pg
         self._follower_globals: list[int] = []
         if self._world > 1:
-            ranks = dist.get_process_group_ranks(self._pg)
-            self._decision_group = dist.new_group(
-                ranks, backend="gloo", timeout=datetime.timedelta(seconds=self._timeout_s))
-            self._follower_globals = [r for r in ranks if r != self._leader_global]
+            if own_communicator:
+                self._data_group = groups.new_member_group(self._pg, groups.backend_of(self._pg),
+                                                           self._timeout_s)
+            self._decision_group = groups.new_member_group(self._pg, "gloo", self._timeout_s)
+            self._follower_globals = [r for r in groups.member_ranks(self._pg) if r != self._leader_global]
 
         # Training-thread state.
         self._progress = Progress(self._n, self._rank, self._timeout_s)
@@ -421,7 +429,7 @@ class ScheduledOptimizer:
         layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
         self._updater = Updater(layout, self._params, self._optimizer, self._group_of, self._progress,
                                 self._steps, self._clip, self._clip_norm_type)
-        self._dispatcher = Dispatcher(layout, self._pg, self._is_leader, self._world > 1, self._progress,
+        self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1, self._progress,
                                       self._steps, self._channel, self._updater.queue)
         self._layout = layout
         self._start_threads(self._step_index)
