@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from autobyte.scheduler import decisions as channel_msgs
 from autobyte.scheduler.decisions import DecisionChannel, cpu_ns
+from autobyte.scheduler.device import DeviceSync
 from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady, Issue, SliceReduced,
                                        StepBoundary, Stop)
 from autobyte.scheduler.layout import Layout
@@ -46,7 +47,7 @@ class Dispatcher:
 
     def __init__(self, layout: Layout, group: Any, is_leader: bool, followers: bool,
                  progress: Progress, steps: StepLog, channel: DecisionChannel | None,
-                 update_q: queue.SimpleQueue) -> None:
+                 update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None) -> None:
         self.layout = layout
         self.group = group
         self.is_leader = is_leader
@@ -55,6 +56,7 @@ class Dispatcher:
         self.steps = steps
         self.channel = channel
         self.update_q = update_q
+        self.device_sync = device_sync if device_sync is not None else DeviceSync()
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = DispatchStats()
         self.closed = False  # set by the optimizer when it closes (the receiver then ends quietly)
@@ -63,11 +65,19 @@ class Dispatcher:
 
     def _issue(self, s: int, start: int, length: int, t_ready: float) -> int:
         """Launch one all-reduce; returns the backend launch time in CPU ns."""
+        sync = self.device_sync
+        if sync.cuda:  # the collective after the gradient copies it reads
+            layout = self.layout
+            first, last = layout.params_in(start, length)
+            sync.before_issue(layout.by_offset[first:last + 1])
         c0, t0 = cpu_ns(), time.perf_counter_ns()
         work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)
         t1, c1 = time.perf_counter_ns(), cpu_ns()
         self.stats.backend_wall_ns += t1 - t0
-        work.get_future().add_done_callback(functools.partial(self._on_reduced, s, start, length, work))
+        if sync.cuda:  # NCCL completes its future at enqueue: poll the work instead
+            sync.watch(work, functools.partial(self._on_done, s, start, length, work))
+        else:
+            work.get_future().add_done_callback(functools.partial(self._on_reduced, s, start, length, work))
         rec = self.steps.record(s)
         now = time.perf_counter()
         if rec.t_first_issue is None:
@@ -85,6 +95,12 @@ class Dispatcher:
         except BaseException as error:
             self.progress.fail(error)
             return
+        self._on_done(s, start, length, work, None)
+
+    def _on_done(self, s: int, start: int, length: int, work: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self.progress.fail(error)
+            return
         t_done = time.perf_counter()
         if self.is_leader:
             self.queue.put(CreditBack(length * self.layout.elem))
@@ -94,7 +110,7 @@ class Dispatcher:
 
     def leader_main(self, start_step: int) -> None:
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.device_sync.issue_context():
                 self._leader_loop(start_step)
         except BaseException as error:
             self.progress.fail(error)
@@ -192,7 +208,7 @@ class Dispatcher:
 
     def follower_main(self) -> None:
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.device_sync.issue_context():
                 self._follower_loop()
         except BaseException as error:
             self.progress.fail(error)

@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,9 @@ from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler import device as device_sync
 from autobyte.scheduler import groups, tracking
+from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
 from autobyte.types import Config, StepMetrics
@@ -63,7 +65,9 @@ class ScheduledOptimizer:
     Args:
         model: the module to train (not wrapped in DDP).
         optimizer: a `torch.optim` optimizer over (some of) the model's parameters, with a
-            per-parameter update rule (SGD, Adam, AdamW, RMSprop, ...).
+            per-parameter update rule (SGD, Adam, AdamW, RMSprop, ...), or a list of them (e.g. one
+            for the body and one for the head). Trainable parameters that no optimizer given here
+            holds get their averaged gradient in `.grad` when `backward()` returns, as with DDP.
         partition_bytes: partition size; None = one partition per parameter (no partitioning).
         credit_bytes: in-flight window; None = unlimited.
         process_group: the data-parallel group (default: the default group).
@@ -73,16 +77,24 @@ class ScheduledOptimizer:
         own_communicator: run the scheduler's collectives on a group of its own (default), so that
             nothing the user does on any group can interleave with them. False: on
             `process_group` itself — only safe if nothing else uses that group while training.
+        grad_scaler: a `torch.amp.GradScaler` for fp16 mixed precision: the scheduler unscales the
+            reduced gradients, skips a step with inf/NaN on every rank alike and updates the scale
+            (see `autobyte.scheduler.amp`); the usual `scaler.scale(loss).backward();
+            scaler.step(opt); scaler.update()` loop works unchanged.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
                  partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
-                 own_communicator: bool = True) -> None:
+                 own_communicator: bool = True, grad_scaler: Any = None) -> None:
         config = Config(partition_bytes, credit_bytes)
         _check_model(model)
-        _check_optimizer(optimizer)
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        if not optimizers:
+            raise ValueError("optimizer must be a torch.optim.Optimizer or a non-empty list of them")
+        for opt in optimizers:
+            _check_optimizer(opt)
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
                                                and not isinstance(clip_grad_norm, bool)
                                                and 0 < clip_grad_norm < float("inf")):
@@ -107,20 +119,39 @@ class ScheduledOptimizer:
         for name, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(p, name)
         all_model_params = set(model.parameters())
-        group_of = [-1] * len(params)
-        for g, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                if p not in all_model_params:
-                    raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
-                if p in index_of:
-                    group_of[index_of[p]] = g
+        owner: list[tuple[int, int] | None] = [None] * len(params)
+        for k, opt in enumerate(optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for p in group["params"]:
+                    if p not in all_model_params:
+                        raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
+                    if p in index_of:
+                        if owner[index_of[p]] is not None:
+                            raise ValueError(f"parameter {names.get(p)!r} is held by two optimizers")
+                        owner[index_of[p]] = (k, g)
+        uncovered = [owner[i] is None for i in range(len(params))]
+        if any(uncovered) and (clip_grad_norm is not None or grad_scaler is not None):
+            missing = [names.get(p) for p, u in zip(params, uncovered) if u][:3]
+            raise ValueError(f"parameters {missing} are in no optimizer given to ScheduledOptimizer: "
+                             "with clip_grad_norm= or grad_scaler= every trainable parameter must be "
+                             "updated by the scheduler; pass every optimizer (a list)")
+        if grad_scaler is not None:
+            if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "_growth_factor")):
+                raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
+            if first.dtype == torch.float16:
+                raise ValueError("grad_scaler needs float32 parameters (torch.amp.GradScaler refuses to "
+                                 "unscale float16 gradients); keep the model in float32 under autocast")
+        frozen = [(name, p) for name, p in model.named_parameters()
+                  if not p.requires_grad and p.dtype.is_floating_point]
 
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("torch.distributed is not initialised: call "
                                "torch.distributed.init_process_group() before ScheduledOptimizer")
 
         self._model = model
-        self._optimizer = optimizer
+        self._optimizers = optimizers
+        self._optimizer = optimizer if len(optimizers) == 1 and not isinstance(optimizer, (list, tuple)) \
+            else optimizers
         self._pg = process_group if process_group is not None else dist.group.WORLD
         if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
             raise ValueError("this rank is not a member of process_group: construct the "
@@ -135,7 +166,10 @@ class ScheduledOptimizer:
 
         self._params = params
         self._names = [names.get(p, f"#{i}") for i, p in enumerate(params)]
-        self._group_of = group_of
+        self._owner = owner
+        self._uncovered = uncovered
+        self._uncovered_idx = tuple(i for i, u in enumerate(uncovered) if u)
+        self._frozen = frozen
         self._n = len(params)
         self._dtype = first.dtype
         self._device = first.device
@@ -159,6 +193,10 @@ class ScheduledOptimizer:
         self._recording = False  # from the first forward pass until the layout is fixed
         self._seen = [False] * self._n
         self._read_step = [-1] * self._n  # last step in which each parameter was read
+        self._local_used = [-1] * self._n  # last step in which this rank produced a gradient
+        self._backward_end_queued = -1  # step whose end-of-backward callback is queued
+        self._forward_seen = -1  # step whose first forward has been checked
+        self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
         self._channel: DecisionChannel | None = None
         self._dispatcher: Dispatcher | None = None
@@ -169,17 +207,20 @@ class ScheduledOptimizer:
         if self._is_leader:
             self._steps.log_config(0, config, 0)
         self._threads: list[threading.Thread] = []
+        self._scaler = grad_scaler
+        self._bridge = ScalerBridge(grad_scaler, self) if grad_scaler is not None and grad_scaler.is_enabled() \
+            else None
 
-        self._handles = [model.register_forward_pre_hook(self._root_pre_hook, prepend=True)]
+        self._handles = [model.register_forward_pre_hook(tracking.CopySafeHook(self._root_pre_hook), prepend=True)]
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
-        self._tracked = tracking.install(model, index_of, self._on_read)
         for module in model.modules():
             own = tuple(dict.fromkeys(index_of[p] for p in module.parameters(recurse=False)
                                       if p in index_of))
             if own:
                 self._handles.append(module.register_forward_pre_hook(
-                    functools.partial(self._forward_pre_hook, own)))
+                    tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
+        self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
         # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
         from autobyte import telemetry
 
@@ -208,18 +249,31 @@ class ScheduledOptimizer:
         return self._step_index
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped optimizer (attach LR schedulers to it)."""
+    def optimizer(self) -> Any:
+        """The wrapped optimizer (attach LR schedulers to it), or the list of them if a list was given."""
         return self._optimizer
 
     @property
     def param_groups(self) -> list[dict]:
-        return self._optimizer.param_groups
+        """The param groups of the wrapped optimizer(s), in order."""
+        return [g for opt in self._optimizers for g in opt.param_groups]
 
     @property
     def last_grad_norm(self) -> float | None:
         """The global gradient norm of the last clipped step (with `clip_grad_norm`)."""
-        return self._updater.last_grad_norm if self._updater is not None else None
+        norm = self._updater.last_grad_norm if self._updater is not None else None
+        return None if norm is None else float(norm)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was skipped because of inf/NaN gradients (with `grad_scaler`)."""
+        return self._updater.skipped_steps if self._updater is not None else 0
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # torch.amp.GradScaler.step() asks this before treating us as an optimizer of its own.
+        raise SchedulerError("pass the GradScaler to ScheduledOptimizer(..., grad_scaler=scaler): the "
+                             "scheduler unscales the gradients itself once they are reduced")
 
     def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
                     *, decision_id: int | None = None, at_step: int | None = None) -> Config:
@@ -258,14 +312,18 @@ class ScheduledOptimizer:
         if closure is not None:
             raise ValueError("step(closure) is not supported: the update runs per parameter, later")
         self._check_usable()
+        self._check_frozen()
         if self._layout is None:
             self._finalize_layout()
         s = self._step_index
+        if self._bridge is not None and self._bridge.scaled_step != s and self._progress.produced_count:
+            raise SchedulerError("grad_scaler is set but this step's loss was not scaled: call "
+                                 "scaler.scale(loss).backward()")
         progress = self._progress
         if progress.produced_count != self._n:
             self._flush_unused(s)
-        groups = self._optimizer.param_groups
-        snapshot = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        snapshot = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                    for opt in self._optimizers]
         self._steps.record(s).t_step = time.perf_counter()
         self._updater.queue.put(StepHyperParameters(s, snapshot))
         if self._is_leader:
@@ -279,13 +337,14 @@ class ScheduledOptimizer:
             self._dispatcher.queue.put(StepBoundary(s + 1, config, decision_id))
         progress.produced_count = 0
         self._step_index = s + 1
-        self._optimizer._opt_called = True  # what the LR scheduler's step tracker would set
+        for opt in self._optimizers:
+            opt._opt_called = True  # what the LR scheduler's step tracker would set
         self._steps.drain()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients of parameters the scheduler does not manage; managed ones are never touched."""
         managed = set(self._params)
-        for group in self._optimizer.param_groups:
+        for group in self.param_groups:
             for p in group["params"]:
                 if p not in managed and p.grad is not None:
                     if set_to_none:
@@ -307,15 +366,33 @@ class ScheduledOptimizer:
         self._progress.raise_if_failed()
         self._steps.drain()
 
-    def state_dict(self) -> dict:
-        """The optimizer's state_dict, after `synchronize()`."""
+    def state_dict(self) -> Any:
+        """The optimizer's state_dict (a list of them for a list of optimizers), after `synchronize()`."""
         self.synchronize()
+        if isinstance(self._optimizer, list):
+            return [opt.state_dict() for opt in self._optimizers]
         return self._optimizer.state_dict()
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load the optimizer's state, after `synchronize()`."""
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Load the optimizer's state (a list for a list of optimizers), after `synchronize()`."""
         self.synchronize()
-        self._optimizer.load_state_dict(state_dict)
+        if isinstance(self._optimizer, list):
+            if not isinstance(state_dict, (list, tuple)) or len(state_dict) != len(self._optimizers):
+                raise ValueError(f"expected a list of {len(self._optimizers)} optimizer state dicts")
+            for opt, sd in zip(self._optimizers, state_dict):
+                opt.load_state_dict(sd)
+        else:
+            self._optimizer.load_state_dict(state_dict)
+
+    def _wait_all_updated(self) -> None:
+        """Every update of every step so far has landed (used before loss scaling)."""
+        if not self._closed:
+            self._progress.wait_updated_through(self._step_index, self._timeout_s)
+            self._progress.raise_if_failed()
+
+    def _synchronize_if_open(self) -> None:
+        if not self._closed and self._progress.error is None:
+            self.synchronize()
 
     def dispatch_overhead_us(self) -> float:
         """The scheduler's own cost per partition in µs: CPU time of its thread (decisions, queues,
@@ -373,6 +450,10 @@ class ScheduledOptimizer:
         self._handles = []
         tracking.uninstall(self._tracked)
         self._tracked = []
+        if self._bridge is not None:
+            self._bridge.restore()
+        if not stuck:
+            self._device_sync.close()
         if stop_error is not None:
             raise stop_error
         if stuck and not failed:
@@ -422,15 +503,20 @@ class ScheduledOptimizer:
             order = tensor.tolist()
         if sorted(order) != list(range(self._n)):
             raise SchedulerError("rank 0 published an inconsistent parameter order")
+        # Parameters handed back in .grad at the end of backward go first (highest priority).
+        order = [i for i in order if self._uncovered[i]] + [i for i in order if not self._uncovered[i]]
         if self._world > 1:
             self._channel = DecisionChannel(self._is_leader, self._rank, self._leader_global,
                                             self._follower_globals, self._decision_group, self._timeout_s)
             self._channel.open()
         layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
-        self._updater = Updater(layout, self._params, self._optimizer, self._group_of, self._progress,
-                                self._steps, self._clip, self._clip_norm_type)
+        self._device_sync = device_sync.make(self._device, self._n)
+        self._updater = Updater(layout, self._params, self._optimizers, self._owner, self._progress,
+                                self._steps, self._clip, self._clip_norm_type,
+                                self._scaler if self._bridge is not None else None, self._local_used,
+                                self._device_sync)
         self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1, self._progress,
-                                      self._steps, self._channel, self._updater.queue)
+                                      self._steps, self._channel, self._updater.queue, self._device_sync)
         self._layout = layout
         self._start_threads(self._step_index)
 
@@ -451,11 +537,25 @@ class ScheduledOptimizer:
 
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
         s = self._step_index
+        if self._forward_seen != s:
+            self._forward_seen = s
+            self._check_frozen()
         rec = self._steps.records.get(s)
         if rec is None or rec.t_forward is None:
             self._steps.record(s).t_forward = time.perf_counter()
         if self._order is not None:
             self._recording = True
+
+    def _check_frozen(self) -> None:
+        """A parameter frozen at construction and unfrozen since would train unsynchronised."""
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise SchedulerError(
+                    f"parameter {name!r} was frozen (requires_grad=False) when this ScheduledOptimizer "
+                    f"was built and requires a gradient now (step {self._step_index}): its gradient would "
+                    "never be synchronised. After changing requires_grad, build a new one, as a DDP "
+                    "model must be re-wrapped: opt.close(); opt = ScheduledOptimizer(model, optimizer, "
+                    "...) (the optimizer keeps its state)")
 
     def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
         self._on_read(own, False)
@@ -475,10 +575,14 @@ class ScheduledOptimizer:
             read_step[i] = s
         progress = self._progress
         if progress.updated_through >= s or progress.ready(idxs, s):
+            if self._device_sync.cuda:
+                self._device_sync.before_read(idxs, s)
             return
         if iterating and tracking._called_from_zero_grad():
             return  # Module.zero_grad() only touches .grad, which the scheduler owns
         self._wait_params(idxs, s)
+        if self._device_sync.cuda:
+            self._device_sync.before_read(idxs, s)
 
     def _wait_params(self, idxs: tuple[int, ...], s: int) -> None:
         blocked = self._progress.wait_params(idxs, s)
@@ -504,6 +608,9 @@ class ScheduledOptimizer:
                     "its module (e.g. self.layer.weight) inside the forward pass")
             if progress.param_step[i] < s:
                 self._wait_params((i,), s)
+            if self._backward_end_queued != s and self._uncovered_idx:
+                self._backward_end_queued = s
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             grad = param.grad
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
@@ -516,6 +623,9 @@ class ScheduledOptimizer:
                 else:
                     torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
                 layout.flag_views[i].fill_(1.0)
+            if self._device_sync.cuda:
+                self._device_sync.after_grad_copy(i)
+            self._local_used[i] = s
             param.grad = None
             self._post_grad(i, s)
         except BaseException as error:  # surfaced at the next step()/synchronize()
@@ -546,7 +656,33 @@ class ScheduledOptimizer:
                 if progress.param_step[i] < s:
                     self._wait_params((i,), s)
                 self._layout.ext_views[i].zero_()
+                if self._device_sync.cuda:
+                    self._device_sync.after_grad_copy(i)
                 self._post_grad(i, s)
+
+    def _on_backward_end(self) -> None:
+        """End of the backward pass (autograd engine callback, only with parameters outside the
+        wrapped optimizers): flush unused parameters, then hand those parameters their averaged
+        gradient in `.grad`, as DDP does by the time backward() returns."""
+        s = self._step_index
+        try:
+            if self._closed:
+                return
+            if self._progress.produced_count != self._n:
+                self._flush_unused(s)
+            idxs = self._uncovered_idx
+            self._progress.wait_reduced(idxs, s)
+            layout = self._layout
+            maybe = [i for i in idxs if self._local_used[i] != s]
+            flags = layout.flat[[layout.flag_index(i) for i in maybe]].tolist() if maybe else []
+            unused = {i for i, flag in zip(maybe, flags) if flag <= 0}
+            with torch.no_grad():
+                for i in idxs:
+                    if i not in unused:
+                        self._params[i].grad = layout.grad_views[i].clone()
+        except BaseException as error:
+            self._progress.fail(error)
+            raise
 
     # ------------------------------------------------------------------ errors
 

@@ -31,6 +31,7 @@ class Progress:
         self.produced_count = 0  # gradients produced in the step in progress
         self.param_step = [0] * n
         self.updated_through = 0  # every parameter has its updates of steps < this
+        self.reduced_step = [0] * n  # parameters handed back in .grad: slices reduced for steps < this
         self.cond = threading.Condition()
         self.error: BaseException | None = None
 
@@ -81,4 +82,19 @@ class Progress:
                 if remaining <= 0:
                     raise SchedulerError(f"synchronize() timed out after {timeout_s}s waiting "
                                          f"for step {target - 1}'s updates")
+                self.cond.wait(min(remaining, 1.0))
+
+    def wait_reduced(self, idxs: Sequence[int], s: int) -> None:
+        """Wait until the slices of the parameters are reduced for step s (reduced_step > s)."""
+        rs = self.reduced_step
+        if all(rs[i] > s for i in idxs):
+            return
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            while any(rs[i] <= s for i in idxs):
+                self.raise_if_failed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SchedulerError(f"timed out after {self.timeout_s}s waiting for the reduced "
+                                         f"gradients of step {s}")
                 self.cond.wait(min(remaining, 1.0))

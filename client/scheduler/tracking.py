@@ -83,6 +83,33 @@ class TrackedParameters(dict):
         return (dict, (dict(self.items()),))
 
 
+def _noop_hook(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _make_noop_hook() -> Callable[..., None]:
+    return _noop_hook
+
+
+class CopySafeHook:
+    """A module hook of the scheduler that a copy of the model does not carry: `copy.deepcopy(model)`
+    (an EMA model) or pickling it gets a no-op instead of a second reference to the scheduler."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> Callable[..., None]:
+        return _noop_hook
+
+    def __reduce__(self) -> tuple:
+        return (_make_noop_hook, ())
+
+
 def install(model: nn.Module, index_of: dict[Any, int],
             read: Callable[[tuple[int, ...], bool], None]) -> list[tuple[nn.Module, dict]]:
     """Replace the `_parameters` of every module holding a managed parameter; returns what to
@@ -108,4 +135,4 @@ def uninstall(installed: list[tuple[nn.Module, dict]]) -> None:
             module.__dict__["_parameters"] = dict(dict.items(tracked))
 
 
-__all__ = ["TrackedParameters", "install", "uninstall", "_called_from_zero_grad"]
+__all__ = ["CopySafeHook", "TrackedParameters", "install", "uninstall"]
