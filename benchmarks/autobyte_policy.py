@@ -255,7 +255,7 @@ class HubDaemon:
         log = open(self.log_path, "w")
         self.proc = self.bed.start_in_hub(
             [sys.executable, "-m", "autobyted.app", "start", "--listen", self.address, "--db", self.db_url,
-             "--token", self.token, "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)
+             "--token", self.token, "--insecure", "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,4 +1,4 @@
-"""The quick start: autobyted tunes a 2-rank job on the namespace testbed, before and after a drop.
+"""The quick start: autobyted tunes a 2-rank job by itself, before and after a bandwidth drop.
 
 As root (the testbed needs network namespaces): autobyted runs in the testbed's hub namespace; two
 gloo ranks train an MLP in their own namespaces over 2 Gbit/s links, streaming to it. The job starts
@@ -7,8 +7,11 @@ tries better ones and holds the best. At 72 s the links drop to 300 Mbit/s: the 
 re-tunes. Every 10 s `autobyte status` shows what it is doing; at the end `autobyte history` lists
 its decisions with the predicted and the measured step time. About two and a half minutes.
 
-Without root it falls back to two ranks on loopback (no bandwidth drop): the tuner still moves the
-job off its poor starting configuration.
+Without root (or with QUICKSTART_TESTBED=0) it falls back to two ranks on loopback (no bandwidth
+drop): the tuner still moves the job off its poor starting configuration.
+
+The temporary folder (daemon log and database) is removed at the end, unless the run failed or
+QUICKSTART_KEEP=1.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +37,14 @@ TRAIN_S = float(os.environ.get("QUICKSTART_SECONDS", "120"))
 DROP_AT_S = TRAIN_S * 0.6  # after the first search has settled
 START = "sched:64KiB,64KiB"
 
+NEXT = """
+What to look at next:
+  - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
+  - examples/train_mlp.py                       how a training script uses autobyte (20 lines)
+  - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
+  - benchmarks/README.md                        what the scheduler and the tuner gain, measured
+To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -44,15 +56,32 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def testbed_demo(work: pathlib.Path) -> int:
+def wait_until_serving(address: str, daemon: subprocess.Popen, timeout_s: float = 30.0) -> bool:
+    """Polls the daemon's standard health service until it says SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline and daemon.poll() is None:
+            try:
+                if health.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                time.sleep(0.1)
+    return False
+
+
+def testbed_demo(work: pathlib.Path) -> bool:
     from benchmarks.autobyte_policy import HubDaemon
     from benchmarks.testbed import Testbed, Trace
 
     trace = Trace.from_times([(0, "2gbit"), (DROP_AT_S, "300mbit")])
     with Testbed(world_size=2, rate="2gbit") as bed:
         hub = HubDaemon(bed, work, job=JOB).start()
-        say(f"autobyted runs in the testbed's hub namespace at {hub.address} ({hub.db_url}); "
-            f"log: {hub.log_path}")
+        say(f"autobyted runs in the testbed's hub namespace at {hub.address} with {hub.db_url}")
         say(f"training 2 gloo ranks for {TRAIN_S:.0f} s, starting with {START} (a poor configuration); "
             f"the links drop from 2 Gbit/s to 300 Mbit/s at {DROP_AT_S:.0f} s\n")
 
@@ -62,7 +91,7 @@ def testbed_demo(work: pathlib.Path) -> int:
                                  capture_output=True, text=True)
             return out.stdout + out.stderr
 
-        progress = {"steps": 0, "t0": None}
+        progress = {"steps": 0}
 
         def on_event(rank: int, event: dict) -> None:
             if rank == 0 and event.get("event") == "step":
@@ -88,6 +117,7 @@ def testbed_demo(work: pathlib.Path) -> int:
                     cwd=str(ROOT))
         finally:
             stop.set()
+            watcher.join()
         say("\n$ autobyte status")
         say(cli("status"))
         say(f"$ autobyte history {JOB} --rank 0 --limit 3   (the tuner's decisions: predicted vs measured)")
@@ -95,45 +125,59 @@ def testbed_demo(work: pathlib.Path) -> int:
         say(f"$ autobyte best {JOB}")
         say(cli("best", JOB))
         hub.stop()
-    return 0
+    return True
 
 
-def loopback_demo(work: pathlib.Path) -> int:
+def loopback_demo(work: pathlib.Path) -> bool:
     port = free_port()
     address = f"127.0.0.1:{port}"
     os.environ.update(AUTOBYTE_DAEMON=address, AUTOBYTE_JOB=JOB)
     log = open(work / "autobyted.log", "w")
-    say(f"(not root: no namespace testbed, so no bandwidth drop) starting autobyted on {address}")
+    say(f"(no namespace testbed, so no bandwidth drop) starting autobyted on {address} with "
+        f"sqlite:///{work}/autobyte.db")
     daemon = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", address, "--db",
                                f"sqlite:///{work}/autobyte.db", "--tuner", "auto"], stdout=log,
                               stderr=subprocess.STDOUT)
     try:
-        time.sleep(1.5)
-        say("training a 2-rank gloo job starting with 4 KiB partitions (a poor configuration)")
+        if not wait_until_serving(address, daemon):
+            say(f"autobyted did not start: {(work / 'autobyted.log').read_text()}")
+            return False
+        steps = os.environ.get("QUICKSTART_STEPS", "1500")
+        say(f"training a 2-rank gloo job ({steps} steps) starting with 4 KiB partitions (a poor configuration)")
         trainer = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                   "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
-                                  "--steps", "1500", "--width", "128", "--depth", "2", "--partition", "4KiB",
+                                  "--steps", steps, "--width", "128", "--depth", "2", "--partition", "4KiB",
                                   "--credit", "none"])
         if trainer.returncode != 0:
             say("training failed")
-            return 1
+            return False
         for args in (("status",), ("history", JOB, "--rank", "0", "--limit", "3"), ("best", JOB)):
             say(f"\n$ autobyte {' '.join(args)}")
             subprocess.run([str(BIN / "autobyte"), *args], check=False)
-        return 0
+        return True
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
+        log.close()
 
 
 def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="autobyte-quickstart-"))
+    keep = os.environ.get("QUICKSTART_KEEP") == "1"
+    ok = False
     try:
-        if os.geteuid() == 0 and subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0:
-            return testbed_demo(work)
-        return loopback_demo(work)
+        testbed = (os.environ.get("QUICKSTART_TESTBED", "1") != "0" and os.geteuid() == 0
+                   and subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0)
+        ok = testbed_demo(work) if testbed else loopback_demo(work)
+        return 0 if ok else 1
     finally:
-        say(f"\nthe daemon's log and database are in {work}")
+        if keep or not ok:
+            say(f"\nautobyted stopped; its log and database are in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+            say("\nautobyted stopped; its temporary folder is removed.")
+        if ok:
+            say(NEXT)
 
 
 if __name__ == "__main__":

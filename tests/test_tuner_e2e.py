@@ -28,7 +28,7 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
         env = {**os.environ, "AUTOBYTE_DAEMON": f"127.0.0.1:{port}", "AUTOBYTE_JOB": "e2e"}
         job = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-             str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", "1200", "--width", "128",
+             str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", "3000", "--width", "128",
              "--depth", "2", "--partition", "4KiB", "--credit", "none", "--out", str(tmp_path / "r{rank}.json")],
             env=env, capture_output=True, text=True, timeout=300)
         assert job.returncode == 0, job.stderr[-3000:]
@@ -47,9 +47,10 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
     assert final == ranks[1]["config"] and final["partition_bytes"] != 4096  # the same on both ranks
     steps = {s.step: s for s in history.steps}
     bad = [s.step_time_s for s in steps.values() if s.config.partition_bytes == 4096 and 10 <= s.step]
-    last = [steps[i].step_time_s for i in range(1000, 1200) if i in steps]
+    last = [steps[i].step_time_s for i in range(2800, 3000) if i in steps]
     assert len(bad) >= 20 and len(last) >= 150
     assert statistics.median(last) < 0.5 * statistics.median(bad)
     (job_status,) = status.jobs
-    assert job_status.tuner.state in ("holding", "verifying", "exploring", "checking", "re-tuning")
+    # a search takes a few seconds (samples arrive once a second); the job may end in any of these
+    assert job_status.tuner.state in ("holding", "verifying", "confirming", "exploring", "checking", "re-tuning")
     assert job_status.tuner.baseline_step_time_s > 0

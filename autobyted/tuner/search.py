@@ -481,12 +481,12 @@ class JobTuner:
         self.sink.close_decision(self.check_id, again.median_s, None)
         shift = self._moved(incumbent, again)
         self.suspect = None
-        if shift is None:
+        if shift is None or self._beats_both(trial, incumbent, again):
+            # Same context, or a move smaller than the trial's gain: the comparison holds either way.
             self.cleared.add((_jump.signal, _jump.direction))
-        if shift is not None:
-            self._abort(shift, again)
+            self._accept_trial(trial)
             return
-        self._accept_trial(trial)
+        self._abort(shift, again)
 
     def _clearly_worse(self, trial: _Measured) -> bool:
         """Wald's SPRT on log step times against the best configuration measured in this search
@@ -560,11 +560,20 @@ class JobTuner:
         again = _Measured(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_id, again.median_s, None)
         moved = self._moved(incumbent, again)
-        if moved is not None:
+        if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
             self._abort(moved, again)
             return
         self.confirmed = True
         self._finish("")
+
+    def _beats_both(self, trial: _Measured, before: _Measured, after: _Measured) -> bool:
+        """The incumbent measured before and after a trial: if the trial beats both measurements by
+        the switch margin, it beats the incumbent in any context in between; a context that moved
+        less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
+        n = min(len(before.samples), len(after.samples))
+        se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / n)
+        margin = max(math.log1p(self.p.min_gain), self.p.z_switch * se)
+        return trial.log_median < min(before.log_median, after.log_median) - margin
 
     def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
         """The context moved while a search ran: search again in the new context; but when that

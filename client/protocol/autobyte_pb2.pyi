@@ -90,7 +90,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "tuning_disabled")
+    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "tuning_disabled")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,9 @@ class RegisterRequest(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_LEADER_FIELD_NUMBER: _ClassVar[int]
     TUNING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
@@ -112,8 +115,11 @@ class RegisterRequest(_message.Message):
     hostname: str
     pid: int
     instance_id: str
+    data_parallel_rank: int
+    data_parallel_size: int
+    data_parallel_leader: int
     tuning_disabled: bool
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., tuning_disabled: _Optional[bool] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., tuning_disabled: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "last_acked_seq")
@@ -124,18 +130,20 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., last_acked_seq: _Optional[int] = ...) -> None: ...
 
 class MetricsBatch(_message.Message):
-    __slots__ = ("job", "rank", "session_id", "samples", "dropped_total")
+    __slots__ = ("job", "rank", "session_id", "samples", "dropped_total", "final")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     session_id: str
     samples: _containers.RepeatedCompositeFieldContainer[StepMetrics]
     dropped_total: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., session_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., dropped_total: _Optional[int] = ...) -> None: ...
+    final: bool
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., session_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., dropped_total: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class MetricsAck(_message.Message):
     __slots__ = ("acked_seq",)
@@ -323,8 +331,18 @@ class BestRequest(_message.Message):
     job: str
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
+class Candidate(_message.Message):
+    __slots__ = ("config", "median_step_time_s", "samples")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    config: Config
+    median_step_time_s: float
+    samples: int
+    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
 class BestResponse(_message.Message):
-    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found")
+    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found", "candidates")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +350,7 @@ class BestResponse(_message.Message):
     BASELINE_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     job: str
     config: Config
     median_step_time_s: float
@@ -339,4 +358,5 @@ class BestResponse(_message.Message):
     baseline_step_time_s: float
     evidence: str
     found: bool
-    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
