@@ -27,6 +27,7 @@ import grpc
 from autobyte import __version__
 from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_token, open_channel
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
+from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import MAX_WORLD_SIZE, Config, StepMetrics, check_metrics
@@ -204,7 +205,10 @@ class Reporter:
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._buffer: collections.deque[tuple[int, StepMetrics]] = collections.deque()
+        # (seq, metrics, host load when the step ended): the scheduler leaves StepMetrics.host_load
+        # at 0.0 (unknown); the reporter's sampler (autobyte.hostload) supplies it.
+        self._buffer: collections.deque[tuple[int, StepMetrics, float]] = collections.deque()
+        self._host_load = HostLoadSampler()
         self._capacity = buffer_samples
         self._flush_interval_s = flush_interval_s
         self._send_due = 0.0
@@ -262,6 +266,7 @@ class Reporter:
             self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
         for thread in self._threads:
             thread.start()
+        self._host_load.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
         """Step callback (training thread): buffer the sample and note a decision that took effect."""
@@ -272,7 +277,7 @@ class Reporter:
             if len(self._buffer) >= self._capacity:
                 self._buffer.popleft()
                 self._dropped_overflow += 1
-            self._buffer.append((self._seq, metrics))
+            self._buffer.append((self._seq, metrics, self._host_load.value))
             if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
         if metrics.decision_id != self._decision_id:  # a decision took effect at this step
@@ -350,7 +355,7 @@ class Reporter:
             cpu0 = time.thread_time()
             batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
             now = time.time()
-            for seq, metrics in pending:
+            for seq, metrics, host_load in pending:
                 try:
                     check_metrics(metrics, now)
                 except ValueError as error:  # a broken measurement: never worth a refused batch
@@ -359,7 +364,10 @@ class Reporter:
                         self._invalid += 1
                         log.warning("dropping step %d's sample: %s", metrics.step, error)
                     continue
-                batch.samples.append(metrics_to_proto(metrics, seq))
+                sample = metrics_to_proto(metrics, seq)
+                if not sample.host_load:
+                    sample.host_load = host_load
+                batch.samples.append(sample)
             batch.dropped_total = self.dropped_total
             self.background_cpu_s += time.thread_time() - cpu0
             last = pending[-1][0]
@@ -570,6 +578,7 @@ class Reporter:
         self._closed.set()
         with self._cond:
             self._cond.notify_all()
+        self._host_load.stop(timeout_s=0.1)
         stream = getattr(self, "_watch_stream", None)
         if stream is not None:
             stream.cancel()

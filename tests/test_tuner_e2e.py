@@ -50,6 +50,12 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
     last = [steps[i].step_time_s for i in range(2800, 3000) if i in steps]
     assert len(bad) >= 20 and len(last) >= 150
     assert statistics.median(last) < 0.5 * statistics.median(bad)
+    # the client's host-load sampler (autobyte.hostload) reaches storage once its first second is over
+    import sqlite3
+
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        (loaded,) = conn.execute("select count(*) from step_metrics where host_load > 0").fetchone()
+    assert loaded > 100
     (job_status,) = status.jobs
     # a search takes a few seconds (samples arrive once a second); the job may end in any of these
     assert job_status.tuner.state in ("holding", "verifying", "confirming", "exploring", "checking", "re-tuning")
