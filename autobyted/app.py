@@ -43,6 +43,7 @@ class Daemon:
         self.settings = settings
         self.port: int | None = None
         self.tuner = None  # the TunerManager while running (None with --tuner off)
+        self.writer = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -98,6 +99,7 @@ class Daemon:
             engine.dispose()
             raise
         self.port = port
+        self.writer = writer  # the ingest queue, for introspection (queued rows)
         self._stop = asyncio.Event()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
