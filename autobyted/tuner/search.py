@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, format_bytes
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import Alarm, DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
@@ -459,8 +459,9 @@ class JobTuner:
         assert self.incumbent is not None
         # What the predictor got wrong about this configuration, for this job (kept across
         # segments: a bias of the model for this job and machine outlives a context change).
-        # Committed only when the search ends cleanly (a search the context moved under, found by a
-        # check, the A-B-A confirmation or the verification, is not evidence), and clipped.
+        # Committed when the search ends cleanly, or when what interrupted it was a jump of the
+        # context large enough to show in a trial's own context check (_abort); not when the
+        # context moved under the search more gently (a ramp is no evidence); clipped.
         error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
         self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
         self._learn_noise(trial.samples)
@@ -582,11 +583,17 @@ class JobTuner:
         self.stats["retunes"] += 1
         self.aborts += 1
         self.fruitless += 1
+        if moved.signal in JUMP_LIMITS and abs(moved.shift) > JUMP_LIMITS[moved.signal]:
+            # A move this large shows in the context check of any trial it falls into
+            # (drift.context_jump): the trials accepted so far were measured before it, so what
+            # they taught about the predictor's errors on this job stands (a slow ramp would not
+            # show there: its search's errors are dropped).
+            self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
+        self.search_errors = []
         if self.aborts < self.p.max_aborts:
             self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
                              steps=self.p.rebaseline_steps)
             return
-        self.search_errors = []
         self._hold(in_effect, watch_reference=in_effect.samples)
         self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
                              f"search completes ({moved.reason})")
