@@ -19,14 +19,12 @@ the data-parallel group cannot run it (the choice is collective).
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
+from autobyte.native_status import ENV_SWITCH, MODULE, load, status
 from autobyte.scheduler.dispatch import DispatchStats
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.progress import SchedulerError
@@ -34,75 +32,6 @@ from autobyte.scheduler.update import Updater
 from autobyte.types import Config
 
 logger = logging.getLogger(__name__)
-
-MODULE = "autobyte._native"
-INTERFACE_VERSION = 1  # must equal native/engine.cpp's kInterfaceVersion
-ENV_SWITCH = "AUTOBYTE_NATIVE"  # "0": always the Python path
-REBUILD = ("rebuild it: bash scripts/setup.sh in a checkout, or pip install --no-build-isolation "
-           "'autobyte[torch]' with torch and a C++ compiler installed")
-
-
-@dataclasses.dataclass(frozen=True)
-class NativeStatus:
-    """Whether the extension is in this installation (`built`), can run here (`active`), and why not."""
-
-    built: bool
-    active: bool
-    reason: str
-    built_for_torch: str = ""
-
-
-_loaded: tuple[Any, NativeStatus] | None = None
-
-
-def _load() -> tuple[Any, NativeStatus]:
-    """Import the extension once (torch first: it provides the libraries the extension links)."""
-    global _loaded
-    if _loaded is not None:
-        return _loaded
-    try:
-        built = importlib.util.find_spec(MODULE) is not None
-    except (ImportError, ValueError):
-        built = False
-    module = None
-    if not built:
-        result = NativeStatus(False, False, f"{MODULE} is not in this installation (built without torch in "
-                                            f"the build environment or without a C++ compiler); {REBUILD}")
-    else:
-        try:
-            import torch
-            import torch.distributed  # registers ProcessGroup for the extension's arguments
-        except ImportError as error:
-            result = NativeStatus(True, False, f"torch is not importable ({error}): pip install 'autobyte[torch]'")
-        else:
-            try:
-                module = importlib.import_module(MODULE)
-            except (ImportError, OSError) as error:
-                result = NativeStatus(True, False, f"{MODULE} cannot be loaded ({error}); {REBUILD}")
-            else:
-                built_for = str(getattr(module, "TORCH_VERSION", ""))
-                version = getattr(module, "INTERFACE_VERSION", None)
-                if version != INTERFACE_VERSION:
-                    result = NativeStatus(True, False, f"{MODULE} is a stale build (interface {version}, this "
-                                                       f"autobyte needs {INTERFACE_VERSION}); {REBUILD}", built_for)
-                    module = None
-                elif built_for != torch.__version__:
-                    result = NativeStatus(True, False, f"{MODULE} was built for torch {built_for}, this is "
-                                                       f"torch {torch.__version__}; {REBUILD}", built_for)
-                    module = None
-                else:
-                    result = NativeStatus(True, True, "", built_for)
-    _loaded = (module, result)
-    return _loaded
-
-
-def status() -> NativeStatus:
-    """The extension's state in this process, `AUTOBYTE_NATIVE=0` included."""
-    _, result = _load()
-    if result.active and os.environ.get(ENV_SWITCH, "1") == "0":
-        return dataclasses.replace(result, active=False, reason=f"disabled by {ENV_SWITCH}=0")
-    return result
-
 
 def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) -> str:
     if not wanted:
@@ -134,7 +63,7 @@ def decide(wanted: bool, device: Any, backend: str | None, channel: Any, decisio
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=decision_group)
         if not reason and flag.item() == 0:
             reason = "another rank of the data-parallel group cannot run the native path (see its log)"
-    return (None, reason) if reason else (_load()[0], "")
+    return (None, reason) if reason else (load()[0], "")
 
 
 _logged: set[tuple[bool, str]] = set()
