@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from autobyte.native_status import ENV_SWITCH, MODULE, load, status
+from autobyte.native_status import MODULE, load, status
 from autobyte.scheduler.dispatch import DispatchStats
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.progress import SchedulerError
