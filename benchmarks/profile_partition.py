@@ -64,6 +64,8 @@ def _measure(name: str, size: int, count: int, body) -> dict[str, Any]:
            "machine_cpu_us_per": busy / count * 1e6}
     for key, values in per.items():
         out[key + "_us_median"] = statistics.median(values) * 1e6 if values else None
+        out[key + "_us_mean"] = statistics.fmean(values) * 1e6 if values else None
+        out[key + "_us_p90"] = sorted(values)[int(0.9 * (len(values) - 1))] * 1e6 if values else None
     return out
 
 
@@ -221,9 +223,9 @@ def run_testbed(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def format_block(where: str, results: list[dict[str, Any]]) -> str:
-    lines = [f"{where}: per collective, µs (medians; CPU = total / count)",
-             f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'wall/op':>8} "
-             f"{'cpu/op':>7} {'machine cpu/op':>14}"]
+    lines = [f"{where}: per collective, µs (medians, hand-off also mean/p90; CPU = total / count)",
+             f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'mean/p90':>11} "
+             f"{'wall/op':>8} {'cpu/op':>7} {'machine cpu/op':>14}"]
 
     def f(value: Any) -> str:
         return "-" if value is None else f"{value:.0f}"
@@ -233,6 +235,7 @@ def format_block(where: str, results: list[dict[str, Any]]) -> str:
             continue
         lines.append(f"{r['name']:<24} {r['bytes']:>7} {f(r.get('latency_us_median')):>8} "
                      f"{f(r.get('launch_us_median')):>7} {f(r.get('handoff_us_median')):>8} "
+                     f"{f(r.get('handoff_us_mean')) + '/' + f(r.get('handoff_us_p90')):>11} "
                      f"{f(r['wall_us_per']):>8} {f(r['cpu_us_per']):>7} {f(r['machine_cpu_us_per']):>14}")
     lines.append(f"{'scheduler trace (native)':<24} {'part':>7} {'step ms':>8} {'parts':>6} "
                  f"{'ready>launch':>12} {'launch':>7} {'in flight':>9} {'done gap':>8}")
