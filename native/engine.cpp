@@ -804,6 +804,7 @@ class Engine {
                          [&] { return s.threads_running == 0; });
       }
     }
+    bool detached = false;
     for (auto& t : s.threads) {
       if (!t.joinable()) continue;
       bool running;
@@ -811,12 +812,19 @@ class Engine {
         std::lock_guard<std::mutex> g(s.tm);
         running = s.threads_running > 0;
       }
-      if (running)
+      if (running) {
         t.detach();
-      else
+        detached = true;
+      } else {
         t.join();
+      }
     }
     s.threads.clear();
+    // No thread of ours issues any more: drop our reference to the backend here, on the caller's
+    // thread. Otherwise a late completion callback could end up holding the last reference to the
+    // state, and through it to the scheduler's own ProcessGroupGloo, whose destructor would then run
+    // on (and join) gloo's own worker thread: std::system_error "Resource deadlock avoided", abort.
+    if (!detached) s.backend.reset();
     if (s.leader_fd >= 0) {
       ::close(s.leader_fd);
       s.leader_fd = -1;
