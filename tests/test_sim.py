@@ -279,3 +279,24 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
     # the 10gbit probe reached far less than 10 Gbit/s: CPU-bound, its inverse goodput is the cost
     assert fast["link"]["comm_cpu_s_per_byte"] == pytest.approx((0.03 - buckets * 1e-3) / grad_bytes)
     assert slow["link"] == fast["link"]
+
+
+def test_partitions_are_slices_of_one_buffer_like_the_real_scheduler(resnet):
+    # Small tensors fuse, big ones split: ceil(total / partition) messages; no partitioning = one
+    # message per tensor.
+    sim = Simulator(resnet, 8, Trace.constant(10 * GBIT))
+    total = resnet.total_param_bytes
+    assert sim.messages_per_step(Config(4 * MIB, None)) == -(-total // (4 * MIB))
+    assert sim.messages_per_step(Config(None, None)) == resnet.num_tensors
+    profile = ModelProfile("two", (LayerProfile("a", 0.001, 0.002, (3 * MIB, 1 << 10)),
+                                   LayerProfile("b", 0.001, 0.002, (1 << 10, 3 * MIB))))
+    link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
+    two = Simulator(profile, 2, Trace.constant(1 * GBIT), link)
+    plan = two._plan(Config(4 * MIB, None))
+    # buffer: b's 3 MiB + 1 KiB, then a's 1 KiB + 3 MiB; 4 MiB slices -> 2 messages, the first
+    # carries b and the start of a, so it is ready only when a's backward is done
+    assert plan.sizes == (4 * MIB, 2 * (3 * MIB + (1 << 10)) - 4 * MIB)
+    assert plan.ready_layer == (0, 0) and plan.covers == ((0, 1), (0, 0))
+    assert plan.priority == (1, 0)  # the slice nearest the input goes first
+    step = two.run(Config(4 * MIB, None), steps=3)[-1]
+    assert step.step_time_s >= lower_bound_step_s(profile, 2, 1 * GBIT)
