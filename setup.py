@@ -4,12 +4,24 @@ The import names differ from the folder names (`autobyte` lives in client/, `aut
 in migrations/): each root is mapped here and in `package_dir`, and everything below it that is a
 package (has an __init__.py) is found by setuptools. Metadata, dependencies and entry points are in
 setup.cfg.
+
+The scheduler's native hot path (`autobyte._native`, native/engine.cpp) is built only where it can
+be: torch importable in the build environment (so `pip install --no-build-isolation`, as
+scripts/setup.sh does: build isolation would have to download torch, which is never a build
+requirement) and a C++ compiler on PATH. Anywhere else, and if the compilation fails, the package
+builds without it and the scheduler runs its Python path (`autobyte check-build` says why).
+AUTOBYTE_BUILD_NATIVE=0 skips it on purpose.
 """
+
+import os
+import shutil
+import sys
 
 from setuptools import find_packages, setup
 
 # import name -> folder in this repository
 ROOTS = {"autobyte": "client", "autobyted": "autobyted", "autobyted.migrations": "migrations"}
+NATIVE_SOURCES = ["native/engine.cpp"]
 
 
 def packages() -> list[str]:
@@ -20,4 +32,43 @@ def packages() -> list[str]:
     return found
 
 
-setup(package_dir=ROOTS, packages=packages())
+def _say(message: str) -> None:
+    print(f"autobyte: {message}", file=sys.stderr)
+
+
+def native_build() -> dict:
+    """setup() arguments for the optional C++ extension, or none (with the reason printed)."""
+    if os.environ.get("AUTOBYTE_BUILD_NATIVE", "1") == "0":
+        _say("AUTOBYTE_BUILD_NATIVE=0: building without the native hot path")
+        return {}
+    if not all(os.path.exists(source) for source in NATIVE_SOURCES):
+        return {}  # building from an sdist without native/
+    try:
+        import torch
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except Exception as error:  # noqa: BLE001 - any failure to import torch means: no extension
+        _say(f"building without the native hot path: torch is not importable here ({error}); "
+             "install torch first and build with pip's --no-build-isolation to get it")
+        return {}
+    compiler = (os.environ.get("CXX") or "c++").split()[0]
+    if shutil.which(compiler) is None:
+        _say(f"building without the native hot path: no C++ compiler ({compiler!r} not found)")
+        return {}
+
+    class OptionalBuildExtension(BuildExtension):
+        """A failed compilation leaves the Python path, never a failed install."""
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as error:  # noqa: BLE001
+                _say(f"building without the native hot path: compiling {ext.name} failed: {error}")
+
+    extension = CppExtension(
+        "autobyte._native", NATIVE_SOURCES,
+        extra_compile_args=["-O2", f'-DAUTOBYTE_TORCH_VERSION="{torch.__version__}"'])
+    return {"ext_modules": [extension],
+            "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))}}
+
+
+setup(package_dir=ROOTS, packages=packages(), **native_build())

@@ -49,14 +49,17 @@ DEFAULT_GRID = "1MiB:2MiB,1MiB:4MiB,2MiB:4MiB,2MiB:8MiB,4MiB:8MiB,4MiB:16MiB,4Mi
 
 
 def config_labels(grid: Sequence[tuple[str, str]], with_sched: bool,
-                  shared: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """Probes, DDP, the scheduler's grid, and `shared:` twins (the scheduler with
-    own_communicator=False: its collectives on the default group) of the `shared` pairs."""
+                  shared: Sequence[tuple[str, str]] = (), python_twins: bool = False) -> list[str]:
+    """Probes, DDP, the scheduler's grid, `shared:` twins (the scheduler with
+    own_communicator=False: its collectives on the default group) of the `shared` pairs, and with
+    `python_twins` a `py:` twin (the Python hot path) of every grid entry."""
     labels = ["compute", "comm", "ddp"]
     if with_sched:
-        labels.append("sched:none,none")
-        labels += [f"sched:{p},{c}" for p, c in grid if not (p == "none" and c == "none")]
+        pairs = [("none", "none")] + [(p, c) for p, c in grid if not (p == "none" and c == "none")]
+        labels += [f"sched:{p},{c}" for p, c in pairs]
         labels += [f"shared:{p},{c}" for p, c in shared]
+        if python_twins:
+            labels += [f"py:{p},{c}" for p, c in pairs]
     return labels
 
 
@@ -115,16 +118,17 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def own_vs_shared(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Per `shared:` configuration, the median over rounds of its step time over its `sched:` twin's."""
+def own_vs_shared(results: list[dict[str, Any]], kind: str = "shared") -> dict[str, float]:
+    """Per `shared:` (or other `kind:`) configuration, the median over rounds of its step time over
+    its `sched:` twin's (paired within a round)."""
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in results:
         by_round[r["round"]][r["config"]] = r
     out = {}
     for label in dict.fromkeys(r["config"] for r in results):
-        if not label.startswith("shared:"):
+        if not label.startswith(kind + ":"):
             continue
-        own = "sched:" + label[len("shared:"):]
+        own = "sched:" + label[len(kind) + 1:]
         ratios = [rounds[label]["median_step_s"] / rounds[own]["median_step_s"]
                   for rounds in by_round.values() if label in rounds and own in rounds]
         if ratios:
@@ -152,16 +156,21 @@ def format_table(blocks: list[dict[str, Any]]) -> str:
                          f"{bound * 1e3:9.1f} {rows['ddp']['median_step_s'] / bound:7.2f} "
                          f"{'':>10}  (compute {rows['compute']['median_step_s'] * 1e3:.0f} ms, "
                          f"comm {rows['comm']['median_step_s'] * 1e3:.0f} ms)")
-        sched = {k: v for k, v in rows.items() if k.startswith("sched:") and v["ratio_vs_ddp"]}
-        if sched:
-            best = max(sched, key=lambda k: sched[k]["ratio_vs_ddp"])
-            lines.append(f"{block['model']:<11} {block['rate']:>8} {'best: ' + best:<24} "
-                         f"{sched[best]['median_step_s'] * 1e3:9.1f} "
-                         f"{sched[best]['ratio_vs_ddp']:7.2f}")
+        for kind in ("sched", "py"):
+            sched = {k: v for k, v in rows.items() if k.startswith(kind + ":") and v["ratio_vs_ddp"]}
+            if sched:
+                best = max(sched, key=lambda k: sched[k]["ratio_vs_ddp"])
+                lines.append(f"{block['model']:<11} {block['rate']:>8} {'best: ' + best:<24} "
+                             f"{sched[best]['median_step_s'] * 1e3:9.1f} "
+                             f"{sched[best]['ratio_vs_ddp']:7.2f}")
         for label, ratio in block.get("own_vs_shared", {}).items():
             lines.append(f"{block['model']:<11} {block['rate']:>8} {'own/shared ' + label[7:]:<24} "
                          f"{'':>9} {ratio:7.3f}  (paired step-time ratio shared / own group; "
                          f">1: the own group is faster)")
+        for label, ratio in block.get("native_vs_python", {}).items():
+            lines.append(f"{block['model']:<11} {block['rate']:>8} {'py/native ' + label[3:]:<24} "
+                         f"{'':>9} {ratio:7.3f}  (paired step-time ratio Python / native path; "
+                         f">1: native is faster)")
         lines.append("")
     return "\n".join(lines)
 
@@ -178,37 +187,50 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
     excluding the backend's launch call, and the launch call itself), and an external estimate:
     the extra step time per extra partition against no partitioning (scheduler + backend + wire).
     """
-    labels = ["sched:none,none"] + [f"sched:{p},none" for p in args.dispatch_partitions.split(",")]
+    kinds = ["sched", "py"] if args.python_twins else ["sched"]
+    labels = [f"{kind}:{p},none" for kind in kinds
+              for p in ["none", *args.dispatch_partitions.split(",")]]
     bed.set_rate(parse_rate(args.dispatch_rate))
     model_args = json.dumps({"in_features": 256, "hidden": 256, "depth": 4})
-    results = run_pair(bed, "mlp", 32, labels, args, model_args=model_args, rounds=2, steps=10)
+    results = run_pair(bed, "mlp", 32, labels, args, model_args=model_args,
+                       rounds=args.dispatch_rounds, steps=10)
     rows = summarise(results)
+    by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by_round[r["round"]][r["config"]] = r
     out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {}}
-    base = rows["sched:none,none"]["median_step_s"]
-    base_parts = statistics.median(r["metrics_median"]["partitions"] for r in results
-                                   if r["config"] == "sched:none,none")
     for label in labels:
+        kind = label.split(":")[0]
+        base_label = f"{kind}:none,none"
         mine = [r for r in results if r["config"] == label]
         parts = statistics.median(r["metrics_median"]["partitions"] for r in mine)
+        base_parts = statistics.median(r["metrics_median"]["partitions"] for r in results
+                                       if r["config"] == base_label)
         sched_us = statistics.median(r["dispatch"]["scheduler_us_per_partition"] for r in mine)
         launch_us = statistics.median(r["dispatch"]["backend_launch_us_per_partition"]
                                       for r in mine)
-        step = rows[label]["median_step_s"]
         extra = parts - base_parts
+        # paired within a round against the same path without partitioning, then the median
+        per_round = [(rounds[label]["median_step_s"] - rounds[base_label]["median_step_s"]) / extra * 1e6
+                     for rounds in by_round.values() if label in rounds and base_label in rounds
+                     and extra > 0]
         out["configs"][label] = {
-            "partitions_per_step": parts, "step_ms": step * 1e3,
+            "hot_path": mine[0].get("hot_path"),
+            "partitions_per_step": parts, "step_ms": rows[label]["median_step_s"] * 1e3,
             "scheduler_us_per_partition": sched_us, "backend_launch_us_per_partition": launch_us,
-            "external_us_per_extra_partition": (step - base) / extra * 1e6 if extra > 0 else None}
+            "external_us_per_extra_partition": statistics.median(per_round) if extra > 0 and per_round
+            else None}
     return out
 
 
 def format_dispatch(d: dict[str, Any]) -> str:
     lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32)",
-             f"{'configuration':<22} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
+             f"{'configuration':<22} {'path':>6} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
              f"{'launch us/part':>14} {'extra step us/part':>18}"]
     for label, row in d["configs"].items():
         ext = row["external_us_per_extra_partition"]
-        lines.append(f"{label:<22} {row['partitions_per_step']:10.0f} {row['step_ms']:8.1f} "
+        lines.append(f"{label:<22} {row.get('hot_path') or '-':>6} {row['partitions_per_step']:10.0f} "
+                     f"{row['step_ms']:8.1f} "
                      f"{row['scheduler_us_per_partition']:13.1f} "
                      f"{row['backend_launch_us_per_partition']:14.1f} "
                      f"{(f'{ext:.0f}' if ext is not None else '-'):>18}")
@@ -245,6 +267,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dispatch-only", action="store_true")
     parser.add_argument("--dispatch-partitions", default="16KiB,64KiB")
     parser.add_argument("--dispatch-rate", default="10gbit")
+    parser.add_argument("--dispatch-rounds", type=int, default=2)
+    parser.add_argument("--python-twins", action="store_true",
+                        help="also run every scheduler configuration on the Python hot path "
+                             "(py:P,C, native=False), paired with the native path in the same run")
     parser.add_argument("--out", default="", help="write raw results + table as JSON here")
     return parser.parse_args(argv)
 
@@ -267,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = parse_grid(args)
     missing = [pair for pair in shared if pair not in grid and pair != ("none", "none")]
     grid += missing  # a shared: twin is always paired with the same configuration on its own group
-    labels = [_twin(label) for label in config_labels(grid, with_sched, shared)]
+    labels = [_twin(label) for label in config_labels(grid, with_sched, shared, args.python_twins)]
     rates = [parse_rate(r) for r in args.rates.split(",")]
     with Testbed(world_size=2, rate=rates[0]) as bed:
         if not args.dispatch_only:
@@ -278,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results = run_pair(bed, model, batch.get(model, 0), labels, args)
                     block = {"model": model, "rate": format_rate(rate), "load": load,
                              "batch_size": batch.get(model), "rows": summarise(results),
-                             "own_vs_shared": own_vs_shared(results), "raw": results}
+                             "own_vs_shared": own_vs_shared(results),
+                             "native_vs_python": own_vs_shared(results, "py"), "raw": results}
                     report["blocks"].append(block)
                     print(f"[{model} @ {format_rate(rate)} done, load {load}]", flush=True)
             report["table"] = format_table(report["blocks"])

@@ -60,9 +60,11 @@ from torch import nn
 from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
-# sched: the scheduler on a communicator of its own (the default); shared: the same scheduler with
-# own_communicator=False, its collectives on the default group (for the cost of the dedicated one).
-SCHED_KINDS = ("sched", "shared")
+# sched: the scheduler on a communicator of its own (the default; its native hot path where built);
+# shared: the same scheduler with own_communicator=False, its collectives on the default group (for
+# the cost of the dedicated one); py: the same as sched on the Python hot path (native=False), for
+# native-vs-Python pairs in one run.
+SCHED_KINDS = ("sched", "shared", "py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +87,8 @@ class RunConfig:
             if len(parts) != 2:
                 raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT")
             return cls(kind, parse_bytes(parts[0]), parse_bytes(parts[1]))
-        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm or sched:P,C")
+        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm or sched:P,C "
+                         "(or shared:P,C / py:P,C)")
 
     @property
     def label(self) -> str:
@@ -112,7 +115,8 @@ def emit(obj: dict[str, Any]) -> None:
 class Trainer:
     """Holds the replicas (DDP and scheduler) and runs segments."""
 
-    def __init__(self, args: argparse.Namespace, need_sched: bool, need_shared: bool = False) -> None:
+    def __init__(self, args: argparse.Namespace, need_sched: bool, need_shared: bool = False,
+                 need_py: bool = False) -> None:
         self.args = args
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
@@ -145,7 +149,7 @@ class Trainer:
 
             autobyte.init()
         self.replicas: dict[str, tuple[Any, Any, list]] = {}  # kind -> (model, optimizer, metrics)
-        for kind, wanted in (("sched", need_sched), ("shared", need_shared)):
+        for kind, wanted in (("sched", need_sched), ("shared", need_shared), ("py", need_py)):
             if not wanted:
                 continue
             from autobyte.scheduler import ScheduledOptimizer
@@ -154,7 +158,8 @@ class Trainer:
             group = dist.new_group(backend="gloo") if args.sched_group else None
             sched = ScheduledOptimizer(sched_model, self._optimizer(sched_model.parameters()),
                                        partition_bytes=None, credit_bytes=None,
-                                       process_group=group, own_communicator=kind == "sched")
+                                       process_group=group, own_communicator=kind != "shared",
+                                       native=kind != "py")
             # Every completed step's metrics (last_step_metrics() lags and may skip steps).
             metrics: list[Any] = []
             sched.add_step_callback(metrics.append)
@@ -304,6 +309,7 @@ class Trainer:
         }
         if dispatch is not None:
             result["dispatch"] = dispatch
+            result["hot_path"] = self.sched.hot_path
         if metrics and self.args.full_metrics:
             result["metrics"] = metrics
         elif metrics:
@@ -396,7 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.control and any(s.config.kind != "sched" for s in plan):
             raise SystemExit("--control needs scheduler configurations only (sched:P,C)")
         trainer = Trainer(args, need_sched=any(s.config.kind == "sched" for s in plan),
-                          need_shared=any(s.config.kind == "shared" for s in plan))
+                          need_shared=any(s.config.kind == "shared" for s in plan),
+                          need_py=any(s.config.kind == "py" for s in plan))
         emit({"event": "train_start", "rank": trainer.rank, "model": args.model,
               "parameters": trainer.workload.parameter_count,
               "gradient_bytes": trainer.workload.gradient_bytes, "batch_size": trainer.batch_size,

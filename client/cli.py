@@ -142,6 +142,34 @@ def main() -> None:
     """autobyte: what the daemon sees, what was decided, and why."""
 
 
+@main.command("check-build")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def check_build(fmt) -> None:
+    """Say how this installation was built: the scheduler's native hot path (built? active? why
+    not?), torch and its distributed backends. Needs no daemon."""
+    from autobyte.native_status import build_report
+
+    report = build_report()
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=1))
+        return
+    yes = {True: "yes", False: "no"}
+    native, torch_info = report["native"], report["torch"]
+    click.echo(f"autobyte {report['autobyte']} (Python {report['python']})")
+    click.echo(f"torch:            {torch_info['version'] if torch_info['installed'] else 'not installed'}")
+    click.echo(f"native hot path:  built {yes[native['built']]}, active {yes[native['active']]}"
+               + (f" (built for torch {native['built_for_torch']})" if native["built_for_torch"] else ""))
+    if native["reason"]:
+        click.echo(textwrap.fill(f"  why not: {native['reason']}", WIDTH, subsequent_indent="    "))
+    if torch_info["installed"]:
+        click.echo("backends:         " + ", ".join(f"[{'X' if on else ' '}] {name}"
+                                                     for name, on in report["backends"].items()))
+    click.echo(textwrap.fill(
+        "The native path runs CPU tensors on gloo with the socket decision channel; anything else runs "
+        "the Python path (the scheduler logs which one, once)." if native["active"] else
+        "The scheduler runs its Python path (same results, more CPU per partition).", WIDTH))
+
+
 @main.command()
 @connection_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)

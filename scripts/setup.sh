@@ -24,16 +24,20 @@ fi
 command -v ip >/dev/null || apt_install iproute2 || true
 
 stamp=.venv/.autobyte-installed
-want=$(cat setup.cfg setup.py pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat setup.cfg setup.py pyproject.toml native/* | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing into .venv (log: .venv/setup.log)"
   {
     .venv/bin/python -m pip install --upgrade pip
-    # torch first and pinned: this exact CPU build is what the project is tested with.
-    .venv/bin/python -m pip install 'torch==2.13.0'
-    .venv/bin/python -m pip install -e '.[all,test,bench]'
+    # torch first and pinned: this exact CPU build is what the project is tested with. Then the
+    # build tools, and the package without build isolation, so that setup.py sees torch and compiles
+    # the scheduler's native hot path (autobyte._native) against it; without a C++ compiler the
+    # package installs anyway and runs the Python path (autobyte check-build says why).
+    .venv/bin/python -m pip install 'torch==2.13.0' 'setuptools>=68' wheel ninja
+    .venv/bin/python -m pip install --no-build-isolation -e '.[all,test,bench]'
   } > .venv/setup.log 2>&1 || { tail -30 .venv/setup.log >&2; echo "setup: installation failed" >&2; exit 1; }
   .venv/bin/python -c 'import torch, grpc, grpc_health, sqlalchemy, xgboost, autobyte, autobyted' \
     || { echo "setup: installation failed" >&2; exit 1; }
+  .venv/bin/autobyte check-build | sed -n 's/^native hot path: */setup: native hot path: /p; s/^ *why not/setup: why not/p' 
   echo "$want" > "$stamp"
 fi

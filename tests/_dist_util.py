@@ -94,3 +94,19 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
                 proc.join(timeout=5)
         results.close()
     return [values[rank] for rank in range(world_size)]
+
+
+def run_ranks_on(hot_path: str, fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """run_ranks with the scheduler's hot path chosen for the ranks: "native" (the default where the
+    extension is built) or "python" (AUTOBYTE_NATIVE=0 in their environment)."""
+    if hot_path not in ("native", "python"):
+        raise ValueError(f"hot_path must be 'native' or 'python', got {hot_path!r}")
+    saved = os.environ.get("AUTOBYTE_NATIVE")
+    os.environ["AUTOBYTE_NATIVE"] = "1" if hot_path == "native" else "0"
+    try:
+        return run_ranks(fn, world_size, *args, timeout_s=timeout_s)
+    finally:
+        if saved is None:
+            os.environ.pop("AUTOBYTE_NATIVE", None)
+        else:
+            os.environ["AUTOBYTE_NATIVE"] = saved

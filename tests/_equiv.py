@@ -52,7 +52,8 @@ def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: 
 
 def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
                     loss_fn: Callable, rank: int, seed: int = 0, reconfig_p: float = 0.3,
-                    **kwargs: Any) -> tuple[nn.Module, Any, list]:
+                    **kwargs: Any) -> tuple[nn.Module, Any, list, str | None]:
+    """(model, optimizer, [(step, partition_bytes, credit_bytes)], the hot path that ran)."""
     from autobyte import ScheduledOptimizer
 
     rng = random.Random(seed * 1000 + rank)
@@ -71,4 +72,4 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
             loss_fn(model(x), y).backward()
             sched.step()
             sched.zero_grad()
-    return model, opt, seen
+    return model, opt, seen, sched.hot_path

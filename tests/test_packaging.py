@@ -1,13 +1,19 @@
 """A real wheel: built, installed into a fresh virtual environment with nothing of the checkout on
 any path, first without the [daemon] extra (autobyted says which extra it needs), then with it
-(autobyted starts, migrates an empty database, and `autobyte status` talks to it)."""
+(autobyted starts, migrates an empty database, and `autobyte status` talks to it).
 
+The wheel is built the way a machine without a C++ compiler builds it (CXX names no compiler), so it
+has no native hot path: it must install, say why in `autobyte check-build`, and train on the Python
+path."""
+
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +27,10 @@ def wheel(tmp_path_factory):
     # Build from a copy so the checkout gets no build/ or egg-info litter.
     shutil.copytree(ROOT, build_dir / "src", ignore=shutil.ignore_patterns(
         ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "out", "results"))
+    # No C++ compiler: the build must still succeed, without autobyte._native.
+    env = dict(os.environ, CXX=str(build_dir / "no-such-compiler"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(build_dir / "src")], check=True, capture_output=True)
+                    "-w", str(out), str(build_dir / "src")], check=True, capture_output=True, env=env)
     (path,) = out.glob("autobyte-*.whl")
     return path
 
@@ -49,7 +57,9 @@ def test_wheel_contents(wheel):
     assert any(n.startswith("autobyted/migrations/versions/0001") for n in names)
     assert "autobyted/migrations/script.py.mako" in names
     assert {"autobyted/storage/sql.py", "autobyted/tuner/search.py", "autobyted/tuner/prior.model"} <= names
-    assert not any(n.startswith(("tests/", "benchmarks/", "client/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "client/", "native/")) for n in names)
+    assert not any("_native" in n for n in names), "built without a compiler: no native extension"
+    assert "autobyte/native_status.py" in names and "autobyte/scheduler/native.py" in names
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     base = [line for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
@@ -122,3 +132,95 @@ def test_fresh_venv_base_install_then_daemon_extra(wheel, tmp_path):
     heads = sorted(p.name.split("_")[0] for p in (ROOT / "migrations" / "versions").glob("0*.py"))
     assert revision == heads[-1]
     assert {"jobs", "ranks", "step_metrics", "decisions", "configurations"} <= tables
+
+
+_TRAIN_WITHOUT_NATIVE = """
+import json, logging, os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+
+def rank_main(rank, port, out):
+    logging.basicConfig(level=logging.INFO, filename=f"{out}.{rank}.log")
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    from autobyte import ScheduledOptimizer
+    torch.manual_seed(0)
+    ref, model = nn.Linear(8, 4), nn.Linear(8, 4)
+    model.load_state_dict(ref.state_dict())
+    ddp = nn.parallel.DistributedDataParallel(ref)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(rank)
+    data = [(torch.randn(4, 8, generator=gen), torch.randn(4, 4, generator=gen)) for _ in range(5)]
+    with ScheduledOptimizer(model, opt, partition_bytes=4096, credit_bytes=8192) as sched:
+        for x, y in data:
+            ref_opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            ref_opt.step()
+            F.mse_loss(model(x), y).backward()
+            sched.step()
+        sched.synchronize()
+        diff = max((a - b).abs().max().item() for a, b in zip(ref.parameters(), model.parameters()))
+        result = {"hot_path": sched.hot_path, "reason": sched.hot_path_reason, "diff": diff}
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(rank_main, args=(port, sys.argv[1]), nprocs=2, start_method="spawn")
+"""
+
+
+def test_wheel_without_native_runs_the_python_path(wheel, tmp_path):
+    """The wheel built without a compiler, in a fresh venv that sees torch (this environment's
+    site-packages through a .pth line: its .pth files, e.g. the checkout's editable finder, are not
+    processed) but nothing of the checkout: check-build says why there is no native path, and a
+    2-rank job trains on the Python path with DDP's parameters."""
+    import torch
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python, bin_dir = venv / "bin" / "python", venv / "bin"
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "borrowed-torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "AUTOBYTE_NATIVE")}
+    env.update(PYTHONNOUSERSITE="1", PATH=f"{bin_dir}:{env.get('PATH', '')}")
+    work = tmp_path / "work"
+    work.mkdir()
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                                "--no-deps", "--disable-pip-version-check", str(wheel)],
+                               cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    check = subprocess.run([str(bin_dir / "autobyte"), "check-build", "--format", "json"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["torch"]["installed"] is True
+    assert report["native"]["built"] is False and report["native"]["active"] is False
+    assert "not in this installation" in report["native"]["reason"]
+    text = subprocess.run([str(bin_dir / "autobyte"), "check-build"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "built no, active no" in text and "why not" in text
+
+    script = work / "train.py"
+    script.write_text(_TRAIN_WITHOUT_NATIVE)
+    out = work / "result"
+    trained = subprocess.run([str(python), str(script), str(out)], cwd=work, env=env, capture_output=True,
+                             text=True, timeout=180)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    for rank in range(2):
+        result = json.loads((work / f"result.{rank}.json").read_text())
+        assert result["hot_path"] == "python", result
+        assert "not in this installation" in result["reason"]
+        assert result["diff"] == 0.0, result
+        log = (work / f"result.{rank}.log").read_text()
+        lines = [line for line in log.splitlines() if "hot path" in line]
+        assert len(lines) == 1 and "Python hot path" in lines[0], log
+        assert str(ROOT) not in log

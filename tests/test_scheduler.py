@@ -11,7 +11,7 @@ import torch  # the test environment always has the torch extra: a missing torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
+from _dist_util import run_ranks, run_ranks_on
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
     from autobyte import ScheduledOptimizer
 
     steps = 9
-    results = {}
+    results = {"hot_paths": []}
     configs = [(None, None), (4 << 10, 8 << 10), (1 << 20, None), (4 << 10, None)]
     for k, kind in enumerate(["sgd", "adam", "adamw"]):
         ref_model, ref_opt = _run_ddp(kind, steps, rank, seed=1)
@@ -119,6 +119,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
                 sched.zero_grad()
             sched.synchronize()
             results[kind] = _max_diff(ref_model, model, ref_opt, opt, seed=1)
+            results["hot_paths"].append(sched.hot_path)
 
     # An LR scheduler stepping right after step(), while the updates are still in flight.
     ref_model, ref_opt = _run_ddp("adamw", steps, rank, sched_lr=True)
@@ -164,12 +165,17 @@ def _equivalence_worker(rank: int, world: int) -> dict:
         sched.synchronize()
         results["clip_grad_norm"] = _max_diff(ref_model, model, ref_opt, opt)
         results["clip_grad_norm"]["norm"] = sched.last_grad_norm
+        results["hot_paths"].append(sched.hot_path)
     return results
 
 
-@pytest.fixture(scope="module")
-def equivalence():
-    return run_ranks(_equivalence_worker, 2, timeout_s=150)
+@pytest.fixture(scope="module", params=["native", "python"])
+def equivalence(request):
+    """Both hot paths (AUTOBYTE_NATIVE in the ranks' environment); each must really run."""
+    results = run_ranks_on(request.param, _equivalence_worker, 2, timeout_s=150)
+    for rank in results:
+        assert set(rank["hot_paths"]) == {request.param}, rank["hot_paths"]
+    return results
 
 
 CASES = ["sgd", "adam", "adamw", "adamw_lr_scheduler", "state_dict_round_trip", "clip_grad_norm"]
@@ -276,17 +282,26 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
         sched.synchronize()
         diff = max((a - b).abs().max().item() for a, b in zip(ref.parameters(), model.parameters()))
     stats = sched.dispatch_stats()
+    stats["hot_path"], stats["reason"] = sched.hot_path, sched.hot_path_reason
     threads_left = [t.name for t in threading.enumerate() if t.name.startswith("autobyte-")]
     return {"threads_left": threads_left, "diff": diff, "seen": seen, "requested": {k: (v.partition_bytes, v.credit_bytes)
                                                       for k, v in requested.items()}, "stats": stats}
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("channel,steps,reconfigs", [("socket", 300, 200), ("gloo", 100, 60)])
-def test_jitter_reconfiguration_no_hang_matches_ddp(channel, steps, reconfigs):
+@pytest.mark.parametrize("hot_path,channel,steps,reconfigs", [
+    ("native", "socket", 300, 200), ("python", "socket", 300, 200),
+    # the native path reads decisions from the socket channel: with gloo's it falls back, saying so
+    ("native", "gloo", 100, 60)])
+def test_jitter_reconfiguration_no_hang_matches_ddp(hot_path, channel, steps, reconfigs):
     """Random sleeps in forward/backward hooks on both ranks, random reconfigurations on rank 0
     (other ones on rank 1, which must not matter): no hang, DDP's parameters, same config per step."""
-    rank0, rank1 = run_ranks(_jitter_worker, 2, steps, reconfigs, channel, timeout_s=200)
+    rank0, rank1 = run_ranks_on(hot_path, _jitter_worker, 2, steps, reconfigs, channel, timeout_s=200)
+    expected = "python" if channel == "gloo" else hot_path
+    assert rank0["stats"]["hot_path"] == rank1["stats"]["hot_path"] == expected, rank0["stats"]
+    if channel == "gloo":
+        assert "gloo point-to-point" in rank0["stats"]["reason"]
+    assert rank0["stats"]["native"] == (expected == "native")
     assert rank0["stats"]["channel_socket"] == rank1["stats"]["channel_socket"] == (channel == "socket")
     assert rank0["diff"] <= TOL and rank1["diff"] <= TOL, (rank0["diff"], rank1["diff"])
     # Every step's configuration is the same on both ranks, and it is the one rank 0 asked for.

@@ -57,7 +57,7 @@ def _cuda_worker(rank: int, world: int, sync_bn: bool) -> dict:
     batches = [(torch.randn(8, 6, 32, generator=gen).to(device),
                 torch.randint(0, 10, (8,), generator=gen).to(device)) for _ in range(60)]
     ref, _ = train_ddp(make_model, make_opt, batches, F.cross_entropy)
-    model, _, seen = train_scheduled(make_model, make_opt, batches, F.cross_entropy, rank)
+    model, _, seen, _ = train_scheduled(make_model, make_opt, batches, F.cross_entropy, rank)
     return {"diff": max_param_diff(ref, model), "steps": len(seen)}
 
 

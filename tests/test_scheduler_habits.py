@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
+from _dist_util import run_ranks_on
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,8 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
     batches = [(torch.randn(8, 16, generator=gen), torch.randn(8, 1024, generator=gen),
                 torch.randn(8, 4, generator=gen)) for _ in range(steps)]
 
+    hot_paths: list = []
+
     def run(scheduled: bool):
         model_a = _net(1)
         opt_a = torch.optim.SGD(model_a.parameters(), lr=0.05, momentum=0.9)
@@ -107,6 +109,7 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
                                        timeout_s=30)
             with sched:
                 logged = _habits_loop(rank, model_a, sched.step, model_b, ddp_b, opt_b, batches)
+            hot_paths.append(sched.hot_path)
         else:
             ddp_a = DDP(model_a)
 
@@ -120,13 +123,15 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
     ref_a, ref_b, ref_logged = run(False)
     model_a, model_b, logged = run(True)
     diff = lambda m, n: max((p - q).abs().max().item() for p, q in zip(m.parameters(), n.parameters()))  # noqa: E731
-    return {"a": diff(ref_a, model_a), "b": diff(ref_b, model_b), "logged": logged == ref_logged}
+    return {"a": diff(ref_a, model_a), "b": diff(ref_b, model_b), "logged": logged == ref_logged,
+            "hot_paths": hot_paths}
 
 
 @pytest.mark.timeout(200)
-def test_user_collectives_never_interleave_with_the_schedulers():
-    for rank, got in enumerate(run_ranks(_habits_worker, 2, 40, timeout_s=180)):
-        assert got == {"a": 0.0, "b": 0.0, "logged": True}, (rank, got)
+@pytest.mark.parametrize("hot_path", ["native", "python"])  # the native engine issues from C++
+def test_user_collectives_never_interleave_with_the_schedulers(hot_path):
+    for rank, got in enumerate(run_ranks_on(hot_path, _habits_worker, 2, 40, timeout_s=180)):
+        assert got == {"a": 0.0, "b": 0.0, "logged": True, "hot_paths": [hot_path]}, (rank, got)
 
 
 def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
@@ -158,18 +163,21 @@ def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
             dist.all_reduce(shared, group=my_mp)  # traffic on a crossing group every step
         if scheduled:
             sched.close()
+            hot_paths.append(sched.hot_path)
         return model
 
+    hot_paths: list = []
     ref, model = run(False), run(True)
     return {"diff": max((p - q).abs().max().item() for p, q in zip(ref.parameters(), model.parameters())),
-            "first": next(model.parameters()).detach().flatten().tolist()}
+            "first": next(model.parameters()).detach().flatten().tolist(), "hot_paths": hot_paths}
 
 
 @pytest.mark.timeout(200)
 def test_data_parallel_subgroups_of_a_larger_job():
-    results = run_ranks(_subgroups_worker, 4, 25, timeout_s=180)
+    results = run_ranks_on("native", _subgroups_worker, 4, 25, timeout_s=180)
     for rank, got in enumerate(results):
         assert got["diff"] == 0.0, (rank, got["diff"])
+        assert got["hot_paths"] == ["native"], (rank, got["hot_paths"])
     # replicas agree within a group, and the two groups trained different replicas
     assert results[0]["first"] == results[1]["first"]
     assert results[2]["first"] == results[3]["first"]

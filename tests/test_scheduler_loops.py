@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
+from _dist_util import run_ranks, run_ranks_on
 
 pytestmark = pytest.mark.slow
 
@@ -106,8 +106,9 @@ def _amp_worker(rank: int, world: int) -> dict:
 
 
 @pytest.mark.timeout(200)
-def test_mixed_precision_equals_ddp():
-    for rank, got in enumerate(run_ranks(_amp_worker, 2, timeout_s=180)):
+@pytest.mark.parametrize("hot_path", ["native", "python"])  # whole-step updates on both paths
+def test_mixed_precision_equals_ddp(hot_path):
+    for rank, got in enumerate(run_ranks_on(hot_path, _amp_worker, 2, timeout_s=180)):
         assert got["bf16"]["params"] == 0.0 and got["bf16"]["state"] == 0.0, (rank, got)
         fp16 = got["fp16_scaler"]
         assert fp16["params"] == 0.0 and fp16["state"] == 0.0, (rank, fp16)
@@ -257,6 +258,7 @@ def _freeze_worker(rank: int, world: int) -> dict:
                 adam.step()
         if sched:
             sched.close()
+            out.setdefault("hot_paths", []).append(sched.hot_path)
         return model, (sgd, adam)
 
     ref, (ref_sgd, ref_adam) = two("ddp")
@@ -268,13 +270,14 @@ def _freeze_worker(rank: int, world: int) -> dict:
 
 @pytest.mark.timeout(240)
 def test_freezing_and_two_optimizers_equal_ddp():
-    for rank, got in enumerate(run_ranks(_freeze_worker, 2, timeout_s=220)):
+    for rank, got in enumerate(run_ranks_on("native", _freeze_worker, 2, timeout_s=220)):
         assert got["freeze_later"] == (0.0, 0.0), (rank, got)
         step, message = got["unfreeze_error"]
         assert step == 5 and "'mid.weight'" in message and "ScheduledOptimizer(model" in message
         assert got["unfreeze_rebuilt"] == (0.0, 0.0), (rank, got)
         for mode in ("list", "outside_before", "outside_after"):
             assert got[mode] == (0.0, 0.0, 0.0), (rank, mode, got[mode])
+        assert got["hot_paths"] == ["native"] * 3, (rank, got["hot_paths"])
 
 
 # ---------------------------------------------------------------- reading parameters after step()

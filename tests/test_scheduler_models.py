@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
+from _dist_util import run_ranks_on
 from _equiv import max_param_diff, train_ddp, train_scheduled
 
 pytestmark = pytest.mark.slow
@@ -144,15 +144,19 @@ def _case_worker(rank: int, world: int, names: list[str]) -> dict:
         gen = torch.Generator().manual_seed(500 + rank)
         batches = [data(gen) for _ in range(STEPS)]
         ref, _ = train_ddp(make_model, make_opt, batches, loss_fn)
-        model, _, seen = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k)
-        out[name] = {"diff": max_param_diff(ref, model), "steps": len(seen),
+        model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k)
+        out[name] = {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
                      "configs": len({tuple(c) for _, *c in seen})}
     return out
 
 
-@pytest.fixture(scope="module")
-def model_cases():
-    return run_ranks(_case_worker, 2, list(CASES), timeout_s=280)
+@pytest.fixture(scope="module", params=["native", "python"])
+def model_cases(request):
+    """Both hot paths (AUTOBYTE_NATIVE in the ranks' environment); each must really run."""
+    results = run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280)
+    for rank in results:
+        assert {got["hot_path"] for got in rank.values()} == {request.param}, rank
+    return results
 
 
 @pytest.mark.timeout(300)

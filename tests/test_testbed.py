@@ -233,6 +233,22 @@ def test_train_worker_under_a_step_trace_with_online_reconfiguration(tmp_path: P
         assert len(summary["step_times_s"]) == 8
 
 
+@needs_netns
+def test_train_worker_pairs_the_native_and_python_hot_paths() -> None:
+    # bench_scheduler --python-twins: `py:` configurations run the same scheduler with native=False
+    # in the same ranks, so native-vs-Python ratios are paired within a run.
+    command = [sys.executable, "-m", "benchmarks.train_worker", "--model", "mlp",
+               "--model-args", json.dumps({"in_features": 64, "hidden": 256, "depth": 2}),
+               "--batch-size", "16", "--configs", "sched:64KiB,none", "py:64KiB,none",
+               "--rounds", "1", "--steps", "3", "--warmup", "1"]
+    with Testbed(world_size=2, rate="10gbit") as bed:
+        result = bed.run(command, cwd=str(REPO), timeout_s=120)
+    for rank in result.ranks:
+        paths = {r["config"]: r["hot_path"] for r in rank.results}
+        assert paths == {"sched:64KiB,none": "native", "py:64KiB,none": "python"}, paths
+        assert all(r["dispatch"]["partitions"] > 0 for r in rank.results)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -196,6 +196,14 @@ class DecisionChannel:
             logger.info("decision channel: gloo point-to-point")
         self.kind = "socket" if ok.item() else "gloo"
 
+    def detach_sockets(self) -> tuple[list[int], int]:
+        """Hand the open sockets over (the native path): (rank 0's per-follower fds, a follower's
+        fd or -1). The channel no longer owns them; whoever takes them closes them."""
+        fds = [sock.detach() for sock in self._socks]
+        fd = self._rsock.detach() if self._rsock is not None else -1
+        self._socks, self._rsock = [], None
+        return fds, fd
+
     # ------------------------------------------------------------------ rank 0
 
     def send(self, message: list[int]) -> int:

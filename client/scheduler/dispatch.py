@@ -15,6 +15,7 @@ import functools
 import heapq
 import queue
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady,
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.types import Config
 
 
 class DispatchStats:
@@ -60,6 +62,36 @@ class Dispatcher:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = DispatchStats()
         self.closed = False  # set by the optimizer when it closes (the receiver then ends quietly)
+
+    # ------------------------------------------------------------------ the optimizer's calls
+
+    def start(self, start_step: int, spawn: Callable[[str, Callable, tuple], None]) -> None:
+        """Start the dispatch threads (`spawn(name, target, args)` starts a Python thread)."""
+        if self.is_leader:
+            spawn("leader", self.leader_main, (start_step,))
+        else:
+            spawn("follower", self.follower_main, ())
+            spawn("receiver", self.receiver_main, ())
+
+    def grad_ready(self, param: int, step: int) -> None:
+        """Training thread: a parameter's gradient of `step` is in the flat buffer."""
+        self.queue.put(GradReady(param, step))
+
+    def step_boundary(self, step: int, config: Config, decision_id: int) -> None:
+        """Rank 0's step(): the plan of `step` uses `config`."""
+        self.queue.put(StepBoundary(step, config, decision_id))
+
+    def stop(self) -> None:
+        """close(): the dispatch threads end (a follower's when rank 0's stop message arrives)."""
+        self.closed = True
+        self.queue.put(Stop())
+
+    def channel_stats(self) -> tuple[int, int, int, int]:
+        """(messages, send ns, latency ns, latency samples) of the decision channel."""
+        channel = self.channel
+        if channel is None:
+            return 0, 0, 0, 0
+        return channel.messages, channel.send_ns, channel.latency_ns, channel.latency_n
 
     # ------------------------------------------------------------------ issue and completion
 

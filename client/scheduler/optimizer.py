@@ -19,11 +19,11 @@ from torch import nn
 
 from autobyte.scheduler.decisions import DecisionChannel
 from autobyte.scheduler.dispatch import Dispatcher
-from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
+from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import groups, tracking
+from autobyte.scheduler import groups, native, tracking
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
@@ -81,13 +81,16 @@ class ScheduledOptimizer:
             reduced gradients, skips a step with inf/NaN on every rank alike and updates the scale
             (see `autobyte.scheduler.amp`); the usual `scaler.scale(loss).backward();
             scaler.step(opt); scaler.update()` loop works unchanged.
+        native: run the per-partition hot path in C++ (`autobyte.scheduler.native`) where it can
+            run; False: always the Python path. Both give bit-identical parameters; `hot_path`
+            says which one runs (`AUTOBYTE_NATIVE=0` also forces the Python path).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
                  partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
-                 own_communicator: bool = True, grad_scaler: Any = None) -> None:
+                 own_communicator: bool = True, grad_scaler: Any = None, native: bool = True) -> None:
         config = Config(partition_bytes, credit_bytes)
         _check_model(model)
         optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -163,6 +166,9 @@ class ScheduledOptimizer:
         self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
         self._clip_norm_type = float(clip_norm_type)
         self._timeout_s = float(timeout_s)
+        self._native_wanted = bool(native)
+        self._hot_path: str | None = None
+        self._hot_path_reason = ""
 
         self._params = params
         self._names = [names.get(p, f"#{i}") for i, p in enumerate(params)]
@@ -199,8 +205,9 @@ class ScheduledOptimizer:
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
         self._channel: DecisionChannel | None = None
-        self._dispatcher: Dispatcher | None = None
+        self._dispatcher: Dispatcher | native.NativeDispatcher | None = None
         self._updater: Updater | None = None
+        self._grad_ready: Callable[[int, int], None] | None = None
         self._steps = StepLog(config)
         self._cfg_lock = threading.Lock()
         self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
@@ -325,7 +332,7 @@ class ScheduledOptimizer:
         snapshot = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
                     for opt in self._optimizers]
         self._steps.record(s).t_step = time.perf_counter()
-        self._updater.queue.put(StepHyperParameters(s, snapshot))
+        self._updater.post(StepHyperParameters(s, snapshot))
         if self._is_leader:
             config, decision_id = self._steps.current()
             with self._cfg_lock:
@@ -334,7 +341,7 @@ class ScheduledOptimizer:
                     self._pending = None
                     if (config, decision_id) != self._steps.current():
                         self._steps.log_config(s + 1, config, decision_id)
-            self._dispatcher.queue.put(StepBoundary(s + 1, config, decision_id))
+            self._dispatcher.step_boundary(s + 1, config, decision_id)
         progress.produced_count = 0
         self._step_index = s + 1
         for opt in self._optimizers:
@@ -402,11 +409,11 @@ class ScheduledOptimizer:
 
     def dispatch_stats(self) -> dict[str, float]:
         """Scheduler costs: own overhead vs backend launch per partition, decision channel."""
-        stats = self._dispatcher.stats if self._dispatcher is not None else None
-        channel = self._channel
+        dispatcher, channel = self._dispatcher, self._channel
+        stats = dispatcher.stats if dispatcher is not None else None
         parts = (stats.parts if stats is not None else 0) or 1
-        messages = channel.messages if channel is not None else 0
-        latency_n = channel.latency_n if channel is not None else 0
+        messages, send_ns, latency_ns, latency_n = (dispatcher.channel_stats() if dispatcher is not None
+                                                    else (0, 0, 0, 0))
         return {
             "partitions": float(stats.parts if stats is not None else 0),
             # CPU time of the scheduler thread, without the backend's launch calls
@@ -417,10 +424,22 @@ class ScheduledOptimizer:
             "channel_socket": float(channel is not None and channel.kind == "socket"),
             "channel_messages": float(messages),
             # rank 0: cost of posting one decision message (all followers) on the scheduler thread
-            "channel_send_us_per_message": channel.send_ns / 1e3 / messages if messages else 0.0,
+            "channel_send_us_per_message": send_ns / 1e3 / messages if messages else 0.0,
             # followers: send-to-receive latency (wall clocks; meaningful on one host or with NTP)
-            "channel_latency_us": channel.latency_ns / 1e3 / latency_n if latency_n else 0.0,
+            "channel_latency_us": latency_ns / 1e3 / latency_n if latency_n else 0.0,
+            "native": float(self._hot_path == "native"),
         }
+
+    @property
+    def hot_path(self) -> str | None:
+        """"native" or "python": which per-partition hot path runs (decided collectively at the
+        first backward pass; None before it). `hot_path_reason` says why not the native one."""
+        return self._hot_path
+
+    @property
+    def hot_path_reason(self) -> str:
+        """Why the Python path runs ("" on the native path or before the first backward)."""
+        return self._hot_path_reason
 
     def close(self) -> None:
         """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
@@ -435,10 +454,9 @@ class ScheduledOptimizer:
                 stop_error = error
         self._closed = True
         if self._dispatcher is not None:
-            self._dispatcher.closed = True
-            self._dispatcher.queue.put(Stop())
+            self._dispatcher.stop()
         if self._updater is not None:
-            self._updater.queue.put(Stop())
+            self._updater.post(Stop())
         deadline = time.monotonic() + min(self._timeout_s, 60.0)
         stuck = []
         for thread in self._threads:
@@ -511,27 +529,36 @@ class ScheduledOptimizer:
             self._channel.open()
         layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
         self._device_sync = device_sync.make(self._device, self._n)
-        self._updater = Updater(layout, self._params, self._optimizers, self._owner, self._progress,
-                                self._steps, self._clip, self._clip_norm_type,
-                                self._scaler if self._bridge is not None else None, self._local_used,
-                                self._device_sync)
-        self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1, self._progress,
-                                      self._steps, self._channel, self._updater.queue, self._device_sync)
+        module, reason = native.decide(self._native_wanted, self._device, groups.backend_of(self._data_group),
+                                       self._channel, self._decision_group, self._world)
+        native.log_choice(module is not None, reason)
+        self._hot_path, self._hot_path_reason = ("native" if module is not None else "python"), reason
+        updater_args = (layout, self._params, self._optimizers, self._owner, self._progress, self._steps,
+                        self._clip, self._clip_norm_type, self._scaler if self._bridge is not None else None,
+                        self._local_used, self._device_sync)
+        if module is not None:
+            self._dispatcher = native.NativeDispatcher(module, layout, self._data_group, self._is_leader,
+                                                       self._rank, self._steps, self._channel, self._timeout_s,
+                                                       trace=native.trace_requested())
+            self._updater = native.NativeUpdater(*updater_args, engine=self._dispatcher.engine, module=module)
+        else:
+            self._updater = Updater(*updater_args)
+            self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1,
+                                          self._progress, self._steps, self._channel, self._updater.queue,
+                                          self._device_sync)
+        self._grad_ready = self._dispatcher.grad_ready
         self._layout = layout
         self._start_threads(self._step_index)
 
     def _start_threads(self, start_step: int) -> None:
-        dispatcher, updater = self._dispatcher, self._updater
-        if self._is_leader:
-            targets = [("leader", dispatcher.leader_main, (start_step,))]
-        else:
-            targets = [("follower", dispatcher.follower_main, ()), ("receiver", dispatcher.receiver_main, ())]
-        targets.append(("update", updater.main, ()))
-        for name, target, args in targets:
+        def spawn(name: str, target: Callable, args: tuple) -> None:
             thread = threading.Thread(target=target, args=args, daemon=True,
                                       name=f"autobyte-r{self._rank}-{name}")
             self._threads.append(thread)
             thread.start()
+
+        self._dispatcher.start(start_step, spawn)
+        spawn("update", self._updater.main, ())
 
     # ------------------------------------------------------------------ hooks (training thread)
 
@@ -646,7 +673,7 @@ class ScheduledOptimizer:
         progress.produced_t[i] = now
         progress.produced[i] = s
         progress.produced_count += 1
-        self._dispatcher.queue.put(GradReady(i, s))
+        self._grad_ready(i, s)
 
     def _flush_unused(self, s: int) -> None:
         """Parameters without a gradient this step contribute zeros (flag 0)."""

@@ -90,6 +90,10 @@ class Updater:
         self._steps_of = [type(opt).step for opt in self.optimizers]
         self._notify_reduced = [own is None for own in owner]
 
+    def post(self, event: Any) -> None:
+        """Hand the update thread a StepHyperParameters or Stop (training thread)."""
+        self.queue.put(event)
+
     def main(self) -> None:
         try:
             with torch.no_grad(), self.device_sync.update_context():
@@ -98,71 +102,87 @@ class Updater:
             self.progress.fail(error)
 
     def _loop(self) -> None:
+        self._ready: dict[int, list[int]] = {}
+        self._snapshots: dict[int, list[list[dict]]] = {}
+        self._updated: dict[int, int] = {}
+        self._reduced = [0] * self.layout.n
+        while self._receive():
+            self._apply_ready()
+
+    def _receive(self) -> bool:
+        """Wait for events and take every one queued: reduced slices (a parameter whose whole slice
+        is reduced becomes ready), hyper-parameters. False on Stop."""
         layout, progress = self.layout, self.progress
         n = layout.n
         offs, by_offset, ext = layout.sorted_offsets, layout.by_offset, layout.ext_len
-        reduced = [0] * n
-        ready: dict[int, list[int]] = {}
-        snapshots: dict[int, list[list[dict]]] = {}
-        updated: dict[int, int] = {}
-        whole_step = self.clip is not None or self.scaler is not None
+        reduced, ready = self._reduced, self._ready
         notify_reduced = self._notify_reduced
         get, get_nowait = self.queue.get, self.queue.get_nowait
         empty = queue.Empty
         bisect_right = bisect.bisect_right
+        event = get()
         while True:
-            event = get()
-            while True:
-                kind = type(event)
-                if kind is SliceReduced:
-                    s, start, length, work, t_done = event
-                    work.wait()  # no-op for gloo; orders this thread's stream after NCCL's
-                    end = start + length
-                    pos = bisect_right(offs, start) - 1
-                    while pos < n and offs[pos] < end:
-                        i = by_offset[pos]
-                        overlap = min(end, offs[pos] + ext[i]) - max(start, offs[pos])
-                        reduced[i] += overlap
-                        if reduced[i] == ext[i]:
-                            reduced[i] = 0
-                            ready.setdefault(s, []).append(i)
-                            if notify_reduced[i]:
-                                with progress.cond:
-                                    progress.reduced_step[i] = s + 1
-                                    progress.cond.notify_all()
-                        pos += 1
-                    rec = self.steps.record(s)
-                    if t_done > rec.t_last_done:
-                        rec.t_last_done = t_done
-                elif kind is StepHyperParameters:
-                    snapshots[event.step] = event.groups
-                elif kind is Stop:
-                    return
-                try:
-                    event = get_nowait()
-                except empty:
-                    break
-            for s in sorted(ready):
-                if s not in snapshots:
-                    continue
-                if whole_step and len(ready[s]) < n:
-                    continue
-                idxs = ready.pop(s)
-                self._apply(s, idxs, snapshots[s])
-                self.device_sync.after_update(idxs)
-                done = updated.get(s, 0) + len(idxs)
-                with progress.cond:
-                    step_number = s + 1
-                    for i in idxs:
-                        progress.param_step[i] = step_number
-                    if done == n:
-                        del snapshots[s]
-                        updated.pop(s, None)
-                        progress.updated_through = step_number
-                        self.steps.completed.append(s)
-                    else:
-                        updated[s] = done
-                    progress.cond.notify_all()
+            kind = type(event)
+            if kind is SliceReduced:
+                s, start, length, work, t_done = event
+                work.wait()  # no-op for gloo; orders this thread's stream after NCCL's
+                end = start + length
+                pos = bisect_right(offs, start) - 1
+                while pos < n and offs[pos] < end:
+                    i = by_offset[pos]
+                    overlap = min(end, offs[pos] + ext[i]) - max(start, offs[pos])
+                    reduced[i] += overlap
+                    if reduced[i] == ext[i]:
+                        reduced[i] = 0
+                        ready.setdefault(s, []).append(i)
+                        if notify_reduced[i]:
+                            with progress.cond:
+                                progress.reduced_step[i] = s + 1
+                                progress.cond.notify_all()
+                    pos += 1
+                rec = self.steps.record(s)
+                if t_done > rec.t_last_done:
+                    rec.t_last_done = t_done
+            elif kind is StepHyperParameters:
+                self._snapshots[event.step] = event.groups
+            elif kind is Stop:
+                return False
+            try:
+                event = get_nowait()
+            except empty:
+                return True
+
+    def _apply_ready(self) -> None:
+        """Apply the updates of every step whose hyper-parameters are known, in step order."""
+        progress, ready, snapshots, updated = self.progress, self._ready, self._snapshots, self._updated
+        n = self.layout.n
+        whole_step = self.clip is not None or self.scaler is not None
+        for s in sorted(ready):
+            if s not in snapshots:
+                continue
+            if whole_step and len(ready[s]) < n:
+                continue
+            idxs = ready.pop(s)
+            self._apply(s, idxs, snapshots[s])
+            self.device_sync.after_update(idxs)
+            done = updated.get(s, 0) + len(idxs)
+            if done == n:
+                self._step_done(s)
+            with progress.cond:
+                step_number = s + 1
+                for i in idxs:
+                    progress.param_step[i] = step_number
+                if done == n:
+                    del snapshots[s]
+                    updated.pop(s, None)
+                    progress.updated_through = step_number
+                    self.steps.completed.append(s)
+                else:
+                    updated[s] = done
+                progress.cond.notify_all()
+
+    def _step_done(self, s: int) -> None:
+        """Every update of step s has been applied (before the step is marked completed)."""
 
     def _used(self, s: int, idxs: list[int]) -> list[int]:
         """Parameters some rank used in step s. A parameter used here is used; only the others need
