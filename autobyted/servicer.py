@@ -18,7 +18,7 @@ from autobyte.types import Config
 from autobyte.channel import RETRY_AFTER_KEY
 from autobyte.types import MAX_WORLD_SIZE
 from autobyted.errors import FailedPrecondition, InvalidArgument, StorageError, status_for
-from autobyted.ingest import IngestWriter, validate_batch
+from autobyted.ingest import IngestWriter, check_text_fields, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
 from autobyted.storage.base import BaseStorage
@@ -52,6 +52,8 @@ def _abort_on_error(metrics: DaemonMetrics):
             @functools.wraps(method)
             async def stream_wrapper(self, request, context):
                 try:
+                    if hasattr(request, "ListFields"):  # not a request stream
+                        check_text_fields(request)
                     async for item in method(self, request, context):
                         yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -63,6 +65,8 @@ def _abort_on_error(metrics: DaemonMetrics):
         @functools.wraps(method)
         async def wrapper(self, request, context):
             try:
+                if hasattr(request, "ListFields"):  # not a request stream
+                    check_text_fields(request)
                 return await method(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise

@@ -1,4 +1,5 @@
-"""The storage contract, run against every backend (today: SQLAlchemy on SQLite files)."""
+"""The storage contract, run against every backend: SQLAlchemy on a SQLite file and on a real
+PostgreSQL server (a throwaway cluster, tests/conftest.py)."""
 
 import time
 
@@ -9,17 +10,15 @@ from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
 from autobyted.storage.sql import SqlStorage
+from conftest import DATABASES, database_url
 
 
-def sqlite_file(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'contract.db'}")
-    migrate(engine)
-    return SqlStorage(engine)
-
-
-@pytest.fixture(params=[sqlite_file], ids=["sqlite-file"])
+@pytest.fixture(params=DATABASES)
 def store(request, tmp_path):
-    return request.param(tmp_path)
+    engine = make_engine(database_url(request, tmp_path))
+    migrate(engine)
+    yield SqlStorage(engine)
+    engine.dispose()
 
 
 def reg(rank=0, instance="a", job="j", world=2):
