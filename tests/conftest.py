@@ -52,8 +52,13 @@ class ThreadDaemon:
             self._error = error
             self._ready.set()
 
-    def start(self) -> "ThreadDaemon":
+    def start(self, wait: bool = True) -> "ThreadDaemon":
+        """Starts it and (wait=True) waits until it serves; `wait_ready()` waits for one started
+        with wait=False (several daemons starting at once)."""
         self._thread.start()
+        return self.wait_ready() if wait else self
+
+    def wait_ready(self) -> "ThreadDaemon":
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"daemon failed to start: {self._error!r}")
         return self
@@ -65,6 +70,9 @@ class ThreadDaemon:
     def stop(self) -> None:
         if self._engine is not None:
             self._engine.dispose()
+            self._engine = None
+        if not self._thread.is_alive():
+            return
         self.daemon.stop()
         self._thread.join(30)
         assert not self._thread.is_alive(), "daemon did not stop"
