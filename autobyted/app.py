@@ -121,7 +121,7 @@ class Daemon:
         await server.start()
         for service in ("", *SERVICE_NAMES):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-        retention = asyncio.create_task(retention_loop(storage, settings))
+        retention = asyncio.create_task(retention_loop(storage, settings, self.daemon_id))
         decision_poll = asyncio.create_task(decision_poll_loop(storage, services.hub, settings.decision_poll_s))
         if settings.insecure and settings.listens_beyond_loopback:
             log.warning("INSECURE: listening on %s beyond loopback without TLS (--insecure): the token "

@@ -338,11 +338,17 @@ def history_to_proto(request: pb.HistoryRequest, steps, decisions) -> pb.History
     return response
 
 
-async def retention_loop(storage: BaseStorage, settings: Settings, interval_s: float = 60.0) -> None:
-    """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs."""
+RETENTION_LEASE = "retention"
+
+
+async def retention_loop(storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0) -> None:
+    """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs. Of the
+    daemons sharing a database, the one holding the retention lease does it (kept while it runs)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
+            if not await asyncio.to_thread(storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s):
+                continue
             removed = await asyncio.to_thread(storage.enforce_retention, settings.retention_raw_samples,
                                               settings.downsample_every)
             if removed:
