@@ -53,6 +53,29 @@ def _metrics(r: m.StepSample) -> StepMetrics:
                        host_load=r.host_load)
 
 
+# The columns of a stored sample, in the order append_samples builds its rows.
+SAMPLE_COLUMNS = ("job_id", "rank", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s",
+                  "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s",
+                  "partition_bytes", "credit_bytes", "decision_id", "host_load")
+
+
+def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
+    """Insert sample rows in the connection's transaction, by the fastest path of its driver: COPY
+    on PostgreSQL (psycopg), one executemany of a plain INSERT elsewhere. Building SQLAlchemy
+    parameters per row costs more than the database's own work (tens of µs a sample)."""
+    columns = ", ".join(SAMPLE_COLUMNS)
+    dialect = connection.dialect
+    if dialect.name == "postgresql" and dialect.driver == "psycopg":
+        with connection.connection.dbapi_connection.cursor() as cursor:
+            with cursor.copy(f"COPY {m.StepSample.__tablename__} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        return
+    marker = "?" if dialect.paramstyle == "qmark" else "%s"
+    connection.exec_driver_sql(f"INSERT INTO {m.StepSample.__tablename__} ({columns}) VALUES "
+                               f"({', '.join([marker] * len(SAMPLE_COLUMNS))})", rows)
+
+
 class SqlStorage(BaseStorage):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -161,14 +184,10 @@ class SqlStorage(BaseStorage):
                     continue
                 fresh = [(seq, s) for seq, s in batch.samples if seq > rank.last_acked_seq]
                 for seq, s in fresh:
-                    rows.append(dict(job_id=job.id, rank=batch.rank, step=s.step, wall_time_s=s.wall_time_s,
-                                     step_time_s=s.step_time_s, forward_s=s.forward_s, backward_s=s.backward_s,
-                                     exposed_comm_s=s.exposed_comm_s, queueing_delay_s=s.queueing_delay_s,
-                                     bytes_reduced=s.bytes_reduced, partitions=s.partitions,
-                                     bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
-                                     partition_bytes=s.config.partition_bytes,
-                                     credit_bytes=s.config.credit_bytes, decision_id=s.decision_id,
-                                     host_load=s.host_load))
+                    rows.append((job.id, batch.rank, s.step, s.wall_time_s, s.step_time_s, s.forward_s,
+                                 s.backward_s, s.exposed_comm_s, s.queueing_delay_s, s.bytes_reduced, s.partitions,
+                                 s.bandwidth_bytes_per_s, s.config.partition_bytes, s.config.credit_bytes,
+                                 s.decision_id, s.host_load))  # in SAMPLE_COLUMNS order
                 if fresh:
                     rank.last_acked_seq = fresh[-1][0]
                     job.max_step = max(job.max_step, max(s.step for _, s in fresh))
@@ -183,7 +202,7 @@ class SqlStorage(BaseStorage):
                 rank.last_seen_at = job.last_seen_at = now
                 acked.append(rank.last_acked_seq)
             if rows:
-                session.execute(sa.insert(m.StepSample), rows)
+                _insert_samples(session.connection(), rows)
         return acked
 
     # ------------------------------------------------------------------ control
