@@ -47,6 +47,7 @@ class Daemon:
         self.port: int | None = None
         self.daemon_id: str | None = None
         self.tuner = None  # the TunerManager while running (None with --tuner off)
+        self.writer = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -104,6 +105,7 @@ class Daemon:
             engine.dispose()
             raise
         self.port = port
+        self.writer = writer  # the ingest queue, for introspection (queued rows)
         self._stop = asyncio.Event()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,7 +6,7 @@
     python -m benchmarks.bench_tuner warmstart --testbed  # a second real job after a first (root)
     python -m benchmarks.bench_tuner cpu                  # tuner CPU per decision (p50/p99)
     python -m benchmarks.bench_tuner daemon --jobs 100    # a real autobyted with 100 concurrent jobs
-    python -m benchmarks.bench_tuner drift --loopback     # false alarms on a real stationary job
+    python -m benchmarks.bench_tuner drift --loopback     # false alarms on a real stationary job, true ones injected
     python -m benchmarks.bench_tuner hostload             # the host-load sampler's per-step cost
 
 Every mode prints a table and the load average before and after. Numbers for reports are measured
@@ -433,7 +433,8 @@ def daemon_cpu(args) -> None:
 
 def drift_loopback(args) -> None:
     """False alarms on real stationary runs: a 2-rank gloo job on loopback at one configuration, its
-    rank-0 samples (from a real autobyted, --tuner off) replayed through the tuner's DriftDetector."""
+    rank-0 samples (from a real autobyted, --tuner off) replayed through the tuner's DriftDetector;
+    then true alarms: the same series with a change injected at several points."""
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
     from autobyted.tuner.drift import DriftDetector
@@ -441,6 +442,7 @@ def drift_loopback(args) -> None:
 
     print(f"load {load()}")
     print(f"{'configuration':<14} {'steps':>7} {'minutes':>8} {'block steps':>11} {'alarms':>6} {'alarms/hour':>11}")
+    series = {}
     for config in args.configs:
         partition, credit = config.split(",")
         work = pathlib.Path(tempfile.mkdtemp(prefix="drift-"))
@@ -472,7 +474,67 @@ def drift_loopback(args) -> None:
         minutes = (samples[-1].wall_time_s - samples[0].wall_time_s) / 60
         print(f"{config:<14} {len(samples):7d} {minutes:8.1f} {detector._block_steps:11d} {alarms:6d} "
               f"{alarms / (minutes / 60):11.2f}")
+        series[config] = samples
     print(f"load {load()}")
+    print("true alarms: the same real series with a change injected (from the step where it starts, a new")
+    print("detector watching from 30 s before it, as the tuner would hold; restarted after a false alarm")
+    print("there): detected within 2000 steps / injections, delay from the change to the alarm")
+    print(f"{'configuration':<14} {'change':<28} {'detected':>9} {'delay steps med':>15} {'delay s med':>11}")
+    for config, samples in series.items():
+        for name, change in INJECTED_CHANGES.items():
+            found, starts, delays_steps, delays_s = true_alarms(samples, change)
+            print(f"{config:<14} {name:<28} {found:>4d}/{starts:<4d} "
+                  f"{pct(delays_steps, 50):15.0f} {pct(delays_s, 50):11.2f}")
+
+
+def true_alarms(samples, change, count: int = 10, horizon_steps: int = 2000):
+    """`change` injected at `count` points of a stationary series: (detected, injections, delays in
+    steps, delays in seconds)."""
+    from autobyted.tuner.drift import DriftDetector
+
+    found, delays_steps, delays_s = 0, [], []
+    starts = _injection_points(samples, count)
+    for start in starts:
+        detector = DriftDetector()
+        for sample in samples[:start]:
+            if sample.wall_time_s < samples[start].wall_time_s - 30:
+                continue
+            if detector.update(sample):
+                detector = DriftDetector()  # a false alarm before the change: watch afresh
+        for i, sample in enumerate(samples[start:start + horizon_steps]):
+            if detector.update(change(sample)):
+                found += 1
+                delays_steps.append(i + 1)
+                delays_s.append(sample.wall_time_s - samples[start].wall_time_s)
+                break
+    return found, len(starts), delays_steps, delays_s
+
+
+def _scaled(**factors):
+    import dataclasses
+
+    def change(m):
+        return dataclasses.replace(m, **{k: getattr(m, k) * f for k, f in factors.items()})
+    return change
+
+
+# Changes the tuner must notice, injected into a real stationary series (each at the drift test's
+# minimum relevant shift or a little above it, see autobyted/tuner/drift.py).
+INJECTED_CHANGES = {
+    "bandwidth estimate x0.5": _scaled(bandwidth_bytes_per_s=0.5),
+    "compute x1.3 (step x1.3)": _scaled(forward_s=1.3, backward_s=1.3, step_time_s=1.3),
+    "step time x1.15 alone": _scaled(step_time_s=1.15),
+}
+
+
+def _injection_points(samples, count: int = 10) -> list[int]:
+    """Up to `count` starts, evenly spread, each with 30 s of samples before it."""
+    t0 = samples[0].wall_time_s + 30
+    first = next((i for i, s in enumerate(samples) if s.wall_time_s >= t0), len(samples))
+    usable = len(samples) - first - 200
+    if usable <= 0:
+        return []
+    return [first + usable * k // count for k in range(count)]
 
 
 def hostload(args) -> None:

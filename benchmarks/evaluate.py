@@ -320,6 +320,15 @@ def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float,
     return steady
 
 
+def _decision_time_s(decision: dict[str, Any], ends_s: Sequence[float]) -> float:
+    """When a testbed decision took effect: the driver's own time, or (a daemon's decision, read from
+    its database) the end of the step before the one it applied at."""
+    if "t_s" in decision:
+        return float(decision["t_s"])
+    step = decision.get("applied_at_step") or decision.get("apply_at_step") or 0
+    return ends_s[min(step, len(ends_s)) - 1] if ends_s and step > 0 else 0.0
+
+
 def _cached_run(cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
                 ) -> TestbedSeries:
     """A testbed run, or its result from an earlier command (`--testbed-cache DIR`), so that long
@@ -385,7 +394,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
         return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed",
-                         [(d["t_s"], d["config"]) for d in series.decisions])
+                         [(_decision_time_s(d, ends), d["config"]) for d in series.decisions])
 
     def throughput(series: TestbedSeries) -> float:
         ends = series.ends_s

@@ -9,7 +9,9 @@
   time) gives the context, the noise level and the incumbent's step time.
 - exploring: the predictor scores the whole candidate grid; the candidate whose optimistic bound
   (mean - kappa x spread of the predicted log ratio) beats the best measured configuration by
-  more than `min_gain` is tried, at most `max_trials` in a search. Before each trial the untried
+  more than `min_gain`, and whose mean predicts a gain at all, is tried, at most `max_trials` in a
+  search (a candidate predicted slower is not tried on its spread alone: such trials rarely win and
+  each costs steps). Before each trial the untried
   candidates are scored again from the best configuration measured so far, with the spread widened
   by the predictor's error on this search's measurements (a job the predictor does not know gets
   explored more). A trial: switch (a decision applied a few steps ahead), discard
@@ -46,7 +48,7 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, format_bytes
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import Alarm, DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
@@ -353,7 +355,7 @@ class JobTuner:
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
         hopeful = sum(1 for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                      if c != incumbent.config and mu - self.p.kappa * sd < gate)
+                      if c != incumbent.config and mu < 0 and mu - self.p.kappa * sd < gate)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
@@ -387,7 +389,8 @@ class JobTuner:
         is relative, and a near reference predicts best), widen the predictor's spread by its
         measured error on this search (the configurations already measured, predicted from the same
         reference: a job unlike anything the predictor knows shows large errors and gets explored),
-        and try the best optimistic bound if it beats the best measurement by more than min_gain."""
+        and try the best optimistic bound if it beats the best measurement by more than min_gain,
+        among the candidates whose mean predicts a gain."""
         incumbent = self.incumbent
         assert incumbent is not None
         measured = [incumbent] + [t for t in self.trials if not t.cut]
@@ -406,8 +409,8 @@ class JobTuner:
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
         gate = -math.log1p(self.p.min_gain)
         scored = sorted(((c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])),
-                        key=lambda t: t[1] - self.p.kappa * t[2])
+                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])
+                         if mu < 0), key=lambda t: t[1] - self.p.kappa * t[2])
         if not scored or scored[0][1] - self.p.kappa * scored[0][2] >= gate:
             self._finish("")
             return
@@ -459,8 +462,9 @@ class JobTuner:
         assert self.incumbent is not None
         # What the predictor got wrong about this configuration, for this job (kept across
         # segments: a bias of the model for this job and machine outlives a context change).
-        # Committed only when the search ends cleanly (a search the context moved under, found by a
-        # check, the A-B-A confirmation or the verification, is not evidence), and clipped.
+        # Committed when the search ends cleanly, or when what interrupted it was a jump of the
+        # context large enough to show in a trial's own context check (_abort); not when the
+        # context moved under the search more gently (a ramp is no evidence); clipped.
         error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
         self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
         self._learn_noise(trial.samples)
@@ -582,11 +586,17 @@ class JobTuner:
         self.stats["retunes"] += 1
         self.aborts += 1
         self.fruitless += 1
+        if moved.signal in JUMP_LIMITS and abs(moved.shift) > JUMP_LIMITS[moved.signal]:
+            # A move this large shows in the context check of any trial it falls into
+            # (drift.context_jump): the trials accepted so far were measured before it, so what
+            # they taught about the predictor's errors on this job stands (a slow ramp would not
+            # show there: its search's errors are dropped).
+            self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
+        self.search_errors = []
         if self.aborts < self.p.max_aborts:
             self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
                              steps=self.p.rebaseline_steps)
             return
-        self.search_errors = []
         self._hold(in_effect, watch_reference=in_effect.samples)
         self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
                              f"search completes ({moved.reason})")
