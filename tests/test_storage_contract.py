@@ -312,6 +312,7 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
     moment, and a re-registration moves the rank's session between them: each sample is stored once.
     (PostgreSQL only: a SQLite file serves one daemon, whose one writer thread stores every sample.)"""
     import concurrent.futures
+    import threading
 
     engines = [make_engine(pg_url) for _ in range(2)]
     try:
@@ -319,12 +320,15 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
         store, other = (SqlStorage(engine) for engine in engines)
         session = store.register(reg(), 30).session_id
 
-        def resend(storage, first):
+        gate = threading.Barrier(2)
+
+        def resend(storage, first):  # the client resends from seq `first`; both daemons got it
+            gate.wait(10)
             return storage.append_samples([SampleBatch("j", 0, session, samples(first, first + 199))])
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(lambda args: resend(*args),
-                                    [(s, first) for first in range(1, 1001, 100) for s in (store, other)]))
-        assert all(r[0] >= 200 for r in results)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for first in range(1, 1001, 100):  # in order, as a client sends; each overlaps the last
+                results = list(pool.map(lambda s, first=first: resend(s, first), (store, other)))
+                assert results == [[first + 199]] * 2
         steps = sorted(r.step for r in store.history("j", limit=10_000))
         assert steps == list(range(1100)), "a sample was stored twice or lost"
         again = other.register(reg(), 30)  # the same process, now on the other daemon
