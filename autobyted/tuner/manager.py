@@ -239,11 +239,11 @@ class TunerManager:
             return
         cpu0 = time.thread_time()
         try:
-            if not self._hold(job, now):
+            if not self._hold(job):
                 return
         except Exception as error:  # the database is unreachable: try again later
             log.warning("tuner cannot take or renew the lease of job %s: %s", job, error)
-            self._lease_retry_at[job] = now + self.lease_s / 3
+            self._lease_retry_at[job] = time.monotonic() + self.lease_s / 3
             return
         state = self._jobs.get(job)
         try:
@@ -289,10 +289,12 @@ class TunerManager:
             except Exception:
                 pass
 
-    def _hold(self, job: str, now: float) -> bool:
+    def _hold(self, job: str) -> bool:
         """True while this daemon holds the job's tuner lease: taken when free or expired, renewed
         every third of its duration. A lease lost (this daemon stalled past its expiry and another
-        took the job) drops the job's state: the new holder tunes it."""
+        took the job) drops the job's state: the new holder tunes it. Real time (the lease expires
+        in the database's), whatever clock the search runs on."""
+        now = time.monotonic()
         held = job in self._renewed_at
         if held and now - self._renewed_at[job] < self.lease_s / 3:
             return True
