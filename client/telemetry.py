@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_addresses, daemon_token, open_channel
+from autobyte.channel import (RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_addresses, daemon_token,
+                              open_channel)
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
