@@ -6,8 +6,11 @@ import asyncio
 import collections
 import importlib.util
 import logging
+import os
 import signal
+import socket
 import sys
+import uuid
 
 import click
 
@@ -42,6 +45,7 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.port: int | None = None
+        self.daemon_id: str | None = None
         self.tuner = None  # the TunerManager while running (None with --tuner off)
         self.writer = None
         self._stop: asyncio.Event | None = None
@@ -70,7 +74,7 @@ class Daemon:
         from autobyted.ingest import IngestWriter
         from autobyted.observability import DaemonMetrics
         from autobyted.server import make_server
-        from autobyted.servicer import RUNNING_WITHIN_S, Services, retention_loop
+        from autobyted.servicer import RUNNING_WITHIN_S, Services, decision_poll_loop, retention_loop
         from autobyted.storage.db import make_engine, migrate
         from autobyted.storage.sql import SqlStorage
 
@@ -92,9 +96,11 @@ class Daemon:
                                   max_queued_rows=settings.ingest_queue_rows, on_jobs=wake_tuner)
             services = Services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
             services.loop = loop
-            tuner = self.tuner = make_tuner(settings, storage, services.decide_from_thread)
             health_servicer = health.aio.HealthServicer()
             server, port = make_server(services, health_servicer, settings)
+            # Who this daemon is to the others on the database (the holder of its leases).
+            self.daemon_id = f"{socket.gethostname()}:{os.getpid()}:{port}:{uuid.uuid4().hex[:6]}"
+            tuner = self.tuner = make_tuner(settings, storage, services.decide_from_thread, self.daemon_id)
         except BaseException:
             engine.dispose()
             raise
@@ -117,7 +123,8 @@ class Daemon:
         await server.start()
         for service in ("", *SERVICE_NAMES):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-        retention = asyncio.create_task(retention_loop(storage, settings))
+        retention = asyncio.create_task(retention_loop(storage, settings, self.daemon_id))
+        decision_poll = asyncio.create_task(decision_poll_loop(storage, services.hub, settings.decision_poll_s))
         if settings.insecure and settings.listens_beyond_loopback:
             log.warning("INSECURE: listening on %s beyond loopback without TLS (--insecure): the token "
                         "and all telemetry travel in clear text", settings.listen)
@@ -136,6 +143,7 @@ class Daemon:
             # Health watchers (load balancers) learn first; then running RPCs get 3 s to finish.
             await health_servicer.enter_graceful_shutdown()
             retention.cancel()
+            decision_poll.cancel()
             if tuner is not None:
                 await asyncio.to_thread(tuner.close)
             await server.stop(grace=3.0)
@@ -151,14 +159,15 @@ class Daemon:
             self._loop.call_soon_threadsafe(self._stop.set)
 
 
-def make_tuner(settings: Settings, storage, decide):
+def make_tuner(settings: Settings, storage, decide, holder: str):
     """The tuner manager for --tuner auto|observe (None for off); started by Daemon.run."""
     if settings.tuner == "off":
         return None
     from autobyted.tuner.manager import TunerManager
 
     return TunerManager(storage, decide=decide, mode=settings.tuner, idle_after_s=settings.tuner_idle_s,
-                        retrain_interval_s=settings.tuner_retrain_s)
+                        retrain_interval_s=settings.tuner_retrain_s, holder=holder,
+                        lease_s=settings.tuner_lease_s)
 
 
 # Full names of the autobyte services, as the health service reports them.

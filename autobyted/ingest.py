@@ -17,9 +17,19 @@ from autobyted.storage.records import SampleBatch
 
 log = logging.getLogger(__name__)
 
+def check_text_fields(message) -> None:
+    """InvalidArgument when a top-level string field holds a NUL character: no database stores one
+    in a text column (PostgreSQL refuses it), so it is a bad request, never a database error."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING and any("\x00" in text for text in
+                                                   (value if isinstance(value, str) else tuple(value))):
+            raise InvalidArgument(f"{field.name} must not contain NUL characters")
+
+
 def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
     """A clean SampleBatch, or InvalidArgument naming the first bad value. Nothing is stored
     from a batch with one bad sample."""
+    check_text_fields(batch)
     if not batch.job:
         raise InvalidArgument("metrics batch without a job id")
     if not batch.session_id:

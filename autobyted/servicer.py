@@ -18,7 +18,7 @@ from autobyte.types import Config
 from autobyte.channel import RETRY_AFTER_KEY
 from autobyte.types import MAX_WORLD_SIZE
 from autobyted.errors import FailedPrecondition, InvalidArgument, StorageError, status_for
-from autobyted.ingest import IngestWriter, validate_batch
+from autobyted.ingest import IngestWriter, check_text_fields, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
 from autobyted.storage.base import BaseStorage
@@ -52,6 +52,8 @@ def _abort_on_error(metrics: DaemonMetrics):
             @functools.wraps(method)
             async def stream_wrapper(self, request, context):
                 try:
+                    if hasattr(request, "ListFields"):  # not a request stream
+                        check_text_fields(request)
                     async for item in method(self, request, context):
                         yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -63,6 +65,8 @@ def _abort_on_error(metrics: DaemonMetrics):
         @functools.wraps(method)
         async def wrapper(self, request, context):
             try:
+                if hasattr(request, "ListFields"):  # not a request stream
+                    check_text_fields(request)
                 return await method(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
@@ -99,10 +103,14 @@ def tuner_status_to_proto(record: TunerStatusRecord, daemon_mode: str) -> pb.Tun
 
 
 class DecisionHub:
-    """Wakes WatchConfig streams of a job when a decision is stored."""
+    """Wakes WatchConfig streams of a job when a decision is stored: at once for this daemon's own
+    decisions, within one poll (decision_poll_loop) for those of another daemon on the database."""
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    def watched_jobs(self) -> list[str]:
+        return [job for job, waiters in self._waiters.items() if waiters]
 
     def subscribe(self, job: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -110,7 +118,11 @@ class DecisionHub:
         return event
 
     def unsubscribe(self, job: str, event: asyncio.Event) -> None:
-        self._waiters.get(job, set()).discard(event)
+        waiters = self._waiters.get(job)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[job]
 
     def publish(self, job: str) -> None:
         for event in self._waiters.get(job, ()):
@@ -126,7 +138,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         self._writer = writer
         self._settings = settings
         self._metrics = metrics
-        self._hub = DecisionHub()
+        self.hub = DecisionHub()
         self._wake_tuner = wake_tuner or (lambda jobs: None)
         self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
         wrap = _abort_on_error(metrics)
@@ -196,7 +208,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
     # ------------------------------------------------------------------ control
     async def WatchConfig(self, request: pb.WatchConfigRequest, context):
         await self._call(self._storage.decisions, request.job, 2**62)  # NotFound for an unknown job
-        event = self._hub.subscribe(request.job)
+        event = self.hub.subscribe(request.job)
         self._metrics.streams.labels("control").inc()
         after = request.after_decision_id
         try:
@@ -212,7 +224,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                                               apply_at_step=record.apply_at_step, reason=record.reason)
                 await event.wait()
         finally:
-            self._hub.unsubscribe(request.job, event)
+            self.hub.unsubscribe(request.job, event)
             self._metrics.streams.labels("control").dec()
 
     async def ReportConfig(self, request: pb.ReportConfigRequest, context) -> pb.ReportConfigResponse:
@@ -240,26 +252,29 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
 
     async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, *, source: str = "tuner",
-                     state: str = "pending") -> DecisionRecord:
+                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
         """Store a decision and wake the job's control streams (also the tuner's way out). A
-        "recommended" decision (the tuner in observe mode) is stored and never pushed."""
+        "recommended" decision (the tuner in observe mode) is stored and never pushed. With
+        lease_holder (the tuner's), only while that daemon holds the job's tuner lease."""
         record = await self._call(self._storage.add_decision, job, config, apply_at_step, reason,
-                                  predicted_step_time_s, source, state)
+                                  predicted_step_time_s, source, state, lease_holder)
         self._metrics.decisions.inc()
         if state == "pending":
-            self._hub.publish(job)
+            self.hub.publish(job)
         log.info("decision", extra={"job": job, "decision_id": record.decision_id, "config": config.describe(),
                                     "reason": reason, "source": source, "state": state})
         return record
 
     def decide_from_thread(self, job: str, config: Config, apply_at_step: int, reason: str,
                            predicted_step_time_s: float | None = None, *, source: str = "tuner",
-                           state: str = "pending", timeout_s: float = 10.0) -> DecisionRecord:
+                           state: str = "pending", lease_holder: str | None = None,
+                           timeout_s: float = 10.0) -> DecisionRecord:
         """`decide` for the tuner's worker thread: runs the coroutine on the daemon's event loop."""
         if self.loop is None:
             raise RuntimeError("Services.loop is not set: the daemon is not running")
         future = asyncio.run_coroutine_threadsafe(
-            self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state),
+            self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state,
+                        lease_holder=lease_holder),
             self.loop)
         return future.result(timeout_s)
 
@@ -323,11 +338,17 @@ def history_to_proto(request: pb.HistoryRequest, steps, decisions) -> pb.History
     return response
 
 
-async def retention_loop(storage: BaseStorage, settings: Settings, interval_s: float = 60.0) -> None:
-    """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs."""
+RETENTION_LEASE = "retention"
+
+
+async def retention_loop(storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0) -> None:
+    """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs. Of the
+    daemons sharing a database, the one holding the retention lease does it (kept while it runs)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
+            if not await asyncio.to_thread(storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s):
+                continue
             removed = await asyncio.to_thread(storage.enforce_retention, settings.retention_raw_samples,
                                               settings.downsample_every)
             if removed:
@@ -336,3 +357,24 @@ async def retention_loop(storage: BaseStorage, settings: Settings, interval_s: f
             log.warning("retention pass failed: %s", error)
 
 
+async def decision_poll_loop(storage: BaseStorage, hub: DecisionHub, interval_s: float) -> None:
+    """Every interval_s, wake the control streams of the watched jobs whose newest decision changed:
+    decisions stored by another daemon on the same database reach this daemon's ranks within one
+    interval (one indexed query per interval, however many streams). A job seen for the first time
+    is woken too: a decision may have landed between its stream's first read and this poll."""
+    known: dict[str, int] = {}
+    while True:
+        await asyncio.sleep(interval_s)
+        jobs = hub.watched_jobs()
+        known = {job: known[job] for job in jobs if job in known}
+        if not jobs:
+            continue
+        try:
+            newest = await asyncio.to_thread(storage.newest_decision_ids, jobs)
+        except Exception as error:  # keep polling; the streams still see this daemon's own decisions
+            log.warning("polling for decisions failed: %s", error)
+            continue
+        for job, decision_id in newest.items():
+            if known.get(job) != decision_id:
+                known[job] = decision_id
+                hub.publish(job)

@@ -51,6 +51,12 @@ class Settings:
     tuner_idle_s: float = 30.0
     # The predictor is retrained at most this often, when new windows were measured.
     tuner_retrain_s: float = 60.0
+    # Daemons sharing a database: a job is tuned by the one daemon that holds its lease, renewed
+    # every third of this; a daemon that dies is replaced by another within it.
+    tuner_lease_s: float = 15.0
+    # How often a daemon looks for decisions stored by another daemon on the same database (its own
+    # reach its ranks at once): the bound on how late such a decision reaches a rank.
+    decision_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
         host, port = split_host_port(self.listen, "listen")
@@ -86,7 +92,7 @@ class Settings:
                      "max_concurrent_rpcs"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("tuner_idle_s", "tuner_retrain_s"):
+        for name in ("tuner_idle_s", "tuner_retrain_s", "tuner_lease_s", "decision_poll_s"):
             if not float(getattr(self, name)) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
 

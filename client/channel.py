@@ -15,6 +15,22 @@ def daemon_address(explicit: str | None = None) -> str:
     return explicit or os.environ.get("AUTOBYTE_DAEMON") or DEFAULT_DAEMON
 
 
+def daemon_addresses(explicit: str | None = None) -> tuple[str, ...]:
+    """The daemons to use, in order: a comma-separated list (--daemon / AUTOBYTE_DAEMON), each
+    HOST:PORT. Several daemons share one database, so any of them serves any job. ValueError names
+    an entry that is not HOST:PORT."""
+    text = daemon_address(explicit)
+    addresses = tuple(part.strip() for part in text.split(",") if part.strip())
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"daemon address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077 "
+                             "(several: a comma-separated list)")
+    if not addresses:
+        raise ValueError(f"no daemon address in {text!r}: give HOST:PORT, or several separated by commas")
+    return addresses
+
+
 def daemon_token(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get("AUTOBYTE_TOKEN") or None
 

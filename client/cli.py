@@ -13,7 +13,7 @@ import click
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_channel
+from autobyte.channel import auth_metadata, daemon_addresses, daemon_token, open_channel
 from autobyte.convert import config_dict
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
@@ -29,23 +29,32 @@ WIDTH = 80
 
 
 class Connection:
+    """The daemons to ask, in order (several share one database: any of them answers)."""
+
     def __init__(self, daemon: str | None, token: str | None, tls_ca: str | None) -> None:
-        self.address = daemon_address(daemon)
+        try:
+            self.addresses = daemon_addresses(daemon)
+        except ValueError as error:
+            fail(str(error), EXIT_USAGE)
         self.metadata = auth_metadata(daemon_token(token))
-        self.channel = open_channel(self.address, tls_ca)
+        self.tls_ca = tls_ca
 
     def call(self, stub_type, method: str, request):
-        stub = stub_type(self.channel)
-        try:
-            return getattr(stub, method)(request, timeout=RPC_TIMEOUT_S, metadata=self.metadata)
-        except grpc.RpcError as error:
-            code = error.code()
-            # Only a transport failure means "cannot reach": an error the daemon sends (its database
-            # failed: INTERNAL) is the daemon's message, shown as it is.
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                fail(f"cannot reach autobyted at {self.address} ({code.name.lower()}); is it running? "
-                     "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
-            fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
+        unreachable = []
+        for address in self.addresses:
+            with open_channel(address, self.tls_ca) as channel:
+                try:
+                    return getattr(stub_type(channel), method)(request, timeout=RPC_TIMEOUT_S,
+                                                               metadata=self.metadata)
+                except grpc.RpcError as error:
+                    code = error.code()
+                    # Only a transport failure means "cannot reach" (then the next daemon is asked):
+                    # an error the daemon sends (its database failed: INTERNAL) is its message, shown.
+                    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
+                    unreachable.append(f"{address} ({code.name.lower()})")
+        fail(f"cannot reach autobyted at {', '.join(unreachable)}; is it running? "
+             "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
 
 
 def fail(message: str, code: int) -> None:
@@ -130,7 +139,8 @@ def connection_options(fn):
     fn = click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
                       help="PEM CA certificate when the daemon uses TLS")(fn)
     fn = click.option("--token", help="shared token [env AUTOBYTE_TOKEN]")(fn)
-    fn = click.option("--daemon", help="HOST:PORT of autobyted [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]")(fn)
+    fn = click.option("--daemon", help="HOST:PORT of autobyted, or several separated by commas (asked in "
+                      "order until one answers) [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]")(fn)
     return fn
 
 

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_token, open_channel
+from autobyte.channel import (RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_addresses, daemon_token,
+                              open_channel)
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
@@ -71,6 +72,8 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
     without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
+    `daemon` may list several daemons that share one database ("host1:7077,host2:7077"): a rank
+    starts with the (rank mod N)-th and moves on to the next whenever the one it uses fails.
     `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
     operator's `autobyte propose` still applies)."""
     global _reporter
@@ -92,6 +95,7 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         raise ValueError(f"buffer_samples={buffer_samples} must be positive")
     if not 0 < flush_interval_s <= 60:
         raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60] seconds")
+    daemon_addresses(daemon)  # ValueError for a malformed address, before anything starts
     with _lock:
         if _reporter is not None:
             _reporter.close()
@@ -199,7 +203,14 @@ class Reporter:
     def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
                  buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
                  tune: bool = True) -> None:
-        self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
+        self.job, self.rank, self.world_size = job, rank, world_size
+        # Daemons sharing one database, any of which serves this rank: the one in use is
+        # addresses[_endpoint]; the send loop moves to the next when it fails (never the training thread).
+        self.addresses = daemon_addresses(address)
+        self._endpoint = 0
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+        self.failovers = 0  # moves to another address after a failure
         self.tune = tune
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
@@ -245,7 +256,7 @@ class Reporter:
         self._reports: collections.deque[pb.ReportConfigRequest] = collections.deque(maxlen=100)
         self.connected = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._channel: grpc.Channel | None = None
+        self._watch_stream = None
 
     # ------------------------------------------------------------------ training thread
     def attach(self, optimizer) -> None:
@@ -260,7 +271,7 @@ class Reporter:
         self._backend = _backend_of(optimizer)
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
-        self._channel = open_channel(self.address, self._tls_ca)
+        self._endpoint = self.place.rank % len(self.addresses)  # ranks spread over the daemons
         self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
             self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
@@ -300,6 +311,33 @@ class Reporter:
     def _backoff(self, attempt: int) -> None:
         delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(attempt, 10))
         self._closed.wait(delay * random.uniform(0.5, 1.0))
+
+    @property
+    def address(self) -> str:
+        """The daemon this rank uses now."""
+        return self.addresses[self._endpoint]
+
+    def _channel(self) -> grpc.Channel:
+        """The channel to the daemon in use (opened once per address, closed by close())."""
+        address = self.address
+        with self._channels_lock:
+            if address not in self._channels:
+                self._channels[address] = open_channel(address, self._tls_ca)
+            return self._channels[address]
+
+    def _fail_over(self, why: str) -> bool:
+        """Move to the next daemon of the list (send loop); the control stream follows. False when
+        there is only one."""
+        if len(self.addresses) == 1:
+            return False
+        previous = self.address
+        self._endpoint = (self._endpoint + 1) % len(self.addresses)
+        self.failovers += 1
+        log.debug("autobyted at %s failed (%s); moving to %s", previous, why, self.address)
+        stream = self._watch_stream
+        if stream is not None:
+            stream.cancel()
+        return True
 
     def _register(self, stub) -> tuple[str, int]:
         response = stub.Register(pb.RegisterRequest(
@@ -394,10 +432,12 @@ class Reporter:
         return self._buffer[-1][0] - self._sent_seq if self._buffer else 0
 
     def _send_loop(self) -> None:
-        telemetry = pb_grpc.TelemetryStub(self._channel)
-        control = pb_grpc.ControlStub(self._channel)
         attempt = 0
+        failed_in_a_row = 0  # daemons of the list that failed one after the other
         while not self._closed.is_set():
+            channel = self._channel()
+            telemetry = pb_grpc.TelemetryStub(channel)
+            control = pb_grpc.ControlStub(channel)
             try:
                 session_id, generation = self._register(telemetry)
             except grpc.RpcError as error:
@@ -408,9 +448,14 @@ class Reporter:
                     self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
                     continue
                 log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                failed_in_a_row += 1
+                if self._fail_over(error.code().name) and failed_in_a_row < len(self.addresses):
+                    continue  # the next daemon at once; a back-off once every one of them failed
+                failed_in_a_row = 0
                 attempt += 1
                 self._backoff(attempt)
                 continue
+            failed_in_a_row = 0
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
@@ -444,6 +489,11 @@ class Reporter:
                     continue
                 elif not self._closed.is_set():
                     log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
+                    # Whatever stored what was acknowledged, the next daemon knows it (one database):
+                    # move on at once and resend from there.
+                    if self._fail_over(error.code().name):
+                        self.connected.clear()
+                        continue
             except Exception:  # never let the thread die: the training job must not notice
                 log.exception("unexpected error in the autobyte telemetry thread")
             self.connected.clear()
@@ -504,7 +554,6 @@ class Reporter:
             self._reports.popleft()
 
     def _watch_loop(self) -> None:
-        control = pb_grpc.ControlStub(self._channel)
         attempt = 0
         while not self._closed.is_set():
             opened = time.monotonic()
@@ -512,6 +561,8 @@ class Reporter:
                 self.connected.wait(1.0)
                 if not self.connected.is_set():
                     continue
+                # The daemon the send loop registered with; _fail_over cancels this stream to follow.
+                control = pb_grpc.ControlStub(self._channel())
                 stream = control.WatchConfig(pb.WatchConfigRequest(job=self.job, rank=self.rank,
                                                                    after_decision_id=self._last_update_id),
                                              metadata=self._metadata)
@@ -519,6 +570,8 @@ class Reporter:
                 opened = time.monotonic()
                 for update in stream:
                     attempt = 0
+                    if update.decision_id <= self._last_update_id:
+                        continue  # already handed over (a daemon replaying after a move): never twice
                     try:
                         config = config_from_proto(update.config)
                     except ValueError as error:
@@ -579,11 +632,12 @@ class Reporter:
         with self._cond:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
-        stream = getattr(self, "_watch_stream", None)
+        stream = self._watch_stream
         if stream is not None:
             stream.cancel()
-        if self._channel is not None:
-            self._channel.close()
+        with self._channels_lock:
+            for channel in self._channels.values():
+                channel.close()
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
 

@@ -69,7 +69,8 @@ def main() -> None:
         reporter = telemetry._reporter
         flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))
         reporter_state = {"flushed": flushed, "acked_seq": reporter.acked_seq, "dropped": reporter.dropped_total,
-                          "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s}
+                          "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s,
+                          "daemon": reporter.address, "failovers": reporter.failovers}
         autobyte.shutdown()
     if args.out:
         with open(args.out.format(rank=rank), "w") as handle:

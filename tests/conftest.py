@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 import subprocess
@@ -32,6 +33,16 @@ class ThreadDaemon:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._engine = None
+
+    def storage(self):
+        """A storage of its own on the daemon's database, for the test to look at (closed by stop())."""
+        from autobyted.storage.db import make_engine
+        from autobyted.storage.sql import SqlStorage
+
+        if self._engine is None:
+            self._engine = make_engine(self.settings.db)
+        return SqlStorage(self._engine)
 
     def _run(self) -> None:
         try:
@@ -41,8 +52,13 @@ class ThreadDaemon:
             self._error = error
             self._ready.set()
 
-    def start(self) -> "ThreadDaemon":
+    def start(self, wait: bool = True) -> "ThreadDaemon":
+        """Starts it and (wait=True) waits until it serves; `wait_ready()` waits for one started
+        with wait=False (several daemons starting at once)."""
         self._thread.start()
+        return self.wait_ready() if wait else self
+
+    def wait_ready(self) -> "ThreadDaemon":
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"daemon failed to start: {self._error!r}")
         return self
@@ -52,6 +68,11 @@ class ThreadDaemon:
         return f"127.0.0.1:{self.daemon.port}"
 
     def stop(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+        if not self._thread.is_alive():
+            return
         self.daemon.stop()
         self._thread.join(30)
         assert not self._thread.is_alive(), "daemon did not stop"
@@ -60,6 +81,44 @@ class ThreadDaemon:
 @pytest.fixture
 def db_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'autobyte.db'}"
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+# One throwaway cluster per test session (initdb/pg_ctl of the system's server, run as `postgres`
+# when the suite runs as root), one fresh database per test. Started only when a test asks.
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    from benchmarks.pgcluster import PgCluster, PgUnavailable
+
+    try:
+        cluster = PgCluster.start()
+    except PgUnavailable as error:
+        pytest.fail(f"{error}; the PostgreSQL tests need it", pytrace=False)
+    atexit.register(cluster.stop)  # also when the session ends abnormally
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        atexit.unregister(cluster.stop)
+
+
+@pytest.fixture
+def pg_url(pg_cluster):
+    url = pg_cluster.create_database()
+    yield url
+    pg_cluster.drop_database(url)
+
+
+DATABASES = ["sqlite", "postgresql"]
+
+
+def database_url(request, tmp_path) -> str:
+    """For a fixture parametrized over DATABASES: a SQLite file or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'autobyte.db'}"
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture

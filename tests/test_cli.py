@@ -29,6 +29,16 @@ def test_daemon_address_from_environment():
     assert result.returncode == 3 and f"127.0.0.1:{port}" in result.stderr
 
 
+def test_a_list_of_daemons_is_asked_in_order_until_one_answers(thread_daemon):
+    dead = f"127.0.0.1:{free_port()}"
+    result = run_cli("status", "--format", "json", "--daemon", f"{dead}, {thread_daemon.address}")
+    assert result.returncode == 0 and json.loads(result.stdout)["jobs"] == [], result.stderr
+    both_dead = run_cli("status", env={"AUTOBYTE_DAEMON": f"{dead},127.0.0.1:{free_port()}"})
+    assert both_dead.returncode == 3 and dead in both_dead.stderr and len(both_dead.stderr.splitlines()) == 1
+    malformed = run_cli("status", "--daemon", f"{thread_daemon.address},nohost")
+    assert malformed.returncode == 2 and "'nohost' must look like HOST:PORT" in malformed.stderr
+
+
 def test_unknown_job_is_a_clear_error(thread_daemon):
     result = run_cli("history", "nope", "--daemon", thread_daemon.address)
     assert result.returncode == 1

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 
+import pytest
 
 from conftest import ThreadDaemon
 from _dist_util import run_ranks
@@ -559,3 +560,20 @@ def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions
         assert all(c == {"partition_bytes": 64 << 10, "credit_bytes": None} for c in after)
     job = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0]
     assert list(job.ranks) == [0, 1, 2, 3] and job.world_size == 4
+
+
+def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_starts(monkeypatch):
+    import autobyte
+    from autobyte import telemetry
+    from autobyte.channel import daemon_addresses
+
+    assert daemon_addresses("h1:7077, h2:7078,") == ("h1:7077", "h2:7078")
+    monkeypatch.setenv("AUTOBYTE_DAEMON", "h1:7077,[::1]:7078")
+    assert daemon_addresses() == ("h1:7077", "[::1]:7078")
+    for bad in ("h1:7077,h2", ",", "h:0", "h:port"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            daemon_addresses(bad)
+    before = telemetry._reporter
+    with pytest.raises(ValueError, match="'oops' must look like HOST:PORT"):
+        autobyte.init(daemon="h1:7077,oops", job="j")
+    assert telemetry._reporter is before  # nothing was started

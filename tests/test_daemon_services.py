@@ -1,4 +1,5 @@
-"""Telemetry, control and query through a real gRPC server on a real SQLite file."""
+"""Telemetry, control and query through a real gRPC server on a real SQLite file and on a real
+PostgreSQL server (every test here runs on both)."""
 
 import json
 import math
@@ -12,8 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import ThreadDaemon, free_port
+from conftest import DATABASES, ThreadDaemon, database_url, free_port
 from _grpc_util import Client, batch, sample
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request, tmp_path) -> str:
+    return database_url(request, tmp_path)
 
 
 @pytest.fixture
@@ -24,10 +30,7 @@ def client(thread_daemon):
 
 
 def storage_of(daemon: ThreadDaemon):
-    from autobyted.storage.db import make_engine
-    from autobyted.storage.sql import SqlStorage
-
-    return SqlStorage(make_engine(daemon.settings.db))
+    return daemon.storage()
 
 
 def test_stream_is_acknowledged_and_stored(client, thread_daemon):

@@ -1,4 +1,5 @@
-"""Alembic revisions produce exactly the models' schema; foreign and newer databases are refused."""
+"""Alembic revisions produce exactly the models' schema, on SQLite and on PostgreSQL; every revision
+upgrades and downgrades on both; foreign and newer databases are refused."""
 
 import sqlite3
 
@@ -10,6 +11,12 @@ from alembic.runtime.migration import MigrationContext
 from autobyted.errors import ForeignDatabase
 from autobyted.storage.db import head_revision, make_engine, migrate
 from autobyted.storage.models import Base
+from conftest import DATABASES, database_url
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request, tmp_path) -> str:
+    return database_url(request, tmp_path)
 
 
 def test_empty_database_migrates_to_exactly_the_models(db_url):
@@ -18,6 +25,25 @@ def test_empty_database_migrates_to_exactly_the_models(db_url):
     with engine.connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert diff == []
+
+
+def test_every_revision_downgrades_and_upgrades_again(db_url):
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    from autobyted.storage.db import _alembic_config
+
+    engine = make_engine(db_url)
+    revisions = [r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()][::-1]
+    with engine.begin() as connection:
+        for revision in revisions:  # one at a time, as an older database would be brought along
+            command.upgrade(_alembic_config(connection), revision)
+        command.downgrade(_alembic_config(connection), "base")
+        assert set(sa.inspect(connection).get_table_names()) <= {"alembic_version"}
+    assert migrate(engine) == revisions[-1] == head_revision()
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    engine.dispose()
 
 
 def test_migrate_is_idempotent(db_url):

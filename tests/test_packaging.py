@@ -70,6 +70,10 @@ def test_wheel_contents(wheel):
     # torch warns "Failed to initialize NumPy" without numpy: the [torch] extra brings it
     assert any(line.startswith("Requires-Dist: numpy") and 'extra == "torch"' in line for line in requires)
     assert not any("torch" in line and 'extra == "daemon"' in line for line in requires)
+    # PostgreSQL is optional: psycopg 3 (with its bundled libpq) comes with the [postgres] extra only
+    assert any(line.startswith("Requires-Dist: psycopg[binary]") and 'extra == "postgres"' in line for line in requires)
+    assert not any("psycopg" in line for line in base)
+    assert any(n.startswith("autobyted/migrations/versions/0004") for n in names)
 
 
 def test_fresh_venv_base_install_then_daemon_extra(wheel, tmp_path):

@@ -1,4 +1,5 @@
-"""The storage contract, run against every backend (today: SQLAlchemy on SQLite files)."""
+"""The storage contract, run against every backend: SQLAlchemy on a SQLite file and on a real
+PostgreSQL server (a throwaway cluster, tests/conftest.py)."""
 
 import time
 
@@ -9,17 +10,15 @@ from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
 from autobyted.storage.sql import SqlStorage
+from conftest import DATABASES, database_url
 
 
-def sqlite_file(tmp_path):
-    engine = make_engine(f"sqlite:///{tmp_path / 'contract.db'}")
-    migrate(engine)
-    return SqlStorage(engine)
-
-
-@pytest.fixture(params=[sqlite_file], ids=["sqlite-file"])
+@pytest.fixture(params=DATABASES)
 def store(request, tmp_path):
-    return request.param(tmp_path)
+    engine = make_engine(database_url(request, tmp_path))
+    migrate(engine)
+    yield SqlStorage(engine)
+    engine.dispose()
 
 
 def reg(rank=0, instance="a", job="j", world=2):
@@ -257,3 +256,86 @@ def test_a_new_run_expires_the_pending_decisions_of_the_old_one(store, how):
     assert [d.state for d in store.decisions("j")] == ["expired", "pending"] and new.decision_id > old.decision_id
     store.register(reg(rank=1, instance="run-2b"), 30)  # another rank joining is not a new run
     assert store.decisions("j")[-1].state == "pending"
+
+
+# ---------------------------------------------------------------------- several daemons, one database
+
+
+def test_leases_are_exclusive_renewed_and_taken_over_once_expired(store):
+    assert store.lease("tuner:j") is None
+    assert store.acquire_lease("tuner:j", "daemon-a", 30)
+    assert not store.acquire_lease("tuner:j", "daemon-b", 30)  # held: refused
+    first = store.lease("tuner:j")
+    assert first.holder == "daemon-a" and 25 < first.expires_in_s <= 30
+    assert store.acquire_lease("tuner:j", "daemon-a", 60)  # the holder renews
+    renewed = store.lease("tuner:j")
+    assert renewed.expires_in_s > 55 and renewed.acquired_at_s == first.acquired_at_s
+    assert store.acquire_lease("other", "daemon-b", 30)  # leases are independent
+    assert store.acquire_lease("tuner:j", "daemon-a", 0.05)
+    time.sleep(0.2)  # daemon-a stops renewing (it died): once expired, daemon-b takes over
+    assert store.acquire_lease("tuner:j", "daemon-b", 30)
+    taken = store.lease("tuner:j")
+    assert taken.holder == "daemon-b" and taken.acquired_at_s > first.acquired_at_s
+    assert not store.acquire_lease("tuner:j", "daemon-a", 30)
+    store.release_lease("tuner:j", "daemon-a")  # not the holder: nothing happens
+    assert store.lease("tuner:j").holder == "daemon-b"
+    store.release_lease("tuner:j", "daemon-b")  # a clean stop hands it over at once
+    assert store.acquire_lease("tuner:j", "daemon-a", 30)
+    with pytest.raises(ValueError):
+        store.acquire_lease("tuner:j", "daemon-a", 0)
+
+
+def test_only_the_lease_holder_makes_tuner_decisions(store):
+    store.register(reg(), 30)
+    with pytest.raises(FailedPrecondition, match="not held"):
+        store.add_decision("j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a")
+    assert store.acquire_lease("tuner:j", "daemon-a", 30)
+    made = store.add_decision("j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a")
+    with pytest.raises(FailedPrecondition, match="held by daemon-a"):
+        store.add_decision("j", Config(4 << 20, None), 9, "trial", source="tuner", lease_holder="daemon-b")
+    assert [d.decision_id for d in store.decisions("j")] == [made.decision_id]
+
+
+def test_newest_decision_ids(store):
+    store.register(reg(job="a"), 30)
+    store.register(reg(job="b"), 30)
+    assert store.newest_decision_ids(["a", "b", "unknown"]) == {"a": 0, "b": 0}
+    first = store.add_decision("a", Config(1 << 20, None), 5, "x")
+    second = store.add_decision("a", Config(2 << 20, None), 5, "y")
+    assert store.newest_decision_ids(["a", "b"]) == {"a": second.decision_id, "b": 0}
+    assert second.decision_id > first.decision_id
+    assert store.newest_decision_ids([]) == {}
+
+
+def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
+    """Two daemons' writers (two engines) on one PostgreSQL store the same rank's resends at the same
+    moment, and a re-registration moves the rank's session between them: each sample is stored once.
+    (PostgreSQL only: a SQLite file serves one daemon, whose one writer thread stores every sample.)"""
+    import concurrent.futures
+    import threading
+
+    engines = [make_engine(pg_url) for _ in range(2)]
+    try:
+        migrate(engines[0])
+        store, other = (SqlStorage(engine) for engine in engines)
+        session = store.register(reg(), 30).session_id
+
+        gate = threading.Barrier(2)
+
+        def resend(storage, first):  # the client resends from seq `first`; both daemons got it
+            gate.wait(10)
+            return storage.append_samples([SampleBatch("j", 0, session, samples(first, first + 199))])
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for first in range(1, 1001, 100):  # in order, as a client sends; each overlaps the last
+                results = list(pool.map(lambda s, first=first: resend(s, first), (store, other)))
+                assert results == [[first + 199]] * 2
+        steps = sorted(r.step for r in store.history("j", limit=10_000))
+        assert steps == list(range(1100)), "a sample was stored twice or lost"
+        again = other.register(reg(), 30)  # the same process, now on the other daemon
+        assert again.last_acked_seq == 1100
+        assert store.append_samples([SampleBatch("j", 0, session, samples(1090, 1101))]) == [-1]
+        assert other.append_samples([SampleBatch("j", 0, again.session_id, samples(1090, 1101))]) == [1101]
+        assert store.sample_count("j") == 1101
+    finally:
+        for engine in engines:
+            engine.dispose()

@@ -6,9 +6,9 @@ import abc
 from typing import Sequence
 
 from autobyte.types import Config
-from autobyted.storage.records import (BestRecord, DecisionRecord, JobInfo, JobRecord, ModelRecord,
-                                       RegisterResult, Registration, SampleBatch, SampleRow, StepRecord,
-                                       TunerStatusRecord, WindowRecord)
+from autobyted.storage.records import (BestRecord, DecisionRecord, JobInfo, JobRecord, LeaseRecord,
+                                       ModelRecord, RegisterResult, Registration, SampleBatch, SampleRow,
+                                       StepRecord, TunerStatusRecord, WindowRecord)
 
 
 class BaseStorage(abc.ABC):
@@ -30,11 +30,12 @@ class BaseStorage(abc.ABC):
     @abc.abstractmethod
     def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, source: str = "operator",
-                     state: str = "pending") -> DecisionRecord:
+                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
         """Store a decision. A pending one supersedes the job's pending ones. An operator's decision
         pauses the job's tuner (in the same transaction); a tuner's decision for a paused job raises
         FailedPrecondition (so an operator's word is never overwritten by a tuner that had not
-        noticed it yet)."""
+        noticed it yet). With lease_holder, FailedPrecondition too unless that holder holds the
+        job's tuner lease (records.tuner_lease) now: a daemon that lost it decides nothing."""
 
     @abc.abstractmethod
     def close_decision(self, decision_id: int, measured_step_time_s: float | None,
@@ -43,6 +44,11 @@ class BaseStorage(abc.ABC):
 
     @abc.abstractmethod
     def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]: ...
+
+    @abc.abstractmethod
+    def newest_decision_ids(self, jobs: Sequence[str]) -> dict[str, int]:
+        """The newest decision id of each known job among `jobs` (0: none yet); every daemon polls it
+        to wake its control streams for decisions another daemon stored."""
 
     @abc.abstractmethod
     def jobs(self, running_within_s: float) -> list[JobRecord]: ...
@@ -106,3 +112,17 @@ class BaseStorage(abc.ABC):
 
     @abc.abstractmethod
     def latest_model(self) -> ModelRecord | None: ...
+
+    # ------------------------------------------------------------------ daemons sharing the database
+    @abc.abstractmethod
+    def acquire_lease(self, name: str, holder: str, duration_s: float) -> bool:
+        """Take the lease `name` for `duration_s` seconds, or renew it when `holder` holds it; True
+        when `holder` holds it now. A lease whose holder let it expire (died, stalled) is taken over.
+        The database's clock decides expiry, so daemons on hosts with skewed clocks agree."""
+
+    @abc.abstractmethod
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up at once (a daemon that stops), if `holder` holds it."""
+
+    @abc.abstractmethod
+    def lease(self, name: str) -> LeaseRecord | None: ...

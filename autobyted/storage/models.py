@@ -11,6 +11,11 @@ class Base(DeclarativeBase):
     pass
 
 
+# Row ids of the tables that grow with every step or decision: 64-bit on every database. SQLite
+# keeps INTEGER (its rowid is 64-bit already, and only INTEGER PRIMARY KEY aliases it).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
@@ -60,7 +65,7 @@ class StepSample(Base):
     __table_args__ = (Index("ix_step_metrics_job_step", "job_id", "step"),
                       Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"))
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(BigInteger)
@@ -81,9 +86,11 @@ class StepSample(Base):
 
 class Decision(Base):
     __tablename__ = "decisions"
+    # (job, id): a job's newest decision is one index probe (every daemon polls it, decisions.py).
+    __table_args__ = (Index("ix_decisions_job_id_id", "job_id", "id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     apply_at_step: Mapped[int] = mapped_column(BigInteger)
@@ -161,3 +168,16 @@ class PredictorModel(Base):
     examples: Mapped[int] = mapped_column(Integer)
     model: Mapped[bytes] = mapped_column(LargeBinary)
     note: Mapped[str] = mapped_column(Text)
+
+
+class Lease(Base):
+    """Work that one daemon at a time does for every daemon sharing the database (e.g. tuning one
+    job: name "tuner:<job>"). The holder renews it before `expires_at`; once that passes, any daemon
+    may take it over. Times are the database's own clock (storage/sql.py), not a daemon host's."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(300), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)

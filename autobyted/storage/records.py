@@ -174,3 +174,18 @@ class ModelRecord:
     model: bytes
     note: str
     created_at_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRecord:
+    """Who holds a lease (storage.base.BaseStorage.acquire_lease) and for how much longer."""
+
+    name: str
+    holder: str
+    acquired_at_s: float
+    expires_in_s: float  # negative: expired, free for any daemon to take
+
+
+def tuner_lease(job: str) -> str:
+    """The name of the lease a daemon holds while it tunes `job`."""
+    return f"tuner:{job}"

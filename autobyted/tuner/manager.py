@@ -6,6 +6,11 @@
   asyncio event loop; decisions go out through the daemon's own decision path (`decide`, the
   coroutine that stores a decision and wakes the job's control streams, run on the loop via
   run_coroutine_threadsafe), so they land at the same step on every rank and show in history.
+- Several daemons on one database: a job is tuned by the daemon that holds its tuner lease (a row
+  in the database with an expiry, records.tuner_lease). The holder renews it every third of
+  `lease_s`; a daemon that dies or stalls loses it once it expires and another daemon takes the job
+  over, measuring it afresh. Its decisions are stored only while it holds the lease (fencing), and a
+  daemon that stops gives its leases back at once.
 - A failure in one job's tuning is logged, shown as state "error" for that job, and the job is
   looked at again after a back-off; ingestion and serving never depend on this thread.
 - The predictor starts from the newest model in the database (a restarted daemon keeps what it
@@ -18,20 +23,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 
 from autobyted.errors import FailedPrecondition, NotFound
 from autobyted.storage.base import BaseStorage
-from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord
+from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
 from autobyted.tuner.features import Context, JobShape
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.search import JobTuner, TunerParams, TunerSink
 
 log = logging.getLogger(__name__)
 
-# decide(job, config, apply_at_step, reason, predicted_step_time_s, source=, state=) -> DecisionRecord
+# decide(job, config, apply_at_step, reason, predicted_step_time_s, source=, state=, lease_holder=)
+#   -> DecisionRecord
 DecideFn = Callable[..., DecisionRecord]
 MODES = ("auto", "observe", "off")
 MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows (bounded cost)
@@ -40,15 +49,18 @@ MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows 
 class StorageSink(TunerSink):
     """A JobTuner's effects, into storage and the decision path."""
 
-    def __init__(self, job: str, storage: BaseStorage, decide: DecideFn, on_window: Callable[[], None]) -> None:
+    def __init__(self, job: str, storage: BaseStorage, decide: DecideFn, on_window: Callable[[], None],
+                 holder: str) -> None:
         self.job, self.storage, self._decide, self._on_window = job, storage, decide, on_window
+        self.holder = holder
         self.status: TunerStatusRecord | None = None
 
     def decide(self, config, apply_at_step, reason, predicted_step_time_s, kind):
         try:
             record = self._decide(self.job, config, apply_at_step, reason, predicted_step_time_s, source="tuner",
-                                  state="recommended" if kind == "recommend" else "pending")
-        except FailedPrecondition:  # an operator paused the tuner for this job meanwhile
+                                  state="recommended" if kind == "recommend" else "pending",
+                                  lease_holder=self.holder)
+        except FailedPrecondition:  # an operator paused the tuner meanwhile, or this daemon lost the lease
             return None
         return record.decision_id
 
@@ -79,9 +91,17 @@ class TunerManager:
     def __init__(self, storage: BaseStorage, decide: DecideFn, mode: str = "auto",
                  params: TunerParams = TunerParams(), poll_interval_s: float = 5.0,
                  retrain_interval_s: float = 60.0, idle_after_s: float = 30.0, error_backoff_s: float = 30.0,
-                 prior: Ensemble | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 prior: Ensemble | None = None, clock: Callable[[], float] = time.monotonic,
+                 holder: str | None = None, lease_s: float = 15.0) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"the tuner manager runs in auto or observe mode, not {mode!r}")
+        if not lease_s > 0:
+            raise ValueError(f"lease_s={lease_s!r} must be positive")
+        # Who holds this daemon's leases: unique among the daemons sharing the database.
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_s = lease_s
+        self._lease_retry_at: dict[str, float] = {}  # jobs another daemon tunes: when to ask again
+        self._renewed_at: dict[str, float] = {}  # jobs this daemon tunes: when their lease was renewed
         self.storage, self._decide, self.mode, self.params = storage, decide, mode, params
         self.poll_interval_s, self.retrain_interval_s = poll_interval_s, retrain_interval_s
         self.idle_after_s, self.error_backoff_s = idle_after_s, error_backoff_s
@@ -116,6 +136,8 @@ class TunerManager:
         self._train_wake.set()
         for thread in self._threads:
             thread.join(timeout_s)
+        for job in list(self._renewed_at):  # another daemon takes these jobs over at once
+            self._let_go(job)
 
     def notify(self, jobs: Iterable[str]) -> None:
         """Thread-safe and cheap: the ingest writer calls it with the jobs it just stored samples of."""
@@ -190,7 +212,8 @@ class TunerManager:
             return
         next_poll = 0.0
         while not self._stopping.is_set():
-            self._wake.wait(self.poll_interval_s)
+            # Held leases are renewed at least every third of their duration.
+            self._wake.wait(min(self.poll_interval_s, self.lease_s / 3))
             self._wake.clear()
             if self._stopping.is_set():
                 break
@@ -215,11 +238,19 @@ class TunerManager:
         if self._skip_until.get(job, 0.0) > now:
             return
         cpu0 = time.thread_time()
+        try:
+            if not self._hold(job):
+                return
+        except Exception as error:  # the database is unreachable: try again later
+            log.warning("tuner cannot take or renew the lease of job %s: %s", job, error)
+            self._lease_retry_at[job] = time.monotonic() + self.lease_s / 3
+            return
         state = self._jobs.get(job)
         try:
             if state is None:
                 state = self._open(job)
-                if state is None:
+                if state is None:  # opted out: nothing to hold
+                    self._let_go(job)
                     return
             stored = self.storage.tuner_status(job)
             if stored is not None and stored.paused and not state.tuner.paused:
@@ -237,6 +268,7 @@ class TunerManager:
                                                             detail=f"idle: no steps for {self.idle_after_s:.0f} s "
                                                                    f"(was: {state.tuner.detail})"))
                 del self._jobs[job]
+                self._let_go(job)
                 return
             self._write(job, state, state.sink.status or state.tuner.status)
             if len(state.tuner.mine) > decisions_before:
@@ -244,9 +276,11 @@ class TunerManager:
             self.cycles += 1
         except NotFound:
             self._jobs.pop(job, None)  # deleted meanwhile
+            self._let_go(job)
         except Exception as error:
             log.exception("tuning job %s failed; it is looked at again in %.0f s", job, self.error_backoff_s)
             self._jobs.pop(job, None)
+            self._let_go(job)
             self._skip_until[job] = now + self.error_backoff_s
             try:
                 self.storage.save_tuner_status(job, TunerStatusRecord(
@@ -254,6 +288,37 @@ class TunerManager:
                     updated_at_s=time.time()))
             except Exception:
                 pass
+
+    def _hold(self, job: str) -> bool:
+        """True while this daemon holds the job's tuner lease: taken when free or expired, renewed
+        every third of its duration. A lease lost (this daemon stalled past its expiry and another
+        took the job) drops the job's state: the new holder tunes it. Real time (the lease expires
+        in the database's), whatever clock the search runs on."""
+        now = time.monotonic()
+        held = job in self._renewed_at
+        if held and now - self._renewed_at[job] < self.lease_s / 3:
+            return True
+        if not held and self._lease_retry_at.get(job, 0.0) > now:
+            return False
+        if self.storage.acquire_lease(tuner_lease(job), self.holder, self.lease_s):
+            if not held:
+                log.info("tuning job %s (lease taken)", job)
+            self._renewed_at[job] = now
+            self._lease_retry_at.pop(job, None)
+            return True
+        if held:
+            log.warning("lost the tuner lease of job %s to another daemon; it tunes the job now", job)
+            self._jobs.pop(job, None)
+            del self._renewed_at[job]
+        self._lease_retry_at[job] = now + min(self.poll_interval_s, self.lease_s / 3)
+        return False
+
+    def _let_go(self, job: str) -> None:
+        self._renewed_at.pop(job, None)
+        try:
+            self.storage.release_lease(tuner_lease(job), self.holder)
+        except Exception as error:  # it expires by itself
+            log.warning("cannot release the tuner lease of job %s: %s", job, error)
 
     def _open(self, job: str) -> _JobState | None:
         info = self.storage.job_info(job)
@@ -266,12 +331,14 @@ class TunerManager:
                 self.storage.save_tuner_status(job, status)
             return None
         assert self.predictor is not None
-        sink = StorageSink(job, self.storage, self._decide, self._window_recorded)
+        sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
         tuner = JobTuner(job, JobShape.from_info(info), self.predictor, sink, self.mode, self.params)
-        # A job that registered while this tuner runs is read from its first sample; one that was
-        # running before (a daemon restart, or a job the tuner let go as idle) from its newest: it
-        # is measured afresh, not replayed from its history.
-        fresh = info.created_at_s >= self._started_wall_s
+        # A job that registered while this tuner runs and that no tuner has looked at yet is read
+        # from its first sample; one that was running before (a daemon restart, a job the tuner let
+        # go as idle, a job taken over from another daemon) from its newest: it is measured afresh,
+        # not replayed from its history.
+        previous = self.storage.tuner_status(job)
+        fresh = info.created_at_s >= self._started_wall_s and (previous is None or not previous.mode)
         state = _JobState(tuner, sink, last_row=0 if fresh else self.storage.last_sample_row(job),
                           last_sample_s=self._clock())
         self._jobs[job] = state
