@@ -8,6 +8,8 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
+    lat              16 all-reduces of 4 KiB issued back to back (as the scheduler issues small
+                     partitions), no compute: step time / 16 is the per-collective cost
 
 The plan comes from either
 
@@ -56,20 +58,22 @@ from torch import nn
 from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
+LAT_PROBE_COLLECTIVES = 16
+LAT_PROBE_BYTES = 4 << 10
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | compute | comm
+    kind: str  # ddp | sched | compute | comm | lat
     partition_bytes: int | None = None
     credit_bytes: int | None = None
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
         text = label.strip().lower()
-        if text in ("ddp", "compute", "comm"):
+        if text in ("ddp", "compute", "comm", "lat"):
             return cls(text)
         if text.startswith("sched:"):
             from autobyte.types import parse_bytes
@@ -77,7 +81,8 @@ class RunConfig:
             if len(parts) != 2:
                 raise ValueError(f"bad configuration {label!r}: expected sched:PARTITION,CREDIT")
             return cls("sched", parse_bytes(parts[0]), parse_bytes(parts[1]))
-        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm or sched:P,C")
+        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm, lat or "
+                         "sched:P,C")
 
     @property
     def label(self) -> str:
@@ -129,6 +134,7 @@ class Trainer:
         self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
         self.comm_buffers = self._comm_buffers()
+        self.lat_buffers = [torch.zeros(LAT_PROBE_BYTES // 4) for _ in range(LAT_PROBE_COLLECTIVES)]
         self.sched = None
         if need_sched:
             from autobyte.scheduler import ScheduledOptimizer
@@ -167,8 +173,9 @@ class Trainer:
     def _step(self, config: RunConfig) -> None:
         """One training step (or one probe) under `config`."""
         inputs, targets = self._batch()
-        if config.kind == "comm":
-            works = [dist.all_reduce(b, async_op=True) for b in self.comm_buffers]
+        if config.kind in ("comm", "lat"):
+            buffers = self.comm_buffers if config.kind == "comm" else self.lat_buffers
+            works = [dist.all_reduce(b, async_op=True) for b in buffers]
             for work in works:
                 work.wait()
             return
