@@ -8,8 +8,9 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
-    lat              16 all-reduces of 4 KiB issued back to back (as the scheduler issues small
-                     partitions), no compute: step time / 16 is the per-collective cost
+    lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
+                     issues partitions, no compute: `lat_collectives(SIZE)` of them (16 up to
+                     256 KiB, then 4 MiB worth); step time / count = the cost of one collective
 
 The plan comes from either
 
@@ -58,23 +59,33 @@ from torch import nn
 from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
-LAT_PROBE_COLLECTIVES = 16
 LAT_PROBE_BYTES = 4 << 10
+
+
+def lat_collectives(size_bytes: int) -> int:
+    """How many all-reduces one `lat:SIZE` probe step issues."""
+    return 16 if size_bytes <= 256 << 10 else max(1, (4 << 20) // size_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | compute | comm | lat
+    kind: str  # ddp | sched | compute | comm | lat (partition_bytes: the probe's size)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
         text = label.strip().lower()
-        if text in ("ddp", "compute", "comm", "lat"):
+        if text in ("ddp", "compute", "comm"):
             return cls(text)
+        if text == "lat" or text.startswith("lat:"):
+            from autobyte.types import parse_bytes
+            size = parse_bytes(text[4:]) if text.startswith("lat:") else LAT_PROBE_BYTES
+            if not size or size % 4:
+                raise ValueError(f"bad probe {label!r}: lat:SIZE needs a size in whole floats")
+            return cls("lat", size)
         if text.startswith("sched:"):
             from autobyte.types import parse_bytes
             parts = text[len("sched:"):].split(",")
@@ -86,6 +97,10 @@ class RunConfig:
 
     @property
     def label(self) -> str:
+        if self.kind == "lat":
+            from autobyte.types import format_bytes
+            return ("lat" if self.partition_bytes == LAT_PROBE_BYTES
+                    else f"lat:{format_bytes(self.partition_bytes, 'none')}")
         if self.kind != "sched":
             return self.kind
         from autobyte.types import format_bytes
@@ -134,7 +149,7 @@ class Trainer:
         self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
         self.comm_buffers = self._comm_buffers()
-        self.lat_buffers = [torch.zeros(LAT_PROBE_BYTES // 4) for _ in range(LAT_PROBE_COLLECTIVES)]
+        self.lat_buffers: dict[int, list[torch.Tensor]] = {}
         self.sched = None
         if need_sched:
             from autobyte.scheduler import ScheduledOptimizer
@@ -174,7 +189,11 @@ class Trainer:
         """One training step (or one probe) under `config`."""
         inputs, targets = self._batch()
         if config.kind in ("comm", "lat"):
-            buffers = self.comm_buffers if config.kind == "comm" else self.lat_buffers
+            buffers = self.comm_buffers
+            if config.kind == "lat":
+                size = int(config.partition_bytes or LAT_PROBE_BYTES)
+                buffers = self.lat_buffers.setdefault(
+                    size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))])
             works = [dist.all_reduce(b, async_op=True) for b in buffers]
             for work in works:
                 work.wait()
