@@ -432,6 +432,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-phases", type=int, default=2,
                         help="--report: mixed traces of up to this many conditions")
     parser.add_argument("--limit", type=int, default=0, help="--report: headroom rows shown")
+    parser.add_argument("--dispatch", action="store_true",
+                        help="also measure the scheduler's cost per partition (bench_scheduler's "
+                             "dispatch probe, 2 ranks at 10gbit) into the map")
     parser.add_argument("--mixed", default="", help='"A|B": measure this mixed trace directly')
     parser.add_argument("--map", default="benchmarks/calibration/optimum-map.json",
                         help="--mixed: the map the static and per-phase choices come from")
@@ -482,6 +485,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = _load(out) if out else None
     if data is not None:
         data["chunks"].append(chunk)
+    if args.dispatch:
+        from benchmarks.bench_scheduler import format_dispatch, measure_dispatch
+        probe_args = argparse.Namespace(dispatch_partitions="16KiB,64KiB", dispatch_rate="10gbit",
+                                        warmup=args.warmup, threads=1, sched_group=False,
+                                        timeout=args.timeout)
+        with Testbed(world_size=2, rate="10gbit") as bed:
+            dispatch = measure_dispatch(bed, probe_args)
+        dispatch["load"] = chunk["load_before"]
+        print(format_dispatch(dispatch), flush=True)
+        if out is not None and data is not None:
+            data["dispatch"] = dispatch
+            _save(out, data)
     for model in args.models.split(","):
         for condition in conditions:
             block = measure_block(model, condition, args)

@@ -146,12 +146,20 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
     excluding the backend's launch call, and the launch call itself), and an external estimate:
     the extra step time per extra partition against no partitioning (scheduler + backend + wire).
     """
-    labels = ["sched:none,none"] + [f"sched:{p},none" for p in args.dispatch_partitions.split(",")]
+    partitions = args.dispatch_partitions.split(",")
+    labels = ["sched:none,none"] + [f"sched:{p},none" for p in partitions]
+    bare_labels = [f"lat:{p}" for p in partitions]  # the bare collectives of those sizes
     bed.set_rate(parse_rate(args.dispatch_rate))
     model_args = json.dumps({"in_features": 256, "hidden": 256, "depth": 4})
-    results = run_pair(bed, "mlp", 32, labels, args, model_args=model_args, rounds=2, steps=10)
+    results = run_pair(bed, "mlp", 32, labels + bare_labels, args, model_args=model_args,
+                       rounds=2, steps=10)
     rows = summarise(results)
-    out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {}}
+    from benchmarks.train_worker import RunConfig, lat_collectives
+    bare = [rows[label]["median_step_s"] / lat_collectives(RunConfig.parse(label).partition_bytes)
+            for label in bare_labels]
+    # what one bare collective of the probe's partition sizes costs (no scheduler, no compute)
+    out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {},
+                           "bare_collective_s": statistics.median(bare)}
     base = rows["sched:none,none"]["median_step_s"]
     base_parts = statistics.median(r["metrics_median"]["partitions"] for r in results
                                    if r["config"] == "sched:none,none")
@@ -171,7 +179,8 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_dispatch(d: dict[str, Any]) -> str:
-    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32)",
+    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32; a bare "
+             f"collective of these sizes: {d.get('bare_collective_s', 0) * 1e6:.0f} us)",
              f"{'configuration':<22} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
              f"{'launch us/part':>14} {'extra step us/part':>18}"]
     for label, row in d["configs"].items():

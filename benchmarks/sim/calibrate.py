@@ -417,10 +417,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare", action="store_true",
                         help="also report the simulator without slowdown and probe constants")
     parser.add_argument("--quiet", action="store_true", help="groups only, not every run")
+    parser.add_argument("--map", metavar="MAP_JSON",
+                        help="calibrate against an optimum map (benchmarks.bench_conditions): per "
+                             "condition Kendall tau of the grid, regret of the simulator's best, "
+                             "headroom predicted vs measured")
+    parser.add_argument("--profiles", default="benchmarks/calibration/profiles",
+                        help="--map: recorded model profiles are read from / written to here")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
+    if args.map:
+        from benchmarks.sim.calibrate_map import calibrate_map, format_map_report
+        report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
+                               pathlib.Path(args.profiles) if args.profiles else None)
+        print(format_map_report(report))
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(_rounded(report), indent=1) + "\n")
+        return 0
     if not args.measured:
-        parser.error("give MEASURED")
+        parser.error("give MEASURED (or --map)")
     path = pathlib.Path(args.measured)
     if args.measure_loopback:
         measured = measure_loopback(path)

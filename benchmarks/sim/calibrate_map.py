@@ -1,0 +1,404 @@
+"""Calibrate the simulator against the optimum map: per condition, does it rank the grid like the
+testbed, is its best configuration the testbed's, and does it predict the headroom of re-tuning?
+
+    python -m benchmarks.sim.calibrate --map benchmarks/calibration/optimum-map.json \\
+        [--profiles benchmarks/calibration/profiles] [--out benchmarks/calibration/map.report.json]
+
+For every block of the map (one model under one condition, every grid configuration measured on
+the testbed) the simulator predicts every configuration's settled step time, in two ways:
+
+- **probes**: from the block's own probes, measured beside the grid in the same run: compute = the
+  slowest rank's `compute` probe (as a CPU share: quiet compute / this compute, so the
+  communication's CPU load weighs more on a throttled rank); bandwidth = the `comm` probe's goodput;
+  the cost of one collective by size = the `lat:SIZE` probes (4 KiB, 256 KiB, 2 MiB; beyond them
+  the wire time at that goodput). This checks the simulator's mechanics (overlap, partitioning,
+  credit, priority) given what the condition did to the link and the CPU.
+- **model**: from the model's *quiet* block and the condition's description only, through the
+  condition model the scenario keys use (`benchmarks/scenario.py`): a CPU quota of S cores ->
+  cpu share S; N busy processes beside R ranks on this 2-core machine -> share 2/(R+N); K
+  competing flows -> the job keeps 1/(1+K) of the link and every collective pays K times the
+  flow penalty by size (`flow_message_extra_s`, taken from the lat probes of the flow blocks of
+  *all* models: their increase over the quiet blocks beyond the halved wire time); a straggler
+  link -> the ring runs at the slower rate; N ranks -> N workers, share 2/N (oversubscribed cores).
+  This checks the model of *why* each condition moves the optimum.
+
+Constants shared by both: the scheduler's own cost per partition (`collective_overhead_s`, beyond a
+bare collective: the dispatch probe's extra step time per extra partition minus a bare collective's
+cost at its rate) and `launch_s` from the map's dispatch probe (or the checked-in testbed
+calibration), `comm_cpu_s_per_byte` from the model's `rate=10gbit` comm probe (CPU-bound there). No
+constant is fitted to the step times being predicted. Profiles (per-layer shares of compute) are
+recorded here once per model and kept in --profiles, then rescaled to the probes.
+
+Reported per block: Kendall tau-b between the measured and predicted step times of the grid (goal
+>= 0.7), the regret = measured step time of the simulator's best / the measured best - 1 (goal
+<= 3%), the median |error| of the step times; and per mixed trace (pairs of conditions of a model)
+the headroom of the per-phase best over the best static configuration, measured (from the map)
+vs predicted (goal within +-3 points).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks import optimum
+from benchmarks.sim.engine import LinkModel, Simulator
+from benchmarks.sim.profiles import ModelProfile
+from benchmarks.sim.trace import Trace
+
+MBIT = 1e6 / 8
+# Default scheduler cost per partition beyond a bare collective when the map has no dispatch probe:
+# the checked-in testbed calibration (benchmarks/calibration/testbed.json: 1.35 ms extra step time
+# per extra 16/64 KiB partition at 10gbit) minus a bare small collective there (~0.35 ms).
+FALLBACK_OVERHEAD_S = 1.0e-3
+FALLBACK_LAUNCH_S = 42e-6
+HOST_CORES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockInputs:
+    """What the simulator is told about one block."""
+
+    profile: ModelProfile
+    workers: int
+    bandwidth_bytes_per_s: float
+    link: LinkModel
+    flows: float = 0.0
+    cpu_share: float = 1.0
+    notes: str = ""
+
+    def simulator(self) -> Simulator:
+        return Simulator(self.profile, self.workers, Trace.constant(self.bandwidth_bytes_per_s),
+                         self.link)
+
+    def predict(self, labels: Sequence[str]) -> dict[str, float]:
+        from benchmarks.sim.calibrate import parse_config
+        sim = self.simulator()
+        return {label: sim.steady_step_s(parse_config(label), self.bandwidth_bytes_per_s, 1.0,
+                                         self.flows, self.cpu_share, steps=8)
+                for label in labels}
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+
+def _model_key(block: dict[str, Any]) -> str:
+    return f"{block['model']}"
+
+
+def profile_for_block(block: dict[str, Any], directory: pathlib.Path | None,
+                      cache: dict[str, ModelProfile]) -> ModelProfile:
+    """The model's per-layer profile: loaded from `directory` if recorded before, else recorded
+    here (torch hooks, see record_profile) and saved there."""
+    key = _model_key(block)
+    if key in cache:
+        return cache[key]
+    path = directory / f"{key}.profile.json" if directory is not None else None
+    if path is not None and path.exists():
+        profile = ModelProfile.load(path)
+    else:
+        import torch
+
+        from benchmarks.sim.calibrate import profile_for_run
+        torch.set_num_threads(1)  # as the testbed's ranks train
+        profile = profile_for_run({"model": block["builder"], "model_args": block["model_args"],
+                                   "batch_size": block["batch_size"]}, pathlib.Path("."), {})
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            profile.save(path)
+    cache[key] = profile
+    return profile
+
+
+def _gradient_bytes(block: dict[str, Any], cache: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    key = _model_key(block)
+    if key not in cache:
+        from benchmarks.sim.calibrate import _bench_buckets
+        cache[key] = _bench_buckets(block["builder"], block["model_args"])
+    return cache[key]
+
+
+def _with_compute(profile: ModelProfile, compute_with_optimizer_s: float) -> ModelProfile:
+    """Rescale so that forward + backward + optimizer equals a compute probe (which includes the
+    optimizer step), keeping the recorded share of the optimizer."""
+    share = profile.optimizer_s / (profile.compute_s + profile.optimizer_s)
+    return profile.with_compute_s(compute_with_optimizer_s * (1 - share))
+
+
+def wire_factor(workers: int) -> float:
+    return 2 * (workers - 1) / workers
+
+
+def goodput(block: dict[str, Any], sizes: tuple[int, int], overhead_s: float = 0.0) -> float:
+    """Bytes/s of the block's comm probe (bare all-reduces of all gradients, 25 MiB buckets)."""
+    grad_bytes, buckets = sizes
+    wire_s = block["probes"]["comm_s"] - buckets * overhead_s
+    return grad_bytes * wire_factor(block["world_size"]) / wire_s
+
+
+def message_table(block: dict[str, Any], bandwidth: float) -> tuple[tuple[float, float], ...]:
+    """Per-collective cost beyond the wire time at `bandwidth`, at the lat probes' sizes."""
+    factor = wire_factor(block["world_size"])
+    return tuple((float(size), max(0.0, cost - int(size) * factor / bandwidth))
+                 for size, cost in sorted(block["probes"]["collective_s"].items(),
+                                          key=lambda item: int(item[0])))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedConstants:
+    overhead_s: float
+    launch_s: float
+    cpu_s_per_byte: dict[str, float]  # per model
+    flow_message_extra_s: tuple[tuple[float, float], ...]
+    sources: dict[str, str]
+
+
+def shared_constants(blocks: Sequence[dict[str, Any]], dispatch: dict[str, Any] | None,
+                     sizes: dict[str, tuple[int, int]]) -> SharedConstants:
+    sources = {}
+    overhead, launch = FALLBACK_OVERHEAD_S, FALLBACK_LAUNCH_S
+    sources["overhead_s"] = "fallback: checked-in testbed calibration"
+    if dispatch:
+        extra = [row["external_us_per_extra_partition"] for row in dispatch["configs"].values()
+                 if row.get("external_us_per_extra_partition") is not None]
+        launches = [row["scheduler_us_per_partition"] + row["backend_launch_us_per_partition"]
+                    for row in dispatch["configs"].values()]
+        bare = dispatch.get("bare_collective_s")
+        if extra and bare is not None:
+            overhead = max(0.0, statistics.median(extra) * 1e-6 - bare)
+            sources["overhead_s"] = (f"dispatch probe: {statistics.median(extra):.0f} us extra "
+                                     f"step per extra partition - bare collective "
+                                     f"{bare * 1e6:.0f} us")
+        if launches:
+            launch = statistics.median(launches) * 1e-6
+            sources["launch_s"] = "dispatch probe: scheduler + gloo launch per partition"
+    cpu: dict[str, float] = {}
+    for block in blocks:
+        if block["condition"] == "rate=10gbit" and block["world_size"] == 2:
+            grad_bytes, buckets = sizes[_model_key(block)]
+            wire_s = block["probes"]["comm_s"]
+            if grad_bytes * 8 / wire_s < 0.95 * 10e9:  # CPU-bound, not held by tbf
+                cpu[block["model"]] = wire_s / grad_bytes
+    sources["cpu_s_per_byte"] = "per model: 1 / goodput of its rate=10gbit comm probe"
+    # Flow penalty by size: lat probes of flows1=1 blocks minus their quiet blocks, beyond the wire
+    # time at the job's share of the link; median over models.
+    quiet = {b["model"]: b for b in blocks if b["condition"] == "quiet" and b["world_size"] == 2}
+    penalties: dict[float, list[float]] = {}
+    for block in blocks:
+        spec = block["condition_spec"]
+        if block["world_size"] != 2 or block["model"] not in quiet or spec.get("cpu") \
+                or spec.get("busy") or spec.get("rate") or spec.get("rank_rates"):
+            continue
+        flows = [count for _, count in spec.get("flows", [])]
+        if flows != [1]:
+            continue
+        base = quiet[block["model"]]
+        bandwidth = goodput(base, sizes[_model_key(base)])
+        for (size, cost_q), (_, cost_f) in zip(message_table(base, bandwidth),
+                                               message_table(block, bandwidth / 2)):
+            penalties.setdefault(size, []).append(max(0.0, cost_f - cost_q))
+    flow_table = tuple((size, statistics.median(values)) for size, values in sorted(penalties.items()))
+    sources["flow_message_extra_s"] = ("lat probes of flows1=1 blocks over their quiet blocks, "
+                                       f"beyond the wire time at half the link ({len(quiet)} models)")
+    return SharedConstants(overhead, launch, cpu, flow_table, sources)
+
+
+def _quiet_compute(quiet: dict[str, Any]) -> float:
+    return min(c for c in quiet["probes"]["compute_s_per_rank"] if c)
+
+
+def probe_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelProfile,
+                 constants: SharedConstants, sizes: tuple[int, int]) -> BlockInputs:
+    slowest = max(c for c in block["probes"]["compute_s_per_rank"] if c)
+    base = _quiet_compute(quiet)
+    share = min(1.0, base / slowest)
+    bandwidth = goodput(block, sizes)
+    link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
+                     launch_s=constants.launch_s, ddp_launch_s=20e-6,
+                     comm_cpu_s_per_byte=constants.cpu_s_per_byte.get(block["model"], 0.0),
+                     message_extra_s=message_table(block, bandwidth))
+    return BlockInputs(_with_compute(profile, base), block["world_size"], bandwidth, link,
+                       cpu_share=share, notes=f"share {share:.2f} from compute probes")
+
+
+def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelProfile,
+                 constants: SharedConstants, sizes: tuple[int, int]) -> BlockInputs:
+    """The condition model of the scenario keys, fed with the quiet block's probes only."""
+    spec = block["condition_spec"]
+    base_rate = float(_rate_bps(block["rate"]))
+    quiet_rate = float(_rate_bps(quiet["rate"]))
+    quiet_bw = goodput(quiet, sizes)
+    efficiency = quiet_bw / (quiet_rate / 8)  # tbf + TCP goodput over the nominal rate
+    rate = base_rate
+    for _, rank_rate in spec.get("rank_rates", []):
+        rate = min(rate, float(_rate_bps(rank_rate)))
+    bandwidth = rate / 8 * efficiency
+    cpb = constants.cpu_s_per_byte.get(block["model"], 0.0)
+    if cpb:
+        bandwidth = min(bandwidth, 1.0 / cpb)  # gloo over veth cannot move bytes faster
+    ranks = block["world_size"]
+    share = 1.0
+    for _, value in spec.get("cpu", []):
+        share = min(share, float(value))
+    busy = sum(count for _, count in spec.get("busy", []))
+    if ranks > HOST_CORES or busy:
+        share = min(share, HOST_CORES / (ranks + busy))
+    flows = max([count for _, count in spec.get("flows", [])] or [0])
+    link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
+                     launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
+                     message_extra_s=_ring_table(quiet, quiet_bw, ranks),
+                     flow_message_extra_s=constants.flow_message_extra_s)
+    bandwidth *= link.flow_share(flows)
+    return BlockInputs(_with_compute(profile, _quiet_compute(quiet)), ranks, bandwidth, link,
+                       flows=flows, cpu_share=share,
+                       notes=f"share {share:.2f}, flows {flows}, {bandwidth / MBIT:.0f} Mbit/s")
+
+
+def _ring_table(quiet: dict[str, Any], bandwidth: float, ranks: int
+                ) -> tuple[tuple[float, float], ...]:
+    """The quiet 2-rank per-collective cost beyond the wire time, for a ring of `ranks`: a ring
+    all-reduce takes 2(N-1) steps, each paying the per-step latency once (2 for N = 2)."""
+    return tuple((size, extra * (ranks - 1)) for size, extra in message_table(quiet, bandwidth))
+
+
+def _rate_bps(rate: str) -> int:
+    from benchmarks.testbed import parse_rate
+    return parse_rate(rate)
+
+
+# ---- comparison -----------------------------------------------------------------------------
+
+
+def kendall_tau(measured: dict[str, float], predicted: dict[str, float]) -> float:
+    from scipy.stats import kendalltau
+    labels = sorted(set(measured) & set(predicted))
+    value = kendalltau([measured[k] for k in labels], [predicted[k] for k in labels]).statistic
+    return float(value) if value == value else 0.0  # nan (constant input) -> 0
+
+
+def compare(block: dict[str, Any], predicted: dict[str, float]) -> dict[str, Any]:
+    measured = optimum.step_times(block)
+    measured_best = optimum.best(measured)
+    sim_best = optimum.best(predicted)
+    errors = [abs(predicted[k] / measured[k] - 1) for k in measured]
+    return {"model": block["model"], "condition": block["condition"],
+            "world_size": block["world_size"], "tau": kendall_tau(measured, predicted),
+            "measured_best": measured_best, "sim_best": sim_best,
+            "regret": measured[sim_best] / measured[measured_best] - 1.0,
+            "median_abs_error": statistics.median(errors),
+            "measured_s": measured, "predicted_s": predicted}
+
+
+def predicted_block(block: dict[str, Any], predicted: dict[str, float]) -> dict[str, Any]:
+    """A map block with predicted step times (one 'round'), for optimum.headroom()."""
+    return {**block, "rows": {k: {"median_step_s": v} for k, v in predicted.items()},
+            "per_round": {k: [v] for k, v in predicted.items()}}
+
+
+def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None) -> dict[str, Any]:
+    blocks = optimum.latest_blocks(data)
+    quiet = {b["model"]: b for b in blocks if b["condition"] == "quiet" and b["world_size"] == 2}
+    sizes: dict[str, tuple[int, int]] = {}
+    for block in blocks:
+        _gradient_bytes(block, sizes)
+    constants = shared_constants(blocks, data.get("dispatch"), sizes)
+    cache: dict[str, ModelProfile] = {}
+    rows: dict[str, list[dict[str, Any]]] = {"probes": [], "model": []}
+    predicted_blocks: dict[str, list[dict[str, Any]]] = {"probes": [], "model": []}
+    for block in blocks:
+        if block["model"] not in quiet:
+            continue
+        profile = profile_for_block(block, profiles, cache)
+        labels = optimum.configs_of(block)
+        for mode, make in (("probes", probe_inputs), ("model", model_inputs)):
+            inputs = make(block, quiet[block["model"]], profile, constants,
+                          sizes[_model_key(block)])
+            predicted = inputs.predict(labels)
+            row = compare(block, predicted)
+            row["inputs"] = inputs.notes
+            rows[mode].append(row)
+            predicted_blocks[mode].append(predicted_block(block, predicted))
+    measured_headroom = optimum.all_headrooms(blocks)
+    headrooms = []
+    for mode in ("probes", "model"):
+        for item, predicted in zip(measured_headroom, optimum.all_headrooms(predicted_blocks[mode])):
+            headrooms.append({"mode": mode, "model": item["model"],
+                              "world_size": item["world_size"], "conditions": item["conditions"],
+                              "measured": item["headroom"], "measured_cv": item["headroom_cv"],
+                              "predicted": predicted["headroom"],
+                              "measured_static": item["static"],
+                              "measured_per_phase": item["per_phase"],
+                              "predicted_static": predicted["static"],
+                              "predicted_per_phase": predicted["per_phase"]})
+    return {"source": [c["command"] for c in data.get("chunks", [])],
+            "constants": {"collective_overhead_s": constants.overhead_s,
+                          "launch_s": constants.launch_s,
+                          "comm_cpu_s_per_byte": constants.cpu_s_per_byte,
+                          "flow_message_extra_s": constants.flow_message_extra_s,
+                          "from": constants.sources},
+            "blocks": rows, "headroom": headrooms, "summary": summarise(rows, headrooms)}
+
+
+def summarise(rows: dict[str, list[dict[str, Any]]], headrooms: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+    out = {}
+    for mode, items in rows.items():
+        mine = [h for h in headrooms if h["mode"] == mode]
+        out[mode] = {
+            "blocks": len(items),
+            "tau_median": statistics.median(r["tau"] for r in items) if items else None,
+            "tau_ge_0.7": sum(r["tau"] >= 0.7 for r in items),
+            "regret_median": statistics.median(r["regret"] for r in items) if items else None,
+            "regret_le_3pct": sum(r["regret"] <= 0.03 for r in items),
+            "step_error_median": (statistics.median(r["median_abs_error"] for r in items)
+                                  if items else None),
+            "headroom_within_3pts": sum(abs(h["predicted"] - h["measured"]) <= 0.03 for h in mine),
+            "headrooms": len(mine)}
+    return out
+
+
+def format_map_report(report: dict[str, Any]) -> str:
+    lines = []
+    for mode, items in report["blocks"].items():
+        lines.append(f"== simulator fed by {mode} ==")
+        header = (f"{'model':<12} {'condition':<22} {'tau':>5} {'regret':>7} {'|err|':>6}  "
+                  f"{'testbed best':<18} {'simulator best':<18} inputs")
+        lines += [header, "-" * len(header)]
+        for row in items:
+            lines.append(f"{row['model']:<12} {row['condition']:<22} {row['tau']:5.2f} "
+                         f"{row['regret'] * 100:6.1f}% {row['median_abs_error'] * 100:5.1f}%  "
+                         f"{row['measured_best'].removeprefix('sched:'):<18} "
+                         f"{row['sim_best'].removeprefix('sched:'):<18} {row['inputs']}")
+        summary = report["summary"][mode]
+        lines.append(f"tau >= 0.7 in {summary['tau_ge_0.7']}/{summary['blocks']} blocks "
+                     f"(median {summary['tau_median']:.2f}); regret <= 3% in "
+                     f"{summary['regret_le_3pct']}/{summary['blocks']} (median "
+                     f"{summary['regret_median'] * 100:.1f}%); step-time |error| median "
+                     f"{summary['step_error_median'] * 100:.1f}%")
+        lines.append("")
+        header = (f"{'model':<12} {'mixed trace (equal steps)':<40} {'measured':>9} {'(cv)':>7} "
+                  f"{'predicted':>9} {'diff':>6}")
+        lines += [header, "-" * len(header)]
+        for item in sorted((h for h in report["headroom"] if h["mode"] == mode),
+                           key=lambda h: -h["measured"]):
+            cv = item["measured_cv"]
+            lines.append(f"{item['model']:<12} {' | '.join(item['conditions']):<40} "
+                         f"{item['measured'] * 100:8.1f}% "
+                         f"{(f'{cv * 100:6.1f}%' if cv is not None else '      -')} "
+                         f"{item['predicted'] * 100:8.1f}% "
+                         f"{(item['predicted'] - item['measured']) * 100:+5.1f}")
+        lines.append(f"headroom within +-3 points in {summary['headroom_within_3pts']}/"
+                     f"{summary['headrooms']} mixed traces")
+        lines.append("")
+    constants = report["constants"]
+    lines.append(f"constants: scheduler overhead per partition {constants['collective_overhead_s'] * 1e3:.2f} ms, "
+                 f"launch {constants['launch_s'] * 1e6:.0f} us, CPU per byte "
+                 + ", ".join(f"{k} {v * 1e9:.2f} ns" for k, v in constants['comm_cpu_s_per_byte'].items())
+                 + "; flow penalty per collective "
+                 + ", ".join(f"{int(size) >> 10} KiB {value * 1e3:.2f} ms"
+                             for size, value in constants["flow_message_extra_s"]))
+    return "\n".join(lines)
+
