@@ -17,6 +17,8 @@ A condition is a `+`-joined list of settings (its text is its name):
     flows=N/flowsK=N N competing TCP flows each way through every link / rank K's link
     dir=in|out|both  direction of those flows (default both)
     ranks=N          N ranks instead of 2 (more than 2 oversubscribe this 2-core machine)
+    pin=1            rank r (with its busy loops and traffic sources) pinned to CPU r mod 2: one
+                     "node" per core, so busy1=1 then shares rank 1's core only
 
 Per block a fresh testbed with the condition applied runs, in one training process per rank, every
 grid configuration and the three probes interleaved round by round (as `bench_scheduler` does, so
@@ -92,6 +94,7 @@ class Condition:
     flows: tuple[tuple[int | None, int], ...] = ()
     direction: str = "both"
     ranks: int = 2
+    pin: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Condition:
@@ -119,6 +122,8 @@ class Condition:
                 fields["direction"] = value
             elif key == "ranks" and rank is None and int(value) >= 2:
                 fields["ranks"] = int(value)
+            elif key == "pin" and rank is None and value in ("0", "1"):
+                fields["pin"] = value == "1"
             else:
                 raise ValueError(f"condition {text!r}: unknown setting {token!r}")
         condition = cls(text.strip(), **{k: tuple(v) if isinstance(v, list) else v
@@ -128,6 +133,9 @@ class Condition:
             if rank is not None and not 0 <= rank < condition.ranks:
                 raise ValueError(f"condition {text!r}: rank {rank} not in [0, {condition.ranks})")
         return condition
+
+    def cpus(self) -> list[int] | None:
+        return sorted(os.sched_getaffinity(0)) if self.pin else None
 
     def base_rate(self, default: str) -> str:
         return self.rate or default
@@ -250,7 +258,7 @@ def measure_block(model: str, condition: Condition, args: argparse.Namespace) ->
     rate = condition.base_rate(args.rate)
     load = load_average()
     started = time.time()
-    with Testbed(world_size=condition.ranks, rate=rate) as bed:
+    with Testbed(world_size=condition.ranks, rate=rate, pin_cpus=condition.cpus()) as bed:
         condition.apply(bed)
         before = _link_bytes(bed)
         result = bed.run(worker_command(spec, labels, args), cwd=str(REPO),
@@ -369,6 +377,8 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
     ranks = {c.ranks for c in conditions}
     if len(ranks) != 1:
         raise SystemExit("the conditions of a mixed trace must have the same number of ranks")
+    if len({c.pin for c in conditions}) != 1:
+        raise SystemExit("the conditions of a mixed trace must all pin ranks or none")
     base = {c.base_rate(args.rate) for c in conditions}
     if len(base) != 1:
         raise SystemExit("use rateK=R (per rank) for rate phases: the base rate is fixed per run")
@@ -387,7 +397,8 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
                    "--model-args", json.dumps(spec.model_args), "--batch-size",
                    str(spec.batch_size), "--threads", "1", "--schedule", str(schedule_path),
                    "--steps", str(steps)]
-        with Testbed(world_size=ranks.pop(), rate=base_rate) as bed:
+        with Testbed(world_size=ranks.pop(), rate=base_rate,
+                     pin_cpus=conditions[0].cpus()) as bed:
             conditions[0].apply(bed)
             result = bed.run(command, trace=trace, cwd=str(REPO), timeout_s=args.timeout)
             condition_cpu = bed.condition_cpu_s()

@@ -415,7 +415,8 @@ class Testbed:
 
     def __init__(self, world_size: int = 2, rate: str | int = "1gbit", *,
                  burst: str | int = DEFAULT_BURST_BYTES, latency_ms: int = DEFAULT_LATENCY_MS,
-                 subnet: str = "10.217.0", name: str | None = None) -> None:
+                 subnet: str = "10.217.0", name: str | None = None,
+                 pin_cpus: Sequence[int] | None = None) -> None:
         if os.geteuid() != 0:
             raise TestbedError("the testbed needs root (ip netns, tc); run as root")
         if not 1 <= world_size <= 200:
@@ -424,6 +425,14 @@ class Testbed:
             raise ValueError(f"subnet must be the first three octets of a /24, e.g. '10.217.0', "
                              f"got {subnet!r}")
         self.world_size = world_size
+        # Rank r's processes (and the busy loops and traffic sources of its conditions) run on CPU
+        # pin_cpus[r % len(pin_cpus)]: one "node" per core, so a busy loop beside rank 1 shares
+        # rank 1's core only. None: not pinned (the kernel spreads everything over all cores).
+        if pin_cpus is not None:
+            available = os.sched_getaffinity(0)
+            if not pin_cpus or any(cpu not in available for cpu in pin_cpus):
+                raise ValueError(f"pin_cpus={list(pin_cpus)} must be CPUs of {sorted(available)}")
+        self.pin_cpus = list(pin_cpus) if pin_cpus is not None else None
         self.burst_bytes = parse_size(burst)
         self.latency_ms = int(latency_ms)
         self.subnet = subnet
@@ -722,8 +731,11 @@ class Testbed:
                 self.set_flows(flows[rank][0], [rank], flows[rank][1])
 
     def exec_args(self, rank: int) -> list[str]:
-        """Prefix that runs a command inside the rank's namespace."""
-        return ["ip", "netns", "exec", self.namespace(rank)]
+        """Prefix that runs a command inside the rank's namespace (on its CPU when pinned)."""
+        prefix = ["ip", "netns", "exec", self.namespace(rank)]
+        if self.pin_cpus is not None:
+            prefix += ["taskset", "-c", str(self.pin_cpus[rank % len(self.pin_cpus)])]
+        return prefix
 
     def rank_env(self, rank: int, master_port: int = DEFAULT_MASTER_PORT) -> dict[str, str]:
         return {

@@ -408,3 +408,18 @@ def test_conditions_are_removed_when_the_harness_dies(how: str) -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+def test_pinned_ranks_and_their_busy_loops_share_one_core() -> None:
+    worker = ("import json, os; print(json.dumps({'event': 'result', "
+              "'cpus': sorted(os.sched_getaffinity(0))}), flush=True)")
+    cpus = sorted(os.sched_getaffinity(0))
+    with Testbed(world_size=2, pin_cpus=cpus) as bed:
+        result = bed.run([sys.executable, "-c", worker], timeout_s=30)
+        bed.set_busy(1, [1])
+        (pid,) = bed.condition_pids()
+        deadline = time.monotonic() + 5  # until `ip netns exec` has exec'd taskset, then python
+        while sorted(os.sched_getaffinity(pid)) != [cpus[1 % len(cpus)]]:
+            assert time.monotonic() < deadline, os.sched_getaffinity(pid)
+            time.sleep(0.02)
+    assert [r.results[0]["cpus"] for r in result.ranks] == [[cpus[0]], [cpus[1 % len(cpus)]]]

@@ -206,6 +206,16 @@ def shared_constants(blocks: Sequence[dict[str, Any]], dispatch: dict[str, Any] 
     return SharedConstants(overhead, launch, cpu, flow_table, sources)
 
 
+def quota(block: dict[str, Any]) -> dict[str, Any]:
+    """LinkModel fields for a cgroup CPU quota in the block's condition (the testbed's period)."""
+    from benchmarks.conditions import DEFAULT_PERIOD_US
+    ranks = [rank for rank, _ in block["condition_spec"].get("cpu", [])]
+    if not ranks:
+        return {}
+    throttled = block["world_size"] if None in ranks else len(set(ranks))
+    return {"quota_period_s": DEFAULT_PERIOD_US * 1e-6, "quota_workers": throttled}
+
+
 def _quiet_compute(quiet: dict[str, Any]) -> float:
     return min(c for c in quiet["probes"]["compute_s_per_rank"] if c)
 
@@ -219,7 +229,7 @@ def probe_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelPro
     link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
                      launch_s=constants.launch_s, ddp_launch_s=20e-6,
                      comm_cpu_s_per_byte=constants.cpu_s_per_byte.get(block["model"], 0.0),
-                     message_extra_s=message_table(block, bandwidth))
+                     message_extra_s=message_table(block, bandwidth), **quota(block))
     return BlockInputs(_with_compute(profile, base), block["world_size"], bandwidth, link,
                        cpu_share=share, notes=f"share {share:.2f} from compute probes")
 
@@ -250,7 +260,7 @@ def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelPro
     link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
                      launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
                      message_extra_s=_ring_table(quiet, quiet_bw, ranks),
-                     flow_message_extra_s=constants.flow_message_extra_s)
+                     flow_message_extra_s=constants.flow_message_extra_s, **quota(block))
     bandwidth *= link.flow_share(flows)
     return BlockInputs(_with_compute(profile, _quiet_compute(quiet)), ranks, bandwidth, link,
                        flows=flows, cpu_share=share,
@@ -279,6 +289,18 @@ def kendall_tau(measured: dict[str, float], predicted: dict[str, float]) -> floa
     return float(value) if value == value else 0.0  # nan (constant input) -> 0
 
 
+def noise_ceiling(block: dict[str, Any]) -> float | None:
+    """Kendall tau between the grid rankings of two disjoint halves of the block's rounds: how
+    well the testbed agrees with itself (a simulator cannot be expected to agree better)."""
+    rounds = min(len(v) for v in block["per_round"].values())
+    if rounds < 2:
+        return None
+    half = rounds // 2
+    first = optimum.step_times(block, range(half))
+    second = optimum.step_times(block, range(half, rounds))
+    return kendall_tau(first, second)
+
+
 def compare(block: dict[str, Any], predicted: dict[str, float]) -> dict[str, Any]:
     measured = optimum.step_times(block)
     measured_best = optimum.best(measured)
@@ -286,6 +308,7 @@ def compare(block: dict[str, Any], predicted: dict[str, float]) -> dict[str, Any
     errors = [abs(predicted[k] / measured[k] - 1) for k in measured]
     return {"model": block["model"], "condition": block["condition"],
             "world_size": block["world_size"], "tau": kendall_tau(measured, predicted),
+            "tau_testbed_halves": noise_ceiling(block),
             "measured_best": measured_best, "sim_best": sim_best,
             "regret": measured[sim_best] / measured[measured_best] - 1.0,
             "median_abs_error": statistics.median(errors),
@@ -364,15 +387,19 @@ def format_map_report(report: dict[str, Any]) -> str:
     lines = []
     for mode, items in report["blocks"].items():
         lines.append(f"== simulator fed by {mode} ==")
-        header = (f"{'model':<12} {'condition':<22} {'tau':>5} {'regret':>7} {'|err|':>6}  "
-                  f"{'testbed best':<18} {'simulator best':<18} inputs")
+        header = (f"{'model':<12} {'condition':<22} {'tau':>5} {'(tb)':>5} {'regret':>7} "
+                  f"{'|err|':>6}  {'testbed best':<18} {'simulator best':<18} inputs")
         lines += [header, "-" * len(header)]
         for row in items:
+            halves = row["tau_testbed_halves"]
             lines.append(f"{row['model']:<12} {row['condition']:<22} {row['tau']:5.2f} "
+                         f"{(f'{halves:5.2f}' if halves is not None else '    -')} "
                          f"{row['regret'] * 100:6.1f}% {row['median_abs_error'] * 100:5.1f}%  "
                          f"{row['measured_best'].removeprefix('sched:'):<18} "
                          f"{row['sim_best'].removeprefix('sched:'):<18} {row['inputs']}")
         summary = report["summary"][mode]
+        lines.append("(tb): tau of the testbed's two halves of rounds against each other; regret: "
+                     "measured step of the simulator's best / measured best - 1")
         lines.append(f"tau >= 0.7 in {summary['tau_ge_0.7']}/{summary['blocks']} blocks "
                      f"(median {summary['tau_median']:.2f}); regret <= 3% in "
                      f"{summary['regret_le_3pct']}/{summary['blocks']} (median "

@@ -93,6 +93,18 @@ class LinkModel:
     # Share of a link a job keeps against `flows` backlogged competing TCP flows:
     # 1 / (1 + flow_weight * flows) (TCP's fair share for flow_weight = 1).
     flow_weight: float = 1.0
+    # When the slowest worker's CPU share comes from a CFS quota (a container's CPU limit: the
+    # cgroup runs its share of every period, then all its threads stop until the next one), its
+    # communication threads stall too: every event of a collective that needs the throttled
+    # workers (issuing it, each of the ring's 2(N-1) steps) waits until all of them run again. A
+    # busy worker is throttled for the last (1 - share) * period of a period, so one event waits
+    # 0 with probability share, else uniformly up to that; with k = `quota_workers` independently
+    # throttled workers the mean of the longest wait is
+    #     D * (1 - (1 - share^(k+1)) / ((k+1) * (1 - share))),  D = (1 - share) * period
+    # ((1 - share)^2 * period / 2 for k = 1). 0 = the share is time-shared with other processes
+    # instead (CFS wake-up preemption: no such stalls).
+    quota_period_s: float = 0.0
+    quota_workers: int = 1
 
     def __post_init__(self) -> None:
         for name in ("message_extra_s", "flow_message_extra_s"):
@@ -114,12 +126,22 @@ class LinkModel:
         """Share of the link left to the job next to `flows` competing TCP flows."""
         return 1.0 / (1.0 + self.flow_weight * max(0.0, flows))
 
-    def message_s(self, nbytes: float, workers: int, flows: float = 0.0) -> float:
+    def message_s(self, nbytes: float, workers: int, flows: float = 0.0,
+                  cpu_share: float = 1.0) -> float:
         """Per-collective time of a message of `nbytes` besides its wire time."""
         extra = _interpolate_log2(self.message_extra_s, nbytes)
         if flows > 0:
             extra += flows * _interpolate_log2(self.flow_message_extra_s, nbytes)
-        return self.fixed_s(workers) + extra
+        return self.fixed_s(workers) + extra + self.quota_stall_s(workers, cpu_share)
+
+    def quota_stall_s(self, workers: int, cpu_share: float) -> float:
+        """Mean wait of one collective for throttled workers (see quota_period_s)."""
+        if self.quota_period_s <= 0 or cpu_share >= 1.0 or workers <= 1:
+            return 0.0
+        events = 2 * (workers - 1) + 1
+        q, k = 1.0 - cpu_share, max(1, self.quota_workers)
+        longest = q * self.quota_period_s * (1.0 - (1.0 - cpu_share ** (k + 1)) / ((k + 1) * q))
+        return events * longest
 
     def fixed_s(self, workers: int) -> float:
         """Per-collective time that does not depend on size."""
@@ -375,7 +397,7 @@ class Simulator:
         self._optimizer_share = (profile.optimizer_s * layer_bytes / total if total > 0
                                  else np.zeros(self.num_layers))
         self._wire_factor = 2 * (workers - 1) / workers
-        self._fixed: dict[tuple[RunConfig, float], tuple[float, ...]] = {}
+        self._fixed: dict[tuple[RunConfig, float, float], tuple[float, ...]] = {}
         self._forward_list = forward.tolist()
         self._backward_list = backward.tolist()
         if link.comm_compute_slowdown < 1.0 or link.comm_cpu_s_per_byte < 0:
@@ -383,7 +405,8 @@ class Simulator:
         self._contended_model = link.comm_compute_slowdown != 1.0 or link.comm_cpu_s_per_byte > 0
         self._plans: dict[RunConfig, _CommPlan] = {}
         self._contended_cache: dict[tuple[RunConfig, float, float, float, float], tuple] = {}
-        self._comm_cache: dict[tuple[RunConfig, float, float, float], tuple[np.ndarray, float]] = {}
+        self._comm_cache: dict[tuple[RunConfig, float, float, float, float],
+                               tuple[np.ndarray, float]] = {}
         self.reset()
 
     def conditions_at(self, t_s: float) -> tuple[float, float]:
@@ -397,12 +420,13 @@ class Simulator:
         _, share = self.conditions_at(t_s)
         return self.compute_trace.at(t_s) / share
 
-    def _fixed_per_message(self, config: RunConfig, plan: _CommPlan, flows: float
-                           ) -> tuple[float, ...]:
-        key = (config, flows)
+    def _fixed_per_message(self, config: RunConfig, plan: _CommPlan, flows: float,
+                           share: float) -> tuple[float, ...]:
+        key = (config, flows, share)
         fixed = self._fixed.get(key)
         if fixed is None:
-            fixed = tuple(self.link.message_s(size, self.workers, flows) for size in plan.sizes)
+            fixed = tuple(self.link.message_s(size, self.workers, flows, share)
+                          for size in plan.sizes)
             self._fixed[key] = fixed
         return fixed
 
@@ -499,9 +523,9 @@ class Simulator:
     def _comm_at(self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
                  ) -> tuple[np.ndarray, float, float]:
         rate = self.bandwidth.at(backward_start_s)
-        flows, _ = self.conditions_at(backward_start_s)
-        fixed = self._fixed_per_message(config, plan, flows)
-        key = (config, rate, factor, flows)
+        flows, share = self.conditions_at(backward_start_s)
+        fixed = self._fixed_per_message(config, plan, flows, share)
+        key = (config, rate, factor, flows, share)
         cached = self._comm_cache.get(key)
         if cached is None:
             cached = self._comm(plan, factor, rate, None, 0.0, fixed)
@@ -535,7 +559,7 @@ class Simulator:
                       backward_start_s: float) -> tuple[Any, ...]:
         rate = self.bandwidth.at(backward_start_s)
         flows, share = self.conditions_at(backward_start_s)
-        fixed = self._fixed_per_message(config, plan, flows)
+        fixed = self._fixed_per_message(config, plan, flows, share)
         key = (config, rate, factor, flows, share)
         cached = self._contended_cache.get(key)
         if cached is None:
