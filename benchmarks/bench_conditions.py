@@ -21,8 +21,8 @@ A condition is a `+`-joined list of settings (its text is its name):
                      "node" per core, so busy1=1 then shares rank 1's core only
 
 Per block a fresh testbed with the condition applied runs, in one training process per rank, every
-grid configuration and the three probes interleaved round by round (as `bench_scheduler` does, so
-drift hits all alike): `compute` (no sync; every rank's own time is kept), `comm` (bare all-reduce of
+grid configuration and the probes interleaved round by round (as `bench_scheduler` does, so drift
+hits all alike; odd rounds in reverse order, so that a load rising within a round does too): `compute` (no sync; every rank's own time is kept), `comm` (bare all-reduce of
 all gradients), `lat`, `lat:256KiB`, `lat:2MiB` (all-reduces of 4 KiB, 256 KiB, 2 MiB back to back:
 what one collective of that size costs under the condition). The block records the load average, the CPU time the condition's own processes used
 (traffic sources and sinks), and every round's median per configuration. `--out` appends blocks to
@@ -196,7 +196,7 @@ def worker_command(spec: ModelSpec, labels: Sequence[str], args: argparse.Namesp
     return [sys.executable, "-m", "benchmarks.train_worker", "--model", spec.builder,
             "--model-args", json.dumps(spec.model_args), "--batch-size", str(spec.batch_size),
             "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup",
-            str(args.warmup), "--threads", "1", "--configs", *labels]
+            str(args.warmup), "--threads", "1", "--abba", "--configs", *labels]
 
 
 def _median_or_none(values: list[float]) -> float | None:

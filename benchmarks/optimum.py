@@ -56,7 +56,7 @@ def ratios_to_best(times: dict[str, float]) -> dict[str, float]:
 
 
 def _headroom(phases: Sequence[dict[str, float]]) -> tuple[float, str, list[str]]:
-    common = set.intersection(*(set(p) for p in phases))
+    common = [c for c in phases[0] if all(c in p for p in phases)]  # ties: the grid's order
     static = min(common, key=lambda c: sum(p[c] for p in phases))
     per_phase = [best({c: p[c] for c in common}) for p in phases]
     static_s = sum(p[static] for p in phases)

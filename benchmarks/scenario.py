@@ -17,7 +17,8 @@ of every collective (the other workers wait for it):
 `Scenario.bandwidth` is the job's bandwidth after those (what the simulator uses); the link as set
 is `link_bandwidth`. With condition keys, `phases()` yields (start, end, bandwidth, compute,
 flows, cpu share) instead of (start, end, bandwidth, compute), and `testbed_trace()` turns the
-scenario into a testbed trace (conditions on rank 1, the other ranks' links at `bandwidth`).
+scenario into a testbed trace (conditions on rank 1, the other ranks' links at `bandwidth`; the
+CPU quota on the last `quota_workers` ranks when [link] quota_period_s > 0).
 """
 
 from __future__ import annotations
@@ -106,8 +107,12 @@ class Scenario:
         if self.flows is not None:
             trace += harness.Trace.flows(pairs(self.flows, lambda v: int(round(v))), ranks=[rank])
         if self.cpu_share is not None:
+            # a quota on `quota_workers` workers (the last ones) when the link model says so
+            throttled = self.link.quota_workers if self.link.quota_period_s > 0 else 1
+            workers = min(self.workers, int(self.testbed.get("max_workers", 2)))
+            ranks = [rank] if throttled <= 1 else list(range(max(0, workers - throttled), workers))
             trace += harness.Trace.cpu_share(
-                pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=[rank])
+                pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=ranks)
         return trace
 
 

@@ -354,7 +354,13 @@ def make_plan(args: argparse.Namespace) -> list[Segment]:
                 plan.append(Segment(RunConfig.parse(change["config"]), steps, 0))
         return plan
     configs = [RunConfig.parse(c) for c in args.configs]
-    return [Segment(c, args.steps, args.warmup, r) for r in range(args.rounds) for c in configs]
+    plan = []
+    for r in range(args.rounds):
+        # --abba: odd rounds run the configurations in reverse order, so a load that rises or falls
+        # steadily over the run hits every configuration alike on average
+        order = configs[::-1] if args.abba and r % 2 else configs
+        plan += [Segment(c, args.steps, args.warmup, r) for c in order]
+    return plan
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -367,6 +373,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--configs", nargs="*", default=["ddp"])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--abba", action="store_true",
+                        help="reverse the configuration order in odd rounds (drift cancels)")
     parser.add_argument("--steps", type=int, default=20, help="measured steps per segment / total")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps after each switch")
     parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")

@@ -80,3 +80,61 @@ def test_record_profile_from_a_real_torch_model(tmp_path):
     path = tmp_path / "p.json"
     profile.save(path)
     assert ModelProfile.load(path) == profile
+
+
+def _map_block(model_args, condition, spec, times_ms, probes):
+    labels = ["ddp", "sched:none,none", "sched:64KiB,128KiB", "sched:1MiB,none"]
+    per_round = {label: [t / 1e3, t / 1e3 * 1.01] for label, t in zip(labels, times_ms)}
+    return {"model": "tiny", "builder": "mlp", "model_args": model_args, "batch_size": 8,
+            "condition": condition, "condition_spec": spec, "world_size": 2, "rate": "1gbit",
+            "rows": {k: {"median_step_s": sum(v) / 2} for k, v in per_round.items()},
+            "per_round": per_round, "probes": probes}
+
+
+def test_map_calibration_reports_rankings_and_writes_scenarios(tmp_path):
+    """calibrate --map on a two-block map: per block tau/regret, headroom measured vs predicted,
+    and a generated scenario that loads, carries the condition and runs in the simulator."""
+    from benchmarks.sim.calibrate import main as calibrate_main
+
+    model_args = {"in_features": 32, "hidden": 64, "depth": 1}
+    probes = {"compute_s_per_rank": [0.010, 0.010], "comm_s": 0.004,
+              "collective_s": {"4096": 0.0008, "262144": 0.0025, "2097152": 0.018}}
+    slow = {**probes, "compute_s_per_rank": [0.010, 0.020]}
+    spec_quiet = {"rank_rates": [], "cpu": [], "busy": [], "flows": [], "ranks": 2}
+    spec_cpu = {**spec_quiet, "cpu": [[1, 0.5]]}
+    data = {"chunks": [{"command": "test"}], "blocks": [
+        _map_block(model_args, "quiet", spec_quiet, [30, 20, 22, 25], probes),
+        _map_block(model_args, "cpu1=0.5", spec_cpu, [45, 40, 60, 35], slow)]}
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "scenarios"
+    out.mkdir()
+    report_path = tmp_path / "report.json"
+    assert calibrate_main(["--map", str(path), "--profiles", str(tmp_path / "profiles"),
+                           "--out", str(report_path), "--write-scenarios", str(out)]) == 0
+    report = json.loads(report_path.read_text())
+    assert {row["condition"] for row in report["blocks"]["probes"]} == {"quiet", "cpu1=0.5"}
+    for row in report["blocks"]["probes"]:
+        assert -1 <= row["tau"] <= 1 and row["regret"] >= 0
+    (headroom,) = [h for h in report["headroom"] if h["mode"] == "probes"]
+    assert headroom["measured"] == pytest.approx((25 + 35) / (20 + 35) - 1, rel=1e-3)
+    assert (tmp_path / "profiles" / "tiny.profile.json").exists()
+    (scenario_path,) = out.glob("*.toml")
+    # the generated scenario points at ../calibration/profiles: give it one there
+    (tmp_path / "calibration" / "profiles").mkdir(parents=True)
+    (tmp_path / "calibration" / "profiles" / "tiny.profile.json").write_text(
+        (tmp_path / "profiles" / "tiny.profile.json").read_text())
+    moved = tmp_path / "scenarios2"
+    moved.mkdir()
+    target = moved / scenario_path.name
+    target.write_text(scenario_path.read_text())
+    scenario = load_scenario(target)
+    assert scenario.cpu_share is not None and scenario.link.quota_period_s > 0
+    assert [p[-1] for p in scenario.phases(scenario.duration_s)] == [1.0, 0.5, 1.0, 0.5]
+    sim = scenario.make_simulator()
+    from benchmarks.policies import make_policy
+    oracle = make_policy("oracle")
+    oracle.prepare(evaluate.policy_context(scenario, sim, scenario.duration_s))
+    assert len(oracle.phase_configs) == 4
+    records = sim.run(oracle.initial_config(), steps=50)
+    assert all(r.step_time_s > 0 for r in records)

@@ -421,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="calibrate against an optimum map (benchmarks.bench_conditions): per "
                              "condition Kendall tau of the grid, regret of the simulator's best, "
                              "headroom predicted vs measured")
+    parser.add_argument("--write-scenarios", metavar="DIR",
+                        help="--map: also write testbed scenarios of the mixed traces where "
+                             "re-tuning paid most into DIR")
     parser.add_argument("--profiles", default="benchmarks/calibration/profiles",
                         help="--map: recorded model profiles are read from / written to here")
     parser.add_argument("--out", help="write the report as JSON here")
@@ -430,6 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
                                pathlib.Path(args.profiles) if args.profiles else None)
         print(format_map_report(report))
+        if args.write_scenarios:
+            from benchmarks.sim.calibrate_map import write_scenarios
+            for path in write_scenarios(json.loads(pathlib.Path(args.map).read_text()), report,
+                                        pathlib.Path(args.write_scenarios)):
+                print(f"wrote {path}")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(_rounded(report), indent=1) + "\n")
         return 0
