@@ -125,22 +125,25 @@ def parse_size(size: str | int) -> int:
     return int(match.group(1)) * _SIZE_UNITS[match.group(2) or "b"]
 
 
-def _check_when(change: Any) -> None:
-    if (change.at_s is None) == (change.at_step is None):
-        raise ValueError(f"a {type(change).__name__} needs exactly one of at_s and at_step")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Timed:
+    """When a trace change applies: at `at_s` seconds (from train_start) or at rank 0's `at_step`;
+    to which ranks (None: all)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class RateChange:
-    """Set the rate of `ranks`' links (None: all) at `at_s` seconds or at rank 0's `at_step`."""
-
-    rate_bps: int
     at_s: float | None = None
     at_step: int | None = None
     ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_when(self)
+        if (self.at_s is None) == (self.at_step is None):
+            raise ValueError(f"a {type(self).__name__} needs exactly one of at_s and at_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateChange(_Timed):
+    """Set the rate of the ranks' links."""
+
+    rate_bps: int
 
     def apply(self, bed: Testbed) -> dict[str, Any]:
         bed.set_rate(self.rate_bps, self.ranks)
@@ -148,16 +151,10 @@ class RateChange:
 
 
 @dataclasses.dataclass(frozen=True)
-class CpuShareChange:
-    """Limit `ranks`' processes to `cpu_share` cores (cgroup CPU quota); None lifts the limit."""
+class CpuShareChange(_Timed):
+    """Limit the ranks' processes to `cpu_share` cores (cgroup CPU quota); None lifts the limit."""
 
     cpu_share: float | None
-    at_s: float | None = None
-    at_step: int | None = None
-    ranks: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        _check_when(self)
 
     def apply(self, bed: Testbed) -> dict[str, Any]:
         bed.set_cpu_share(self.cpu_share, self.ranks)
@@ -165,16 +162,10 @@ class CpuShareChange:
 
 
 @dataclasses.dataclass(frozen=True)
-class BusyChange:
-    """Run `processes` busy loops inside each of `ranks`' namespaces (0 stops them)."""
+class BusyChange(_Timed):
+    """Run `processes` busy loops inside each rank's namespace (0 stops them)."""
 
     processes: int
-    at_s: float | None = None
-    at_step: int | None = None
-    ranks: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        _check_when(self)
 
     def apply(self, bed: Testbed) -> dict[str, Any]:
         stopped = bed.set_busy(self.processes, self.ranks)
@@ -182,18 +173,15 @@ class BusyChange:
 
 
 @dataclasses.dataclass(frozen=True)
-class FlowChange:
-    """Run `flows` competing TCP flows through each of `ranks`' links (0 stops them);
-    `direction`: "out" (from the rank), "in" (to the rank) or "both" (`flows` each way)."""
+class FlowChange(_Timed):
+    """Run `flows` competing TCP flows through each rank's link (0 stops them); `direction`:
+    "out" (from the rank), "in" (to the rank) or "both" (`flows` each way)."""
 
     flows: int
-    at_s: float | None = None
-    at_step: int | None = None
-    ranks: tuple[int, ...] | None = None
     direction: str = "both"
 
     def __post_init__(self) -> None:
-        _check_when(self)
+        super().__post_init__()
         if self.direction not in FLOW_DIRECTIONS:
             raise ValueError(f"flow direction {self.direction!r}: use one of {FLOW_DIRECTIONS}")
 

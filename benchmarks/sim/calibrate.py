@@ -421,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="calibrate against an optimum map (benchmarks.bench_conditions): per "
                              "condition Kendall tau of the grid, regret of the simulator's best, "
                              "headroom predicted vs measured")
+    parser.add_argument("--mixed-results", metavar="MIXED_JSON",
+                        help="--map: mixed traces measured directly (bench_conditions --mixed)")
     parser.add_argument("--write-scenarios", metavar="DIR",
                         help="--map: also write testbed scenarios of the mixed traces where "
                              "re-tuning paid most into DIR")
@@ -430,8 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.map:
         from benchmarks.sim.calibrate_map import calibrate_map, format_map_report
+        mixed = (json.loads(pathlib.Path(args.mixed_results).read_text())
+                 if args.mixed_results else None)
         report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
-                               pathlib.Path(args.profiles) if args.profiles else None)
+                               pathlib.Path(args.profiles) if args.profiles else None, mixed)
         print(format_map_report(report))
         if args.write_scenarios:
             from benchmarks.sim.calibrate_map import write_scenarios

@@ -322,7 +322,10 @@ def predicted_block(block: dict[str, Any], predicted: dict[str, float]) -> dict[
             "per_round": {k: [v] for k, v in predicted.items()}}
 
 
-def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None) -> dict[str, Any]:
+def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None,
+                  mixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report (see the module docstring); `mixed`: directly measured mixed traces
+    (`bench_conditions --mixed --out`), compared with the map's and the simulator's headroom."""
     blocks = optimum.latest_blocks(data)
     quiet = {b["model"]: b for b in blocks if b["condition"] == "quiet" and b["world_size"] == 2}
     sizes: dict[str, tuple[int, int]] = {}
@@ -357,7 +360,18 @@ def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None) -> dict[s
                               "measured_per_phase": item["per_phase"],
                               "predicted_static": predicted["static"],
                               "predicted_per_phase": predicted["per_phase"]})
+    direct = []
+    for run in (mixed or {}).get("mixed", []):
+        row = {"model": run["model"], "conditions": run["conditions"],
+               "measured_direct": run["headroom_measured"], "pairs": len(run["paired_ratios"]),
+               "static": run["static"], "per_phase": run["per_phase"], "command": run["command"]}
+        for item in headrooms:
+            if item["model"] == run["model"] and item["conditions"] == run["conditions"]:
+                row["from_map"] = item["measured"]
+                row[f"predicted_{item['mode']}"] = item["predicted"]
+        direct.append(row)
     return {"source": [c["command"] for c in data.get("chunks", [])],
+            "mixed_direct": direct,
             "constants": {"collective_overhead_s": constants.overhead_s,
                           "launch_s": constants.launch_s,
                           "comm_cpu_s_per_byte": constants.cpu_s_per_byte,
@@ -420,6 +434,20 @@ def format_map_report(report: dict[str, Any]) -> str:
                          f"{(item['predicted'] - item['measured']) * 100:+5.1f}")
         lines.append(f"headroom within +-3 points in {summary['headroom_within_3pts']}/"
                      f"{summary['headrooms']} mixed traces")
+        lines.append("")
+    if report.get("mixed_direct"):
+        lines.append("mixed traces measured directly (one run, conditions switching every phase, "
+                     "static and per-phase cycles paired)")
+        header = (f"{'model':<12} {'mixed trace':<32} {'direct':>7} {'pairs':>5} {'map':>7} "
+                  f"{'sim(probes)':>11} {'sim(model)':>10}")
+        lines += [header, "-" * len(header)]
+        for row in report["mixed_direct"]:
+            def pct(key: str) -> str:
+                value = row.get(key)
+                return "-" if value is None else f"{value * 100:.1f}%"
+            lines.append(f"{row['model']:<12} {' | '.join(row['conditions']):<32} "
+                         f"{pct('measured_direct'):>7} {row['pairs']:>5} {pct('from_map'):>7} "
+                         f"{pct('predicted_probes'):>11} {pct('predicted_model'):>10}")
         lines.append("")
     constants = report["constants"]
     lines.append(f"constants: scheduler overhead per partition {constants['collective_overhead_s'] * 1e3:.2f} ms, "
