@@ -80,6 +80,8 @@ DEFAULT_GRID = ("ddp", "sched:none,none", "sched:512KiB,1MiB", "sched:1MiB,2MiB"
                 "sched:1MiB,4MiB", "sched:2MiB,8MiB", "sched:4MiB,8MiB", "sched:4MiB,none",
                 "sched:16MiB,32MiB", "sched:16MiB,none")
 PROBE_LABELS = ("compute", "comm", "lat", "lat:256KiB", "lat:2MiB")
+# --probes-only adds the same collectives issued beside a compute step (CPU busy, as in training)
+BUSY_PROBE_LABELS = ("latc", "latc:256KiB", "latc:2MiB")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,14 +229,21 @@ def summarise_block(results_by_rank: list[list[dict[str, Any]]]) -> dict[str, An
         _median_or_none([r["median_step_s"] for r in results if r["config"] == "compute"])
         for results in results_by_rank]
     collective_s = {}  # probe size in bytes -> seconds per collective
+    collective_busy_s = {}  # the same beside a compute step
     for label in labels:
-        if label == "lat" or label.startswith("lat:"):
-            size = RunConfig.parse(label).partition_bytes
-            collective_s[str(size)] = rows[label]["median_step_s"] / lat_collectives(size)
+        if label.split(":")[0] not in ("lat", "latc"):
+            continue
+        config = RunConfig.parse(label)
+        size = str(config.partition_bytes)
+        if config.kind == "lat":
+            collective_s[size] = rows[label]["median_step_s"] / lat_collectives(int(size))
+        elif config.kind == "latc":
+            collective_busy_s[size] = statistics.median(
+                r["collective_s"] for r in rank0 if r["config"] == label and "collective_s" in r)
     probes = {"compute_s_per_rank": compute_per_rank,
               "compute_s": rows.get("compute", {}).get("median_step_s"),
               "comm_s": rows.get("comm", {}).get("median_step_s"),
-              "collective_s": collective_s,
+              "collective_s": collective_s, "collective_busy_s": collective_busy_s,
               "lat_s_per_collective": collective_s.get(str(LAT_PROBE_BYTES))}
     # compute + backward while all-reduces ran (the scheduler's own metrics), per configuration
     under_comm = {}
@@ -254,7 +263,8 @@ def _slim(result: dict[str, Any]) -> dict[str, Any]:
 
 def measure_block(model: str, condition: Condition, args: argparse.Namespace) -> dict[str, Any]:
     spec = model_spec(model, args)
-    labels = [*PROBE_LABELS, *args.grid]
+    labels = ([*PROBE_LABELS, *BUSY_PROBE_LABELS] if args.probes_only
+              else [*PROBE_LABELS, *args.grid])
     rate = condition.base_rate(args.rate)
     load = load_average()
     started = time.time()
@@ -294,7 +304,7 @@ def _link_bytes(bed: Testbed) -> dict[str, Any]:
 def format_block(block: dict[str, Any]) -> str:
     rows, probes = block["rows"], block["probes"]
     times = optimum.step_times(block)
-    fastest = min(times.values())
+    fastest = min(times.values(), default=1.0)
     lines = [f"{block['model']} | {block['condition']} | {block['world_size']} ranks | "
              f"{block['rate']} | load {block['load']} -> {block['load_after']} | "
              f"{block['wall_s']:.0f} s"]
@@ -311,7 +321,12 @@ def format_block(block: dict[str, Any]) -> str:
                  f"{(probes['comm_s'] or 0) * 1e3:.0f} ms, per collective {lat} ms; "
                  f"condition processes {block['condition_cores']} "
                  f"cores; link Mbit/s tx {block['link_mbit']['tx']} rx {block['link_mbit']['rx']}")
-    lines.append(f"  best: {optimum.best(times)}")
+    busy = ", ".join(f"{int(size) >> 10} KiB {value * 1e3:.2f}"
+                     for size, value in probes.get("collective_busy_s", {}).items())
+    if busy:
+        lines.append(f"  per collective beside compute: {busy} ms")
+    if times:
+        lines.append(f"  best: {optimum.best(times)}")
     return "\n".join(lines)
 
 
@@ -443,6 +458,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-phases", type=int, default=2,
                         help="--report: mixed traces of up to this many conditions")
     parser.add_argument("--limit", type=int, default=0, help="--report: headroom rows shown")
+    parser.add_argument("--probes-only", action="store_true",
+                        help="measure only the probes (with the collectives beside compute, "
+                             "latc) per (model, condition), into the map's probe_blocks")
     parser.add_argument("--dispatch", action="store_true",
                         help="also measure the scheduler's cost per partition (bench_scheduler's "
                              "dispatch probe, 2 ranks at 10gbit) into the map")
@@ -513,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             block = measure_block(model, condition, args)
             print(format_block(block), flush=True)
             if out is not None and data is not None:
-                data["blocks"].append(block)
+                data.setdefault("probe_blocks" if args.probes_only else "blocks", []).append(block)
                 chunk.update(load_after=load_average(), wall_s=time.time() - chunk["started"])
                 _save(out, data)
     print(f"load average before {chunk['load_before']}, after {load_average()}; "

@@ -23,7 +23,7 @@ from typing import Any
 
 def is_probe(label: str) -> bool:
     """compute, comm, lat[:SIZE]: the probes measured beside the grid (not configurations)."""
-    return label in ("compute", "comm") or label == "lat" or label.startswith("lat:")
+    return label in ("compute", "comm") or label.split(":")[0] in ("lat", "latc")
 
 
 def configs_of(block: dict[str, Any]) -> list[str]:

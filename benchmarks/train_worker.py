@@ -11,6 +11,9 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
                      issues partitions, no compute: `lat_collectives(SIZE)` of them (16 up to
                      256 KiB, then 4 MiB worth); step time / count = the cost of one collective
+    latc[:SIZE]      the same all-reduces issued from a second thread while the main thread runs a
+                     compute step (as in training, where the CPU is busy with forward/backward):
+                     the result's `collective_s` is their span / count
 
 The plan comes from either
 
@@ -48,6 +51,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,7 +75,7 @@ def lat_collectives(size_bytes: int) -> int:
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | compute | comm | lat (partition_bytes: the probe's size)
+    kind: str  # ddp | sched | compute | comm | lat | latc (partition_bytes: the probe's size)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
 
@@ -80,12 +84,13 @@ class RunConfig:
         text = label.strip().lower()
         if text in ("ddp", "compute", "comm"):
             return cls(text)
-        if text == "lat" or text.startswith("lat:"):
+        kind, _, size_text = text.partition(":")
+        if kind in ("lat", "latc"):
             from autobyte.types import parse_bytes
-            size = parse_bytes(text[4:]) if text.startswith("lat:") else LAT_PROBE_BYTES
+            size = parse_bytes(size_text) if size_text else LAT_PROBE_BYTES
             if not size or size % 4:
-                raise ValueError(f"bad probe {label!r}: lat:SIZE needs a size in whole floats")
-            return cls("lat", size)
+                raise ValueError(f"bad probe {label!r}: {kind}:SIZE needs a size in whole floats")
+            return cls(kind, size)
         if text.startswith("sched:"):
             from autobyte.types import parse_bytes
             parts = text[len("sched:"):].split(",")
@@ -97,10 +102,10 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        if self.kind == "lat":
+        if self.kind in ("lat", "latc"):
             from autobyte.types import format_bytes
-            return ("lat" if self.partition_bytes == LAT_PROBE_BYTES
-                    else f"lat:{format_bytes(self.partition_bytes, 'none')}")
+            return (self.kind if self.partition_bytes == LAT_PROBE_BYTES
+                    else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}")
         if self.kind != "sched":
             return self.kind
         from autobyte.types import format_bytes
@@ -150,6 +155,7 @@ class Trainer:
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
         self.comm_buffers = self._comm_buffers()
         self.lat_buffers: dict[int, list[torch.Tensor]] = {}
+        self.collective_spans: list[float] = []  # lat/latc probes: seconds per collective
         self.sched = None
         if need_sched:
             from autobyte.scheduler import ScheduledOptimizer
@@ -188,15 +194,20 @@ class Trainer:
     def _step(self, config: RunConfig) -> None:
         """One training step (or one probe) under `config`."""
         inputs, targets = self._batch()
-        if config.kind in ("comm", "lat"):
-            buffers = self.comm_buffers
-            if config.kind == "lat":
-                size = int(config.partition_bytes or LAT_PROBE_BYTES)
-                buffers = self.lat_buffers.setdefault(
-                    size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))])
-            works = [dist.all_reduce(b, async_op=True) for b in buffers]
-            for work in works:
-                work.wait()
+        if config.kind in ("lat", "latc"):
+            size = int(config.partition_bytes or LAT_PROBE_BYTES)
+            buffers = self.lat_buffers.setdefault(
+                size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))])
+            if config.kind == "latc":  # beside a compute step, from another thread
+                thread = threading.Thread(target=self._collectives, args=(buffers,))
+                thread.start()
+                self._step(RunConfig("compute"))
+                thread.join()
+            else:
+                self._collectives(buffers)
+            return
+        if config.kind == "comm":
+            self._collectives(self.comm_buffers)
             return
         if config.kind in ("ddp", "compute"):
             self.ddp_opt.zero_grad(set_to_none=True)
@@ -211,6 +222,14 @@ class Trainer:
         self.sched.zero_grad()
         self.workload.loss_fn(self.sched_model(inputs), targets).backward()
         self.sched.step()
+
+    def _collectives(self, buffers: list[torch.Tensor]) -> None:
+        """All-reduce every buffer, issued back to back; records the span per collective."""
+        start = time.perf_counter()
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
+        for work in works:
+            work.wait()
+        self.collective_spans.append((time.perf_counter() - start) / len(buffers))
 
     def _poll_control(self) -> None:
         """Rank 0: apply the configurations appended to the control file since the last step."""
@@ -264,6 +283,7 @@ class Trainer:
         dist.barrier()
         sched_first = self.sched.step_index if config.kind == "sched" else 0
         dispatch_before = self.sched.dispatch_stats() if config.kind == "sched" else None
+        self.collective_spans.clear()
         marks = [time.perf_counter()]
         for _ in range(segment.steps):
             if self._should_stop():
@@ -305,6 +325,8 @@ class Trainer:
         }
         if dispatch is not None:
             result["dispatch"] = dispatch
+        if config.kind in ("lat", "latc") and self.collective_spans:
+            result["collective_s"] = statistics.median(self.collective_spans)
         if metrics and self.args.full_metrics:
             result["metrics"] = metrics
         elif metrics:

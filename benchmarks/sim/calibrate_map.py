@@ -140,12 +140,25 @@ def goodput(block: dict[str, Any], sizes: tuple[int, int], overhead_s: float = 0
     return grad_bytes * wire_factor(block["world_size"]) / wire_s
 
 
-def message_table(block: dict[str, Any], bandwidth: float) -> tuple[tuple[float, float], ...]:
-    """Per-collective cost beyond the wire time at `bandwidth`, at the lat probes' sizes."""
+def message_table(block: dict[str, Any], bandwidth: float, key: str = "collective_s"
+                  ) -> tuple[tuple[float, float], ...]:
+    """Per-collective cost beyond the wire time at `bandwidth`, at the probes' sizes (`key`:
+    collective_s, bare; collective_busy_s, beside a compute step)."""
     factor = wire_factor(block["world_size"])
     return tuple((float(size), max(0.0, cost - int(size) * factor / bandwidth))
-                 for size, cost in sorted(block["probes"]["collective_s"].items(),
+                 for size, cost in sorted(block["probes"][key].items(),
                                           key=lambda item: int(item[0])))
+
+
+def busy_bandwidth(block: dict[str, Any], bandwidth: float) -> float:
+    """The link's goodput while the rank computes: from the slope between the two largest
+    collectives beside compute (at most the bare comm probe's goodput)."""
+    points = sorted((int(size), cost) for size, cost in block["probes"]["collective_busy_s"].items())
+    (size_a, cost_a), (size_b, cost_b) = points[-2], points[-1]
+    if cost_b <= cost_a:
+        return bandwidth
+    slope_bw = (size_b - size_a) * wire_factor(block["world_size"]) / (cost_b - cost_a)
+    return min(bandwidth, slope_bw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,16 +236,28 @@ def _quiet_compute(quiet: dict[str, Any]) -> float:
 
 def probe_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelProfile,
                  constants: SharedConstants, sizes: tuple[int, int]) -> BlockInputs:
+    """Inputs from the block's probes. With collectives measured beside a compute step
+    (`collective_busy_s`, from --probes-only) those set the per-collective costs and the link's
+    goodput (they include whatever the condition does to communication while the CPU is busy:
+    quota stalls, time-sharing, traffic); else the bare probes plus the quota stall model."""
     slowest = max(c for c in block["probes"]["compute_s_per_rank"] if c)
     base = _quiet_compute(quiet)
     share = min(1.0, base / slowest)
     bandwidth = goodput(block, sizes)
-    link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
-                     launch_s=constants.launch_s, ddp_launch_s=20e-6,
-                     comm_cpu_s_per_byte=constants.cpu_s_per_byte.get(block["model"], 0.0),
-                     message_extra_s=message_table(block, bandwidth), **quota(block))
+    cpb = constants.cpu_s_per_byte.get(block["model"], 0.0)
+    if block["probes"].get("collective_busy_s"):
+        bandwidth = busy_bandwidth(block, bandwidth)
+        link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
+                         launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
+                         message_extra_s=message_table(block, bandwidth, "collective_busy_s"))
+        notes = f"share {share:.2f}; collectives beside compute"
+    else:
+        link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
+                         launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
+                         message_extra_s=message_table(block, bandwidth), **quota(block))
+        notes = f"share {share:.2f}; bare collectives"
     return BlockInputs(_with_compute(profile, base), block["world_size"], bandwidth, link,
-                       cpu_share=share, notes=f"share {share:.2f} from compute probes")
+                       cpu_share=share, notes=notes)
 
 
 def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelProfile,
@@ -322,11 +347,26 @@ def predicted_block(block: dict[str, Any], predicted: dict[str, float]) -> dict[
             "per_round": {k: [v] for k, v in predicted.items()}}
 
 
+def with_probe_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The map's blocks, each with the probes of its latest --probes-only run of the same
+    (model, condition) where there is one (measured apart from the grid, same condition)."""
+    extra = {optimum.block_key(b): b for b in data.get("probe_blocks", [])}
+    out = []
+    for block in optimum.latest_blocks(data):
+        probe = extra.get(optimum.block_key(block))
+        if probe is not None:
+            probes = dict(probe["probes"])
+            probes["from"] = "probe run"
+            block = {**block, "probes": probes}
+        out.append(block)
+    return out
+
+
 def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None,
                   mixed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report (see the module docstring); `mixed`: directly measured mixed traces
     (`bench_conditions --mixed --out`), compared with the map's and the simulator's headroom."""
-    blocks = optimum.latest_blocks(data)
+    blocks = with_probe_blocks(data)
     quiet = {b["model"]: b for b in blocks if b["condition"] == "quiet" and b["world_size"] == 2}
     sizes: dict[str, tuple[int, int]] = {}
     for block in blocks:
