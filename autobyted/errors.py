@@ -32,7 +32,24 @@ class Unauthenticated(AutobytedError):
 
 
 class StorageError(AutobytedError):
-    code = grpc.StatusCode.UNAVAILABLE
+    """The database failed (malformed, locked, unreachable). INTERNAL, not UNAVAILABLE: a client must
+    be able to tell "the daemon answered: its database failed" from "the daemon cannot be reached"."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class Overloaded(AutobytedError):
+    """The daemon cannot take more work now; the client should retry after `retry_after_ms`."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(f"{message}; retry in {retry_after_ms} ms")
+        self.retry_after_ms = retry_after_ms
+
+
+class DatabaseInUse(AutobytedError):
+    """Another autobyted holds this SQLite database; raised before anything is touched."""
 
 
 class ForeignDatabase(AutobytedError):

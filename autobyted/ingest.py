@@ -11,7 +11,7 @@ import time
 from autobyte.convert import metrics_from_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import check_metrics
-from autobyted.errors import InvalidArgument, StorageError
+from autobyted.errors import InvalidArgument, Overloaded, StorageError
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import SampleBatch
 
@@ -44,19 +44,32 @@ def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
             raise InvalidArgument(f"{where}: {error}") from None
         samples.append((seq, metrics))
     return SampleBatch(job=batch.job, rank=batch.rank, session_id=batch.session_id,
-                       samples=tuple(samples), dropped_total=batch.dropped_total)
+                       samples=tuple(samples), dropped_total=batch.dropped_total, final=batch.final)
+
+
+# Bounds of the retry hint given with a refused batch.
+RETRY_AFTER_MIN_MS = 200
+RETRY_AFTER_MAX_MS = 10_000
 
 
 class IngestWriter:
     """One thread owns sample writes: every batch waiting when it wakes goes into one transaction.
-    `submit` returns a future of the stored high-water seq (-1: stale session)."""
+    `submit` returns a future of the stored high-water seq (-1: stale session). At most
+    `max_queued_rows` samples wait; beyond that `submit` raises Overloaded with a retry hint (the
+    time the writer needs to catch up), so a slow database pushes back instead of filling memory."""
 
     _STOP = object()
 
-    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None) -> None:
+    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None,
+                 max_queued_rows: int = 200_000) -> None:
         self._storage = storage
         self._max_rows = max_rows
+        self._max_queued_rows = max_queued_rows
         self._queue: queue.Queue = queue.Queue()
+        self._queued_rows = 0
+        self._count_lock = threading.Lock()
+        self._rows_per_s: float | None = None  # smoothed write rate
+        self._write_started: float | None = None  # monotonic start of the write in progress
         self._thread = threading.Thread(target=self._run, name="autobyted-writer", daemon=True)
         self._on_written = on_written
         self._closed = False
@@ -64,13 +77,32 @@ class IngestWriter:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
     def submit(self, batch: SampleBatch) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
             future.set_exception(StorageError("autobyted is shutting down; the client reconnects"))
-        else:
-            self._queue.put((batch, future))
+            return future
+        rows = len(batch.samples)
+        with self._count_lock:
+            if self._queued_rows and self._queued_rows + rows > self._max_queued_rows:
+                raise Overloaded(f"autobyted's write queue is full ({self._queued_rows} samples wait for "
+                                 "the database)", self.retry_after_ms())
+            self._queued_rows += rows
+        self._queue.put((batch, future))
         return future
+
+    def retry_after_ms(self) -> int:
+        """How long the queue needs to drain: queued rows at the recent write rate, and at least as
+        long as the write in progress has already taken (a stalled database)."""
+        estimate_s = self._queued_rows / self._rows_per_s if self._rows_per_s else 1.0
+        started = self._write_started
+        if started is not None:
+            estimate_s = max(estimate_s, time.monotonic() - started)
+        return int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, estimate_s * 1e3)))
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush everything submitted so far, then stop."""
@@ -107,6 +139,8 @@ class IngestWriter:
                 log.exception("unexpected error in the writer thread")
 
     def _write(self, pending) -> None:
+        rows = sum(len(batch.samples) for batch, _ in pending)
+        self._write_started = started = time.monotonic()
         try:
             acked = self._storage.append_samples([batch for batch, _ in pending])
         except Exception as error:  # the stream handlers report it; the writer keeps going
@@ -115,6 +149,13 @@ class IngestWriter:
                 if not future.cancelled():
                     future.set_exception(error)
             return
+        finally:
+            self._write_started = None
+            with self._count_lock:
+                self._queued_rows -= rows
+        if rows:
+            rate = rows / max(time.monotonic() - started, 1e-3)
+            self._rows_per_s = rate if self._rows_per_s is None else 0.7 * self._rows_per_s + 0.3 * rate
         for (_, future), seq in zip(pending, acked):
             if not future.cancelled():
                 future.set_result(seq)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
+
+from autobyted.settings import redact
 
 
 class DaemonMetrics:
@@ -41,7 +44,7 @@ class _JobsCollector:
             states = self._job_states()
         except Exception:  # a scrape must not fail because the database is busy
             states = {}
-        for state in ("running", "idle"):
+        for state in ("running", "idle", "finished"):
             family.add_metric([state], states.get(state, 0))
         yield family
 
@@ -61,14 +64,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str, fmt: str) -> None:
+class RedactingFormatter(logging.Formatter):
+    """Wraps a formatter: every secret (token, database password) in a finished line becomes ***."""
+
+    def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._secrets = tuple(s for s in secrets if s)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(self._inner.format(record), self._secrets)
+
+
+def configure_logging(level: str, fmt: str, secrets: Iterable[str] = ()) -> None:
     """Only the entry point calls this; it configures the `autobyted` logger tree, nothing else."""
     handler = logging.StreamHandler()
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        formatter: logging.Formatter = JsonFormatter()
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.Formatter.converter = time.gmtime
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        formatter.converter = time.gmtime
+    handler.setFormatter(RedactingFormatter(formatter, secrets))
     root = logging.getLogger("autobyted")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import hmac
+import socket
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyted.servicer import Services
-from autobyted.settings import Settings
+from autobyted.settings import Settings, split_host_port
+
+# The standard health service answers without a token: load balancers and orchestrators probe it
+# without credentials, and it tells nothing but SERVING / NOT_SERVING.
+UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
@@ -18,6 +25,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
 
     async def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(UNAUTHENTICATED_PREFIXES):
+            return await continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
         supplied = metadata.get("authorization", "")
         if isinstance(supplied, str):
@@ -49,10 +58,38 @@ def _deny(handler, message: str):
     return grpc.unary_unary_rpc_method_handler(unary)
 
 
-def make_server(services: Services, settings: Settings) -> tuple[grpc.aio.Server, int]:
+def check_address(address: str, what: str) -> None:
+    """OSError with one clear line if nothing can listen on HOST:PORT (in use, not local), so that
+    the daemon fails before it creates or migrates anything. Port 0 (any free port) always works."""
+    host, port = split_host_port(address, what)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise OSError(f"cannot listen on {address}: {error.strerror}") from None
+    failures = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                probe.bind(sockaddr)
+            except OSError as error:
+                failures.append(error)
+    # "localhost" may name ::1 on a host without IPv6: one family that binds is enough, a port
+    # in use on any of them is not.
+    in_use = [error for error in failures if error.errno == errno.EADDRINUSE]
+    if in_use or (failures and len(failures) == len(infos)):
+        error = (in_use or failures)[0]
+        raise OSError(f"cannot listen on {address}: {(error.strerror or str(error)).lower()}")
+
+
+def make_server(services: Services, health: health_pb2_grpc.HealthServicer,
+                settings: Settings) -> tuple[grpc.aio.Server, int]:
     """An unstarted server bound to settings.listen; returns it with the bound port (0 → a free one)."""
     interceptors = [TokenInterceptor(settings.token)] if settings.token else []
-    server = grpc.aio.server(interceptors=interceptors, options=[
+    server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+                             options=[
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", 64 << 20),
         ("grpc.so_reuseport", 0),
@@ -64,6 +101,7 @@ def make_server(services: Services, settings: Settings) -> tuple[grpc.aio.Server
     pb_grpc.add_TelemetryServicer_to_server(services, server)
     pb_grpc.add_ControlServicer_to_server(services, server)
     pb_grpc.add_QueryServicer_to_server(services, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if settings.tls_cert:
         with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:
             credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])

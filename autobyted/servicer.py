@@ -15,7 +15,9 @@ from autobyte.convert import config_from_proto, config_to_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import Config
-from autobyted.errors import FailedPrecondition, InvalidArgument, status_for
+from autobyte.channel import RETRY_AFTER_KEY
+from autobyte.types import MAX_WORLD_SIZE
+from autobyted.errors import FailedPrecondition, InvalidArgument, StorageError, status_for
 from autobyted.ingest import IngestWriter, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
@@ -24,6 +26,11 @@ from autobyted.storage.records import DecisionRecord, Fingerprint, Registration
 
 log = logging.getLogger(__name__)
 RUNNING_WITHIN_S = 30.0
+# Batches with more samples than this are validated on a worker thread, and History answers with
+# more steps than this are built on one, so that the event loop keeps serving every other stream.
+INLINE_ROWS = 256
+# Longest strings a registration may carry (the columns that store them).
+MAX_FIELD_CHARS = {"job": 255, "backend": 32, "instance_id": 128, "hostname": 255}
 
 
 def _abort_on_error(metrics: DaemonMetrics):
@@ -32,10 +39,14 @@ def _abort_on_error(metrics: DaemonMetrics):
     def decorate(method: Callable):
         async def report(error: BaseException, context) -> None:
             code, message = status_for(error)
-            if code == grpc.StatusCode.INTERNAL:
+            if isinstance(error, StorageError):
+                log.error("%s failed: %s", method.__name__, message)
+            elif code == grpc.StatusCode.INTERNAL:
                 log.exception("internal error in %s", method.__name__)
             metrics.rpc_errors.labels(code.name).inc()
-            await context.abort(code, message)
+            retry_after_ms = getattr(error, "retry_after_ms", None)
+            trailing = ((RETRY_AFTER_KEY, str(retry_after_ms)),) if retry_after_ms is not None else ()
+            await context.abort(code, message, trailing_metadata=trailing)
 
         if inspect.isasyncgenfunction(method):
             @functools.wraps(method)
@@ -111,9 +122,14 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
 
     # ------------------------------------------------------------------ telemetry
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterResponse:
-        if not request.job or len(request.job) > 255:
+        if not request.job:
             raise InvalidArgument("job id must be 1 to 255 characters")
-        if request.world_size < 1 or not 0 <= request.rank < request.world_size:
+        for name, limit in MAX_FIELD_CHARS.items():
+            if len(getattr(request, name)) > limit:
+                raise InvalidArgument(f"{name} must be at most {limit} characters, got {len(getattr(request, name))}")
+        if not 1 <= request.world_size <= MAX_WORLD_SIZE:
+            raise InvalidArgument(f"world size {request.world_size} is outside [1, {MAX_WORLD_SIZE}]")
+        if not 0 <= request.rank < request.world_size:
             raise InvalidArgument(f"rank {request.rank} is not within world size {request.world_size}")
         if not request.instance_id:
             raise InvalidArgument("registration without an instance id")
@@ -134,11 +150,14 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         try:
             async for batch in request_iterator:
                 try:
-                    clean = validate_batch(batch, self._settings.max_samples_per_batch)
+                    if len(batch.samples) > INLINE_ROWS:
+                        clean = await self._call(validate_batch, batch, self._settings.max_samples_per_batch)
+                    else:
+                        clean = validate_batch(batch, self._settings.max_samples_per_batch)
                 except InvalidArgument:
                     self._metrics.samples_rejected.inc(len(batch.samples))
                     raise
-                acked = await asyncio.wrap_future(self._writer.submit(clean))
+                acked = await asyncio.wrap_future(self._writer.submit(clean))  # or Overloaded
                 if acked < 0:
                     raise FailedPrecondition(
                         f"session {batch.session_id!r} is not the current registration of job {batch.job!r} "
@@ -218,19 +237,29 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         limit = min(request.limit or 1000, 100_000)
         steps = await self._call(self._storage.history, request.job, request.since_s, rank, limit)
         decisions = await self._call(self._storage.decisions, request.job, 0)
-        response = pb.HistoryResponse(job=request.job)
-        for record in steps:
-            response.steps.add(step=record.step, rank=record.rank, wall_time_s=record.wall_time_s,
-                               step_time_s=record.step_time_s, exposed_comm_s=record.exposed_comm_s,
-                               bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config))
-        response.decisions.extend(decision_to_proto(d) for d in decisions if d.created_at_s >= request.since_s)
-        return response
+        if len(steps) > INLINE_ROWS:
+            return await self._call(history_to_proto, request, steps, decisions)
+        return history_to_proto(request, steps, decisions)
 
     async def Best(self, request: pb.BestRequest, context) -> pb.BestResponse:
         best = await self._call(self._storage.best, request.job)
-        return pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
-                               median_step_time_s=best.median_step_time_s, samples=best.samples,
-                               baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
+        response = pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
+                                   median_step_time_s=best.median_step_time_s, samples=best.samples,
+                                   baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
+        for candidate in best.candidates:
+            response.candidates.add(config=config_to_proto(candidate.config), samples=candidate.samples,
+                                    median_step_time_s=candidate.median_step_time_s)
+        return response
+
+
+def history_to_proto(request: pb.HistoryRequest, steps, decisions) -> pb.HistoryResponse:
+    response = pb.HistoryResponse(job=request.job)
+    for record in steps:
+        response.steps.add(step=record.step, rank=record.rank, wall_time_s=record.wall_time_s,
+                           step_time_s=record.step_time_s, exposed_comm_s=record.exposed_comm_s,
+                           bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config))
+    response.decisions.extend(decision_to_proto(d) for d in decisions if d.created_at_s >= request.since_s)
+    return response
 
 
 async def retention_loop(storage: BaseStorage, settings: Settings, interval_s: float = 60.0) -> None:

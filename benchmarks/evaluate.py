@@ -4,7 +4,8 @@
         --out results/
 
 Writes a table to stdout, results.csv and results.json to --out, and one PNG per scenario
-(throughput over time per policy, the bandwidth trace underneath). For every policy: throughput,
+(each policy's throughput as a rolling mean over time with its decisions marked, the phases of
+the traces shaded, the bandwidth trace underneath). For every policy: throughput,
 ratio to the per-phase oracle, ratio to the best static configuration (grid-best) and ratio to the
 lower bound (perfect overlap of compute and communication). See benchmarks/README.md.
 """
@@ -46,13 +47,17 @@ class PolicyRun:
     end_times_s: list[float]
     chose: str
     mode: str = "sim"
+    # (time s, configuration label) of every change the policy made during the run
+    decisions: list[tuple[float, str]] = dataclasses.field(default_factory=list)
 
     @property
     def throughput_steps_per_s(self) -> float:
         return self.steps / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def _run_until_done(scenario: Scenario, sim: Simulator, policy: Policy) -> list[StepRecord]:
+def _run_until_done(scenario: Scenario, sim: Simulator, policy: Policy,
+                    decisions: list[tuple[float, str]] | None = None) -> list[StepRecord]:
+    """Run the policy until the scenario ends; its changes go to `decisions` as (time s, label)."""
     sim.reset()
     config: RunConfig = policy.initial_config()
     records: list[StepRecord] = []
@@ -67,6 +72,8 @@ def _run_until_done(scenario: Scenario, sim: Simulator, policy: Policy) -> list[
         records.append(record)
         change = policy.observe(record)
         if change is not None:
+            if decisions is not None and change != config:
+                decisions.append((record.end_s, _testbed_label(change)))
             config = change
     return records
 
@@ -116,10 +123,11 @@ def simulate_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[s
     for name in dict.fromkeys([*policy_names, *REFERENCE_POLICIES]):
         policy = make_policy(name)
         policy.prepare(context)
-        records = _run_until_done(scenario, sim, policy)
+        decisions: list[tuple[float, str]] = []
+        records = _run_until_done(scenario, sim, policy, decisions)
         elapsed = records[-1].end_s if records else 0.0
         runs[name] = PolicyRun(name, len(records), elapsed, [r.end_s for r in records],
-                               policy.describe())
+                               policy.describe(), decisions=decisions)
     return _summarise(scenario, policy_names, runs, lower, "sim")
 
 
@@ -329,7 +337,8 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
 
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
-        return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed")
+        return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed",
+                         [(d["t_s"], d["config"]) for d in series.decisions])
 
     def throughput(series: TestbedSeries) -> float:
         ends = series.ends_s
@@ -398,7 +407,26 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_scenario(result: dict[str, Any], scenario: Scenario, path: pathlib.Path) -> None:
+def rolling_throughput(end_times_s: Sequence[float], window_steps: int) -> tuple[list[float], list[float]]:
+    """(t, steps/s) at every step end from the window_steps-th on: window_steps divided by the time
+    those steps took. Unlike counting whole steps in fixed time bins (which jumps between 2, 4, 6 …
+    steps/s when a step takes ~0.3 s), evenly spaced steps give a flat line."""
+    if window_steps < 1:
+        raise ValueError(f"window_steps={window_steps} must be at least 1")
+    ends = [0.0, *end_times_s]
+    times, rates = [], []
+    for index in range(window_steps, len(ends)):
+        span = ends[index] - ends[index - window_steps]
+        if span > 0:
+            times.append(ends[index])
+            rates.append(window_steps / span)
+    return times, rates
+
+
+def draw_scenario(result: dict[str, Any], scenario: Scenario):
+    """The figure of one scenario: each policy's throughput (rolling mean over 1/40 of its steps,
+    3 to 25), the lower bound, the phases of the traces shaded on both panels, each policy's
+    decisions marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -406,31 +434,49 @@ def plot_scenario(result: dict[str, Any], scenario: Scenario, path: pathlib.Path
 
     runs: dict[str, PolicyRun] = result["_runs"]
     end = max((run.elapsed_s for run in runs.values()), default=1.0) or 1.0
-    bins = np.linspace(0.0, end, 61)
-    width = bins[1] - bins[0]
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6),
                                       gridspec_kw={"height_ratios": [3, 1]})
+    for index, (start, stop, bandwidth, factor, *_conditions) in enumerate(scenario.phases(end)):
+        for axis in (top, bottom):
+            if index % 2:
+                axis.axvspan(start, stop, color="0.92", zorder=0, label="_phase")
+        if stop - start >= end / 8:  # name the wide phases; the bottom panel shows every one
+            top.annotate(f"{bandwidth / GBIT:.3g} Gbit/s" + (f", compute x{factor:.3g}" if factor != 1 else ""),
+                         (start, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10),
+                         textcoords="offset points", fontsize=7, color="0.35")
     for name in [row["policy"] for row in result["rows"]]:
-        ends = np.asarray(runs[name].end_times_s)
-        counts, _ = np.histogram(ends, bins=bins)
-        top.step(bins[:-1], counts / width, where="post", label=name)
-    times = np.linspace(0.0, end, 600)
+        run = runs[name]
+        window = max(3, min(25, len(run.end_times_s) // 40))
+        times, rates = rolling_throughput(run.end_times_s, window)
+        (line,) = top.plot(times, rates, label=f"{name} (mean of {window} steps)", linewidth=1.2)
+        if run.decisions and times:
+            at = [t for t, _ in run.decisions]
+            top.plot(at, np.interp(at, times, rates), linestyle="none", marker="v", markersize=6,
+                     color=line.get_color(), label=f"{name}: {len(at)} decision(s)")
+    grid = np.linspace(0.0, end, 600)
     bound = [1.0 / lower_bound_step_s(scenario.profile, scenario.workers, scenario.bandwidth.at(t),
-                                      scenario.compute.at(t)) for t in times]
-    top.plot(times, bound, color="grey", linestyle=":", drawstyle="steps-post", label="lower bound")
-    top.set_ylabel("throughput (steps/s)")
+                                      scenario.compute.at(t)) for t in grid]
+    top.plot(grid, bound, color="grey", linestyle=":", drawstyle="steps-post", label="lower bound")
+    top.set_ylabel("throughput (steps/s, rolling mean)")
     top.set_title(f"{scenario.name}: {scenario.model}, {scenario.workers} workers ({result['mode']})")
-    top.legend(fontsize=8, loc="best")
-    bottom.plot(times, [scenario.bandwidth.at(t) / GBIT for t in times], color="black",
+    top.legend(fontsize=7, loc="best")
+    bottom.plot(grid, [scenario.bandwidth.at(t) / GBIT for t in grid], color="black",
                 drawstyle="steps-post")
     bottom.set_ylabel("bandwidth (Gbit/s)")
     bottom.set_xlabel("time (s)")
     if not scenario.compute.is_constant:
         twin = bottom.twinx()
-        twin.plot(times, [scenario.compute.at(t) for t in times], color="tab:red",
+        twin.plot(grid, [scenario.compute.at(t) for t in grid], color="tab:red",
                   drawstyle="steps-post")
         twin.set_ylabel("compute slowdown", color="tab:red")
     fig.tight_layout()
+    return fig
+
+
+def plot_scenario(result: dict[str, Any], scenario: Scenario, path: pathlib.Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = draw_scenario(result, scenario)
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -449,23 +495,35 @@ def write_outputs(results: Sequence[dict[str, Any]], scenarios: Sequence[Scenari
         plot_scenario(result, scenario, out / f"{scenario.name}.png")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
-    parser.add_argument("--policy", nargs="+", default=["ddp", "grid-best", "bo-once", "oracle"],
-                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle")
+    parser.add_argument("--policy", nargs="+", action="extend", default=None,
+                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle; "
+                             "--policy a b and --policy a --policy b both work "
+                             "[default: ddp grid-best bo-once oracle]")
     parser.add_argument("--testbed", action="store_true",
                         help="run on the namespace testbed (root) instead of the simulator")
     parser.add_argument("--out", default="results", help="directory for csv, json and png")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
         for name in args.policy:
             make_policy(name)
-        scenarios = [load_scenario(path) for path in args.scenarios]
     except ValueError as exc:
         parser.error(str(exc))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        scenarios = [load_scenario(path) for path in args.scenarios]
+    except ValueError as exc:
+        print(f"python -m benchmarks.evaluate: error: {exc}", file=sys.stderr)
+        return 2
     results = []
     for scenario in scenarios:
         started = time.perf_counter()

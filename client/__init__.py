@@ -1,4 +1,5 @@
-"""autobyte: a continuously tuned communication scheduler for distributed PyTorch training."""
+"""autobyte: a communication scheduler for distributed PyTorch training that streams its measurements to
+autobyted and applies the configurations decided there."""
 
 from autobyte._version import __version__
 from autobyte.telemetry import init, shutdown

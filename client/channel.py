@@ -7,6 +7,8 @@ import os
 import grpc
 
 DEFAULT_DAEMON = "127.0.0.1:7077"
+# Trailing metadata of a RESOURCE_EXHAUSTED answer: milliseconds to wait before retrying.
+RETRY_AFTER_KEY = "retry-after-ms"
 
 
 def daemon_address(explicit: str | None = None) -> str:

@@ -7,6 +7,7 @@ import datetime
 import io
 import json
 import sys
+import textwrap
 
 import click
 import grpc
@@ -16,11 +17,15 @@ from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_c
 from autobyte.convert import config_dict
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import Config, format_bytes, parse_bytes
+from autobyte.types import (MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES,
+                            Config, format_bytes, parse_bytes)
 
 RPC_TIMEOUT_S = 10.0
-EXIT_UNREACHABLE = 2
-EXIT_ERROR = 1
+# Exit codes (README "Exit codes").
+EXIT_ERROR = 1        # the daemon answered with an error (unknown job, wrong token, its database failed)
+EXIT_USAGE = 2        # bad command line (click's usage errors)
+EXIT_UNREACHABLE = 3  # no daemon answered at the address
+WIDTH = 80
 
 
 class Connection:
@@ -35,6 +40,8 @@ class Connection:
             return getattr(stub, method)(request, timeout=RPC_TIMEOUT_S, metadata=self.metadata)
         except grpc.RpcError as error:
             code = error.code()
+            # Only a transport failure means "cannot reach": an error the daemon sends (its database
+            # failed: INTERNAL) is the daemon's message, shown as it is.
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 fail(f"cannot reach autobyted at {self.address} ({code.name.lower()}); is it running? "
                      "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
@@ -70,6 +77,33 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+class ByteSize(click.ParamType):
+    """A size as the CLI spells it (4096, 256KiB, 4MiB, none/unlimited), checked against the safe range."""
+
+    name = "SIZE"
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # "partition" or "credit"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        none_word, meaning = ("none", "no partitioning") if self.what == "partition" else ("unlimited",
+                                                                                          "unlimited credit")
+        try:
+            size = parse_bytes(str(value))
+        except ValueError as error:
+            self.fail(f"{error}; use {none_word} for {meaning}", param, ctx)
+        if size is None:
+            return None
+        low, high = ((MIN_PARTITION_BYTES, MAX_PARTITION_BYTES) if self.what == "partition"
+                     else (MIN_CREDIT_BYTES, MAX_CREDIT_BYTES))
+        if not low <= size <= high:
+            self.fail(f"{value} is outside the safe range {format_bytes(low)} to {format_bytes(high)}; "
+                      f"use {none_word} for {meaning}", param, ctx)
+        return size
+
+
 def connection_options(fn):
     fn = click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
                       help="PEM CA certificate when the daemon uses TLS")(fn)
@@ -78,24 +112,29 @@ def connection_options(fn):
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit codes: 0 done, 1 the daemon answered with an error, 2 bad command line, "
+                    "3 cannot reach the daemon.")
 @click.version_option(__version__, prog_name="autobyte")
 def main() -> None:
-    """autobyte: what the daemon sees, what it decided, and why."""
+    """autobyte: what the daemon sees, what was decided, and why."""
 
 
 @main.command()
 @connection_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def status(daemon, token, tls_ca, fmt) -> None:
-    """Jobs, state, ranks, configuration in effect, throughput, last decision."""
+    """Jobs, state, ranks, configuration in effect, throughput, last decision.
+
+    STATE is running (heard from within 30 s), finished (every rank said it was done) or idle."""
     response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Status", pb.StatusRequest())
     if fmt == "json":
         jobs = [{"job": j.job, "state": j.state, "world_size": j.world_size, "steps": j.steps,
                  "config": config_dict(j.config), "ranks": list(j.ranks), "backend": j.backend,
                  "recent_step_time_s": j.recent_step_time_s, "recent_steps_per_s": j.recent_steps_per_s,
                  "dropped_samples": j.dropped_total,
-                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None}
+                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
+                 "last_seen_s": j.last_seen_s}
                 for j in response.jobs]
         click.echo(json.dumps({"jobs": jobs, "daemon_version": response.daemon_version}, indent=2))
         return
@@ -105,22 +144,29 @@ def status(daemon, token, tls_ca, fmt) -> None:
     rows = []
     for j in response.jobs:
         last = f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"
-        rows.append([j.job[:14], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
+        rows.append([j.job[:13], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
                      f"{j.recent_steps_per_s:.2f}", last[:14]])
-    # Widest row: 14+7+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
+    # Widest row: 13+8+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
     click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows))
+
+
+HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
+                       "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step"]
 
 
 @main.command()
 @click.argument("job")
 @connection_options
 @click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
-@click.option("--rank", type=int, default=None, help="only this rank's steps")
+@click.option("--rank", type=click.IntRange(0), default=None, help="only this rank's steps")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
               help="latest N step records")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
-    """Steps and decisions of JOB over time."""
+    """Steps and decisions of JOB over time.
+
+    A decision ASKED for a step (next: as soon as possible); APPLIED is the step at which every rank
+    switched (the next step boundary when the asked step had already passed)."""
     request = pb.HistoryRequest(job=job, since_s=since, limit=limit)
     if rank is not None:
         request.rank = rank
@@ -134,16 +180,16 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
     elif fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
-                         "partition_bytes", "credit_bytes", "decision_id", "state", "reason"])
+        writer.writerow(HISTORY_CSV_COLUMNS)
         for s in steps:
             writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
                              s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", ""])
+                             "", "", "", ""])
         for d in decisions:
+            # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
             writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
                              d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
-                             d["state"], d["reason"]])
+                             d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"]])
         click.echo(out.getvalue(), nl=False)
     else:
         rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
@@ -152,9 +198,22 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
                    else "no steps recorded")
         if decisions:
             click.echo("")
-            click.echo(table(["DECISION", "AT_STEP", "PART/CREDIT", "STATE", "REASON"],
-                             [[f"#{d.decision_id}", str(d.apply_at_step), _cfg(d.config), d.state, d.reason[:30]]
-                              for d in response.decisions]))
+            click.echo(decision_table(response.decisions))
+
+
+def decision_table(decisions) -> str:
+    """One row per decision, its whole reason wrapped on the lines below it."""
+    lines = table(["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
+                  [[f"#{d.decision_id}", str(d.apply_at_step) if d.apply_at_step else "next",
+                    str(d.applied_at_step) if d.HasField("applied_at_step") else "-", _cfg(d.config), d.state]
+                   for d in decisions]).splitlines()
+    out = [lines[0]]
+    for line, d in zip(lines[1:], decisions):
+        out.append(line)
+        if d.reason:
+            out.extend(textwrap.wrap(d.reason, WIDTH, initial_indent="  reason: ", subsequent_indent=" " * 10,
+                                     break_long_words=True, break_on_hyphens=False))
+    return "\n".join(out)
 
 
 @main.command()
@@ -162,13 +221,17 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
 @connection_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def best(job, daemon, token, tls_ca, fmt) -> None:
-    """The best configuration found for JOB, with its evidence."""
+    """The best configuration measured on JOB, every configuration it was compared with, and the
+    no-scheduling baseline when that was measured."""
     r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
         click.echo(json.dumps({"job": r.job, "found": r.found, "config": config_dict(r.config) if r.found else None,
                                "median_step_time_s": r.median_step_time_s, "samples": r.samples,
                                "baseline_step_time_s": r.baseline_step_time_s or None,
-                               "evidence": r.evidence}, indent=2))
+                               "evidence": r.evidence,
+                               "candidates": [{"config": config_dict(c.config), "samples": c.samples,
+                                               "median_step_time_s": c.median_step_time_s}
+                                              for c in r.candidates]}, indent=2))
         return
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
@@ -176,25 +239,33 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     click.echo(f"{job}: {Config(**config_dict(r.config)).describe()}")
     click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps")
     if r.baseline_step_time_s:
-        click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms")
+        click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms "
+                   f"({r.baseline_step_time_s / r.median_step_time_s:.2f}x the best's step time)")
+    else:
+        click.echo("  no-scheduling baseline: not measured (no steps with partition none, credit unlimited)")
+    if r.candidates:
+        click.echo(f"  compared ({len(r.candidates)}):")
+        rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples),
+                 f"{c.median_step_time_s / r.median_step_time_s:.2f}x"] for c in r.candidates]
+        click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "VS_BEST"], rows), "    "))
     click.echo(f"  evidence: {r.evidence}")
 
 
 @main.command()
 @click.argument("job")
 @connection_options
-@click.option("--partition", "partition", required=True, help="partition size, e.g. 4MiB, or none")
-@click.option("--credit", "credit", required=True, help="credit window, e.g. 16MiB, or unlimited")
-@click.option("--at-step", type=click.IntRange(0), default=0, help="step to apply at (0: next step)")
+@click.option("--partition", "partition", type=ByteSize("partition"), required=True,
+              help="partition size, e.g. 4MiB, or none")
+@click.option("--credit", "credit", type=ByteSize("credit"), required=True,
+              help="credit window, e.g. 16MiB, or unlimited")
+@click.option("--at-step", type=click.IntRange(0), default=0,
+              help="step at which every rank switches (0: the next step; a step already passed: the next too)")
 @click.option("--reason", default="operator request", show_default=True)
 def propose(job, daemon, token, tls_ca, partition, credit, at_step, reason) -> None:
     """Ask JOB to switch to a configuration (stored as a decision)."""
     from autobyte.convert import config_to_proto
 
-    try:
-        config = Config(parse_bytes(partition), parse_bytes(credit))
-    except ValueError as error:
-        fail(str(error), EXIT_ERROR)
+    config = Config(partition, credit)
     d = Connection(daemon, token, tls_ca).call(
         pb_grpc.ControlStub, "ProposeConfig",
         pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))

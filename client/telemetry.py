@@ -25,11 +25,11 @@ from typing import Any
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import auth_metadata, daemon_address, daemon_token, open_channel
+from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_token, open_channel
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import Config, StepMetrics, check_metrics
+from autobyte.types import MAX_WORLD_SIZE, Config, StepMetrics, check_metrics
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -38,6 +38,25 @@ RPC_TIMEOUT_S = 5.0
 MAX_BATCH_SAMPLES = 500
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
+# A registration refused for a reason that retrying will not fix soon (wrong token, another model or
+# world size under this job id, a rank held by a live process) is tried again this rarely.
+REFUSED_RETRY_S = 30.0
+# Bounds of the wait a daemon may ask for with RESOURCE_EXHAUSTED.
+RETRY_AFTER_MAX_S = 60.0
+
+# Registration refusals that the next attempt would meet as well, with what the user can do.
+PERMANENT_REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED: "give this process the daemon's token (autobyte.init(token=...) or "
+                                     "AUTOBYTE_TOKEN)",
+    grpc.StatusCode.PERMISSION_DENIED: "give this process the daemon's token (autobyte.init(token=...) or "
+                                       "AUTOBYTE_TOKEN)",
+    grpc.StatusCode.FAILED_PRECONDITION: "run this job under a new job id (autobyte.init(job=...) or "
+                                         "AUTOBYTE_JOB)",
+    grpc.StatusCode.ALREADY_EXISTS: "use a new job id, or let the process that holds this rank end (it "
+                                    "is taken over once it finished or has been silent long enough)",
+    grpc.StatusCode.INVALID_ARGUMENT: "fix the registration as the reason says",
+    grpc.StatusCode.UNIMPLEMENTED: "point AUTOBYTE_DAEMON at an autobyted of a matching version",
+}
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None
@@ -64,6 +83,8 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         world_size = int(os.environ["WORLD_SIZE"])
     if rank is not None and world_size is not None and (world_size < 1 or not 0 <= rank < world_size):
         raise ValueError(f"rank {rank} is not within world size {world_size}")
+    if world_size is not None and world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"world size {world_size} exceeds autobyted's limit of {MAX_WORLD_SIZE}")
     if buffer_samples < 1:
         raise ValueError(f"buffer_samples={buffer_samples} must be positive")
     if not 0 < flush_interval_s <= 60:
@@ -83,7 +104,9 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
 
 
 def shutdown(timeout_s: float = 2.0) -> None:
-    """Flush what can be flushed within timeout_s and stop the background threads."""
+    """Record the last steps, flush what can be flushed within timeout_s, tell the daemon this rank
+    is finished, and stop the background threads. Runs at exit by itself; call it after the last
+    `step()` (never concurrently with one). Never raises, never waits longer than timeout_s."""
     global _reporter
     with _lock:
         if _reporter is not None:
@@ -113,6 +136,17 @@ def model_fingerprint(parameters) -> pb.ModelFingerprint:
                                largest_tensor_bytes=max(sizes, default=0),
                                median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0,
                                digest=digest.hexdigest()[:32])
+
+
+def _retry_after_s(error: grpc.RpcError) -> float | None:
+    """The wait a RESOURCE_EXHAUSTED answer asks for (trailing metadata `retry-after-ms`), else None."""
+    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    try:
+        metadata = dict(error.trailing_metadata() or ())
+        return min(RETRY_AFTER_MAX_S, max(0.0, int(metadata[RETRY_AFTER_KEY]) / 1e3))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _rank_of(optimizer, rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -162,6 +196,13 @@ class Reporter:
         self._rejected = 0  # samples in batches the daemon refused
         self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
         self._generation = 0  # bumped at every registration: one live request iterator at a time
+        self._yielded = 0  # batches handed to the current stream
+        # Shutdown: the last batch carries final=True; the daemon then marks this rank finished.
+        self._final_requested = False
+        self._final_at: int | None = None  # the final batch's number in the current stream
+        self._final_acked = False
+        self._warned_refusals: set[grpc.StatusCode] = set()
+        self._refused = False
         self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
         # gRPC's internal threads are not counted.
@@ -244,6 +285,7 @@ class Reporter:
             self._covers.clear()
             self._in_flight.clear()
             self._sent_seq = self._acked_seq
+            self._yielded, self._final_at = 0, None
             self._cond.notify_all()
         self._ack(response.last_acked_seq)
         return response.session_id, self._generation
@@ -253,20 +295,32 @@ class Reporter:
         MAX_BATCH_SAMPLES are waiting, when the oldest unsent sample is `flush_interval_s` old, or
         when flush() asks; one wake-up per step would cost the training job CPU and GIL time."""
         while True:
+            goodbye = None
             with self._cond:
                 while not self._closed.is_set() and generation == self._generation:
                     unsent = self._unsent_count()
                     if unsent >= MAX_BATCH_SAMPLES or (unsent and (self._flush_requested or
                                                                    time.monotonic() >= self._send_due)):
                         break
+                    if not unsent and self._final_requested and self._final_at is None:
+                        break
                     self._cond.wait(max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5)
                 if self._closed.is_set() or generation != self._generation:
                     return
-                offset = max(0, self._sent_seq - self._buffer[0][0] + 1)
-                pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
-                previous_sent, in_flight = self._sent_seq, self._sent_seq > self._acked_seq
-                self._sent_seq = pending[-1][0]
-                self._send_due = time.monotonic() + self._flush_interval_s
+                if not self._unsent_count():  # shutting down and everything is sent: say goodbye
+                    self._yielded += 1
+                    self._final_at = self._yielded
+                    goodbye = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id, final=True)
+                else:
+                    offset = max(0, self._sent_seq - self._buffer[0][0] + 1)
+                    pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
+                    previous_sent, in_flight = self._sent_seq, self._sent_seq > self._acked_seq
+                    self._sent_seq = pending[-1][0]
+                    self._send_due = time.monotonic() + self._flush_interval_s
+            if goodbye is not None:
+                goodbye.dropped_total = self.dropped_total
+                yield goodbye
+                continue
             cpu0 = time.thread_time()
             batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
             now = time.time()
@@ -284,6 +338,8 @@ class Reporter:
             self.background_cpu_s += time.thread_time() - cpu0
             last = pending[-1][0]
             with self._cond:
+                if self._final_requested and last == self._seq and batch.samples:
+                    batch.final = True
                 # The daemon acknowledges the highest seq it stored: make that ack cover the invalid
                 # samples behind it, or those of a batch with nothing valid in it.
                 if batch.samples and batch.samples[-1].seq != last:
@@ -293,6 +349,9 @@ class Reporter:
             if batch.samples:
                 with self._cond:
                     self._in_flight.append(last)
+                    self._yielded += 1
+                    if batch.final:
+                        self._final_at = self._yielded
                 yield batch
             elif not in_flight:
                 self._ack(last)
@@ -308,23 +367,47 @@ class Reporter:
             try:
                 session_id, generation = self._register(telemetry)
             except grpc.RpcError as error:
-                if not self._closed.is_set():
-                    log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                if self._closed.is_set():
+                    break
+                if error.code() in PERMANENT_REFUSALS:
+                    self._refusal(error)
+                    self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
+                    continue
+                log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
                 attempt += 1
                 self._backoff(attempt)
                 continue
+            log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
+            if self._refused:
+                self._refused = False
+                log.warning("autobyted at %s accepted job %r rank %s after all; streaming resumes",
+                            self.address, self.job, self.rank)
             self.connected.set()
             attempt = 0
+            acks = 0
             try:
                 self._flush_reports(control)
                 for ack in telemetry.StreamMetrics(self._batches(session_id, generation), metadata=self._metadata):
                     cpu0 = time.thread_time()
                     self._flush_reports(control)  # before the ack wakes flush()
+                    acks += 1
+                    with self._cond:
+                        if self._final_at is not None and acks >= self._final_at:
+                            self._final_acked = True
                     self._ack(ack.acked_seq)
                     self.background_cpu_s += time.thread_time() - cpu0
             except grpc.RpcError as error:
+                wait_s = _retry_after_s(error)
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     self._drop_rejected(error.details())
+                elif wait_s is not None:
+                    # The daemon is overloaded and said for how long: keep every sample, wait that
+                    # long (the refused batch was not stored; it is sent again after registering).
+                    log.debug("autobyted is busy (%s); retrying in %.2fs", error.details(), wait_s)
+                    self.connected.clear()
+                    self._closed.wait(wait_s * random.uniform(1.0, 1.2))
+                    attempt = 0
+                    continue
                 elif not self._closed.is_set():
                     log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
             except Exception:  # never let the thread die: the training job must not notice
@@ -332,6 +415,20 @@ class Reporter:
             self.connected.clear()
             attempt += 1
             self._backoff(attempt)
+
+    def _refusal(self, error: grpc.RpcError) -> None:
+        """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
+        code = error.code()
+        self._refused = True
+        if code in self._warned_refusals:
+            log.debug("autobyted refused job %r rank %s again: %s [%s]", self.job, self.rank, error.details(),
+                      code.name)
+            return
+        self._warned_refusals.add(code)
+        log.warning("autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
+                    "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
+                    "registration is retried every %.0fs.", self.address, self.job, self.rank, error.details(),
+                    code.name, PERMANENT_REFUSALS[code], REFUSED_RETRY_S)
 
     def _ack(self, seq: int) -> None:
         with self._cond:
@@ -435,10 +532,15 @@ class Reporter:
         return True
 
     def close(self, timeout_s: float = 2.0) -> None:
+        """Shut down within timeout_s: wait (bounded) for the optimizer's last updates so that the
+        last step's metrics exist, send everything buffered with a final batch (the daemon then
+        marks this rank finished), stop the threads. Never raises."""
         if self._closed.is_set():
             return
+        deadline = time.monotonic() + max(0.0, timeout_s)
         if self._optimizer is not None:
-            self.flush(timeout_s)
+            self._record_last_steps(timeout_s / 2)
+            self._finish(deadline - time.monotonic())
         self._closed.set()
         with self._cond:
             self._cond.notify_all()
@@ -448,4 +550,29 @@ class Reporter:
         if self._channel is not None:
             self._channel.close()
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+    def _record_last_steps(self, timeout_s: float) -> None:
+        """A step's metrics exist once its updates landed; without this the last step of a run
+        (whose updates land after its step() returned) would never be reported."""
+        if timeout_s <= 0:
+            return
+        try:
+            self._optimizer.synchronize(timeout_s=timeout_s)
+        except Exception as error:  # closed already (then its close() reported every step), failed, slow
+            log.debug("not waiting for the optimizer's last updates: %s", error)
+
+    def _finish(self, timeout_s: float) -> bool:
+        """Send what is buffered plus the final batch; True once the daemon acknowledged it."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._final_requested = self._flush_requested = True
+            self._cond.notify_all()
+            # Wait for the daemon only while it can answer: a refused or unreachable daemon gets
+            # the buffered samples' chance (a reconnect) but not a wait for a goodbye it cannot ack.
+            while not self._refused and (self._buffer or (self.connected.is_set() and not self._final_acked)):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True

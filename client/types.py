@@ -11,6 +11,8 @@ MIN_PARTITION_BYTES = 4 << 10
 MAX_PARTITION_BYTES = 16 << 30
 MIN_CREDIT_BYTES = 4 << 10
 MAX_CREDIT_BYTES = 16 << 30
+# The largest data-parallel group the daemon accepts (it keeps one row per rank of a job).
+MAX_WORLD_SIZE = 65_536
 
 
 def _check_bytes(name: str, value: object, low: int, high: int) -> int | None:

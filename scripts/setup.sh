@@ -24,7 +24,7 @@ fi
 command -v ip >/dev/null || apt_install iproute2 || true
 
 stamp=.venv/.autobyte-installed
-want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat setup.cfg setup.py pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing into .venv (log: .venv/setup.log)"
   {
@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install 'torch==2.13.0'
     .venv/bin/python -m pip install -e '.[all,test,bench]'
   } > .venv/setup.log 2>&1 || { tail -30 .venv/setup.log >&2; echo "setup: installation failed" >&2; exit 1; }
-  .venv/bin/python -c 'import torch, grpc, sqlalchemy, xgboost, autobyte, autobyted' \
+  .venv/bin/python -c 'import torch, grpc, grpc_health, sqlalchemy, xgboost, autobyte, autobyted' \
     || { echo "setup: installation failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

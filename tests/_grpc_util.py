@@ -19,7 +19,8 @@ class Client:
         self.query = pb_grpc.QueryStub(self.channel)
 
     def register(self, job="job", rank=0, world_size=2, instance="i-0", **kw) -> pb.RegisterResponse:
-        return self.telemetry.Register(pb.RegisterRequest(job=job, rank=rank, world_size=world_size, backend="gloo",
+        kw.setdefault("backend", "gloo")
+        return self.telemetry.Register(pb.RegisterRequest(job=job, rank=rank, world_size=world_size,
                                                           instance_id=instance, **kw),
                                        timeout=10, metadata=self.metadata)
 

@@ -22,10 +22,11 @@ BIN = Path(sys.executable).parent
 class ThreadDaemon:
     """A real autobyted (gRPC server + SQLite) running on an event loop in a background thread."""
 
-    def __init__(self, db_url: str, **overrides) -> None:
+    def __init__(self, db_url: str, asyncio_debug: bool = False, **overrides) -> None:
         from autobyted.app import Daemon
         from autobyted.settings import Settings
 
+        self.asyncio_debug = asyncio_debug  # asyncio logs every callback that blocks the loop > 0.1 s
         self.settings = Settings(listen="127.0.0.1:0", db=db_url, **overrides)
         self.daemon = Daemon(self.settings)
         self._ready = threading.Event()
@@ -34,7 +35,8 @@ class ThreadDaemon:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False))
+            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False),
+                        debug=self.asyncio_debug)
         except BaseException as error:  # surfaced by start()
             self._error = error
             self._ready.set()
@@ -73,29 +75,32 @@ def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None =
                              "--log-format", "text", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
-    wait_until_serving(f"127.0.0.1:{port}", proc, token=(env or {}).get("AUTOBYTE_TOKEN"))
+    try:
+        wait_until_serving(f"127.0.0.1:{port}", proc)
+    except BaseException:
+        stop_process(proc, signal.SIGKILL)  # never leave a daemon behind
+        raise
     return proc
 
 
-def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0,
-                       token: str | None = None) -> None:
+def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0) -> None:
+    """Polls the standard health service (it needs no token) until it says SERVING."""
     import grpc
-
-    from autobyte.channel import auth_metadata
-    from autobyte.protocol import autobyte_pb2 as pb
-    from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.QueryStub(channel)
+        stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"autobyted exited with {proc.returncode}: {proc.stdout.read()}")
             try:
-                stub.Status(pb.StatusRequest(), timeout=1.0, metadata=auth_metadata(token))
-                return
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
             except grpc.RpcError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
     raise RuntimeError(f"autobyted at {address} did not come up within {timeout_s}s")
 
 

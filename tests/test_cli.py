@@ -1,15 +1,21 @@
-"""The CLI against an unreachable daemon and against bad input."""
+"""The CLI against an unreachable daemon, against bad input, and what its tables show."""
+
+import csv
+import io
+import json
 
 import pytest
 
+from autobyte.protocol import autobyte_pb2 as pb
 from conftest import free_port
+from _grpc_util import Client, batch, sample
 from test_daemon_process import run_cli
 
 
 @pytest.mark.parametrize("command", [["status"], ["history", "job-1"], ["best", "job-1"]])
 def test_unreachable_daemon_is_one_line(command):
     result = run_cli(*command, "--daemon", f"127.0.0.1:{free_port()}")
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach autobyted" in lines[0], result.stderr
@@ -19,7 +25,7 @@ def test_unreachable_daemon_is_one_line(command):
 def test_daemon_address_from_environment():
     port = free_port()
     result = run_cli("status", env={"AUTOBYTE_DAEMON": f"127.0.0.1:{port}"})
-    assert result.returncode == 2 and f"127.0.0.1:{port}" in result.stderr
+    assert result.returncode == 3 and f"127.0.0.1:{port}" in result.stderr
 
 
 def test_unknown_job_is_a_clear_error(thread_daemon):
@@ -28,6 +34,74 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
     assert "unknown job 'nope'" in result.stderr and "NOT_FOUND" in result.stderr
 
 
-def test_bad_propose_value_is_rejected_before_sending(thread_daemon):
-    result = run_cli("propose", "job", "--partition", "0", "--credit", "1MiB", "--daemon", thread_daemon.address)
-    assert result.returncode == 1 and "positive byte size" in result.stderr
+@pytest.mark.parametrize("args, message", [
+    (["propose", "job", "--partition", "0", "--credit", "1MiB"], "positive byte size"),
+    # Issue 13 item 8: the CLI spells the special sizes none/unlimited, and so must its errors.
+    (["propose", "job", "--partition", "1e30", "--credit", "1MiB"], "use none for no partitioning"),
+    (["propose", "job", "--partition", "1MiB", "--credit", "1e30"], "use unlimited for unlimited credit"),
+    (["history", "job", "--rank", "-1"], "--rank"),  # item 8: a negative rank is refused
+    (["status", "--no-such-flag"], "No such option"),
+    (["frobnicate"], "No such command"),
+])
+def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
+    """Issue 13 item 8: a usage error (2) is never mistaken for 'cannot reach the daemon' (3)."""
+    result = run_cli(*args, "--daemon", thread_daemon.address)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "None" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_history_and_best_agree_with_themselves(thread_daemon):
+    """Issue 13 item 9: the table shows the step a decision was applied at, the CSV carries it, reasons
+    are whole, and `best` shows every configuration it compared and says when the baseline is missing."""
+    client = Client(thread_daemon.address)
+    session = client.register().session_id
+    samples = [sample(s, step_time_s=0.05) for s in range(1, 21)]
+    for s in samples[10:]:
+        s.config.partition_bytes, s.step_time_s = 1 << 20, 0.04
+    client.stream([pb.MetricsBatch(job="job", rank=0, session_id=session, samples=samples)])
+    reason = "operator switches to 1MiB partitions because the link got slower; " * 3
+    proposal = pb.ProposeConfigRequest(job="job", apply_at_step=0, reason=reason.strip())
+    proposal.config.partition_bytes = 1 << 20
+    decision = client.control.ProposeConfig(proposal, timeout=5)
+    client.control.ReportConfig(pb.ReportConfigRequest(job="job", rank=0, decision_id=decision.decision_id,
+                                                       applied_at_step=51, config=proposal.config), timeout=5)
+    client.close()
+
+    table = run_cli("history", "job", "--daemon", thread_daemon.address)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), table.stdout
+    header = next(i for i, line in enumerate(lines) if line.startswith("DECISION"))
+    assert lines[header].split() == ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"]
+    assert lines[header + 1].split()[:3] == [f"#{decision.decision_id}", "next", "51"]
+    shown_reason = " ".join(line.strip() for line in lines[header + 2:]).removeprefix("reason: ")
+    assert shown_reason == reason.strip()
+
+    rows = list(csv.DictReader(io.StringIO(run_cli("history", "job", "--daemon", thread_daemon.address,
+                                                   "--format", "csv").stdout)))
+    (decision_row,) = [row for row in rows if row["kind"] == "decision"]
+    assert decision_row["applied_at_step"] == "51" and decision_row["reason"] == reason.strip()
+    assert all(row["applied_at_step"] == "" for row in rows if row["kind"] == "step")
+
+    best = run_cli("best", "job", "--daemon", thread_daemon.address)
+    assert best.returncode == 0, best.stderr
+    assert "2 configuration(s) compared" in best.stdout
+    assert "none/inf" in best.stdout and "1MiB/inf" in best.stdout  # both compared ones are shown
+    assert "no-scheduling baseline" in best.stdout
+    as_json = json.loads(run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
+    assert [c["config"]["partition_bytes"] for c in as_json["candidates"]] == [1 << 20, None]
+    assert as_json["baseline_step_time_s"] == pytest.approx(0.05)
+
+
+def test_best_says_when_the_baseline_was_not_measured(thread_daemon):
+    client = Client(thread_daemon.address)
+    session = client.register().session_id
+    scheduled = batch(session, range(1, 21))
+    for s in scheduled.samples:
+        s.config.partition_bytes, s.config.credit_bytes = 1 << 20, 4 << 20
+    client.stream([scheduled])
+    client.close()
+    best = run_cli("best", "job", "--daemon", thread_daemon.address)
+    assert "no-scheduling baseline: not measured" in best.stdout, best.stdout
+    as_json = json.loads(run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
+    assert as_json["baseline_step_time_s"] is None and len(as_json["candidates"]) == 1

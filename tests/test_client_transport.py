@@ -2,6 +2,7 @@
 the step they name on every rank, reports back, overflow accounting, and silence without init()."""
 
 import logging
+import re
 import threading
 import time
 
@@ -52,23 +53,32 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
     return out
 
 
-def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
-    client = Client(thread_daemon.address)
+def propose_once_registered(client: Client, job: str, ranks: int, apply_at_step: int, partition_bytes,
+                            credit_bytes) -> threading.Thread:
+    """A started thread that proposes a decision for `job` once `ranks` of its ranks registered."""
 
-    def propose_when_registered():
+    def propose():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             jobs = client.query.Status(pb.StatusRequest(), timeout=5).jobs
-            if jobs and len(jobs[0].ranks) == 2:
-                request = pb.ProposeConfigRequest(job="t1", apply_at_step=30, reason="test")
-                request.config.partition_bytes = 16 << 10
-                request.config.credit_bytes = 64 << 10
+            if jobs and len(jobs[0].ranks) >= ranks:
+                request = pb.ProposeConfigRequest(job=job, apply_at_step=apply_at_step, reason="test")
+                for name, value in (("partition_bytes", partition_bytes), ("credit_bytes", credit_bytes)):
+                    if value is not None:
+                        setattr(request.config, name, value)
                 client.control.ProposeConfig(request, timeout=5)
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
 
-    proposer = threading.Thread(target=propose_when_registered)
-    proposer.start()
+    thread = threading.Thread(target=propose)
+    thread.start()
+    return thread
+
+
+def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
+    client = Client(thread_daemon.address)
+
+    proposer = propose_once_registered(client, "t1", 2, 30, 16 << 10, 64 << 10)
     rank0, rank1 = run_ranks(_train, 2, thread_daemon.address, "t1", 60, 0.0, 10_000, 20, timeout_s=150)
     proposer.join()
     for result in (rank0, rank1):
@@ -192,23 +202,27 @@ def test_invalid_samples_are_dropped_and_streaming_goes_on(thread_daemon):
     assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
 
 
-def _steady_worker(rank, world, address, steps, flush_interval_s=0.05):
+def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="steady", step_sleep_s=0.01,
+                   capture_logs=False):
     import torch
 
     import autobyte
     from autobyte import telemetry
 
-    autobyte.init(daemon=address, job="steady", flush_interval_s=flush_interval_s)
+    logs = _capture_autobyte_logs() if capture_logs else None
+    autobyte.init(daemon=address, job=job, flush_interval_s=flush_interval_s)
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     for _ in range(steps):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         opt.zero_grad()
-        time.sleep(0.01)
+        time.sleep(step_sleep_s)
     opt.synchronize()
     reporter = telemetry._reporter
-    out = {"flushed": reporter.flush(30), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    out = {"flushed": reporter.flush(60), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    if logs is not None:
+        out["records"] = list(logs.records)
     autobyte.shutdown()
     opt.close()
     return out
@@ -252,17 +266,219 @@ def test_quick_daemon_restarts_lose_and_duplicate_nothing(tmp_path):
     assert steps == list(range(500))
 
 
+def _grouped_worker(rank, world, address, groups):
+    """Trains in groups of steps; each group's samples go out as exactly one batch (flush())."""
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    autobyte.init(daemon=address, job="groups", flush_interval_s=60)  # no time-based batches
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    reporter = telemetry._reporter
+    flushed = []
+    for size in groups:
+        for _ in range(size):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()  # every step of the group has its metrics
+        flushed.append(reporter.flush(30))
+    out = {"flushed": flushed, "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    autobyte.shutdown()
+    opt.close()
+    return out
+
+
 def test_refused_batches_are_dropped_once_and_accounted(db_url):
-    """A daemon that refuses some batches (here: more than 5 samples) costs exactly those samples."""
+    """A daemon that refuses some batches (here: more than 5 samples) costs exactly those samples.
+    Batches are made by flush() (one per group of steps), so which ones are refused does not depend
+    on how fast the machine is: the first batch (1 sample) goes out at once, 12 are refused, 3 pass."""
     import sqlite3
 
     daemon = ThreadDaemon(db_url, max_samples_per_batch=5).start()
     try:
-        (result,) = run_ranks(_steady_worker, 1, daemon.address, 300, 0.3, timeout_s=120)
+        (result,) = run_ranks(_grouped_worker, 1, daemon.address, [1, 12, 3], timeout_s=120)
     finally:
         daemon.stop()
     with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
         steps = [s for (s,) in conn.execute("select step from step_metrics order by step")]
-    assert result["flushed"] and result["acked"] == 300
-    assert result["dropped"] > 0  # batches of ~20 samples were refused
-    assert len(steps) == len(set(steps)) and len(steps) + result["dropped"] == 300
+    assert result["flushed"] == [True, True, True] and result["acked"] == 16
+    assert result["dropped"] == 12
+    assert steps == [0, 13, 14, 15]
+
+
+class _Records(logging.Handler):
+    """Keeps (time, level, message) of every record of the `autobyte` logger tree."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[tuple[float, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.created, record.levelname, record.getMessage()))
+
+
+def _capture_autobyte_logs() -> _Records:
+    handler = _Records()
+    logger = logging.getLogger("autobyte")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    return handler
+
+
+def _refused_worker(rank, world, address):
+    """Two refusals that retrying does not fix: a wrong token, a job registered with another world size."""
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    telemetry.REFUSED_RETRY_S = 0.3  # retry often here, to see that retries stay quiet
+    logs = _capture_autobyte_logs()
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out = {}
+    for case, kwargs in (("token", dict(job="guarded", token="wrong")), ("world", dict(job="sized", token="t0k"))):
+        del logs.records[:]
+        autobyte.init(daemon=address, **kwargs)
+        for _ in range(10):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.15)  # 1.5 s of training: several registration attempts
+        reporter = telemetry._reporter
+        out[case] = {"records": [(level, message) for _, level, message in logs.records],
+                     "acked": reporter.acked_seq, "buffered": reporter.buffered}
+        autobyte.shutdown()
+    opt.close()
+    return out
+
+
+def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
+    """Issue 13 item 4: wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
+    retries; training goes on and the samples wait in the buffer."""
+    daemon = ThreadDaemon(db_url, token="t0k").start()
+    try:
+        Client(daemon.address, "t0k").register(job="sized", world_size=4)
+        (result,) = run_ranks(_refused_worker, 1, daemon.address, timeout_s=120)
+    finally:
+        daemon.stop()
+    for case, code, advice in (("token", "UNAUTHENTICATED", "AUTOBYTE_TOKEN"),
+                               ("world", "FAILED_PRECONDITION", "new job id")):
+        records = result[case]["records"]
+        warnings = [message for level, message in records if level == "WARNING"]
+        assert len(warnings) == 1, records
+        assert code in warnings[0] and advice in warnings[0] and "retried every" in warnings[0]
+        retries = [message for level, message in records if level == "DEBUG" and "refused" in message]
+        assert len(retries) >= 2, records  # it did retry, quietly
+        assert result[case]["acked"] == 0 and result[case]["buffered"] > 0
+
+
+def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url):
+    """Issue 13 item 2: the writer's queue fills while the database is locked; refused batches come
+    with `retry-after-ms`; the client waits that long before registering again, keeps its samples,
+    and every step arrives exactly once."""
+    import sqlite3
+
+    steps = 150
+    # A stream has one batch at the writer at a time: the queue fills with the batches of several
+    # streams, here both ranks' (1 row: the second rank's batch always waits for the first's).
+    daemon = ThreadDaemon(db_url, ingest_queue_rows=1).start()
+    path = db_url.removeprefix("sqlite:///")
+    client = Client(daemon.address)
+
+    def lock_the_database_for_a_while():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            jobs = client.query.Status(pb.StatusRequest(), timeout=5).jobs
+            if jobs and jobs[0].steps >= 20:
+                break
+            time.sleep(0.05)
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        time.sleep(2.5)
+        blocker.rollback()
+        blocker.close()
+
+    locker = threading.Thread(target=lock_the_database_for_a_while)
+    locker.start()
+    try:
+        results = run_ranks(_steady_worker, 2, daemon.address, steps, 0.05, "busy", 0.02, True, timeout_s=150)
+    finally:
+        locker.join()
+        client.close()
+        daemon.stop()
+    waits = []
+    for rank, result in enumerate(results):
+        assert result["flushed"] and result["dropped"] == 0 and result["acked"] == steps
+        with sqlite3.connect(path) as conn:
+            stored = [s for (s,) in conn.execute("select step from step_metrics where rank = ? order by step",
+                                                  (rank,))]
+        assert stored == list(range(steps))
+        records = result["records"]
+        registrations = [t for t, _, message in records if message.startswith("registered with")]
+        for refused_at, wait_s in [(t, float(m.group(1))) for t, level, message in records
+                                   if (m := re.search(r"retrying in (\d+\.\d+)s", message))]:
+            waits.append(wait_s)
+            assert wait_s >= 0.2
+            next_registration = min(t for t in registrations if t > refused_at)
+            assert next_registration - refused_at >= wait_s - 0.01  # it waited as long as it was asked
+    assert waits, [r["records"] for r in results]  # the daemon pushed back and the client read its hint
+
+
+def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
+    """A run that ends without synchronize(): shutdown() must still report its last step."""
+    import torch
+
+    import autobyte
+    from autobyte import telemetry
+
+    autobyte.init(daemon=address, job=job)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      partition_bytes=8 << 10, credit_bytes=None)
+    configs = []
+    opt.add_step_callback(lambda m: configs.append((m.step, m.config.to_dict())))
+    reporter = telemetry._reporter
+    for step in range(steps):
+        if step == hold_for_decision_at:
+            deadline = time.monotonic() + 30
+            while reporter._last_update_id == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    autobyte.shutdown(timeout_s=10)  # no synchronize(), no flush(): the exit path does both
+    acked = reporter.acked_seq
+    opt.close()
+    return {"configs": configs, "acked": acked, "received": reporter._last_update_id}
+
+
+def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(thread_daemon):
+    """Issue 13 items 4 and 9. Run 1 gets a decision for step 25 but stops at step 19: the decision
+    stays pending. Run 1's exit path records its last step and tells the daemon it finished (status
+    says `finished` at once). Run 2 of the same job takes rank 0 over at once (rank 0 finished) and
+    starts counting steps from 0: the old decision expires and is never applied at ITS step 25."""
+    client = Client(thread_daemon.address)
+
+    proposer = propose_once_registered(client, "rerun", 1, 25, 16 << 10, None)
+    (first,) = run_ranks(_one_run, 1, thread_daemon.address, "rerun", 20, 10, timeout_s=120)
+    proposer.join()
+    assert first["received"] == 1 and first["acked"] == 20
+    (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
+    assert job.state == "finished" and job.steps == 20
+    history = client.query.History(pb.HistoryRequest(job="rerun"), timeout=5)
+    assert [s.step for s in history.steps] == list(range(20))  # the last step too, without synchronize()
+    assert [d.state for d in history.decisions] == ["pending"]
+
+    (second,) = run_ranks(_one_run, 1, thread_daemon.address, "rerun", 40, timeout_s=120)
+    assert second["acked"] == 40 and second["received"] == 0
+    assert {config["partition_bytes"] for _, config in second["configs"]} == {8 << 10}  # never switched
+    history = client.query.History(pb.HistoryRequest(job="rerun"), timeout=5)
+    assert [d.state for d in history.decisions] == ["expired"]
+    (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
+    assert job.state == "finished" and job.steps == 40
+    client.close()

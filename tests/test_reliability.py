@@ -51,8 +51,8 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
         killed_at = time.monotonic()
         time.sleep(2.0)
         restarted = start_daemon_process(db_url, port)
+        back_at = time.monotonic()
         assert trainer.wait(180) == 0, trainer.stdout.read()
-        assert time.monotonic() - killed_at > 2.0
     finally:
         if trainer.poll() is None:
             trainer.kill()
@@ -71,6 +71,11 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
     for rank in (0, 1):
         report = json.loads((tmp_path / f"r{rank}.json").read_text())
         assert report["flushed"] and report["dropped"] == 0 and report["acked_seq"] == STEPS
+        # Never stalled: steps went on while no daemon existed (CLOCK_MONOTONIC is one clock for all
+        # processes), and no pause between two steps lasted as long as the outage. Load only makes
+        # steps slower, never as slow as a training job that waited for its daemon to come back.
+        outage_s = back_at - killed_at
+        during = [end for end in report["step_ends"] if killed_at < end < back_at]
         gaps = [b - a for a, b in zip(report["step_ends"], report["step_ends"][1:])]
-        # never stalled: the outage (2 s) must not show up in any step
-        assert max(gaps) < 1.0, f"rank {rank} stalled for {max(gaps):.2f}s"
+        assert during, f"rank {rank}: no step finished during the {outage_s:.1f}s outage"
+        assert max(gaps) < outage_s, f"rank {rank} stalled for {max(gaps):.2f}s of a {outage_s:.1f}s outage"

@@ -40,9 +40,55 @@ def test_bad_settings_are_named(tmp_path, text, message):
         load_settings({}, write(tmp_path, text), {})
 
 
-def test_token_from_environment_allows_any_address():
-    settings = load_settings({"listen": "0.0.0.0:7077"}, None, {"AUTOBYTE_TOKEN": "x"})
-    assert settings.token == "x"
+def test_beyond_loopback_needs_a_token_and_tls_unless_insecure():
+    """Issue 13 item 3: the token never travels in clear text off loopback by accident."""
+    with pytest.raises(ConfigError, match="without TLS"):
+        load_settings({"listen": "0.0.0.0:7077"}, None, {"AUTOBYTE_TOKEN": "x"})
+    with_tls = load_settings({"listen": "0.0.0.0:7077", "tls_cert": "c.pem", "tls_key": "k.pem"}, None,
+                             {"AUTOBYTE_TOKEN": "x"})
+    assert with_tls.token == "x" and with_tls.listens_beyond_loopback
+    insecure = load_settings({"listen": "0.0.0.0:7077", "insecure": True}, None, {"AUTOBYTE_TOKEN": "x"})
+    assert insecure.insecure and insecure.tls_cert is None
+    assert load_settings({"listen": "10.1.2.3:7077"}, None, {"AUTOBYTE_TOKEN": "x", "AUTOBYTED_INSECURE": "1"}).insecure
+    with pytest.raises(ConfigError, match="without a token"):  # --insecure waives TLS, not the token
+        load_settings({"listen": "0.0.0.0:7077", "insecure": True}, None, {})
+    assert not load_settings({"listen": "[::1]:7077"}, None, {}).listens_beyond_loopback
+
+
+def test_metrics_endpoint_binds_loopback_by_default(tmp_path):
+    assert load_settings({"metrics_listen": "9100"}, None, {}).metrics_listen == "127.0.0.1:9100"
+    assert load_settings({}, write(tmp_path, "metrics_listen = 9101"), {}).metrics_listen == "127.0.0.1:9101"
+    assert load_settings({"metrics_listen": "0.0.0.0:9100"}, None, {}).metrics_listen == "0.0.0.0:9100"
+
+
+def test_operability_settings_from_every_source(tmp_path):
+    assert load_settings({}, None, {}).max_concurrent_rpcs == 2048
+    assert load_settings({}, write(tmp_path, "max-concurrent-rpcs = 64"), {}).max_concurrent_rpcs == 64
+    env = {"AUTOBYTED_MAX_CONCURRENT_RPCS": "32", "AUTOBYTED_SQLITE_SYNCHRONOUS": "full"}
+    from_env = load_settings({}, None, env)
+    assert (from_env.max_concurrent_rpcs, from_env.sqlite_synchronous) == (32, "full")
+    assert load_settings({"max_concurrent_rpcs": 8}, None, env).max_concurrent_rpcs == 8
+    with pytest.raises(ConfigError, match="must be positive"):
+        load_settings({"max_concurrent_rpcs": 0}, None, {})
+    with pytest.raises(ConfigError, match="normal or full"):
+        load_settings({"sqlite_synchronous": "off"}, None, {})
+    with pytest.raises(ConfigError, match="true or false"):
+        load_settings({}, None, {"AUTOBYTED_INSECURE": "maybe"})
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://alice:hunter2@db.example:5432/autobyte", "postgresql://alice:***@db.example:5432/autobyte"),
+    ("postgresql+psycopg://alice:hunter2@db:notaport/x", "postgresql+psycopg://alice:***@db:notaport/x"),
+    ("sqlite:///autobyte.db", "sqlite:///autobyte.db"),
+    ("mysql://bob@db/x", "mysql://bob@db/x"),
+])
+def test_database_passwords_are_redacted(url, shown):
+    from autobyted.settings import redact, redact_url, secrets_of
+
+    assert redact_url(url) == shown
+    if "hunter2" in url:  # the password also goes wherever a driver's message quotes it
+        assert "hunter2" not in redact(f"cannot use {url}: hunter2 refused", secrets_of(url, "tok3n"))
+    assert redact("token tok3n", secrets_of(url, "tok3n")) == "token ***"
 
 
 def test_missing_config_file():

@@ -140,3 +140,35 @@ def test_writer_survives_a_stream_that_went_away(store):
     finally:
         writer.close()
     assert store.sample_count("j") == 8  # the cancelled batch was written all the same
+
+
+def test_final_batches_finish_a_job_and_free_its_ranks(store):
+    """Issue 13 item 9: a job is `finished` once every rank it knows sent its final batch; a finished
+    rank is free for a new process at once (no liveness wait)."""
+    sessions = [store.register(reg(rank=r), 30).session_id for r in (0, 1)]
+    store.append_samples([SampleBatch("j", 0, sessions[0], samples(1, 5), final=True)])
+    assert store.jobs(30)[0].state == "running"  # rank 1 still runs
+    store.append_samples([SampleBatch("j", 1, sessions[1], (), final=True)])
+    assert store.jobs(30)[0].state == "finished"
+    assert store.register(reg(rank=1, instance="b"), 30).last_acked_seq == 0  # taken over at once
+    assert store.jobs(30)[0].state == "running"
+
+
+@pytest.mark.parametrize("how", ["finished", "silent"])
+def test_a_new_run_expires_the_pending_decisions_of_the_old_one(store, how):
+    """Issue 13 item 4: a new process on rank 0 starts a new run (steps count from 0 again): a decision
+    still pending for the old run expires, a decision made afterwards is pending for the new run."""
+    session = store.register(reg(), 30).session_id
+    store.append_samples([SampleBatch("j", 0, session, samples(1, 30))])
+    old = store.add_decision("j", Config(1 << 20, None), 500, "for run 1")
+    session = store.register(reg(), 30).session_id  # the same process again (daemon restart): same run
+    assert store.decisions("j")[0].state == "pending"
+    store.append_samples([SampleBatch("j", 0, session, (), final=how == "finished")])
+    liveness_s = 30 if how == "finished" else 0.0  # a silent rank is taken over after liveness_s
+    store.register(reg(instance="run-2"), liveness_s)
+    assert [(d.decision_id, d.state) for d in store.decisions("j")] == [(old.decision_id, "expired")]
+    assert store.jobs(30)[0].steps == 0  # the new run's steps
+    new = store.add_decision("j", Config(None, 4 << 20), 10, "for run 2")
+    assert [d.state for d in store.decisions("j")] == ["expired", "pending"] and new.decision_id > old.decision_id
+    store.register(reg(rank=1, instance="run-2b"), 30)  # another rank joining is not a new run
+    assert store.decisions("j")[-1].state == "pending"

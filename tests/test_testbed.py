@@ -15,14 +15,18 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+from benchmarks.testbed import (
+    NAME_PREFIX, Testbed, TestbedError, Trace, format_rate, list_namespaces, parse_rate, parse_size)
 
-if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-    pytest.skip("the testbed tests need root and iproute2 (ip, tc); they run as root in CI",
-                allow_module_level=True)
 
-from benchmarks.testbed import (  # noqa: E402  (after the root check)
-    NAME_PREFIX, Testbed, TestbedError, Trace, list_namespaces, parse_rate)
+
+def needs_netns(test):
+    """Only the tests that build namespaces need root and iproute2; the pure ones run everywhere."""
+    for mark in (pytest.mark.netns, pytest.mark.slow,
+                 pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+                                    reason="builds network namespaces: needs root and iproute2 (ip, tc)")):
+        test = mark(test)
+    return test
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,6 +75,23 @@ def test_parse_rate() -> None:
         parse_rate("fast")
 
 
+def test_format_rate_and_parse_size() -> None:
+    assert [format_rate(r) for r in (10**9, 300 * 10**6, 64 * 10**3, 12)] == ["1gbit", "300mbit", "64kbit", "12bit"]
+    assert parse_rate(format_rate(250 * 10**6)) == 250 * 10**6
+    assert parse_size("512kb") == 512 << 10 and parse_size(65536) == 65536
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_traces_by_time_and_by_step() -> None:
+    by_time = Trace.from_times([(1.5, "80mbit"), (3, "1gbit")], ranks=[1])
+    assert [(c.at_s, c.rate_bps, c.ranks) for c in by_time.changes] == [(1.5, 80 * 10**6, (1,)),
+                                                                         (3.0, 10**9, (1,))]
+    both = by_time + Trace.from_steps([(7, "500mbit")])
+    assert [c.at_step for c in both.changes] == [None, None, 7] and both.changes[-1].ranks is None
+
+
+@needs_netns
 def test_shapes_link_and_follows_a_rate_trace() -> None:
     with Testbed(world_size=2, rate="400mbit") as bed:
         assert len(_ours(bed.name)) == 3  # hub + 2 ranks
@@ -87,6 +108,7 @@ def test_shapes_link_and_follows_a_rate_trace() -> None:
     assert 0.6 * 80 < sum(after) / len(after) < 1.15 * 80, rates
 
 
+@needs_netns
 def test_gloo_all_reduce_between_namespaces() -> None:
     worker = textwrap.dedent("""
         import json, torch, torch.distributed as dist
@@ -101,6 +123,7 @@ def test_gloo_all_reduce_between_namespaces() -> None:
     assert [r.results[0]["sum"] for r in result.ranks] == [3.0, 3.0]
 
 
+@needs_netns
 def test_cleans_up_when_a_worker_fails() -> None:
     # Rank 1 fails at once; rank 0 would wait forever. The run must fail fast, kill rank 0 and
     # leave nothing behind.
@@ -114,9 +137,10 @@ def test_cleans_up_when_a_worker_fails() -> None:
     started = time.monotonic()
     with Testbed(world_size=2) as bed:
         with pytest.raises(TestbedError, match="a rank failed") as info:
-            bed.run([sys.executable, "-c", worker], timeout_s=60, fail_grace_s=1.0)
+            bed.run([sys.executable, "-c", worker], timeout_s=300, fail_grace_s=1.0)
         name = bed.name
-    assert time.monotonic() - started < 20
+    # failed fast: far sooner than the run's timeout (typically ~3 s; the margin absorbs a loaded machine)
+    assert time.monotonic() - started < 120
     result = info.value.result
     assert result.ranks[1].returncode == 3
     pid0 = next(e["pid"] for e in result.ranks[0].events if e.get("event") == "pid")
@@ -124,6 +148,7 @@ def test_cleans_up_when_a_worker_fails() -> None:
     assert _ours(name) == []
 
 
+@needs_netns
 def test_cleans_up_on_sigterm_of_the_harness() -> None:
     # A harness process holding a testbed with two sleeping ranks gets SIGTERM: its handler must
     # kill the ranks and delete the namespaces before the process exits.
@@ -175,6 +200,7 @@ def test_cleans_up_on_sigterm_of_the_harness() -> None:
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{NAME_PREFIX}-{proc.pid}-")]
 
 
+@needs_netns
 def test_train_worker_under_a_step_trace_with_online_reconfiguration(tmp_path: Path) -> None:
     # The evaluation runner's path: real ranks train with the scheduler, a step-based trace lowers
     # the rate, and a policy in this process reconfigures rank 0 through the control file.
@@ -221,11 +247,13 @@ def _alive(pid: int) -> bool:
 
 
 
+@needs_netns
 def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: Path) -> None:
-    """On a shaped link where compute ≈ communication (the 6.8M MLP, batch 512, 1gbit), the forward
-    pass of the scheduler waits far less than DDP's gradient sync. DDP's exposed communication is its
-    step time minus the same step without sync; the scheduler's is StepMetrics.exposed_comm_s.
-    The benchmark measured 208 vs 23-90 ms here; the test asks for less than 70% of DDP's."""
+    """On a shaped link where compute ≈ communication (the 6.8M MLP, batch 512, 1gbit), the scheduler
+    exposes less communication than DDP. Like with like: for both, exposed communication is the
+    median step time minus the median step time of the same model without gradient sync, all three
+    measured the same way by the same worker in one run. benchmarks/README.md measured 206 ms for
+    DDP and 95-112 ms for sched:1MiB,2MiB here (0.46-0.54 of DDP's); the test asks for at most 0.8."""
     command = [sys.executable, "-m", "benchmarks.train_worker", "--model", "mlp", "--batch-size", "512",
                "--configs", "compute", "ddp", "sched:1MiB,2MiB", "--rounds", "2", "--steps", "4",
                "--warmup", "2"]
@@ -235,9 +263,9 @@ def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: P
     median = {label: statistics.median(r["median_step_s"] for r in summaries if r["config"] == label)
               for label in ("compute", "ddp", "sched:1MiB,2MiB")}
     ddp_exposed = median["ddp"] - median["compute"]
-    ours = statistics.median(r["exposed_comm_s"] for r in summaries if r["config"] == "sched:1MiB,2MiB")
+    ours_exposed = median["sched:1MiB,2MiB"] - median["compute"]
     assert ddp_exposed > 0.05, median  # the link really is a bottleneck here
-    assert ours < 0.7 * ddp_exposed, (ours, median)
+    assert ours_exposed < 0.8 * ddp_exposed, median
 
 
 # ---- conditions: CPU quota, competing traffic, busy processes (issue 10) ---------------------------
@@ -270,6 +298,7 @@ def _cgroup_dirs(bed_name: str) -> list[str]:
                                      if p.name.startswith(bed_name)]
 
 
+@needs_netns
 def test_cpu_share_trace_limits_one_rank_and_is_lifted() -> None:
     from benchmarks.conditions import cpu_controller
     if cpu_controller() is None:
@@ -298,6 +327,7 @@ def test_cpu_share_trace_limits_one_rank_and_is_lifted() -> None:
     assert max(rates(0, 1.1, 1.6)) > 0.3, result.ranks[0].events
 
 
+@needs_netns
 def test_competing_flows_cross_the_rank_links_and_stop() -> None:
     # One flow out of rank 1 (its egress) and one into rank 0 (the hub's egress towards it), from
     # 0.4 s to 1.6 s. (In "both" directions at once on one link the second flow gets far less than
@@ -331,6 +361,7 @@ def test_competing_flows_cross_the_rank_links_and_stop() -> None:
         assert bit_rate(key, rank, 0.8, 1.5) < 0.05 * rate, (key, result.link_samples)
 
 
+@needs_netns
 def test_conditions_end_with_a_failing_run() -> None:
     worker = textwrap.dedent("""
         import json, os, sys, time
@@ -381,6 +412,7 @@ def _start_harness() -> tuple[subprocess.Popen, str, list[int]]:
     raise AssertionError("the harness did not report its testbed")
 
 
+@needs_netns
 @pytest.mark.parametrize("how", ["sigterm", "sigkill+cleanup-stale"])
 def test_conditions_are_removed_when_the_harness_dies(how: str) -> None:
     proc, name, pids = _start_harness()
@@ -410,6 +442,7 @@ def test_conditions_are_removed_when_the_harness_dies(how: str) -> None:
     assert not any(_alive(p) for p in pids)
 
 
+@needs_netns
 def test_pinned_ranks_and_their_busy_loops_share_one_core() -> None:
     worker = ("import json, os; print(json.dumps({'event': 'result', "
               "'cpus': sorted(os.sched_getaffinity(0))}), flush=True)")

@@ -44,7 +44,7 @@ def test_tls_and_json_logs(tmp_path, db_url):
                 break
         assert secure.returncode == 0 and "no jobs yet" in secure.stdout, secure.stderr
         plain = run_cli("status", "--daemon", f"localhost:{port}")
-        assert plain.returncode == 2  # a plaintext client cannot talk to a TLS daemon
+        assert plain.returncode == 3  # a plaintext client cannot talk to a TLS daemon
     finally:
         assert stop_process(proc, signal.SIGTERM) == 0
     lines = [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import pathlib
 from typing import Iterator
@@ -10,10 +11,11 @@ from typing import Iterator
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autobyted.errors import AlreadyExists, ForeignDatabase, StorageError
+from autobyted.settings import redact, redact_url, secrets_of
 
 log = logging.getLogger(__name__)
 MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent.parent / "migrations"
@@ -21,21 +23,29 @@ if not (MIGRATIONS_DIR / "env.py").exists():  # editable checkout: the source fo
     MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parents[2] / "migrations"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine; for SQLite the pragmas are applied on every new connection."""
+def make_engine(url: str, sqlite_synchronous: str = "normal") -> Engine:
+    """An engine; for SQLite the pragmas are applied on every new connection.
+
+    sqlite_synchronous: "normal" (WAL's usual setting: a committed transaction survives a crash of
+    the daemon; the last ones may be lost when the machine loses power) or "full" (they survive
+    that too, at the cost of an fsync per transaction)."""
+    if sqlite_synchronous not in ("normal", "full"):
+        raise ValueError(f"sqlite_synchronous={sqlite_synchronous!r} must be 'normal' or 'full'")
     try:
         engine = sa.create_engine(url, future=True)
     except (SQLAlchemyError, ValueError, ImportError) as error:
-        raise StorageError(f"cannot use database URL {url!r}: {error}") from None
+        # Neither the URL nor SQLAlchemy's message (which may quote it) may show a password.
+        raise StorageError(redact(f"cannot use database URL {redact_url(url)!r}: {error}",
+                                  secrets_of(url, None))) from None
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, sqlite_synchronous.upper()))
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
+def _sqlite_pragmas(synchronous: str, dbapi_connection, _record) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA synchronous={synchronous}")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -57,9 +67,9 @@ class SessionScope:
         except IntegrityError as error:
             session.rollback()
             raise AlreadyExists(f"conflicting record: {error.orig}") from None
-        except OperationalError as error:
+        except DBAPIError as error:
             session.rollback()
-            raise StorageError(f"database unavailable: {error.orig}") from None
+            raise StorageError(f"database error: {error.orig}") from None
         except SQLAlchemyError as error:
             session.rollback()
             raise StorageError(f"database error: {error}") from None

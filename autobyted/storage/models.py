@@ -48,6 +48,8 @@ class Rank(Base):
     # Highest sample seq of this instance that is stored: the ack the client may rely on.
     last_acked_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    # When this rank's process said it was shutting down (its last batch); NULL while it runs.
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class StepSample(Base):
@@ -85,6 +87,7 @@ class Decision(Base):
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     measured_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # pending | applied | superseded (by a newer decision) | expired (its run ended first) | rolled_back
     state: Mapped[str] = mapped_column(String(16))
     applied_at_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 

@@ -45,6 +45,7 @@ class SampleBatch:
     session_id: str
     samples: tuple[tuple[int, StepMetrics], ...]
     dropped_total: int = 0
+    final: bool = False  # the rank's last batch: its process is shutting down
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,15 @@ class StepRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class CandidateRecord:
+    """One configuration measured on a job: median rank-0 step time over its steps past warm-up."""
+
+    config: Config
+    median_step_time_s: float
+    samples: int
+
+
+@dataclasses.dataclass(frozen=True)
 class BestRecord:
     job: str
     found: bool
@@ -96,3 +106,4 @@ class BestRecord:
     samples: int = 0
     baseline_step_time_s: float = 0.0
     evidence: str = ""
+    candidates: tuple[CandidateRecord, ...] = ()  # every configuration compared, fastest first

@@ -15,8 +15,8 @@ from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
-from autobyted.storage.records import (BestRecord, DecisionRecord, JobRecord, RegisterResult,
-                                       Registration, SampleBatch, StepRecord)
+from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionRecord, JobRecord,
+                                       RegisterResult, Registration, SampleBatch, StepRecord)
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
 WARMUP_STEPS = 5
@@ -83,21 +83,32 @@ class SqlStorage(BaseStorage):
                                    last_acked_seq=0, dropped_total=0))
                 last_acked = 0
             elif rank.instance_id == r.instance_id:
-                rank.session_id, rank.last_seen_at = session_id, now
+                rank.session_id, rank.last_seen_at, rank.finished_at = session_id, now, None
                 last_acked = rank.last_acked_seq
-            elif now - rank.last_seen_at < liveness_s:
+            elif rank.finished_at is None and now - rank.last_seen_at < liveness_s:
                 raise AlreadyExists(
                     f"rank {r.rank} of job {r.job!r} is held by a live process (pid {rank.pid} on "
                     f"{rank.hostname}, seen {now - rank.last_seen_at:.1f}s ago); use another job id "
                     f"or wait {liveness_s:.0f}s after it stops")
-            else:  # a restarted job takes over a silent rank; its samples start from seq 1 again
+            else:  # a new process takes over a finished or silent rank; its samples start from seq 1
                 rank.instance_id, rank.session_id, rank.hostname, rank.pid = (r.instance_id, session_id,
                                                                                r.hostname, r.pid)
                 rank.registered_at = rank.last_seen_at = now
                 rank.last_acked_seq = rank.dropped_total = 0
+                rank.finished_at = None
                 last_acked = 0
+                if r.rank == 0:
+                    self._start_new_run(session, job)
             job.last_seen_at = now
         return RegisterResult(session_id=session_id, last_acked_seq=last_acked)
+
+    @staticmethod
+    def _start_new_run(session, job: m.Job) -> None:
+        """A new process holds rank 0: a new run, whose steps count from 0 again. Decisions still
+        pending were made for the previous run's step numbering: they expire, never to be replayed."""
+        session.execute(sa.update(m.Decision).where(m.Decision.job_id == job.id, m.Decision.state == "pending")
+                        .values(state="expired"))
+        job.max_step = -1
 
     def append_samples(self, batches: Sequence[SampleBatch]) -> list[int]:
         """Returns per batch the stored high-water seq, or -1 when its session is not current."""
@@ -130,6 +141,8 @@ class SqlStorage(BaseStorage):
                     if batch.rank == 0:
                         job.partition_bytes = fresh[-1][1].config.partition_bytes
                         job.credit_bytes = fresh[-1][1].config.credit_bytes
+                if batch.final:
+                    rank.finished_at = now
                 if batch.dropped_total > rank.dropped_total:
                     job.dropped_total += batch.dropped_total - rank.dropped_total
                     rank.dropped_total = batch.dropped_total
@@ -185,15 +198,23 @@ class SqlStorage(BaseStorage):
         out = []
         with self._scope() as session:
             for job in session.scalars(sa.select(m.Job).order_by(m.Job.name)).all():
-                ranks = tuple(session.scalars(sa.select(m.Rank.rank).where(m.Rank.job_id == job.id)
-                                              .order_by(m.Rank.rank)).all())
+                rank_rows = session.execute(sa.select(m.Rank.rank, m.Rank.finished_at)
+                                            .where(m.Rank.job_id == job.id).order_by(m.Rank.rank)).all()
+                ranks = tuple(rank for rank, _ in rank_rows)
+                if rank_rows and all(finished is not None for _, finished in rank_rows):
+                    state = "finished"  # every rank it knows said goodbye
+                elif now - job.last_seen_at < running_within_s:
+                    state = "running"
+                else:
+                    state = "idle"
+                # the latest by wall time: a new run's steps count from 0 again
                 recent = session.scalars(sa.select(m.StepSample.step_time_s)
                                          .where(m.StepSample.job_id == job.id, m.StepSample.rank == 0)
-                                         .order_by(m.StepSample.step.desc()).limit(20)).all()
+                                         .order_by(m.StepSample.wall_time_s.desc()).limit(20)).all()
                 last = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job.id)
                                        .order_by(m.Decision.id.desc()).limit(1)).one_or_none()
                 out.append(JobRecord(
-                    job=job.name, state="running" if now - job.last_seen_at < running_within_s else "idle",
+                    job=job.name, state=state,
                     world_size=job.world_size, backend=job.backend, steps=job.max_step + 1, config=_config(job),
                     ranks=ranks, recent_step_time_s=statistics.median(recent) if recent else 0.0,
                     last_seen_s=job.last_seen_at, dropped_total=job.dropped_total,
@@ -230,14 +251,19 @@ class SqlStorage(BaseStorage):
                               evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
         medians = {key: statistics.median(v for v, _ in vals) for key, vals in candidates.items()}
         key = min(medians, key=medians.get)
-        steps = [s for _, s in candidates[key]]
+        steps = sorted(s for _, s in candidates[key])
         baseline = medians.get((None, None), 0.0)
         evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; "
                     f"{len(candidates)} configuration(s) compared")
         if baseline:
             evidence += f"; {baseline / medians[key]:.2f}x the no-scheduling baseline"
+        else:
+            evidence += "; the no-scheduling baseline (partition none, credit unlimited) was not measured"
+        compared = tuple(CandidateRecord(Config(*k), medians[k], len(candidates[k]))
+                         for k in sorted(medians, key=medians.get))
         return BestRecord(job=job, found=True, config=Config(*key), median_step_time_s=medians[key],
-                          samples=len(steps), baseline_step_time_s=baseline, evidence=evidence)
+                          samples=len(steps), baseline_step_time_s=baseline, evidence=evidence,
+                          candidates=compared)
 
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:

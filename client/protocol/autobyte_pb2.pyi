@@ -118,18 +118,20 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., last_acked_seq: _Optional[int] = ...) -> None: ...
 
 class MetricsBatch(_message.Message):
-    __slots__ = ("job", "rank", "session_id", "samples", "dropped_total")
+    __slots__ = ("job", "rank", "session_id", "samples", "dropped_total", "final")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     session_id: str
     samples: _containers.RepeatedCompositeFieldContainer[StepMetrics]
     dropped_total: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., session_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., dropped_total: _Optional[int] = ...) -> None: ...
+    final: bool
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., session_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., dropped_total: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class MetricsAck(_message.Message):
     __slots__ = ("acked_seq",)
@@ -279,8 +281,18 @@ class BestRequest(_message.Message):
     job: str
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
+class Candidate(_message.Message):
+    __slots__ = ("config", "median_step_time_s", "samples")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    config: Config
+    median_step_time_s: float
+    samples: int
+    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
 class BestResponse(_message.Message):
-    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found")
+    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found", "candidates")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +300,7 @@ class BestResponse(_message.Message):
     BASELINE_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     job: str
     config: Config
     median_step_time_s: float
@@ -295,4 +308,5 @@ class BestResponse(_message.Message):
     baseline_step_time_s: float
     evidence: str
     found: bool
-    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
+    candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
+    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
