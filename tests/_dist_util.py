@@ -17,7 +17,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any) -> None:
+def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any,
+           backend: str = "gloo") -> None:
     import datetime
 
     import torch
@@ -26,7 +27,9 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=60))
         try:
             value = fn(rank, world_size, *args)
@@ -40,7 +43,8 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
+              backend: str = "gloo") -> list[Any]:
     """Run fn(rank, world_size, *args) in `world_size` spawned gloo ranks; return their results.
 
     fn must be importable (module level). A rank's exception fails the call with its traceback; a
@@ -51,7 +55,7 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results, backend), daemon=True)
              for rank in range(world_size)]
     for proc in procs:
         proc.start()

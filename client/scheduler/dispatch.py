@@ -1,0 +1,254 @@
+"""The dispatch threads: rank 0 decides the collective order under the credit window, followers
+replay it. One dispatch thread per rank issues every collective of the data group.
+
+Rank 0 (`leader_loop`) pops the highest-priority ready partition (earliest forward use; older steps
+first) while in-flight bytes < `credit_bytes` (None = unlimited), publishes the decisions on the
+decision channel *before* issuing them, and issues an async all-reduce for each. A follower
+(`follower_loop`) issues rank 0's triples strictly in log order, each once every parameter the slice
+overlaps has produced its gradient of that step locally; `receiver_loop` feeds it from the channel.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import heapq
+import queue
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autobyte.scheduler import decisions as channel_msgs
+from autobyte.scheduler.decisions import DecisionChannel, cpu_ns
+from autobyte.scheduler.device import DeviceSync
+from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady, Issue, SliceReduced,
+                                       StepBoundary, Stop)
+from autobyte.scheduler.layout import Layout
+from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler.progress import Progress, SchedulerError
+
+
+class DispatchStats:
+    """The scheduler's own cost apart from the backend's launch calls (CPU ns)."""
+
+    __slots__ = ("parts", "sched_ns", "backend_ns", "backend_wall_ns")
+
+    def __init__(self) -> None:
+        self.parts = 0
+        self.sched_ns = 0
+        self.backend_ns = 0
+        self.backend_wall_ns = 0
+
+
+class Dispatcher:
+    """Owns the comm queue and the issue of collectives on the data group."""
+
+    def __init__(self, layout: Layout, group: Any, is_leader: bool, followers: bool,
+                 progress: Progress, steps: StepLog, channel: DecisionChannel | None,
+                 update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None) -> None:
+        self.layout = layout
+        self.group = group
+        self.is_leader = is_leader
+        self.followers = followers
+        self.progress = progress
+        self.steps = steps
+        self.channel = channel
+        self.update_q = update_q
+        self.device_sync = device_sync if device_sync is not None else DeviceSync()
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.stats = DispatchStats()
+        self.closed = False  # set by the optimizer when it closes (the receiver then ends quietly)
+
+    # ------------------------------------------------------------------ issue and completion
+
+    def _issue(self, s: int, start: int, length: int, t_ready: float) -> int:
+        """Launch one all-reduce; returns the backend launch time in CPU ns."""
+        sync = self.device_sync
+        if sync.cuda:  # the collective after the gradient copies it reads
+            layout = self.layout
+            first, last = layout.params_in(start, length)
+            sync.before_issue(layout.by_offset[first:last + 1])
+        c0, t0 = cpu_ns(), time.perf_counter_ns()
+        work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)
+        t1, c1 = time.perf_counter_ns(), cpu_ns()
+        self.stats.backend_wall_ns += t1 - t0
+        if sync.cuda:  # NCCL completes its future at enqueue: poll the work instead
+            sync.watch(work, functools.partial(self._on_done, s, start, length, work))
+        else:
+            work.get_future().add_done_callback(functools.partial(self._on_reduced, s, start, length, work))
+        rec = self.steps.record(s)
+        now = time.perf_counter()
+        if rec.t_first_issue is None:
+            rec.t_first_issue = now
+        rec.bytes += length * self.layout.elem
+        rec.parts += 1
+        rec.queue_s += max(0.0, now - t_ready)
+        self.stats.parts += 1
+        return c1 - c0
+
+    def _on_reduced(self, s: int, start: int, length: int, work: Any, future: Any) -> None:
+        # Runs on the backend's thread: keep it tiny.
+        try:
+            future.value()
+        except BaseException as error:
+            self.progress.fail(error)
+            return
+        self._on_done(s, start, length, work, None)
+
+    def _on_done(self, s: int, start: int, length: int, work: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self.progress.fail(error)
+            return
+        t_done = time.perf_counter()
+        if self.is_leader:
+            self.queue.put(CreditBack(length * self.layout.elem))
+        self.update_q.put(SliceReduced(s, start, length, work, t_done))
+
+    # ------------------------------------------------------------------ rank 0
+
+    def leader_main(self, start_step: int) -> None:
+        try:
+            with torch.no_grad(), self.device_sync.issue_context():
+                self._leader_loop(start_step)
+        except BaseException as error:
+            self.progress.fail(error)
+
+    def _leader_loop(self, start_step: int) -> None:
+        layout, channel, followers, stats = self.layout, self.channel, self.followers, self.stats
+        config, decision_id = self.steps.config_at(start_step)
+        plans = {start_step: layout.plan(config.partition_bytes)}
+        credit = config.credit_bytes
+        if followers:
+            channel.send(channel_msgs.config_message(start_step, config, decision_id))
+        heap: list = []
+        push, pop = heapq.heappush, heapq.heappop
+        inflight = 0
+        elem = layout.elem
+        get, get_nowait = self.queue.get, self.queue.get_nowait
+        perf = time.perf_counter
+        empty = queue.Empty
+        while True:
+            event = get()
+            t0 = cpu_ns()
+            backend_ns = 0
+            while True:
+                kind = type(event)
+                if kind is GradReady:
+                    plan = plans[event.step]
+                    remaining = plan.remaining
+                    for k in plan.param_parts[event.param]:
+                        remaining[k] -= 1
+                        if remaining[k] == 0:
+                            start, length = plan.parts[k]
+                            push(heap, (event.step, -start, length, perf()))
+                elif kind is CreditBack:
+                    inflight -= event.nbytes
+                elif kind is StepBoundary:
+                    step, new_config, new_id = event
+                    plans[step] = layout.plan(new_config.partition_bytes)
+                    if (new_config, new_id) != (config, decision_id) and followers:
+                        backend_ns += channel.send(channel_msgs.config_message(step, new_config, new_id))
+                    config, decision_id, credit = new_config, new_id, new_config.credit_bytes
+                elif kind is Stop:
+                    if followers:
+                        channel.send_stop()
+                    return
+                try:
+                    event = get_nowait()
+                except empty:
+                    break
+            if heap and (credit is None or inflight < credit):
+                batch = []
+                while heap and (credit is None or inflight < credit):
+                    step, neg_start, length, t_ready = pop(heap)
+                    batch.append((step, -neg_start, length, t_ready))
+                    inflight += length * elem
+                if followers:
+                    backend_ns += channel.send_decisions([(s, a, n) for s, a, n, _ in batch])
+                for step, start, length, t_ready in batch:
+                    backend_ns += self._issue(step, start, length, t_ready)
+                    plan = plans[step]
+                    plan.left -= 1
+                    if plan.left == 0:
+                        del plans[step]
+            stats.sched_ns += cpu_ns() - t0 - backend_ns
+            stats.backend_ns += backend_ns
+
+    # ------------------------------------------------------------------ followers
+
+    def receiver_main(self) -> None:
+        """Follower: receive rank 0's decision stream (the only user of the decision group here)."""
+        try:
+            channel, layout = self.channel, self.layout
+            while True:
+                message = channel.receive()
+                kind = message[0]
+                if kind == channel_msgs.MSG_DECISIONS:
+                    entries = []
+                    header = channel_msgs.MSG_HEADER
+                    for k in range(message[1]):
+                        step, start, length = message[header + 3 * k:header + 3 * k + 3]
+                        first, last = layout.params_in(start, length)
+                        entries.append(Issue(step, start, length, first, last))
+                    self.queue.put(DecisionsReceived(entries))
+                elif kind == channel_msgs.MSG_CONFIG:
+                    self.steps.log_config(message[1], channel_msgs.config_of(message), message[3])
+                elif kind == channel_msgs.MSG_STOP:
+                    self.queue.put(Stop())
+                    channel.close_receiver()
+                    return
+                else:
+                    raise SchedulerError(f"unknown decision message kind {kind}")
+        except BaseException as error:
+            if not self.closed:
+                self.progress.fail(SchedulerError(str(error)) if isinstance(error, ConnectionError)
+                                   else error)
+
+    def follower_main(self) -> None:
+        try:
+            with torch.no_grad(), self.device_sync.issue_context():
+                self._follower_loop()
+        except BaseException as error:
+            self.progress.fail(error)
+
+    def _follower_loop(self) -> None:
+        pending: collections.deque[Issue] = collections.deque()
+        progress, stats = self.progress, self.stats
+        produced, produced_t, by_offset = progress.produced, progress.produced_t, self.layout.by_offset
+        get, get_nowait = self.queue.get, self.queue.get_nowait
+        empty = queue.Empty
+        cursor = -1  # first position of the head entry not yet known to be ready
+        stopping = False
+        while True:
+            event = get()
+            t0 = cpu_ns()
+            while True:
+                kind = type(event)
+                if kind is DecisionsReceived:
+                    pending.extend(event.entries)
+                elif kind is Stop:
+                    stopping = True
+                try:
+                    event = get_nowait()
+                except empty:
+                    break
+            backend_ns = 0
+            while pending:
+                step, start, length, first, last = pending[0]
+                pos = max(first, cursor)
+                while pos <= last and produced[by_offset[pos]] >= step:
+                    pos += 1
+                if pos <= last:
+                    cursor = pos
+                    break
+                cursor = -1
+                pending.popleft()
+                t_ready = max(produced_t[by_offset[q]] for q in range(first, last + 1))
+                backend_ns += self._issue(step, start, length, t_ready)
+            stats.sched_ns += cpu_ns() - t0 - backend_ns
+            stats.backend_ns += backend_ns
+            if stopping:
+                return
+

@@ -1,0 +1,54 @@
+"""The scheduler's own communicators: a data group (same backend as the user's data-parallel group)
+and a gloo decision group, over the same ranks.
+
+The scheduler issues its collectives from a background thread. On a communicator the user also uses
+(`all_reduce(loss)` for logging, `barrier()` before a checkpoint, `all_gather` in evaluation,
+SyncBatchNorm, another DDP model) the ranks would interleave them in different orders: a size
+mismatch, a hang, or silently swapped data. Groups of their own make that impossible by construction.
+
+Only the members of the data-parallel group create its groups (`use_local_synchronization`), so data-
+parallel subgroups of a larger job (e.g. 4 ranks as 2 groups of 2) never call `new_group` with
+different rank lists on different ranks. Every member must construct its ScheduledOptimizers in the
+same order, as with any collective. The groups live as long as the process: destroying one would free
+its name for the next group over the same ranks, whose rendezvous would then find the old one's
+addresses in the store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def member_ranks(group: Any) -> list[int]:
+    return list(dist.get_process_group_ranks(group))
+
+
+def new_member_group(group: Any, backend: str | None, timeout_s: float) -> Any:
+    """A new group over `group`'s ranks, created by its members only."""
+    ranks = member_ranks(group)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        return dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+    except NotImplementedError:
+        # A torch.distributed configuration that cannot create groups locally (TorchComms): every
+        # rank of the world must take part, which is only possible for the whole world.
+        if len(ranks) != dist.get_world_size():
+            raise ValueError("this torch.distributed configuration cannot create a communicator for a "
+                             "data-parallel subgroup from its members only; use the default group, or "
+                             "pass own_communicator=False (then nothing else may use process_group "
+                             "while training)") from None
+        return dist.new_group(ranks, backend=backend, timeout=timeout)
+
+
+def backend_of(group: Any) -> str | None:
+    try:
+        return str(dist.get_backend(group))
+    except Exception:  # a group object the backend lookup does not know: use the default
+        return None
+

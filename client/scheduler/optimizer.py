@@ -1,0 +1,695 @@
+"""`ScheduledOptimizer`: the public API, its setup checks and its training-thread hooks.
+
+The threads it starts live in `dispatch` (collective order) and `update` (optimizer updates); the
+flat buffer in `layout`; the decision channel in `decisions`; measurements in `metrics`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autobyte.scheduler.decisions import DecisionChannel
+from autobyte.scheduler.dispatch import Dispatcher
+from autobyte.scheduler.events import GradReady, StepBoundary, StepHyperParameters, Stop
+from autobyte.scheduler.layout import Layout
+from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler import device as device_sync
+from autobyte.scheduler import groups, tracking
+from autobyte.scheduler.amp import ScalerBridge
+from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.scheduler.update import Updater
+from autobyte.types import Config, StepMetrics
+
+logger = logging.getLogger(__name__)
+
+_UNSET: Any = object()
+
+# Optimizers that cannot be updated one parameter at a time (closure-based or sparse-only).
+_UNSUPPORTED_OPTIMIZERS = tuple(getattr(torch.optim, name) for name in ("LBFGS", "SparseAdam")
+                                if hasattr(torch.optim, name))
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, _UNSUPPORTED_OPTIMIZERS):
+        raise ValueError(f"{type(optimizer).__name__} cannot be applied one parameter at a time "
+                         "(closure-based or sparse-only); use an element-wise optimizer such as "
+                         "SGD, Adam or AdamW")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise ValueError("pass the bare module, not a DistributedDataParallel wrapper: "
+                         "ScheduledOptimizer replaces DDP's gradient sync")
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+            raise ValueError(f"module {name or type(module).__name__!r} produces sparse gradients "
+                             "(sparse=True), which the scheduler cannot partition; use sparse=False")
+
+
+class ScheduledOptimizer:
+    """Gradient sync + optimizer step with priority, partitioning and a credit window.
+
+    Args:
+        model: the module to train (not wrapped in DDP).
+        optimizer: a `torch.optim` optimizer over (some of) the model's parameters, with a
+            per-parameter update rule (SGD, Adam, AdamW, RMSprop, ...), or a list of them (e.g. one
+            for the body and one for the head). Trainable parameters that no optimizer given here
+            holds get their averaged gradient in `.grad` when `backward()` returns, as with DDP.
+        partition_bytes: partition size; None = one partition per parameter (no partitioning).
+        credit_bytes: in-flight window; None = unlimited.
+        process_group: the data-parallel group (default: the default group).
+        clip_grad_norm: if set, clip the averaged gradients to this global norm before updating.
+        clip_norm_type: the norm for `clip_grad_norm`.
+        timeout_s: how long the training thread waits for parameters or shutdown before raising.
+        own_communicator: run the scheduler's collectives on a group of its own (default), so that
+            nothing the user does on any group can interleave with them. False: on
+            `process_group` itself — only safe if nothing else uses that group while training.
+        grad_scaler: a `torch.amp.GradScaler` for fp16 mixed precision: the scheduler unscales the
+            reduced gradients, skips a step with inf/NaN on every rank alike and updates the scale
+            (see `autobyte.scheduler.amp`); the usual `scaler.scale(loss).backward();
+            scaler.step(opt); scaler.update()` loop works unchanged.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+                 partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
+                 process_group: Any = None, *, clip_grad_norm: float | None = None,
+                 clip_norm_type: float = 2.0, timeout_s: float = 300.0,
+                 own_communicator: bool = True, grad_scaler: Any = None) -> None:
+        config = Config(partition_bytes, credit_bytes)
+        _check_model(model)
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        if not optimizers:
+            raise ValueError("optimizer must be a torch.optim.Optimizer or a non-empty list of them")
+        for opt in optimizers:
+            _check_optimizer(opt)
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
+                                               and not isinstance(clip_grad_norm, bool)
+                                               and 0 < clip_grad_norm < float("inf")):
+            raise ValueError(f"clip_grad_norm must be a positive finite number or None, "
+                             f"got {clip_grad_norm!r}")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no parameter that requires a gradient")
+        first = params[0]
+        for p in params:
+            if p.dtype != first.dtype or p.device != first.device:
+                raise ValueError("all trainable parameters must share one dtype and device, found "
+                                 f"{first.dtype}/{first.device} and {p.dtype}/{p.device}")
+            if not p.dtype.is_floating_point:
+                raise ValueError(f"trainable parameters must be floating point, found {p.dtype}")
+            if p.layout != torch.strided:
+                raise ValueError(f"only dense (strided) parameters are supported, found {p.layout}")
+        index_of = {p: i for i, p in enumerate(params)}
+        names = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(p, name)
+        all_model_params = set(model.parameters())
+        owner: list[tuple[int, int] | None] = [None] * len(params)
+        for k, opt in enumerate(optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for p in group["params"]:
+                    if p not in all_model_params:
+                        raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
+                    if p in index_of:
+                        if owner[index_of[p]] is not None:
+                            raise ValueError(f"parameter {names.get(p)!r} is held by two optimizers")
+                        owner[index_of[p]] = (k, g)
+        uncovered = [owner[i] is None for i in range(len(params))]
+        if any(uncovered) and (clip_grad_norm is not None or grad_scaler is not None):
+            missing = [names.get(p) for p, u in zip(params, uncovered) if u][:3]
+            raise ValueError(f"parameters {missing} are in no optimizer given to ScheduledOptimizer: "
+                             "with clip_grad_norm= or grad_scaler= every trainable parameter must be "
+                             "updated by the scheduler; pass every optimizer (a list)")
+        if grad_scaler is not None:
+            if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "_growth_factor")):
+                raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
+            if first.dtype == torch.float16:
+                raise ValueError("grad_scaler needs float32 parameters (torch.amp.GradScaler refuses to "
+                                 "unscale float16 gradients); keep the model in float32 under autocast")
+        frozen = [(name, p) for name, p in model.named_parameters()
+                  if not p.requires_grad and p.dtype.is_floating_point]
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("torch.distributed is not initialised: call "
+                               "torch.distributed.init_process_group() before ScheduledOptimizer")
+
+        self._model = model
+        self._optimizers = optimizers
+        self._optimizer = optimizer if len(optimizers) == 1 and not isinstance(optimizer, (list, tuple)) \
+            else optimizers
+        self._pg = process_group if process_group is not None else dist.group.WORLD
+        if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
+            raise ValueError("this rank is not a member of process_group: construct the "
+                             "ScheduledOptimizer only on the ranks of its data-parallel group")
+        self._rank = dist.get_rank(self._pg)
+        self._world = dist.get_world_size(self._pg)
+        self._leader_global = dist.get_global_rank(self._pg, 0) if process_group is not None else 0
+        self._is_leader = self._rank == 0
+        self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
+        self._clip_norm_type = float(clip_norm_type)
+        self._timeout_s = float(timeout_s)
+
+        self._params = params
+        self._names = [names.get(p, f"#{i}") for i, p in enumerate(params)]
+        self._owner = owner
+        self._uncovered = uncovered
+        self._uncovered_idx = tuple(i for i, u in enumerate(uncovered) if u)
+        self._frozen = frozen
+        self._n = len(params)
+        self._dtype = first.dtype
+        self._device = first.device
+
+        self._broadcast_initial_state()
+        self._decision_group = None
+        self._data_group = self._pg
+        self._follower_globals: list[int] = []
+        if self._world > 1:
+            if own_communicator:
+                self._data_group = groups.new_member_group(self._pg, groups.backend_of(self._pg),
+                                                           self._timeout_s)
+            self._decision_group = groups.new_member_group(self._pg, "gloo", self._timeout_s)
+            self._follower_globals = [r for r in groups.member_ranks(self._pg) if r != self._leader_global]
+
+        # Training-thread state.
+        self._progress = Progress(self._n, self._rank, self._timeout_s)
+        self._step_index = 0
+        self._closed = False
+        self._order: list[int] | None = []  # first-use order while recording
+        self._recording = False  # from the first forward pass until the layout is fixed
+        self._seen = [False] * self._n
+        self._read_step = [-1] * self._n  # last step in which each parameter was read
+        self._local_used = [-1] * self._n  # last step in which this rank produced a gradient
+        self._backward_end_queued = -1  # step whose end-of-backward callback is queued
+        self._forward_seen = -1  # step whose first forward has been checked
+        self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
+        self._layout: Layout | None = None
+        self._channel: DecisionChannel | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._updater: Updater | None = None
+        self._steps = StepLog(config)
+        self._cfg_lock = threading.Lock()
+        self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
+        if self._is_leader:
+            self._steps.log_config(0, config, 0)
+        self._threads: list[threading.Thread] = []
+        self._scaler = grad_scaler
+        self._bridge = ScalerBridge(grad_scaler, self) if grad_scaler is not None and grad_scaler.is_enabled() \
+            else None
+
+        self._handles = [model.register_forward_pre_hook(tracking.CopySafeHook(self._root_pre_hook), prepend=True)]
+        for i, p in enumerate(params):
+            self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
+        for module in model.modules():
+            own = tuple(dict.fromkeys(index_of[p] for p in module.parameters(recurse=False)
+                                      if p in index_of))
+            if own:
+                self._handles.append(module.register_forward_pre_hook(
+                    tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
+        self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
+        # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
+        from autobyte import telemetry
+
+        telemetry.on_optimizer_created(self)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped model."""
+        return self._model
+
+    @property
+    def process_group(self) -> Any:
+        """The data-parallel process group."""
+        return self._pg
+
+    @property
+    def config(self) -> Config:
+        """The configuration in effect for the step in progress (rank 0's, on every rank)."""
+        return self._steps.current()[0]
+
+    @property
+    def step_index(self) -> int:
+        """Number of `step()` calls so far (their updates may still be landing)."""
+        return self._step_index
+
+    @property
+    def optimizer(self) -> Any:
+        """The wrapped optimizer (attach LR schedulers to it), or the list of them if a list was given."""
+        return self._optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The param groups of the wrapped optimizer(s), in order."""
+        return [g for opt in self._optimizers for g in opt.param_groups]
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last clipped step (with `clip_grad_norm`)."""
+        norm = self._updater.last_grad_norm if self._updater is not None else None
+        return None if norm is None else float(norm)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update was skipped because of inf/NaN gradients (with `grad_scaler`)."""
+        return self._updater.skipped_steps if self._updater is not None else 0
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # torch.amp.GradScaler.step() asks this before treating us as an optimizer of its own.
+        raise SchedulerError("pass the GradScaler to ScheduledOptimizer(..., grad_scaler=scaler): the "
+                             "scheduler unscales the gradients itself once they are reduced")
+
+    def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
+                    *, decision_id: int | None = None, at_step: int | None = None) -> Config:
+        """Request a configuration from the next step boundary on (or from step `at_step`, if that
+        is later). Omitted values stay as they are.
+
+        Bad values raise ValueError and change nothing. Rank 0's request is the one that takes
+        effect (on every rank, at the same step); thread-safe. A newer request replaces a pending one.
+        """
+        for name, value in (("decision_id", decision_id), ("at_step", at_step)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        with self._cfg_lock:
+            base = self._pending[0] if self._pending is not None else self.config
+            new = Config(base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
+                         base.credit_bytes if credit_bytes is _UNSET else credit_bytes)
+            self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
+        return new
+
+    def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
+        """Call fn(StepMetrics) on the training thread for each completed step (keep it cheap).
+
+        Exceptions raised by fn are logged and swallowed.
+        """
+        if not callable(fn):
+            raise ValueError("the step callback must be callable")
+        self._steps.callbacks.append(fn)
+
+    def last_step_metrics(self) -> StepMetrics | None:
+        """Measurements of the most recent step whose updates have all landed."""
+        self._steps.drain()
+        return self._steps.last_metrics
+
+    def step(self, closure: Any = None) -> None:
+        """End the step: flush unused parameters, capture hyper-parameters, return at once."""
+        if closure is not None:
+            raise ValueError("step(closure) is not supported: the update runs per parameter, later")
+        self._check_usable()
+        self._check_frozen()
+        if self._layout is None:
+            self._finalize_layout()
+        s = self._step_index
+        if self._bridge is not None and self._bridge.scaled_step != s and self._progress.produced_count:
+            raise SchedulerError("grad_scaler is set but this step's loss was not scaled: call "
+                                 "scaler.scale(loss).backward()")
+        progress = self._progress
+        if progress.produced_count != self._n:
+            self._flush_unused(s)
+        snapshot = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+                    for opt in self._optimizers]
+        self._steps.record(s).t_step = time.perf_counter()
+        self._updater.queue.put(StepHyperParameters(s, snapshot))
+        if self._is_leader:
+            config, decision_id = self._steps.current()
+            with self._cfg_lock:
+                if self._pending is not None and s + 1 >= self._pending[2]:
+                    config, decision_id, _ = self._pending
+                    self._pending = None
+                    if (config, decision_id) != self._steps.current():
+                        self._steps.log_config(s + 1, config, decision_id)
+            self._dispatcher.queue.put(StepBoundary(s + 1, config, decision_id))
+        progress.produced_count = 0
+        self._step_index = s + 1
+        for opt in self._optimizers:
+            opt._opt_called = True  # what the LR scheduler's step tracker would set
+        self._steps.drain()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients of parameters the scheduler does not manage; managed ones are never touched."""
+        managed = set(self._params)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in managed and p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().zero_()
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Wait until every update of every `step()` so far has landed; raise any scheduler error.
+
+        `timeout_s` (default: the constructor's `timeout_s`) bounds the wait; SchedulerError on expiry.
+        """
+        self._check_usable()
+        if timeout_s is None:
+            timeout_s = self._timeout_s
+        elif not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self._progress.wait_updated_through(self._step_index, timeout_s)
+        self._progress.raise_if_failed()
+        self._steps.drain()
+
+    def state_dict(self) -> Any:
+        """The optimizer's state_dict (a list of them for a list of optimizers), after `synchronize()`."""
+        self.synchronize()
+        if isinstance(self._optimizer, list):
+            return [opt.state_dict() for opt in self._optimizers]
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Load the optimizer's state (a list for a list of optimizers), after `synchronize()`."""
+        self.synchronize()
+        if isinstance(self._optimizer, list):
+            if not isinstance(state_dict, (list, tuple)) or len(state_dict) != len(self._optimizers):
+                raise ValueError(f"expected a list of {len(self._optimizers)} optimizer state dicts")
+            for opt, sd in zip(self._optimizers, state_dict):
+                opt.load_state_dict(sd)
+        else:
+            self._optimizer.load_state_dict(state_dict)
+
+    def _wait_all_updated(self) -> None:
+        """Every update of every step so far has landed (used before loss scaling)."""
+        if not self._closed:
+            self._progress.wait_updated_through(self._step_index, self._timeout_s)
+            self._progress.raise_if_failed()
+
+    def _synchronize_if_open(self) -> None:
+        if not self._closed and self._progress.error is None:
+            self.synchronize()
+
+    def dispatch_overhead_us(self) -> float:
+        """The scheduler's own cost per partition in µs: CPU time of its thread (decisions, queues,
+        bookkeeping, decision messages), excluding the backend's all-reduce launch calls."""
+        stats = self._dispatcher.stats if self._dispatcher is not None else None
+        return stats.sched_ns / 1e3 / stats.parts if stats is not None and stats.parts else 0.0
+
+    def dispatch_stats(self) -> dict[str, float]:
+        """Scheduler costs: own overhead vs backend launch per partition, decision channel."""
+        stats = self._dispatcher.stats if self._dispatcher is not None else None
+        channel = self._channel
+        parts = (stats.parts if stats is not None else 0) or 1
+        messages = channel.messages if channel is not None else 0
+        latency_n = channel.latency_n if channel is not None else 0
+        return {
+            "partitions": float(stats.parts if stats is not None else 0),
+            # CPU time of the scheduler thread, without the backend's launch calls
+            "scheduler_us_per_partition": (stats.sched_ns if stats else 0) / 1e3 / parts,
+            # the all-reduce launch call (+ channel posts on rank 0): CPU time, and wall time
+            "backend_launch_us_per_partition": (stats.backend_ns if stats else 0) / 1e3 / parts,
+            "backend_launch_wall_us_per_partition": (stats.backend_wall_ns if stats else 0) / 1e3 / parts,
+            "channel_socket": float(channel is not None and channel.kind == "socket"),
+            "channel_messages": float(messages),
+            # rank 0: cost of posting one decision message (all followers) on the scheduler thread
+            "channel_send_us_per_message": channel.send_ns / 1e3 / messages if messages else 0.0,
+            # followers: send-to-receive latency (wall clocks; meaningful on one host or with NTP)
+            "channel_latency_us": channel.latency_ns / 1e3 / latency_n if latency_n else 0.0,
+        }
+
+    def close(self) -> None:
+        """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
+        if self._closed:
+            return
+        failed = self._progress.error is not None
+        stop_error: BaseException | None = None
+        if self._threads and not failed:
+            try:
+                self.synchronize()
+            except BaseException as error:  # still stop the threads below
+                stop_error = error
+        self._closed = True
+        if self._dispatcher is not None:
+            self._dispatcher.closed = True
+            self._dispatcher.queue.put(Stop())
+        if self._updater is not None:
+            self._updater.queue.put(Stop())
+        deadline = time.monotonic() + min(self._timeout_s, 60.0)
+        stuck = []
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                stuck.append(thread.name)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        tracking.uninstall(self._tracked)
+        self._tracked = []
+        if self._bridge is not None:
+            self._bridge.restore()
+        if not stuck:
+            self._device_sync.close()
+        if stop_error is not None:
+            raise stop_error
+        if stuck and not failed:
+            # the receiving thread of a follower waits on rank 0; it is a daemon thread
+            real = [name for name in stuck if not name.endswith("receiver")]
+            if real:
+                raise SchedulerError(f"scheduler threads did not stop in time: {', '.join(real)}")
+            logger.warning("decision receiver still waiting for rank 0's stop message: %s", stuck)
+
+    def __enter__(self) -> "ScheduledOptimizer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except BaseException:
+                logger.exception("while closing the scheduler after an error")
+
+    # ------------------------------------------------------------------ setup
+
+    def _broadcast_initial_state(self) -> None:
+        tensors = list(dict.fromkeys([*self._model.parameters(), *self._model.buffers()]))
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.device, t.dtype), []).append(t)
+        with torch.no_grad():
+            for group in by_kind.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                dist.broadcast(flat, src=self._leader_global, group=self._pg)
+                offset = 0
+                for t in group:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    def _finalize_layout(self) -> None:
+        """Fix the flat layout (rank 0's first-use order), allocate the buffer, start threads."""
+        order = list(self._order or [])
+        order += [i for i in range(self._n) if not self._seen[i]]
+        self._order = None
+        self._recording = False
+        if self._world > 1:
+            tensor = torch.tensor(order, dtype=torch.int64)
+            dist.broadcast(tensor, src=self._leader_global, group=self._decision_group)
+            order = tensor.tolist()
+        if sorted(order) != list(range(self._n)):
+            raise SchedulerError("rank 0 published an inconsistent parameter order")
+        # Parameters handed back in .grad at the end of backward go first (highest priority).
+        order = [i for i in order if self._uncovered[i]] + [i for i in order if not self._uncovered[i]]
+        if self._world > 1:
+            self._channel = DecisionChannel(self._is_leader, self._rank, self._leader_global,
+                                            self._follower_globals, self._decision_group, self._timeout_s)
+            self._channel.open()
+        layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
+        self._device_sync = device_sync.make(self._device, self._n)
+        self._updater = Updater(layout, self._params, self._optimizers, self._owner, self._progress,
+                                self._steps, self._clip, self._clip_norm_type,
+                                self._scaler if self._bridge is not None else None, self._local_used,
+                                self._device_sync)
+        self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1, self._progress,
+                                      self._steps, self._channel, self._updater.queue, self._device_sync)
+        self._layout = layout
+        self._start_threads(self._step_index)
+
+    def _start_threads(self, start_step: int) -> None:
+        dispatcher, updater = self._dispatcher, self._updater
+        if self._is_leader:
+            targets = [("leader", dispatcher.leader_main, (start_step,))]
+        else:
+            targets = [("follower", dispatcher.follower_main, ()), ("receiver", dispatcher.receiver_main, ())]
+        targets.append(("update", updater.main, ()))
+        for name, target, args in targets:
+            thread = threading.Thread(target=target, args=args, daemon=True,
+                                      name=f"autobyte-r{self._rank}-{name}")
+            self._threads.append(thread)
+            thread.start()
+
+    # ------------------------------------------------------------------ hooks (training thread)
+
+    def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
+        s = self._step_index
+        if self._forward_seen != s:
+            self._forward_seen = s
+            self._check_frozen()
+        rec = self._steps.records.get(s)
+        if rec is None or rec.t_forward is None:
+            self._steps.record(s).t_forward = time.perf_counter()
+        if self._order is not None:
+            self._recording = True
+
+    def _check_frozen(self) -> None:
+        """A parameter frozen at construction and unfrozen since would train unsynchronised."""
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise SchedulerError(
+                    f"parameter {name!r} was frozen (requires_grad=False) when this ScheduledOptimizer "
+                    f"was built and requires a gradient now (step {self._step_index}): its gradient would "
+                    "never be synchronised. After changing requires_grad, build a new one, as a DDP "
+                    "model must be re-wrapped: opt.close(); opt = ScheduledOptimizer(model, optimizer, "
+                    "...) (the optimizer keeps its state)")
+
+    def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
+        self._on_read(own, False)
+
+    def _on_read(self, idxs: tuple[int, ...], iterating: bool) -> None:
+        """A read of managed parameters (tracking, module pre-hooks): record the first-use order,
+        mark them read in this step, and wait for their pending updates."""
+        s = self._step_index
+        if self._recording:
+            seen = self._seen
+            for i in idxs:
+                if not seen[i]:
+                    seen[i] = True
+                    self._order.append(i)
+        read_step = self._read_step
+        for i in idxs:
+            read_step[i] = s
+        progress = self._progress
+        if progress.updated_through >= s or progress.ready(idxs, s):
+            if self._device_sync.cuda:
+                self._device_sync.before_read(idxs, s)
+            return
+        if iterating and tracking._called_from_zero_grad():
+            return  # Module.zero_grad() only touches .grad, which the scheduler owns
+        self._wait_params(idxs, s)
+        if self._device_sync.cuda:
+            self._device_sync.before_read(idxs, s)
+
+    def _wait_params(self, idxs: tuple[int, ...], s: int) -> None:
+        blocked = self._progress.wait_params(idxs, s)
+        if blocked:
+            self._steps.record(s).blocked_s += blocked
+
+    def _grad_hook(self, i: int, param: torch.Tensor) -> None:
+        progress = self._progress
+        try:
+            if self._closed:
+                return
+            if self._layout is None:
+                self._finalize_layout()
+            s = self._step_index
+            if progress.produced[i] >= s:
+                raise SchedulerError("a parameter received a second gradient in one step: gradient "
+                                     "accumulation over several backward() calls is not supported")
+            if self._read_step[i] != s:
+                raise SchedulerError(
+                    f"parameter {self._names[i]!r} received a gradient in step {s} but was never read "
+                    "through its module in that step (a tensor reference kept elsewhere?), so the "
+                    "scheduler cannot make that read wait for its update; read it as an attribute of "
+                    "its module (e.g. self.layer.weight) inside the forward pass")
+            if progress.param_step[i] < s:
+                self._wait_params((i,), s)
+            if self._backward_end_queued != s and self._uncovered_idx:
+                self._backward_end_queued = s
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            grad = param.grad
+            if grad is None:
+                raise SchedulerError("the gradient vanished before the scheduler's hook ran")
+            if grad.layout != torch.strided:
+                raise SchedulerError("sparse gradients are not supported")
+            layout = self._layout
+            with torch.no_grad():
+                if self._world == 1:
+                    layout.grad_views[i].copy_(grad)
+                else:
+                    torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
+                layout.flag_views[i].fill_(1.0)
+            if self._device_sync.cuda:
+                self._device_sync.after_grad_copy(i)
+            self._local_used[i] = s
+            param.grad = None
+            self._post_grad(i, s)
+        except BaseException as error:  # surfaced at the next step()/synchronize()
+            progress.fail(error)
+            if self._layout is not None and progress.produced[i] < self._step_index:
+                # keep the collective sequence going for the other ranks: a zero contribution
+                self._layout.ext_views[i].zero_()
+                param.grad = None
+                self._post_grad(i, self._step_index)
+
+    def _post_grad(self, i: int, s: int) -> None:
+        progress = self._progress
+        now = time.perf_counter()
+        if progress.produced_count == 0:
+            rec = self._steps.record(s)
+            if rec.t_backward is None:
+                rec.t_backward = now
+        progress.produced_t[i] = now
+        progress.produced[i] = s
+        progress.produced_count += 1
+        self._dispatcher.queue.put(GradReady(i, s))
+
+    def _flush_unused(self, s: int) -> None:
+        """Parameters without a gradient this step contribute zeros (flag 0)."""
+        progress = self._progress
+        for i in range(self._n):
+            if progress.produced[i] < s:
+                if progress.param_step[i] < s:
+                    self._wait_params((i,), s)
+                self._layout.ext_views[i].zero_()
+                if self._device_sync.cuda:
+                    self._device_sync.after_grad_copy(i)
+                self._post_grad(i, s)
+
+    def _on_backward_end(self) -> None:
+        """End of the backward pass (autograd engine callback, only with parameters outside the
+        wrapped optimizers): flush unused parameters, then hand those parameters their averaged
+        gradient in `.grad`, as DDP does by the time backward() returns."""
+        s = self._step_index
+        try:
+            if self._closed:
+                return
+            if self._progress.produced_count != self._n:
+                self._flush_unused(s)
+            idxs = self._uncovered_idx
+            self._progress.wait_reduced(idxs, s)
+            layout = self._layout
+            maybe = [i for i in idxs if self._local_used[i] != s]
+            flags = layout.flat[[layout.flag_index(i) for i in maybe]].tolist() if maybe else []
+            unused = {i for i, flag in zip(maybe, flags) if flag <= 0}
+            with torch.no_grad():
+                for i in idxs:
+                    if i not in unused:
+                        self._params[i].grad = layout.grad_views[i].clone()
+        except BaseException as error:
+            self._progress.fail(error)
+            raise
+
+    # ------------------------------------------------------------------ errors
+
+    def _raise_if_failed(self) -> None:
+        self._progress.raise_if_failed()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SchedulerError("this ScheduledOptimizer is closed")
+        self._progress.raise_if_failed()

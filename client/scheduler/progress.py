@@ -1,0 +1,100 @@
+"""Per-parameter progress shared by the training thread and the scheduler's threads.
+
+`produced[i]` is the last step whose gradient of parameter i is in the flat buffer (written by the
+training/autograd thread); `param_step[i]` the number of updates applied to it (written by the update
+thread under `cond`). A parameter may be read in step s once `param_step[i] >= s`. The first error of
+any thread is kept here and raised in the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+
+class SchedulerError(RuntimeError):
+    """A failure in the scheduler's hooks or threads, raised in the training thread."""
+
+
+logger = logging.getLogger(__name__)
+
+
+class Progress:
+    def __init__(self, n: int, rank: int, timeout_s: float) -> None:
+        self.n = n
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.produced = [-1] * n
+        self.produced_t = [0.0] * n
+        self.produced_count = 0  # gradients produced in the step in progress
+        self.param_step = [0] * n
+        self.updated_through = 0  # every parameter has its updates of steps < this
+        self.reduced_step = [0] * n  # parameters handed back in .grad: slices reduced for steps < this
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = error
+                logger.error("autobyte scheduler failed on rank %d: %r", self.rank, error)
+            self.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise SchedulerError(f"the gradient scheduler failed: {self.error!r}") from self.error
+
+    def ready(self, idxs: Sequence[int], s: int) -> bool:
+        ps = self.param_step
+        for i in idxs:
+            if ps[i] < s:
+                return False
+        return True
+
+    def wait_params(self, idxs: Sequence[int], s: int) -> float:
+        """Wait until the parameters have their updates of steps < s; returns the seconds blocked."""
+        if self.ready(idxs, s):
+            return 0.0
+        ps = self.param_step
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            while any(ps[i] < s for i in idxs):
+                self.raise_if_failed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SchedulerError(f"timed out after {self.timeout_s}s waiting for the updates "
+                                         f"of step {s - 1}")
+                self.cond.wait(min(remaining, 1.0))
+        return time.perf_counter() - t0
+
+    def wait_updated_through(self, target: int, timeout_s: float) -> None:
+        """Wait until every update of steps < target has landed."""
+        if self.updated_through >= target:
+            return
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self.updated_through < target:
+                self.raise_if_failed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SchedulerError(f"synchronize() timed out after {timeout_s}s waiting "
+                                         f"for step {target - 1}'s updates")
+                self.cond.wait(min(remaining, 1.0))
+
+    def wait_reduced(self, idxs: Sequence[int], s: int) -> None:
+        """Wait until the slices of the parameters are reduced for step s (reduced_step > s)."""
+        rs = self.reduced_step
+        if all(rs[i] > s for i in idxs):
+            return
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            while any(rs[i] <= s for i in idxs):
+                self.raise_if_failed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SchedulerError(f"timed out after {self.timeout_s}s waiting for the reduced "
+                                         f"gradients of step {s}")
+                self.cond.wait(min(remaining, 1.0))

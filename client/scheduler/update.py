@@ -1,0 +1,234 @@
+"""The update thread: applies each parameter's optimizer update as soon as its slice is reduced.
+
+Updates of step s use the hyper-parameters captured at the `step()` call that ended step s (so an
+LR scheduler stepping right after `step()` does not leak into the step still in flight). The user's
+optimizers keep the state: a shallow copy of each steps detached aliases of its parameters (same
+storage, their own `.grad`), so a user's `zero_grad()` never reaches a gradient handed to it.
+
+A step waits for *all* of its slices before any update when the update needs every gradient: global-
+norm clipping (`clip_grad_norm=`) and loss scaling (`grad_scaler=`: unscale, skip the whole step on
+inf/NaN — identically on every rank, since every rank sees the same reduced gradients — and update
+the scale, exactly as `torch.amp.GradScaler` does after DDP's backward).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import copy
+import queue
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from autobyte.scheduler.device import DeviceSync
+from autobyte.scheduler.events import SliceReduced, StepHyperParameters, Stop
+from autobyte.scheduler.layout import Layout
+from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler.progress import Progress, SchedulerError
+
+
+class _AliasState:
+    """An optimizer's `state`, seen through detached aliases of the parameters."""
+
+    __slots__ = ("_optimizer", "_param_of")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, param_of: dict[torch.Tensor, torch.Tensor]):
+        self._optimizer = optimizer
+        self._param_of = param_of
+
+    def __getitem__(self, alias: torch.Tensor) -> dict:
+        return self._optimizer.state[self._param_of[alias]]
+
+    def __setitem__(self, alias: torch.Tensor, value: dict) -> None:
+        self._optimizer.state[self._param_of[alias]] = value
+
+    def __contains__(self, alias: torch.Tensor) -> bool:
+        return self._param_of[alias] in self._optimizer.state
+
+    def get(self, alias: torch.Tensor, default: Any = None) -> Any:
+        return self._optimizer.state.get(self._param_of[alias], default)
+
+
+def _worker(optimizer: torch.optim.Optimizer, aliases: list[torch.Tensor],
+            params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    worker = copy.copy(optimizer)
+    worker.__dict__.pop("step", None)  # an LR scheduler's instance-level wrapper
+    worker._optimizer_step_pre_hooks = collections.OrderedDict()
+    worker._optimizer_step_post_hooks = collections.OrderedDict()
+    worker.state = _AliasState(optimizer, dict(zip(aliases, params)))
+    return worker
+
+
+class Updater:
+    """Owns the update queue; `main()` is the update thread.
+
+    `owner[i]` is (optimizer index, param-group index) of parameter i, or None for a parameter no
+    wrapped optimizer holds (its averaged gradient is handed to `.grad` instead).
+    """
+
+    def __init__(self, layout: Layout, params: list[torch.Tensor], optimizers: Sequence[torch.optim.Optimizer],
+                 owner: list[tuple[int, int] | None], progress: Progress, steps: StepLog,
+                 clip_grad_norm: float | None, clip_norm_type: float, scaler: Any,
+                 local_used: list[int], device_sync: DeviceSync) -> None:
+        self.layout = layout
+        self.optimizers = list(optimizers)
+        self.owner = owner
+        self.progress = progress
+        self.steps = steps
+        self.clip = clip_grad_norm
+        self.clip_norm_type = clip_norm_type
+        self.scaler = scaler
+        self.local_used = local_used
+        self.device_sync = device_sync
+        self.last_grad_norm: torch.Tensor | None = None
+        self.skipped_steps = 0
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.aliases = [p.detach() for p in params]
+        self._workers = [_worker(opt, self.aliases, params) for opt in self.optimizers]
+        self._steps_of = [type(opt).step for opt in self.optimizers]
+        self._notify_reduced = [own is None for own in owner]
+
+    def main(self) -> None:
+        try:
+            with torch.no_grad(), self.device_sync.update_context():
+                self._loop()
+        except BaseException as error:
+            self.progress.fail(error)
+
+    def _loop(self) -> None:
+        layout, progress = self.layout, self.progress
+        n = layout.n
+        offs, by_offset, ext = layout.sorted_offsets, layout.by_offset, layout.ext_len
+        reduced = [0] * n
+        ready: dict[int, list[int]] = {}
+        snapshots: dict[int, list[list[dict]]] = {}
+        updated: dict[int, int] = {}
+        whole_step = self.clip is not None or self.scaler is not None
+        notify_reduced = self._notify_reduced
+        get, get_nowait = self.queue.get, self.queue.get_nowait
+        empty = queue.Empty
+        bisect_right = bisect.bisect_right
+        while True:
+            event = get()
+            while True:
+                kind = type(event)
+                if kind is SliceReduced:
+                    s, start, length, work, t_done = event
+                    work.wait()  # no-op for gloo; orders this thread's stream after NCCL's
+                    end = start + length
+                    pos = bisect_right(offs, start) - 1
+                    while pos < n and offs[pos] < end:
+                        i = by_offset[pos]
+                        overlap = min(end, offs[pos] + ext[i]) - max(start, offs[pos])
+                        reduced[i] += overlap
+                        if reduced[i] == ext[i]:
+                            reduced[i] = 0
+                            ready.setdefault(s, []).append(i)
+                            if notify_reduced[i]:
+                                with progress.cond:
+                                    progress.reduced_step[i] = s + 1
+                                    progress.cond.notify_all()
+                        pos += 1
+                    rec = self.steps.record(s)
+                    if t_done > rec.t_last_done:
+                        rec.t_last_done = t_done
+                elif kind is StepHyperParameters:
+                    snapshots[event.step] = event.groups
+                elif kind is Stop:
+                    return
+                try:
+                    event = get_nowait()
+                except empty:
+                    break
+            for s in sorted(ready):
+                if s not in snapshots:
+                    continue
+                if whole_step and len(ready[s]) < n:
+                    continue
+                idxs = ready.pop(s)
+                self._apply(s, idxs, snapshots[s])
+                self.device_sync.after_update(idxs)
+                done = updated.get(s, 0) + len(idxs)
+                with progress.cond:
+                    step_number = s + 1
+                    for i in idxs:
+                        progress.param_step[i] = step_number
+                    if done == n:
+                        del snapshots[s]
+                        updated.pop(s, None)
+                        progress.updated_through = step_number
+                        self.steps.completed.append(s)
+                    else:
+                        updated[s] = done
+                    progress.cond.notify_all()
+
+    def _used(self, s: int, idxs: list[int]) -> list[int]:
+        """Parameters some rank used in step s. A parameter used here is used; only the others need
+        the reduced "used" flag, read from the buffer (a host synchronisation on a GPU, paid only by
+        models with locally unused parameters)."""
+        local_used = self.local_used
+        maybe = [i for i in idxs if local_used[i] != s]
+        if not maybe:
+            return idxs
+        layout = self.layout
+        flags = layout.flat[[layout.flag_index(i) for i in maybe]].tolist()
+        elsewhere = {i for i, flag in zip(maybe, flags) if flag > 0}
+        return [i for i in idxs if local_used[i] == s or i in elsewhere]
+
+    def _apply(self, s: int, idxs: list[int], snapshot: list[list[dict]]) -> None:
+        """Apply step s's optimizer updates to parameters whose gradients are reduced."""
+        layout = self.layout
+        used = self._used(s, idxs)
+        if self.scaler is not None and self._unscale_found_inf(used):
+            self.skipped_steps += 1
+            return
+        if self.clip is not None:
+            views = [layout.grad_views[i] for i in used]
+            if views:
+                norms = torch._foreach_norm(views, self.clip_norm_type)
+                total = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
+                coef = torch.clamp(self.clip / (total + 1e-6), max=1.0)
+                torch._foreach_mul_(views, coef)
+                self.last_grad_norm = total
+        by_group: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for i in used:
+            own = self.owner[i]
+            if own is None:
+                continue
+            alias = self.aliases[i]
+            alias.grad = layout.grad_views[i]
+            by_group.setdefault(own, []).append(alias)
+        if not by_group:
+            return
+        try:
+            for k, optimizer in enumerate(self.optimizers):
+                groups = sorted((g, aliases) for (o, g), aliases in by_group.items() if o == k)
+                if not groups:
+                    continue
+                if len(snapshot[k]) != len(optimizer.param_groups):
+                    raise SchedulerError("an optimizer's param_groups changed after construction; "
+                                         "build a new ScheduledOptimizer after add_param_group()")
+                worker = self._workers[k]
+                worker.param_groups = [dict(snapshot[k][g], params=aliases) for g, aliases in groups]
+                self._steps_of[k](worker)
+        finally:
+            for aliases in by_group.values():
+                for alias in aliases:
+                    alias.grad = None
+
+    def _unscale_found_inf(self, used: list[int]) -> bool:
+        """GradScaler's unscale + inf check + scale update on the reduced gradients of a whole step."""
+        scaler = self.scaler
+        scale = scaler._scale
+        if scale is None:
+            raise SchedulerError("grad_scaler is set but scaler.scale(loss) was never called")
+        inv_scale = scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
+        grads = [self.layout.grad_views[i] for i in used]
+        if grads:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        torch._amp_update_scale_(scale, scaler._growth_tracker, found_inf, scaler._growth_factor,
+                                 scaler._backoff_factor, scaler._growth_interval)
+        return bool(found_inf.item())

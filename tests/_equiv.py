@@ -1,0 +1,74 @@
+"""Train a model with DDP and with ScheduledOptimizer in the same (spawned) ranks, and compare.
+
+Used by the scheduler tests on the models and habits real users have: the reference is DDP on the
+default group; the scheduled run sees random sleeps in forward/backward hooks and random
+reconfigurations on rank 0 (jitter), so any read of a parameter that is not yet updated shows.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+SIZES = [None, 4 << 10, 8 << 10, 64 << 10, 1 << 20]
+CREDITS = [None, 4 << 10, 16 << 10, 1 << 20]
+
+
+def max_param_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((x.detach() - y.detach()).abs().max().item()
+               for x, y in zip(a.parameters(), b.parameters()))
+
+
+def jitter(model: nn.Module, rng: random.Random, p: float = 0.3, max_s: float = 0.002) -> None:
+    """Random sleeps before every module's forward and after every gradient is accumulated."""
+    def nap(*_: Any) -> None:
+        if rng.random() < p:
+            time.sleep(rng.random() * max_s)
+
+    for module in model.modules():
+        module.register_forward_pre_hook(nap)
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(nap)
+
+
+def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
+              loss_fn: Callable, find_unused: bool = False) -> tuple[nn.Module, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = make_model()
+    ddp = DDP(model, find_unused_parameters=find_unused)
+    opt = make_opt(model.parameters())
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(ddp(x), y).backward()
+        opt.step()
+    return model, opt
+
+
+def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
+                    loss_fn: Callable, rank: int, seed: int = 0, reconfig_p: float = 0.3,
+                    **kwargs: Any) -> tuple[nn.Module, Any, list]:
+    from autobyte import ScheduledOptimizer
+
+    rng = random.Random(seed * 1000 + rank)
+    model = make_model()
+    opt = make_opt(model.parameters())
+    kwargs.setdefault("partition_bytes", 4 << 10)
+    kwargs.setdefault("credit_bytes", 4 << 10)
+    sched = ScheduledOptimizer(model, opt, **kwargs)
+    jitter(model, rng)
+    seen: list = []
+    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes)))
+    with sched:
+        for x, y in batches:
+            if rng.random() < reconfig_p:
+                sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS))
+            loss_fn(model(x), y).backward()
+            sched.step()
+            sched.zero_grad()
+    return model, opt, seen
