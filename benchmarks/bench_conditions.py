@@ -440,6 +440,19 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
             "condition_log": result.condition_log, "rate_log": result.rate_log}
 
 
+def _commit() -> str:
+    """The checkout's commit (+ "-dirty" with uncommitted changes): which scheduler was measured."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, text=True, capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{'-dirty' if dirty else ''}" if head else "unknown"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_conditions",
                                      description=__doc__.split("\n")[0])
@@ -485,7 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     given = list(argv) if argv is not None else sys.argv[1:]
     command = " ".join(["python -m benchmarks.bench_conditions", *given])
-    chunk = {"command": command, "load_before": load_average(), "started": time.time()}
+    chunk = {"command": command, "load_before": load_average(), "started": time.time(),
+             "commit": _commit()}
     if args.mixed:
         conditions = [Condition.parse(text) for text in args.mixed.split("|")]
         model = args.models.split(",")[0]
@@ -500,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{' / '.join(per_phase)}")
         result = measure_mixed(model, conditions, static, per_phase, args)
         result["command"] = command
+        result["commit"] = chunk["commit"]
         print(json.dumps({k: result[k] for k in ("conditions", "static", "per_phase",
                                                  "paired_ratios", "headroom_measured", "load",
                                                  "load_after", "wall_s")}))
