@@ -133,6 +133,13 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
             raise InvalidArgument(f"rank {request.rank} is not within world size {request.world_size}")
         if not request.instance_id:
             raise InvalidArgument("registration without an instance id")
+        if request.HasField("data_parallel_size"):
+            dp_rank, dp_size, leader = (request.data_parallel_rank, request.data_parallel_size,
+                                        request.data_parallel_leader)
+            if not (1 <= dp_size <= request.world_size and 0 <= dp_rank < dp_size
+                    and 0 <= leader < request.world_size):
+                raise InvalidArgument(f"data-parallel rank {dp_rank} of {dp_size} (leader {leader}) does not "
+                                      f"fit world size {request.world_size}")
         fp = request.model
         registration = Registration(
             job=request.job, rank=request.rank, world_size=request.world_size, backend=request.backend or "unknown",
@@ -142,6 +149,9 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
             config=config_from_proto(request.config))
         result = await self._call(self._storage.register, registration, self._settings.rank_liveness_s)
         log.info("rank registered", extra={"job": request.job, "rank": request.rank,
+                                           "data_parallel_rank": request.data_parallel_rank,
+                                           "data_parallel_size": request.data_parallel_size,
+                                           "data_parallel_leader": request.data_parallel_leader,
                                            "last_acked_seq": result.last_acked_seq})
         return pb.RegisterResponse(session_id=result.session_id, last_acked_seq=result.last_acked_seq)
 

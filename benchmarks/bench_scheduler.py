@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Batch sizes that put compute and communication of the same order at 1gbit on this 2-core machine
 # (MLP 6.8M params: ≈240 ms compute vs ≈229 ms all-reduce; VGG-11/2: ≈137 ms vs ≈122 ms).
-DEFAULT_BATCH = {"mlp": 512, "vgg": 64, "resnet50": 16, "bert": 8}
+DEFAULT_BATCH = {"mlp": 512, "vgg": 64, "resnet50": 16, "bert": 8, "transformer": 16}
 
 
 def scheduler_available() -> bool:
@@ -48,12 +48,23 @@ def scheduler_available() -> bool:
 DEFAULT_GRID = "1MiB:2MiB,1MiB:4MiB,2MiB:4MiB,2MiB:8MiB,4MiB:8MiB,4MiB:16MiB,4MiB:none"
 
 
-def config_labels(grid: Sequence[tuple[str, str]], with_sched: bool) -> list[str]:
+def config_labels(grid: Sequence[tuple[str, str]], with_sched: bool,
+                  shared: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Probes, DDP, the scheduler's grid, and `shared:` twins (the scheduler with
+    own_communicator=False: its collectives on the default group) of the `shared` pairs."""
     labels = ["compute", "comm", "ddp"]
     if with_sched:
         labels.append("sched:none,none")
         labels += [f"sched:{p},{c}" for p, c in grid if not (p == "none" and c == "none")]
+        labels += [f"shared:{p},{c}" for p, c in shared]
     return labels
+
+
+def _twin(label: str) -> str:
+    """The measured label of a grid entry (train_worker spells sizes its own way)."""
+    from benchmarks.train_worker import RunConfig
+
+    return RunConfig.parse(label).label
 
 
 def parse_grid(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -104,8 +115,25 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def own_vs_shared(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per `shared:` configuration, the median over rounds of its step time over its `sched:` twin's."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by_round[r["round"]][r["config"]] = r
+    out = {}
+    for label in dict.fromkeys(r["config"] for r in results):
+        if not label.startswith("shared:"):
+            continue
+        own = "sched:" + label[len("shared:"):]
+        ratios = [rounds[label]["median_step_s"] / rounds[own]["median_step_s"]
+                  for rounds in by_round.values() if label in rounds and own in rounds]
+        if ratios:
+            out[label] = statistics.median(ratios)
+    return out
+
+
 def format_table(blocks: list[dict[str, Any]]) -> str:
-    lines = [f"{'model':<6} {'rate':>8} {'configuration':<24} {'step ms':>9} {'x DDP':>7} "
+    lines = [f"{'model':<11} {'rate':>8} {'configuration':<24} {'step ms':>9} {'x DDP':>7} "
              f"{'exposed ms':>10}"]
     lines.append("-" * len(lines[0]))
     for block in blocks:
@@ -116,20 +144,24 @@ def format_table(blocks: list[dict[str, Any]]) -> str:
             ratio = f"{row['ratio_vs_ddp']:.2f}" if row["ratio_vs_ddp"] is not None else "-"
             exposed = ("-" if row["exposed_comm_s"] is None
                        else f"{row['exposed_comm_s'] * 1e3:.1f}")
-            lines.append(f"{block['model']:<6} {block['rate']:>8} {label:<24} "
+            lines.append(f"{block['model']:<11} {block['rate']:>8} {label:<24} "
                          f"{row['median_step_s'] * 1e3:9.1f} {ratio:>7} {exposed:>10}")
         if "compute" in rows and "comm" in rows and "ddp" in rows:
             bound = max(rows["compute"]["median_step_s"], rows["comm"]["median_step_s"])
-            lines.append(f"{block['model']:<6} {block['rate']:>8} {'bound=max(compute,comm)':<24} "
+            lines.append(f"{block['model']:<11} {block['rate']:>8} {'bound=max(compute,comm)':<24} "
                          f"{bound * 1e3:9.1f} {rows['ddp']['median_step_s'] / bound:7.2f} "
                          f"{'':>10}  (compute {rows['compute']['median_step_s'] * 1e3:.0f} ms, "
                          f"comm {rows['comm']['median_step_s'] * 1e3:.0f} ms)")
         sched = {k: v for k, v in rows.items() if k.startswith("sched:") and v["ratio_vs_ddp"]}
         if sched:
             best = max(sched, key=lambda k: sched[k]["ratio_vs_ddp"])
-            lines.append(f"{block['model']:<6} {block['rate']:>8} {'best: ' + best:<24} "
+            lines.append(f"{block['model']:<11} {block['rate']:>8} {'best: ' + best:<24} "
                          f"{sched[best]['median_step_s'] * 1e3:9.1f} "
                          f"{sched[best]['ratio_vs_ddp']:7.2f}")
+        for label, ratio in block.get("own_vs_shared", {}).items():
+            lines.append(f"{block['model']:<11} {block['rate']:>8} {'own/shared ' + label[7:]:<24} "
+                         f"{'':>9} {ratio:7.3f}  (paired step-time ratio shared / own group; "
+                         f">1: the own group is faster)")
         lines.append("")
     return "\n".join(lines)
 
@@ -213,6 +245,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sched-group", action="store_true",
                         help="scheduler on its own gloo group (default: the world group)")
     parser.add_argument("--no-sched", action="store_true", help="DDP and probes only")
+    parser.add_argument("--shared", default="",
+                        help="partition:credit pairs also measured with own_communicator=False "
+                             "(collectives on the default group), paired with the same pairs on the "
+                             "scheduler's own group, e.g. 1MiB:2MiB,4MiB:none")
     parser.add_argument("--dispatch", action="store_true",
                         help="also measure the scheduler's dispatch overhead per partition")
     parser.add_argument("--dispatch-only", action="store_true")
@@ -236,7 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"command": " ".join(command), "load_before": load_average(),
                               "blocks": []}
     started = time.time()
-    labels = config_labels(parse_grid(args), with_sched)
+    shared = [tuple(pair.split(":")) for pair in filter(None, args.shared.split(","))]
+    grid = parse_grid(args)
+    missing = [pair for pair in shared if pair not in grid and pair != ("none", "none")]
+    grid += missing  # a shared: twin is always paired with the same configuration on its own group
+    labels = [_twin(label) for label in config_labels(grid, with_sched, shared)]
     rates = [parse_rate(r) for r in args.rates.split(",")]
     with Testbed(world_size=2, rate=rates[0]) as bed:
         if not args.dispatch_only:
@@ -247,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results = run_pair(bed, model, batch.get(model, 0), labels, args)
                     block = {"model": model, "rate": format_rate(rate), "load": load,
                              "batch_size": batch.get(model), "rows": summarise(results),
-                             "raw": results}
+                             "own_vs_shared": own_vs_shared(results), "raw": results}
                     report["blocks"].append(block)
                     print(f"[{model} @ {format_rate(rate)} done, load {load}]", flush=True)
             report["table"] = format_table(report["blocks"])

@@ -64,6 +64,9 @@ from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
 LAT_PROBE_BYTES = 4 << 10
+# sched: the scheduler on a communicator of its own (the default); shared: the same scheduler with
+# own_communicator=False, its collectives on the default group (for the cost of the dedicated one).
+SCHED_KINDS = ("sched", "shared")
 
 
 def lat_collectives(size_bytes: int) -> int:
@@ -75,7 +78,7 @@ def lat_collectives(size_bytes: int) -> int:
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | compute | comm | lat | latc (partition_bytes: the probe's size)
+    kind: str  # ddp | sched | shared | compute | comm | lat | latc (partition: the probe's size)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
 
@@ -84,19 +87,19 @@ class RunConfig:
         text = label.strip().lower()
         if text in ("ddp", "compute", "comm"):
             return cls(text)
-        kind, _, size_text = text.partition(":")
+        kind, _, rest = text.partition(":")
         if kind in ("lat", "latc"):
             from autobyte.types import parse_bytes
-            size = parse_bytes(size_text) if size_text else LAT_PROBE_BYTES
+            size = parse_bytes(rest) if rest else LAT_PROBE_BYTES
             if not size or size % 4:
                 raise ValueError(f"bad probe {label!r}: {kind}:SIZE needs a size in whole floats")
             return cls(kind, size)
-        if text.startswith("sched:"):
+        if kind in SCHED_KINDS:
             from autobyte.types import parse_bytes
-            parts = text[len("sched:"):].split(",")
+            parts = rest.split(",")
             if len(parts) != 2:
-                raise ValueError(f"bad configuration {label!r}: expected sched:PARTITION,CREDIT")
-            return cls("sched", parse_bytes(parts[0]), parse_bytes(parts[1]))
+                raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT")
+            return cls(kind, parse_bytes(parts[0]), parse_bytes(parts[1]))
         raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm, lat or "
                          "sched:P,C")
 
@@ -106,11 +109,11 @@ class RunConfig:
             from autobyte.types import format_bytes
             return (self.kind if self.partition_bytes == LAT_PROBE_BYTES
                     else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}")
-        if self.kind != "sched":
+        if self.kind not in SCHED_KINDS:
             return self.kind
         from autobyte.types import format_bytes
         partition = format_bytes(self.partition_bytes, "none")
-        return f"sched:{partition},{format_bytes(self.credit_bytes, 'none')}"
+        return f"{self.kind}:{partition},{format_bytes(self.credit_bytes, 'none')}"
 
 
 @dataclasses.dataclass
@@ -129,7 +132,7 @@ def emit(obj: dict[str, Any]) -> None:
 class Trainer:
     """Holds the replicas (DDP and scheduler) and runs segments."""
 
-    def __init__(self, args: argparse.Namespace, need_sched: bool) -> None:
+    def __init__(self, args: argparse.Namespace, need_sched: bool, need_shared: bool = False) -> None:
         self.args = args
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
@@ -157,18 +160,27 @@ class Trainer:
         self.lat_buffers: dict[int, list[torch.Tensor]] = {}
         self.collective_spans: list[float] = []  # lat/latc probes: seconds per collective
         self.sched = None
-        if need_sched:
+        self.replicas: dict[str, tuple[Any, Any, list]] = {}  # kind -> (model, optimizer, metrics)
+        for kind, wanted in (("sched", need_sched), ("shared", need_shared)):
+            if not wanted:
+                continue
             from autobyte.scheduler import ScheduledOptimizer
             torch.manual_seed(args.seed)
             sched_model = build(args.model, **model_args).model
             group = dist.new_group(backend="gloo") if args.sched_group else None
-            self.sched_model = sched_model
-            self.sched = ScheduledOptimizer(sched_model, self._optimizer(sched_model.parameters()),
-                                            partition_bytes=None, credit_bytes=None,
-                                            process_group=group)
+            sched = ScheduledOptimizer(sched_model, self._optimizer(sched_model.parameters()),
+                                       partition_bytes=None, credit_bytes=None,
+                                       process_group=group, own_communicator=kind == "sched")
             # Every completed step's metrics (last_step_metrics() lags and may skip steps).
-            self.sched_metrics: list[Any] = []
-            self.sched.add_step_callback(self.sched_metrics.append)
+            metrics: list[Any] = []
+            sched.add_step_callback(metrics.append)
+            self.replicas[kind] = (sched_model, sched, metrics)
+        if "sched" in self.replicas:
+            self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
+
+    def _use(self, kind: str) -> None:
+        """Make the replica of a scheduler kind the current one."""
+        self.sched_model, self.sched, self.sched_metrics = self.replicas[kind]
 
     def _optimizer(self, params: Any) -> torch.optim.Optimizer:
         if self.args.optimizer == "sgd":
@@ -218,7 +230,7 @@ class Trainer:
                 self.workload.loss_fn(self.ddp_model(inputs), targets).backward()
             self.ddp_opt.step()
             return
-        assert self.sched is not None
+        assert self.sched is not None and config.kind in SCHED_KINDS
         self.sched.zero_grad()
         self.workload.loss_fn(self.sched_model(inputs), targets).backward()
         self.sched.step()
@@ -263,51 +275,53 @@ class Trainer:
         return self.stopped
 
     def _quiesce(self) -> None:
-        if self.sched is not None:
-            self.sched.synchronize()
+        for _, sched, _ in self.replicas.values():
+            sched.synchronize()
         dist.barrier()
 
     def run_segment(self, index: int, segment: Segment, emit_steps: bool) -> dict[str, Any]:
         config = segment.config
         self._quiesce()
-        if config.kind == "sched":
-            if self.sched is None:
-                raise RuntimeError("a sched: configuration needs autobyte.scheduler")
+        scheduled = config.kind in SCHED_KINDS
+        if scheduled:
+            if config.kind not in self.replicas:
+                raise RuntimeError(f"a {config.kind}: configuration needs autobyte.scheduler")
+            self._use(config.kind)
             self.sched.reconfigure(partition_bytes=config.partition_bytes,
                                    credit_bytes=config.credit_bytes)
         for _ in range(segment.warmup):
             self._step(config)
             self.global_step += 1
-        if config.kind == "sched":
+        if scheduled:
             self.sched.synchronize()
         dist.barrier()
-        sched_first = self.sched.step_index if config.kind == "sched" else 0
-        dispatch_before = self.sched.dispatch_stats() if config.kind == "sched" else None
+        sched_first = self.sched.step_index if scheduled else 0
+        dispatch_before = self.sched.dispatch_stats() if scheduled else None
         self.collective_spans.clear()
         marks = [time.perf_counter()]
         for _ in range(segment.steps):
             if self._should_stop():
                 break
-            if config.kind == "sched":
+            if scheduled:
                 self._poll_control()
             self._step(config)
-            if config.kind == "sched" and len(marks) == segment.steps:
+            if scheduled and len(marks) == segment.steps:
                 self.sched.synchronize()  # the last step's updates land inside its own time
             marks.append(time.perf_counter())
             self.global_step += 1
             if emit_steps and self.rank == 0:
                 label = config.label
-                if config.kind == "sched":  # the configuration in effect, under --control too
-                    label = RunConfig("sched", self.sched.config.partition_bytes,
+                if scheduled:  # the configuration in effect, under --control too
+                    label = RunConfig(config.kind, self.sched.config.partition_bytes,
                                       self.sched.config.credit_bytes).label
                 emit({"event": "step", "step": self.global_step, "config": label,
                       "step_time_s": marks[-1] - marks[-2], "t": time.time()})
-        if self.stopped and config.kind == "sched":
+        if self.stopped and scheduled:
             self.sched.synchronize()
         step_times = [b - a for a, b in zip(marks, marks[1:])]
         metrics: list[dict[str, Any]] = []
         dispatch = None
-        if config.kind == "sched":
+        if scheduled:
             self.sched.last_step_metrics()  # drains completed steps into the callback
             last = self.sched.step_index
             metrics = [_as_dict(m) for m in self.sched_metrics if sched_first <= m.step < last]
@@ -339,11 +353,9 @@ class Trainer:
     def close(self) -> None:
         if self.control is not None:
             self.control.close()
-        if self.sched is not None:
-            self.sched.synchronize()
-            close = getattr(self.sched, "close", None)
-            if close:
-                close()
+        for _, sched, _ in self.replicas.values():
+            sched.synchronize()
+            sched.close()
 
 
 def _as_dict(metrics: Any) -> dict[str, Any]:
@@ -424,7 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = make_plan(args)
         if args.control and any(s.config.kind != "sched" for s in plan):
             raise SystemExit("--control needs scheduler configurations only (sched:P,C)")
-        trainer = Trainer(args, need_sched=any(s.config.kind == "sched" for s in plan))
+        trainer = Trainer(args, need_sched=any(s.config.kind == "sched" for s in plan),
+                          need_shared=any(s.config.kind == "shared" for s in plan))
         emit({"event": "train_start", "rank": trainer.rank, "model": args.model,
               "parameters": trainer.workload.parameter_count,
               "gradient_bytes": trainer.workload.gradient_bytes, "batch_size": trainer.batch_size,

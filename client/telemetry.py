@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -149,18 +149,36 @@ def _retry_after_s(error: grpc.RpcError) -> float | None:
         return None
 
 
-def _rank_of(optimizer, rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """The rank in the optimizer's data-parallel group unless given (or set by RANK/WORLD_SIZE)."""
+class RankPlace(NamedTuple):
+    """Where a process sits: its job-wide rank (identity) and its place in its data-parallel group."""
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    dp_leader: int
+
+
+def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
+    """The job-wide rank and world size (the default group's) unless given (or set by RANK/
+    WORLD_SIZE), and the rank within the optimizer's data-parallel group."""
+    dp_rank = dp_size = dp_leader = None
     try:
         import torch.distributed as dist
 
         group = getattr(optimizer, "process_group", None)
         if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank(group) if rank is None else rank
-            world_size = dist.get_world_size(group) if world_size is None else world_size
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+            dp_rank, dp_size = dist.get_rank(group), dist.get_world_size(group)
+            dp_leader = dist.get_global_rank(group, 0) if group is not None else 0
     except Exception:  # a transport that is not torch.distributed
         pass
-    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    if dp_rank is None or dp_rank < 0:
+        dp_rank, dp_size, dp_leader = rank, world_size, 0
+    return RankPlace(rank, world_size, dp_rank, dp_size, dp_leader)
 
 
 def _backend_of(optimizer) -> str:
@@ -178,6 +196,7 @@ class Reporter:
     def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
                  buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0) -> None:
         self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
+        self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -227,14 +246,15 @@ class Reporter:
                 log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
             return
         self._optimizer = optimizer
-        self.rank, self.world_size = _rank_of(optimizer, self.rank, self.world_size)
+        self.place = _place_of(optimizer, self.rank, self.world_size)
+        self.rank, self.world_size = self.place.rank, self.place.world_size
         self._fingerprint = model_fingerprint(optimizer.model.parameters())
         self._backend = _backend_of(optimizer)
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
         self._channel = open_channel(self.address, self._tls_ca)
         self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
-        if self.rank == 0:
+        if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
             self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
         for thread in self._threads:
             thread.start()
@@ -276,7 +296,9 @@ class Reporter:
         response = stub.Register(pb.RegisterRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
             model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
-            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id),
+            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id,
+            data_parallel_rank=self.place.dp_rank, data_parallel_size=self.place.dp_size,
+            data_parallel_leader=self.place.dp_leader),
             timeout=RPC_TIMEOUT_S, metadata=self._metadata)
         with self._cond:
             # A new stream starts from what the daemon holds; a request iterator of an earlier

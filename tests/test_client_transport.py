@@ -482,3 +482,52 @@ def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(t
     (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
     assert job.state == "finished" and job.steps == 40
     client.close()
+
+
+def _train_dp_groups(rank, world, address, job, steps):
+    import torch
+    import torch.distributed as dist
+
+    import autobyte
+    from autobyte import telemetry
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    autobyte.init(daemon=address, job=job)
+    torch.manual_seed(rank // 2)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      partition_bytes=8 << 10, credit_bytes=None,
+                                      process_group=groups[rank // 2])
+    configs = {}
+    opt.add_step_callback(lambda m: configs.__setitem__(m.step, m.config.to_dict()))
+    for step in range(steps):
+        if step == steps // 2 and rank % 2 == 0:
+            # each group's leader holds its group until the daemon's decision has arrived
+            deadline = time.monotonic() + 30
+            while telemetry._reporter._last_update_id == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        model(torch.randn(16, 32)).sum().backward()
+        opt.step()
+    opt.synchronize()
+    place = telemetry._reporter.place
+    autobyte.shutdown()
+    opt.close()
+    return {"configs": [configs[s] for s in range(steps)], "place": tuple(place)}
+
+
+def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions(thread_daemon):
+    """4 ranks as 2 data-parallel groups of 2 in one job: every process registers under its own
+    job-wide rank with its data-parallel rank beside it, and a decision reaches both groups' leaders
+    and lands at the step it names on all 4 ranks."""
+    client = Client(thread_daemon.address)
+    steps, at = 40, 30
+    proposer = propose_once_registered(client, "dp-job", 4, at, 64 << 10, None)
+    results = run_ranks(_train_dp_groups, 4, thread_daemon.address, "dp-job", steps, timeout_s=150)
+    proposer.join()
+    assert [r["place"] for r in results] == [(0, 4, 0, 2, 0), (1, 4, 1, 2, 0), (2, 4, 0, 2, 2), (3, 4, 1, 2, 2)]
+    for r in results:
+        before, after = r["configs"][:at], r["configs"][at:]
+        assert all(c == {"partition_bytes": 8 << 10, "credit_bytes": None} for c in before)
+        assert all(c == {"partition_bytes": 64 << 10, "credit_bytes": None} for c in after)
+    job = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0]
+    assert list(job.ranks) == [0, 1, 2, 3] and job.world_size == 4

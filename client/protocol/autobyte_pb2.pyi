@@ -86,7 +86,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id")
+    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,9 @@ class RegisterRequest(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_LEADER_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     world_size: int
@@ -107,7 +110,10 @@ class RegisterRequest(_message.Message):
     hostname: str
     pid: int
     instance_id: str
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    data_parallel_rank: int
+    data_parallel_size: int
+    data_parallel_leader: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "last_acked_seq")

@@ -1,15 +1,18 @@
 """The scheduler: priority + partition + credit gradient synchronisation for torch.distributed.
 
 `ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (DESIGN §3). It wraps a model
-and a per-parameter ("element-wise") `torch.optim` optimizer:
+and per-parameter ("element-wise") `torch.optim` optimizers (one, or a list):
 
 * Construction broadcasts every parameter and buffer from rank 0 (as DDP does) and checks the setup;
   unsupported setups (sparse gradients, LBFGS/SparseAdam, mixed dtypes or devices, an optimizer
   holding tensors the model does not own, DDP-wrapped models) raise `ValueError` here.
-* Forward pre-hooks record the order in which parameters are first used (the first forward decides;
-  rank 0's order is broadcast once so every rank shares one gradient layout). Later forward passes
-  wait only for the module's *own* parameters, so layer 1 computes while the last layers' gradients
-  are still on the wire (cross-iteration overlap).
+* Every read of a parameter is seen (`tracking`: each module's `_parameters` dict becomes a tracking
+  dict, plus a forward pre-hook per module for its own parameters): reads record the order of first
+  use during the first forward (rank 0's order is broadcast once so every rank shares one gradient
+  layout), and every later read — by any module, functional code, `parameters()` iteration,
+  `state_dict()`, a deep copy — waits for that parameter's pending update only. So layer 1 computes
+  while the last layers' gradients are still on the wire (cross-iteration overlap), and nothing ever
+  reads a parameter that is still being reduced or updated.
 * A post-accumulate-grad hook copies each gradient (divided by the world size, any strides, e.g.
   channels-last) into one flat buffer laid out in reverse forward order, plus one "used" flag element
   per parameter, and drops `param.grad`. Gradients are owned by the scheduler from then on, so
@@ -20,7 +23,8 @@ and a per-parameter ("element-wise") `torch.optim` optimizer:
 * Rank 0's scheduler thread pops the highest-priority ready partition (earliest forward use; older
   steps first) while in-flight bytes < `credit_bytes` (`None` = unlimited), publishes the decision and
   issues an async all-reduce. Other ranks' scheduler threads issue exactly rank 0's sequence as their
-  local gradients become ready. One thread per rank issues every collective of the data group.
+  local gradients become ready. One thread per rank issues every collective of the data group, a
+  communicator of the scheduler's own (`groups`): nothing the user does on any group interleaves.
 * An update thread waits for a parameter's partitions, then applies that parameter's optimizer update
   with the hyper-parameters captured at the `step()` call of that step (so an LR scheduler that runs
   right after `step()` does not leak into the step still in flight). The user's optimizer object keeps
@@ -28,8 +32,9 @@ and a per-parameter ("element-wise") `torch.optim` optimizer:
 
 Collective-order guarantee (why no configuration of jitter can deadlock or mix up data)
 ----------------------------------------------------------------------------------------
-1. Data-group collectives are issued by exactly one thread per rank (the scheduler thread); the
-   layout broadcast happens once, before that thread starts, on a separate decision group.
+1. Data-group collectives are issued by exactly one thread per rank (the scheduler thread) on a
+   group nobody else uses (created by the data-parallel group's members only, in construction order);
+   the layout broadcast happens once, before that thread starts, on a separate decision group.
 2. Rank 0 issues its all-reduces in the order of its decision log and sends each decision batch, as
    (step, offset, length) triples, over a FIFO point-to-point channel (a TCP socket per follower,
    set up once through a dedicated gloo group; gloo isend/irecv on that group if a socket cannot be
@@ -50,34 +55,39 @@ Collective-order guarantee (why no configuration of jitter can deadlock or mix u
 
 Semantics that differ from a plain optimizer, on purpose
 --------------------------------------------------------
-* `step()` returns before the updates land. Use `synchronize()` before reading parameters for a
-  checkpoint or an evaluation outside a forward pass (forward passes wait by themselves), and use
-  `ScheduledOptimizer.state_dict()` (it synchronises). `param.grad` of managed parameters is None.
+* `step()` returns before the updates land; reads wait for them (above). `synchronize()`, `close()`
+  and the end of a `with` block wait for every update; `state_dict()` synchronises. `param.grad` of
+  parameters the scheduler updates is None.
+* Trainable parameters that no wrapped optimizer holds are reduced first and get their averaged
+  gradient in `.grad` by the time `backward()` returns (an autograd end-of-backward callback), as DDP
+  gives them, for an optimizer the user steps; with them, unused parameters are flushed at the end of
+  backward rather than at `step()`.
 * A parameter that no rank used in a step keeps its value and optimizer state (DDP with
-  `find_unused_parameters=True` does the same); one used by some ranks gets the average over all.
+  `find_unused_parameters=True` does the same); one used by some ranks gets the average over all. A
+  parameter frozen during training is such a parameter. One frozen at construction and unfrozen later
+  raises at that step: build a new ScheduledOptimizer, as DDP must be re-wrapped.
 * One backward per step: gradient accumulation over several backward passes raises.
-* Global-norm gradient clipping needs every gradient: pass `clip_grad_norm=max_norm` (and
-  `clip_norm_type`). The update thread then waits for all of a step's all-reduces, clips exactly like
-  `torch.nn.utils.clip_grad_norm_` on the averaged gradients, and then updates. Overlap with the
-  next forward is lost only for that tail; calling `clip_grad_norm_` yourself is not possible
-  (gradients are in flight, `param.grad` is None).
+* Global-norm gradient clipping (`clip_grad_norm=`) and loss scaling (`grad_scaler=`, see `amp`) need
+  every gradient: the update thread waits for all of a step's all-reduces, unscales (skipping the
+  step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` and then
+  updates. Overlap with the next forward is lost for that tail.
 * Buffers (e.g. BatchNorm statistics) are broadcast once at construction, not every forward
   (DDP's `broadcast_buffers=False`).
-* Construction is collective over the whole default group (it creates one gloo group), so every rank
-  must construct its ScheduledOptimizers in the same order; `close()` is collective too.
+* Construction is collective over the data-parallel group (it creates two groups), so its members
+  construct their ScheduledOptimizers in the same order; `close()` is collective too.
 
-Untested here (CPU + gloo only): NCCL/CUDA. Nothing assumes CPU: buffers live on the parameters'
-device, all-reduces are async work handles, the update thread calls `work.wait()` before using the
-result, and the decision channel is always a gloo group on CPU tensors. But CUDA credit accounting
-relies on the work future's callback, which NCCL may fire at enqueue time rather than completion; a
-CUDA build should poll `work.is_completed()` instead. Untested: several ScheduledOptimizers at once,
-process subgroups, `torch.compile`d models.
+CUDA (`device`): credit returns when a polled `work.is_completed()` says the collective finished (NCCL
+completes futures at enqueue), the update thread runs on a stream of its own, gradient copies and
+parameter reads are ordered with events — no host synchronisation per update batch (the "used" flag
+is read back only for parameters this rank did not use). Written for NCCL/CUDA but untested here (no
+GPU): tests/test_scheduler_cuda.py runs where one is. Untested: `torch.compile`d models.
 
-Where each concern lives: `optimizer` (the public API, setup checks, training-thread hooks), `layout`
-(the flat buffer and partition plans), `decisions` (rank 0's decision channel), `dispatch` (the
-leader/follower threads that issue collectives), `update` (the optimizer-update thread), `metrics`
-(per-step measurements), `progress` (per-parameter step counters shared by the threads), `events`
-(the named records that cross threads).
+Where each concern lives: `optimizer` (the public API, setup checks, training-thread hooks),
+`tracking` (parameter reads), `layout` (the flat buffer and partition plans), `groups` (the scheduler's
+communicators), `decisions` (rank 0's decision channel), `dispatch` (the leader/follower threads that
+issue collectives), `update` (the optimizer-update thread), `amp` (GradScaler), `device` (CUDA
+ordering), `metrics` (per-step measurements), `progress` (per-parameter step counters shared by the
+threads), `events` (the named records that cross threads).
 """
 
 from autobyte.scheduler.optimizer import ScheduledOptimizer

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class SchedulerError(RuntimeError):
@@ -53,48 +53,34 @@ class Progress:
                 return False
         return True
 
+    def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Wait on `cond` until done() (checked under the lock), a thread's error, or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while not done():
+                self.raise_if_failed()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SchedulerError(f"timed out after {timeout_s}s waiting for {what}")
+                self.cond.wait(min(remaining, 1.0))
+
     def wait_params(self, idxs: Sequence[int], s: int) -> float:
         """Wait until the parameters have their updates of steps < s; returns the seconds blocked."""
         if self.ready(idxs, s):
             return 0.0
-        ps = self.param_step
         t0 = time.perf_counter()
-        deadline = time.monotonic() + self.timeout_s
-        with self.cond:
-            while any(ps[i] < s for i in idxs):
-                self.raise_if_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SchedulerError(f"timed out after {self.timeout_s}s waiting for the updates "
-                                         f"of step {s - 1}")
-                self.cond.wait(min(remaining, 1.0))
+        self._wait(lambda: self.ready(idxs, s), self.timeout_s, f"the updates of step {s - 1}")
         return time.perf_counter() - t0
 
     def wait_updated_through(self, target: int, timeout_s: float) -> None:
-        """Wait until every update of steps < target has landed."""
-        if self.updated_through >= target:
-            return
-        deadline = time.monotonic() + timeout_s
-        with self.cond:
-            while self.updated_through < target:
-                self.raise_if_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SchedulerError(f"synchronize() timed out after {timeout_s}s waiting "
-                                         f"for step {target - 1}'s updates")
-                self.cond.wait(min(remaining, 1.0))
+        """Wait until every update of steps < target has landed (synchronize())."""
+        if self.updated_through < target:
+            self._wait(lambda: self.updated_through >= target, timeout_s,
+                       f"step {target - 1}'s updates (synchronize)")
 
     def wait_reduced(self, idxs: Sequence[int], s: int) -> None:
         """Wait until the slices of the parameters are reduced for step s (reduced_step > s)."""
         rs = self.reduced_step
-        if all(rs[i] > s for i in idxs):
-            return
-        deadline = time.monotonic() + self.timeout_s
-        with self.cond:
-            while any(rs[i] <= s for i in idxs):
-                self.raise_if_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SchedulerError(f"timed out after {self.timeout_s}s waiting for the reduced "
-                                         f"gradients of step {s}")
-                self.cond.wait(min(remaining, 1.0))
+        if not all(rs[i] > s for i in idxs):
+            self._wait(lambda: all(rs[i] > s for i in idxs), self.timeout_s,
+                       f"the reduced gradients of step {s}")
