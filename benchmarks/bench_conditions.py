@@ -544,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for model in args.models.split(","):
         for condition in conditions:
             block = measure_block(model, condition, args)
+            block["commit"] = chunk["commit"]
             print(format_block(block), flush=True)
             if out is not None and data is not None:
                 data.setdefault("probe_blocks" if args.probes_only else "blocks", []).append(block)

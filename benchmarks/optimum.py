@@ -116,7 +116,7 @@ def format_summary(blocks: Sequence[dict[str, Any]]) -> str:
     """Per (model, condition): DDP step time, the best configuration, the best static ratio to
     DDP, the runner-up's distance, and where the default compromise stands."""
     header = (f"{'model':<12} {'condition':<22} {'ranks':>5} {'ddp ms':>8} {'best':<20} "
-              f"{'best ms':>8} {'x DDP':>6} {'2nd':<20} {'2nd/best':>8}")
+              f"{'best ms':>8} {'x DDP':>6} {'2nd':<20} {'2nd/best':>8} {'load':>5} commit")
     lines = [header, "-" * len(header)]
     for block in blocks:
         times = step_times(block)
@@ -126,7 +126,8 @@ def format_summary(blocks: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{block['model']:<12} {block['condition']:<22} {block['world_size']:>5} "
                      f"{(ddp or 0) * 1e3:8.1f} {first:<20} {times[first] * 1e3:8.1f} "
                      f"{(ddp / times[first] if ddp else 0):6.2f} {second:<20} "
-                     f"{times[second] / times[first]:8.3f}")
+                     f"{times[second] / times[first]:8.3f} {block['load'].split()[0]:>5} "
+                     f"{block.get('commit', '-')}")
     return "\n".join(lines)
 
 
