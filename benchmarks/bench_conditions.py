@@ -350,7 +350,9 @@ def report(path: Path, max_phases: int, limit: int | None) -> str:
                              f"{c.get('load_after')}, {c.get('wall_s', 0):.0f} s)"
                              for c in data["chunks"]]
     parts += ["", optimum.format_summary(blocks), "", optimum.format_ratio_matrix(blocks),
-              optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit)]
+              optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit), "",
+              "busy worker: a CPU quota or a busy process (which ranks does it slow?)",
+              optimum.format_busy_worker(blocks)]
     return "\n".join(parts)
 
 
@@ -370,18 +372,24 @@ def mixed_plan(static: str, per_phase: Sequence[str], phase_steps: int, cycles: 
     return schedule
 
 
-def mixed_trace(conditions: Sequence[Condition], phase_steps: int, cycles: int, base_rate: str,
-                offset_steps: int) -> Trace:
+def mixed_trace(conditions: Sequence[Condition], phase_steps: int, cycles: int,
+                default_rate: str, offset_steps: int) -> Trace:
     """Condition of phase p from step offset + (k * phases + p) * phase_steps (steps count from 1
-    in the worker's step events, so phase boundaries land between the schedule's segments)."""
+    in the worker's step events, so phase boundaries land between the schedule's segments). Where
+    the conditions' base rates differ (`rate=R` in some), every phase start also sets every link
+    to its condition's base rate (`default_rate` where it names none)."""
     trace = Trace()
     phases = len(conditions)
+    rates_move = len({c.base_rate(default_rate) for c in conditions}) > 1
     for cycle in range(cycles):
         for phase, condition in enumerate(conditions):
             at = offset_steps + (cycle * phases + phase) * phase_steps
             if cycle == 0 and phase == 0:
                 continue  # applied before the run starts
-            trace += conditions[phase - 1].undo_trace(at, base_rate)
+            rate = condition.base_rate(default_rate)
+            if rates_move:
+                trace += Trace.from_steps([(at, rate)])
+            trace += conditions[phase - 1].undo_trace(at, rate)
             trace += condition.trace(at)
     return trace
 
@@ -394,15 +402,12 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
         raise SystemExit("the conditions of a mixed trace must have the same number of ranks")
     if len({c.pin for c in conditions}) != 1:
         raise SystemExit("the conditions of a mixed trace must all pin ranks or none")
-    base = {c.base_rate(args.rate) for c in conditions}
-    if len(base) != 1:
-        raise SystemExit("use rateK=R (per rank) for rate phases: the base rate is fixed per run")
-    base_rate = base.pop()
+    base_rate = conditions[0].base_rate(args.rate)  # the others' rates: set by the trace
     steps = args.phase_steps * len(conditions) * args.cycles
     schedule = mixed_plan(static, per_phase, args.phase_steps, args.cycles)
     # step events count from 1: the trace switches when rank 0 reports the last step of a phase,
     # which is when the next segment (the next phase's configuration) begins
-    trace = mixed_trace(conditions, args.phase_steps, args.cycles, base_rate, offset_steps=0)
+    trace = mixed_trace(conditions, args.phase_steps, args.cycles, args.rate, offset_steps=0)
     load = load_average()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="abmixed-") as tmp:

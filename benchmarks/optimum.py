@@ -98,12 +98,14 @@ def latest_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def all_headrooms(blocks: Sequence[dict[str, Any]], max_phases: int = 2
                   ) -> list[dict[str, Any]]:
-    """Headroom of every combination of 2..max_phases conditions of the same model and ranks."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """Headroom of every combination of 2..max_phases conditions of the same model, ranks and
+    pinning (what one testbed run can switch between)."""
+    groups: dict[tuple[str, int, bool], list[dict[str, Any]]] = {}
     for block in blocks:
-        groups.setdefault((block["model"], block["world_size"]), []).append(block)
+        pinned = bool(block.get("condition_spec", {}).get("pin"))
+        groups.setdefault((block["model"], block["world_size"], pinned), []).append(block)
     out = []
-    for (model, world), group in groups.items():
+    for (model, world, _), group in groups.items():
         for size in range(2, max_phases + 1):
             for combo in itertools.combinations(group, size):
                 item = headroom(combo)
@@ -165,4 +167,29 @@ def format_headrooms(items: Sequence[dict[str, Any]], limit: int | None = None) 
                      f"{' | '.join(item['conditions']):<44} {item['headroom'] * 100:8.1f}% "
                      f"{(f'{cv * 100:6.1f}%' if cv is not None else '      -')}  "
                      f"{item['static']} -> {' / '.join(item['per_phase'])}")
+    return "\n".join(lines)
+
+
+BUSY_CONDITIONS = ("quiet", "cpu1=0.5", "cpu=0.5", "busy1=1", "pin=1", "pin=1+busy1=1")
+
+
+def format_busy_worker(blocks: Sequence[dict[str, Any]]) -> str:
+    """Quota or busy process, which takes CPU from one rank only? Per model and busy-worker
+    condition: each rank's compute probe, the collectives' cost, what the condition's processes
+    used, and the best configuration."""
+    header = (f"{'model':<12} {'condition':<16} {'compute r0/r1 ms':>17} {'r1/r0':>6} "
+              f"{'4KiB ms':>8} {'2MiB ms':>8} {'busy cores':>10}  best")
+    lines = [header, "-" * len(header)]
+    for block in blocks:
+        if block["condition"] not in BUSY_CONDITIONS or block["world_size"] != 2:
+            continue
+        probes = block["probes"]
+        r0, r1 = probes["compute_s_per_rank"][:2]
+        collective = probes.get("collective_s", {})
+        small, large = collective.get("4096"), collective.get("2097152")
+        cores = block.get("condition_cores", {}).get("busy", 0.0)
+        lines.append(f"{block['model']:<12} {block['condition']:<16} "
+                     f"{r0 * 1e3:8.0f}/{r1 * 1e3:<8.0f} {r1 / r0:6.2f} "
+                     f"{(small or 0) * 1e3:8.2f} {(large or 0) * 1e3:8.2f} {cores:10.2f}  "
+                     f"{best(step_times(block))}")
     return "\n".join(lines)

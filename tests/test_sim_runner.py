@@ -138,3 +138,44 @@ def test_map_calibration_reports_rankings_and_writes_scenarios(tmp_path):
     assert len(oracle.phase_configs) == 4
     records = sim.run(oracle.initial_config(), steps=50)
     assert all(r.step_time_s > 0 for r in records)
+
+
+def test_mixed_trace_switches_conditions_and_rates_at_phase_boundaries():
+    """A directly measured mixed trace: the schedule pairs static and per-phase cycles; the trace
+    lifts each condition and applies the next at the phase's first step, rates included."""
+    from benchmarks.bench_conditions import Condition, mixed_plan, mixed_trace
+    from benchmarks.testbed import RateChange, parse_rate
+
+    plan = mixed_plan("sched:4MiB,8MiB", ["sched:1MiB,4MiB", "sched:16MiB,none"], 10, 2)
+    assert [(s["at_step"], s["config"]) for s in plan] == [
+        (0, "sched:4MiB,8MiB"), (10, "sched:4MiB,8MiB"),
+        (20, "sched:1MiB,4MiB"), (30, "sched:16MiB,none")]
+    conditions = [Condition.parse("rate=10gbit"), Condition.parse("cpu1=0.5+flows1=1")]
+    changes = mixed_trace(conditions, 10, 2, "1gbit", offset_steps=0).changes
+    rates = [(c.at_step, c.rate_bps, c.ranks) for c in changes if isinstance(c, RateChange)]
+    assert rates == [(10, parse_rate("1gbit"), None), (20, parse_rate("10gbit"), None),
+                     (30, parse_rate("1gbit"), None)]
+    at_10 = [(type(c).__name__, getattr(c, "cpu_share", None), c.ranks) for c in changes
+             if c.at_step == 10]
+    assert at_10 == [("RateChange", None, None), ("CpuShareChange", 0.5, (1,)),
+                     ("FlowChange", None, (1,))]  # every link back to 1gbit first
+    lifted = [c for c in changes if c.at_step == 20 and type(c).__name__ == "CpuShareChange"]
+    assert [c.cpu_share for c in lifted] == [None]
+    with pytest.raises(ValueError, match="rank 3"):
+        Condition.parse("cpu3=0.5")
+
+
+def test_headrooms_only_pair_conditions_one_run_can_switch_between():
+    from benchmarks import optimum
+
+    def block(condition, pin, times):
+        return {"model": "m", "world_size": 2, "condition": condition,
+                "condition_spec": {"pin": pin},
+                "rows": {k: {"median_step_s": v} for k, v in times.items()},
+                "per_round": {k: [v] for k, v in times.items()}}
+
+    blocks = [block("quiet", False, {"a": 1.0, "b": 1.2}), block("cpu1=0.5", False,
+              {"a": 2.0, "b": 1.5}), block("pin=1", True, {"a": 1.0, "b": 1.1})]
+    (item,) = optimum.all_headrooms(blocks)
+    assert item["conditions"] == ["quiet", "cpu1=0.5"]
+    assert item["headroom"] == pytest.approx(2.7 / 2.5 - 1)

@@ -473,12 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _rounded(obj: Any) -> Any:
-    """Floats to 4 significant digits (a small report)."""
+    """Floats to 4 significant digits (a small report); numpy scalars become Python numbers."""
+    if hasattr(obj, "dtype") and hasattr(obj, "item"):
+        obj = obj.item()
     if isinstance(obj, float):
         return float(f"{obj:.4g}")
     if isinstance(obj, dict):
         return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):
         return [_rounded(v) for v in obj]
     return obj
 

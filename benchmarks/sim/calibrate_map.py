@@ -488,6 +488,12 @@ def format_map_report(report: dict[str, Any]) -> str:
             lines.append(f"{row['model']:<12} {' | '.join(row['conditions']):<32} "
                          f"{pct('measured_direct'):>7} {row['pairs']:>5} {pct('from_map'):>7} "
                          f"{pct('predicted_probes'):>11} {pct('predicted_model'):>10}")
+        for mode in ("probes", "model"):
+            rows = [r for r in report["mixed_direct"] if r.get(f"predicted_{mode}") is not None
+                    and r.get("measured_direct") is not None]
+            close = sum(abs(r[f"predicted_{mode}"] - r["measured_direct"]) <= 0.03 for r in rows)
+            lines.append(f"simulator ({mode}) within +-3 points of the direct measurement in "
+                         f"{close}/{len(rows)}")
         lines.append("")
     constants = report["constants"]
     lines.append(f"constants: scheduler overhead per partition {constants['collective_overhead_s'] * 1e3:.2f} ms, "
