@@ -15,7 +15,8 @@ the testbed) the simulator predicts every configuration's settled step time, in 
   credit, priority) given what the condition did to the link and the CPU.
 - **model**: from the model's *quiet* block and the condition's description only, through the
   condition model the scenario keys use (`benchmarks/scenario.py`): a CPU quota of S cores ->
-  cpu share S; N busy processes beside R ranks on this 2-core machine -> share 2/(R+N); K
+  cpu share S; N busy processes beside R ranks on this 2-core machine -> share 2/(R+N) (pinned,
+  one core per rank: 1/(1+N) on the busy rank's core); K
   competing flows -> the job keeps 1/(1+K) of the link and every collective pays K times the
   flow penalty by size (`flow_message_extra_s`, taken from the lat probes of the flow blocks of
   *all* models: their increase over the quiet blocks beyond the halved wire time); a straggler
@@ -279,9 +280,18 @@ def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelPro
     share = 1.0
     for _, value in spec.get("cpu", []):
         share = min(share, float(value))
-    busy = sum(count for _, count in spec.get("busy", []))
-    if ranks > HOST_CORES or busy:
-        share = min(share, HOST_CORES / (ranks + busy))
+    busy = spec.get("busy", [])
+    if spec.get("pin"):
+        # one core per rank (ranks beyond the cores double up): N busy loops on a rank's core
+        # leave that rank 1 / (ranks on the core + N) of it
+        per_core = -(-ranks // HOST_CORES)
+        worst = max([count for _, count in busy] or [0])
+        share = min(share, 1.0 / (per_core + worst))
+    else:
+        # a namespace does not partition CPU: every runnable process shares the host's cores
+        loops = sum(count * (ranks if rank is None else 1) for rank, count in busy)
+        if ranks > HOST_CORES or loops:
+            share = min(share, HOST_CORES / (ranks + loops))
     flows = max([count for _, count in spec.get("flows", [])] or [0])
     link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
                      launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
