@@ -179,3 +179,22 @@ def test_headrooms_only_pair_conditions_one_run_can_switch_between():
     (item,) = optimum.all_headrooms(blocks)
     assert item["conditions"] == ["quiet", "cpu1=0.5"]
     assert item["headroom"] == pytest.approx(2.7 / 2.5 - 1)
+
+
+def test_condition_cpu_share_counts_busy_loops_per_rank_and_pinned_cores():
+    from benchmarks.bench_conditions import Condition
+    from benchmarks.sim.calibrate_map import condition_cpu_share
+
+    def share(text):
+        condition = Condition.parse(text)
+        return condition_cpu_share(condition.as_dict(), condition.ranks)
+
+    assert share("quiet") == 1.0
+    assert share("cpu1=0.5") == 0.5
+    assert share("busy1=1") == pytest.approx(2 / 3)  # 2 ranks + 1 loop on 2 cores
+    assert share("busy=1") == pytest.approx(2 / 4)  # one loop beside each rank
+    assert share("ranks=4") == pytest.approx(2 / 4)
+    assert share("pin=1") == 1.0
+    assert share("pin=1+busy1=1") == pytest.approx(1 / 2)  # the loop shares rank 1's core
+    assert share("ranks=4+pin=1") == pytest.approx(1 / 2)  # two ranks per core
+    assert share("cpu=0.3+busy1=1") == pytest.approx(0.3)

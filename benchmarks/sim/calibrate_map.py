@@ -261,6 +261,27 @@ def probe_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelPro
                        cpu_share=share, notes=notes)
 
 
+def condition_cpu_share(spec: dict[str, Any], ranks: int, cores: int = HOST_CORES) -> float:
+    """The CPU share of the slowest rank under a condition (`Condition.as_dict()`): the lowest
+    quota; busy loops (`busy=N`: N per rank, `busyK=N`: N on rank K) and ranks beyond the cores
+    share the host's cores, or, pinned (one core per rank), the busy rank's own core."""
+    share = 1.0
+    for _, value in spec.get("cpu", []):
+        share = min(share, float(value))
+    busy = spec.get("busy", [])
+    if spec.get("pin"):
+        # ranks beyond the cores double up: N busy loops on a rank's core leave that rank
+        # 1 / (ranks on the core + N) of it
+        per_core = -(-ranks // cores)
+        worst = max([count for _, count in busy] or [0])
+        return min(share, 1.0 / (per_core + worst))
+    # a namespace does not partition CPU: every runnable process shares the host's cores
+    loops = sum(count * (ranks if rank is None else 1) for rank, count in busy)
+    if ranks > cores or loops:
+        share = min(share, cores / (ranks + loops))
+    return share
+
+
 def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelProfile,
                  constants: SharedConstants, sizes: tuple[int, int]) -> BlockInputs:
     """The condition model of the scenario keys, fed with the quiet block's probes only."""
@@ -277,21 +298,7 @@ def model_inputs(block: dict[str, Any], quiet: dict[str, Any], profile: ModelPro
     if cpb:
         bandwidth = min(bandwidth, 1.0 / cpb)  # gloo over veth cannot move bytes faster
     ranks = block["world_size"]
-    share = 1.0
-    for _, value in spec.get("cpu", []):
-        share = min(share, float(value))
-    busy = spec.get("busy", [])
-    if spec.get("pin"):
-        # one core per rank (ranks beyond the cores double up): N busy loops on a rank's core
-        # leave that rank 1 / (ranks on the core + N) of it
-        per_core = -(-ranks // HOST_CORES)
-        worst = max([count for _, count in busy] or [0])
-        share = min(share, 1.0 / (per_core + worst))
-    else:
-        # a namespace does not partition CPU: every runnable process shares the host's cores
-        loops = sum(count * (ranks if rank is None else 1) for rank, count in busy)
-        if ranks > HOST_CORES or loops:
-            share = min(share, HOST_CORES / (ranks + loops))
+    share = condition_cpu_share(spec, ranks)
     flows = max([count for _, count in spec.get("flows", [])] or [0])
     link = LinkModel(latency_s=0.0, collective_overhead_s=constants.overhead_s,
                      launch_s=constants.launch_s, ddp_launch_s=20e-6, comm_cpu_s_per_byte=cpb,
@@ -414,6 +421,8 @@ def calibrate_map(data: dict[str, Any], profiles: pathlib.Path | None,
     for run in (mixed or {}).get("mixed", []):
         row = {"model": run["model"], "conditions": run["conditions"],
                "measured_direct": run["headroom_measured"], "pairs": len(run["paired_ratios"]),
+               "phase_steps": run["phase_steps"], "commit": run.get("commit"),
+               "load": run.get("load"),
                "static": run["static"], "per_phase": run["per_phase"], "command": run["command"]}
         for item in headrooms:
             if item["model"] == run["model"] and item["conditions"] == run["conditions"]:
@@ -489,7 +498,7 @@ def format_map_report(report: dict[str, Any]) -> str:
         lines.append("mixed traces measured directly (one run, conditions switching every phase, "
                      "static and per-phase cycles paired)")
         header = (f"{'model':<12} {'mixed trace':<32} {'direct':>7} {'pairs':>5} {'map':>7} "
-                  f"{'sim(probes)':>11} {'sim(model)':>10}")
+                  f"{'sim(probes)':>11} {'sim(model)':>10}  {'load':<5} commit")
         lines += [header, "-" * len(header)]
         for row in report["mixed_direct"]:
             def pct(key: str) -> str:
@@ -497,7 +506,8 @@ def format_map_report(report: dict[str, Any]) -> str:
                 return "-" if value is None else f"{value * 100:.1f}%"
             lines.append(f"{row['model']:<12} {' | '.join(row['conditions']):<32} "
                          f"{pct('measured_direct'):>7} {row['pairs']:>5} {pct('from_map'):>7} "
-                         f"{pct('predicted_probes'):>11} {pct('predicted_model'):>10}")
+                         f"{pct('predicted_probes'):>11} {pct('predicted_model'):>10}  "
+                         f"{(row.get('load') or '-').split(' ')[0]:<5} {row.get('commit') or '-'}")
         for mode in ("probes", "model"):
             rows = [r for r in report["mixed_direct"] if r.get(f"predicted_{mode}") is not None
                     and r.get("measured_direct") is not None]
@@ -584,6 +594,12 @@ def scenario_text(item: dict[str, Any], blocks: dict[tuple[str, str], dict[str, 
         f"{(item['measured_cv'] or 0) * 100:.1f}%) on equal steps of "
         f"{' | '.join(conditions)}; the simulator predicts {item['predicted'] * 100:.1f}%.",
         f"# Best static {static}; per phase {' / '.join(per_phase)}.",
+        *[f"# Measured directly (one run switching conditions every {run['phase_steps']} steps, "
+          f"{run['pairs']} paired cycles): {run['measured_direct'] * 100:+.1f}% "
+          f"(static {run['static']}, per phase {' / '.join(run['per_phase'])})."
+          for run in report.get("mixed_direct", [])
+          if run["model"] == model and run["conditions"] == conditions
+          and run["measured_direct"] is not None],
         f"description = {json.dumps(f'{model} on 2 ranks, {PHASE_S:.0f} s phases alternating ' + ' | '.join(conditions) + ' (from the optimum map)')}",
         f'model = "../calibration/profiles/{model}.profile.json"',
         "workers = 2",
