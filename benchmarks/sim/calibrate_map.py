@@ -444,7 +444,13 @@ def summarise(rows: dict[str, list[dict[str, Any]]], headrooms: list[dict[str, A
     out = {}
     for mode, items in rows.items():
         mine = [h for h in headrooms if h["mode"] == mode]
+        # the blocks whose two halves of rounds rank the grid alike (tau >= 0.7): where the
+        # testbed itself is consistent enough for the goal to be checkable
+        steady = [r for r in items if (r["tau_testbed_halves"] or 0) >= 0.7]
         out[mode] = {
+            "steady_blocks": len(steady),
+            "steady_tau_ge_0.7": sum(r["tau"] >= 0.7 for r in steady),
+            "steady_regret_le_3pct": sum(r["regret"] <= 0.03 for r in steady),
             "blocks": len(items),
             "tau_median": statistics.median(r["tau"] for r in items) if items else None,
             "tau_ge_0.7": sum(r["tau"] >= 0.7 for r in items),
@@ -479,6 +485,9 @@ def format_map_report(report: dict[str, Any]) -> str:
                      f"{summary['regret_le_3pct']}/{summary['blocks']} (median "
                      f"{summary['regret_median'] * 100:.1f}%); step-time |error| median "
                      f"{summary['step_error_median'] * 100:.1f}%")
+        lines.append(f"blocks whose halves agree (tb >= 0.7): tau >= 0.7 in "
+                     f"{summary['steady_tau_ge_0.7']}/{summary['steady_blocks']}, regret <= 3% in "
+                     f"{summary['steady_regret_le_3pct']}/{summary['steady_blocks']}")
         lines.append("")
         header = (f"{'model':<12} {'mixed trace (equal steps)':<40} {'measured':>9} {'(cv)':>7} "
                   f"{'predicted':>9} {'diff':>6}")
