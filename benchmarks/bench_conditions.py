@@ -351,6 +351,9 @@ def report(path: Path, max_phases: int, limit: int | None) -> str:
                              for c in data["chunks"]]
     parts += ["", optimum.format_summary(blocks), "", optimum.format_ratio_matrix(blocks),
               optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit), "",
+              "one configuration for every condition of a model (step time / the condition's "
+              "best: worst case and geometric mean over the conditions)",
+              optimum.format_one_for_all(optimum.one_for_all(blocks)), "",
               "busy worker: a CPU quota or a busy process (which ranks does it slow?)",
               optimum.format_busy_worker(blocks)]
     return "\n".join(parts)

@@ -114,6 +114,39 @@ def all_headrooms(blocks: Sequence[dict[str, Any]], max_phases: int = 2
     return out
 
 
+def one_for_all(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model: how far one fixed configuration stays from every condition's best (the ratio
+    of its step time to the condition's best, worst case and geometric mean over the model's
+    conditions), for the minimax configuration, DDP and the worst configuration: what choosing
+    well once is worth, beside what re-tuning adds (the headrooms)."""
+    out = []
+    for model in dict.fromkeys(b["model"] for b in blocks):
+        ratios = [ratios_to_best(step_times(b)) for b in blocks if b["model"] == model]
+        common = [c for c in ratios[0] if all(c in r for r in ratios)]
+        worst = {c: max(r[c] for r in ratios) for c in common}
+        mean = {c: statistics.geometric_mean([r[c] for r in ratios]) for c in common}
+        minimax = min(common, key=lambda c: (worst[c], mean[c]))
+        loser = max(common, key=mean.__getitem__)
+        out.append({"model": model, "conditions": len(ratios), "minimax": minimax,
+                    "minimax_worst": worst[minimax], "minimax_mean": mean[minimax],
+                    "ddp_worst": worst.get("ddp"), "ddp_mean": mean.get("ddp"),
+                    "worst_config": loser, "worst_config_mean": mean[loser]})
+    return out
+
+
+def format_one_for_all(items: Sequence[dict[str, Any]]) -> str:
+    header = (f"{'model':<12} {'conds':>5} {'one configuration':<20} {'worst':>6} {'mean':>6} "
+              f"{'ddp worst':>9} {'ddp mean':>8}  {'worst configuration':<20} {'mean':>6}")
+    lines = [header, "-" * len(header)]
+    for item in items:
+        ddp_worst = f"{item['ddp_worst']:9.3f}" if item["ddp_worst"] else f"{'-':>9}"
+        ddp_mean = f"{item['ddp_mean']:8.3f}" if item["ddp_mean"] else f"{'-':>8}"
+        lines.append(f"{item['model']:<12} {item['conditions']:>5} {item['minimax']:<20} "
+                     f"{item['minimax_worst']:6.3f} {item['minimax_mean']:6.3f} {ddp_worst} "
+                     f"{ddp_mean}  {item['worst_config']:<20} {item['worst_config_mean']:6.3f}")
+    return "\n".join(lines)
+
+
 def format_summary(blocks: Sequence[dict[str, Any]]) -> str:
     """Per (model, condition): DDP step time, the best configuration, the best static ratio to
     DDP, the runner-up's distance, and where the default compromise stands."""

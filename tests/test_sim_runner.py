@@ -198,3 +198,22 @@ def test_condition_cpu_share_counts_busy_loops_per_rank_and_pinned_cores():
     assert share("pin=1+busy1=1") == pytest.approx(1 / 2)  # the loop shares rank 1's core
     assert share("ranks=4+pin=1") == pytest.approx(1 / 2)  # two ranks per core
     assert share("cpu=0.3+busy1=1") == pytest.approx(0.3)
+
+
+def test_one_configuration_for_all_conditions_minimises_the_worst_ratio():
+    from benchmarks import optimum
+
+    def block(condition, times):
+        return {"model": "m", "world_size": 2, "condition": condition,
+                "rows": {k: {"median_step_s": v} for k, v in times.items()},
+                "per_round": {k: [v] for k, v in times.items()}}
+
+    blocks = [block("quiet", {"ddp": 1.3, "a": 1.0, "b": 1.1, "c": 1.05}),
+              block("cpu1=0.5", {"ddp": 2.0, "a": 2.4, "b": 2.0, "c": 2.1})]
+    (item,) = optimum.one_for_all(blocks)
+    # a: worst 1.2, b: worst 1.1, c: worst 1.05 -> c; ddp: 1.3 / 1.0
+    assert item["minimax"] == "c" and item["minimax_worst"] == pytest.approx(1.05)
+    assert item["ddp_worst"] == pytest.approx(1.3)
+    assert item["ddp_mean"] == pytest.approx((1.3 * 1.0) ** 0.5)
+    assert item["worst_config"] == "ddp"
+    assert "c" in optimum.format_one_for_all([item])
