@@ -41,6 +41,7 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.port: int | None = None
+        self.writer = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -87,6 +88,7 @@ class Daemon:
             engine.dispose()
             raise
         self.port = port
+        self.writer = writer  # the ingest queue, for introspection (queued rows)
         self._stop = asyncio.Event()
         loop = self._loop = asyncio.get_running_loop()
         if install_signals:

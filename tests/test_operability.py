@@ -84,7 +84,10 @@ def test_full_ingest_queue_pushes_back_with_a_retry_hint(db_url):
         stalled = threading.Thread(target=lambda: acks.extend(client.stream([batch(first, range(1, 31))])))
         stalled.start()
         deadline = time.monotonic() + 10
-        while True:  # wait until the writer holds the first batch
+        while daemon.daemon.writer.queued_rows < 30:  # the first batch waits in the queue
+            assert time.monotonic() < deadline, "the first batch never reached the write queue"
+            time.sleep(0.01)
+        while True:
             try:
                 client.stream([batch(second, range(1, 31), rank=1)])
             except grpc.RpcError as error:
