@@ -28,7 +28,8 @@ EXIT_MISSING_EXTRA = 6   # installed without the [daemon] extra
 
 # module -> distribution of what `autobyted start` imports beyond the base install
 DAEMON_DEPENDENCIES = {"sqlalchemy": "sqlalchemy", "alembic": "alembic",
-                       "prometheus_client": "prometheus-client", "grpc_health": "grpcio-health-checking"}
+                       "prometheus_client": "prometheus-client", "grpc_health": "grpcio-health-checking",
+                       "numpy": "numpy", "xgboost": "xgboost-cpu"}
 
 
 def missing_daemon_dependencies() -> list[str]:
@@ -41,6 +42,7 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.port: int | None = None
+        self.tuner = None  # the TunerManager while running (None with --tuner off)
         self.writer = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,14 +76,23 @@ class Daemon:
 
         settings = self.settings
         engine = make_engine(settings.db, settings.sqlite_synchronous)
+        loop = self._loop = asyncio.get_running_loop()
+        tuner = None
+
+        def wake_tuner(jobs) -> None:  # the ingest writer and the services wake the tuner's worker
+            if tuner is not None:
+                tuner.notify(jobs)
+
         try:
             revision = migrate(engine)
             storage = SqlStorage(engine)
             metrics = DaemonMetrics(job_states=lambda: collections.Counter(
                 job.state for job in storage.jobs(RUNNING_WITHIN_S)))
             writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc,
-                                  max_queued_rows=settings.ingest_queue_rows)
-            services = Services(storage, writer, settings, metrics)
+                                  max_queued_rows=settings.ingest_queue_rows, on_jobs=wake_tuner)
+            services = Services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
+            services.loop = loop
+            tuner = self.tuner = make_tuner(settings, storage, services.decide_from_thread)
             health_servicer = health.aio.HealthServicer()
             server, port = make_server(services, health_servicer, settings)
         except BaseException:
@@ -90,7 +101,6 @@ class Daemon:
         self.port = port
         self.writer = writer  # the ingest queue, for introspection (queued rows)
         self._stop = asyncio.Event()
-        loop = self._loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
@@ -102,6 +112,8 @@ class Daemon:
             metrics_server, _ = start_http_server(int(metrics_port), addr=host.strip("[]"),
                                                   registry=metrics.registry)
         writer.start()
+        if tuner is not None:
+            tuner.start()
         await server.start()
         for service in ("", *SERVICE_NAMES):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -113,7 +125,8 @@ class Daemon:
                                                "schema_revision": revision, "version": __version__,
                                                "token": bool(settings.token), "tls": bool(settings.tls_cert),
                                                "max_concurrent_rpcs": settings.max_concurrent_rpcs,
-                                               "sqlite_synchronous": settings.sqlite_synchronous})
+                                               "sqlite_synchronous": settings.sqlite_synchronous,
+                                               "tuner": settings.tuner})
         if ready is not None:
             ready(port)
         try:
@@ -123,6 +136,8 @@ class Daemon:
             # Health watchers (load balancers) learn first; then running RPCs get 3 s to finish.
             await health_servicer.enter_graceful_shutdown()
             retention.cancel()
+            if tuner is not None:
+                await asyncio.to_thread(tuner.close)
             await server.stop(grace=3.0)
             await asyncio.to_thread(writer.close)
             if metrics_server is not None:
@@ -136,6 +151,16 @@ class Daemon:
             self._loop.call_soon_threadsafe(self._stop.set)
 
 
+def make_tuner(settings: Settings, storage, decide):
+    """The tuner manager for --tuner auto|observe (None for off); started by Daemon.run."""
+    if settings.tuner == "off":
+        return None
+    from autobyted.tuner.manager import TunerManager
+
+    return TunerManager(storage, decide=decide, mode=settings.tuner, idle_after_s=settings.tuner_idle_s,
+                        retrain_interval_s=settings.tuner_retrain_s)
+
+
 # Full names of the autobyte services, as the health service reports them.
 SERVICE_NAMES = ("autobyte.v1.Telemetry", "autobyte.v1.Control", "autobyte.v1.Query")
 
@@ -146,9 +171,12 @@ SERVICE_NAMES = ("autobyte.v1.Telemetry", "autobyte.v1.Control", "autobyte.v1.Qu
                     "6 installed without the [daemon] extra.")
 @click.version_option(__version__, prog_name="autobyted")
 def main() -> None:
-    """autobyted: stores the step telemetry of training jobs, answers the `autobyte` CLI, and pushes
-    the configuration decisions proposed for a job (`autobyte propose`) to its ranks. It does not
-    choose configurations by itself yet."""
+    """autobyted: stores the step telemetry of training jobs, answers the `autobyte` CLI, and tunes
+    each running job's scheduler configuration itself: a learned predictor (xgboost) scores candidate
+    (partition, credit) configurations, the promising ones are tried on the live job, the fastest is
+    held and the search re-opens when conditions change (--tuner auto; observe records
+    recommendations without pushing them; off). An operator's `autobyte propose` always wins and
+    pauses the tuner for that job."""
 
 
 @main.command()
@@ -175,6 +203,8 @@ def main() -> None:
               "[env AUTOBYTED_SQLITE_SYNCHRONOUS; default normal]")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR [default INFO]")
 @click.option("--log-format", type=click.Choice(["json", "text"]), help="log line format [default json]")
+@click.option("--tuner", type=click.Choice(["auto", "observe", "off"]),
+              help="auto: tune jobs; observe: record recommendations only; off [env AUTOBYTED_TUNER; default auto]")
 def start(config_file, **flags) -> None:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
     missing = missing_daemon_dependencies()

@@ -61,7 +61,7 @@ class IngestWriter:
     _STOP = object()
 
     def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None,
-                 max_queued_rows: int = 200_000) -> None:
+                 max_queued_rows: int = 200_000, on_jobs=None) -> None:
         self._storage = storage
         self._max_rows = max_rows
         self._max_queued_rows = max_queued_rows
@@ -72,6 +72,7 @@ class IngestWriter:
         self._write_started: float | None = None  # monotonic start of the write in progress
         self._thread = threading.Thread(target=self._run, name="autobyted-writer", daemon=True)
         self._on_written = on_written
+        self._on_jobs = on_jobs  # called with the names of the jobs a write stored samples of
         self._closed = False
 
     def start(self) -> None:
@@ -161,3 +162,5 @@ class IngestWriter:
                 future.set_result(seq)
         if self._on_written is not None:
             self._on_written(sum(len(b.samples) for b, _ in pending))
+        if self._on_jobs is not None:
+            self._on_jobs({batch.job for batch, _ in pending})

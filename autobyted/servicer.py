@@ -22,7 +22,7 @@ from autobyted.ingest import IngestWriter, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
 from autobyted.storage.base import BaseStorage
-from autobyted.storage.records import DecisionRecord, Fingerprint, Registration
+from autobyted.storage.records import DecisionRecord, Fingerprint, Registration, TunerStatusRecord
 
 log = logging.getLogger(__name__)
 RUNNING_WITHIN_S = 30.0
@@ -76,11 +76,26 @@ def _abort_on_error(metrics: DaemonMetrics):
 def decision_to_proto(record: DecisionRecord) -> pb.Decision:
     message = pb.Decision(decision_id=record.decision_id, job=record.job, config=config_to_proto(record.config),
                           apply_at_step=record.apply_at_step, reason=record.reason,
-                          created_at_s=record.created_at_s, state=record.state)
+                          created_at_s=record.created_at_s, state=record.state, source=record.source)
     for name in ("predicted_step_time_s", "measured_step_time_s", "applied_at_step"):
         if getattr(record, name) is not None:
             setattr(message, name, getattr(record, name))
     return message
+
+
+def tuner_status_to_proto(record: TunerStatusRecord, daemon_mode: str) -> pb.TunerStatus:
+    """A stored tuner state; with the daemon's --tuner off, whatever was stored is history."""
+    if daemon_mode == "off" and record.mode in ("auto", "observe"):
+        return pb.TunerStatus(mode="off", state="off", detail="off: autobyted runs with --tuner off",
+                              paused=record.paused, known=True, updated_at_s=record.updated_at_s)
+    return pb.TunerStatus(mode=record.mode or daemon_mode,
+                          state=record.state or ("paused" if record.paused else "waiting"),
+                          detail=record.detail or ("paused by an operator" if record.paused else ""),
+                          config=config_to_proto(record.config), baseline_step_time_s=record.baseline_step_time_s,
+                          measured_step_time_s=record.measured_step_time_s,
+                          predicted_step_time_s=record.predicted_step_time_s, paused=record.paused,
+                          trials_done=record.trials_done, trials_planned=record.trials_planned,
+                          updated_at_s=record.updated_at_s, known=bool(record.mode))
 
 
 class DecisionHub:
@@ -106,15 +121,17 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
     """All three services over one storage; one instance per daemon."""
 
     def __init__(self, storage: BaseStorage, writer: IngestWriter, settings: Settings,
-                 metrics: DaemonMetrics) -> None:
+                 metrics: DaemonMetrics, wake_tuner: Callable[[list[str]], None] | None = None) -> None:
         self._storage = storage
         self._writer = writer
         self._settings = settings
         self._metrics = metrics
         self._hub = DecisionHub()
+        self._wake_tuner = wake_tuner or (lambda jobs: None)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
         wrap = _abort_on_error(metrics)
-        for name in ("Register", "StreamMetrics", "WatchConfig", "ReportConfig", "ProposeConfig", "Status",
-                     "History", "Best"):
+        for name in ("Register", "StreamMetrics", "WatchConfig", "ReportConfig", "ProposeConfig", "SetTuning",
+                     "Status", "History", "Best"):
             setattr(self, name, wrap(getattr(type(self), name)).__get__(self))
 
     async def _call(self, fn, *args, **kwargs):
@@ -146,7 +163,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
             instance_id=request.instance_id, hostname=request.hostname, pid=request.pid,
             fingerprint=Fingerprint(fp.parameter_count, fp.parameter_bytes, fp.tensor_count,
                                     fp.largest_tensor_bytes, fp.median_tensor_bytes, fp.digest),
-            config=config_from_proto(request.config))
+            config=config_from_proto(request.config), tuning_disabled=request.tuning_disabled)
         result = await self._call(self._storage.register, registration, self._settings.rank_liveness_s)
         log.info("rank registered", extra={"job": request.job, "rank": request.rank,
                                            "data_parallel_rank": request.data_parallel_rank,
@@ -210,19 +227,41 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         config = config_from_proto(request.config)
         if request.apply_at_step < 0:
             raise InvalidArgument(f"apply_at_step={request.apply_at_step} must not be negative")
-        record = await self.decide(request.job, config, request.apply_at_step, request.reason or "operator request")
+        record = await self.decide(request.job, config, request.apply_at_step, request.reason or "operator request",
+                                   source="operator")
+        self._wake_tuner([request.job])  # the operator's word pauses the tuner for this job
         return decision_to_proto(record)
 
+    async def SetTuning(self, request: pb.SetTuningRequest, context) -> pb.TunerStatus:
+        status = await self._call(self._storage.set_tuning_paused, request.job, request.paused)
+        self._wake_tuner([request.job])
+        log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
+        return tuner_status_to_proto(status, self._settings.tuner)
+
     async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None) -> DecisionRecord:
-        """Store a decision and wake the job's control streams (also the tuner's way out)."""
+                     predicted_step_time_s: float | None = None, *, source: str = "tuner",
+                     state: str = "pending") -> DecisionRecord:
+        """Store a decision and wake the job's control streams (also the tuner's way out). A
+        "recommended" decision (the tuner in observe mode) is stored and never pushed."""
         record = await self._call(self._storage.add_decision, job, config, apply_at_step, reason,
-                                  predicted_step_time_s)
+                                  predicted_step_time_s, source, state)
         self._metrics.decisions.inc()
-        self._hub.publish(job)
+        if state == "pending":
+            self._hub.publish(job)
         log.info("decision", extra={"job": job, "decision_id": record.decision_id, "config": config.describe(),
-                                    "reason": reason})
+                                    "reason": reason, "source": source, "state": state})
         return record
+
+    def decide_from_thread(self, job: str, config: Config, apply_at_step: int, reason: str,
+                           predicted_step_time_s: float | None = None, *, source: str = "tuner",
+                           state: str = "pending", timeout_s: float = 10.0) -> DecisionRecord:
+        """`decide` for the tuner's worker thread: runs the coroutine on the daemon's event loop."""
+        if self.loop is None:
+            raise RuntimeError("Services.loop is not set: the daemon is not running")
+        future = asyncio.run_coroutine_threadsafe(
+            self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state),
+            self.loop)
+        return future.result(timeout_s)
 
     # ------------------------------------------------------------------ query
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
@@ -236,9 +275,21 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                 recent_steps_per_s=1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0,
                 last_seen_s=job.last_seen_s, dropped_total=job.dropped_total,
                 has_last_decision=job.last_decision is not None)
+            status.tuner.CopyFrom(self._tuner_of(job))
             if job.last_decision is not None:
                 status.last_decision.CopyFrom(decision_to_proto(job.last_decision))
         return response
+
+    def _tuner_of(self, job) -> pb.TunerStatus:
+        mode = self._settings.tuner
+        if job.tuner is not None:
+            return tuner_status_to_proto(job.tuner, mode)
+        if mode == "off":
+            return pb.TunerStatus(mode="off", state="off", detail="off: autobyted runs with --tuner off")
+        if job.tuning_disabled:
+            return pb.TunerStatus(mode="opted out", state="off",
+                                  detail="off: the job opted out (autobyte.init(tune=False))")
+        return pb.TunerStatus(mode=mode, state="waiting", detail="waiting for the job's first steps")
 
     async def History(self, request: pb.HistoryRequest, context) -> pb.HistoryResponse:
         if request.limit < 0:

@@ -45,6 +45,12 @@ class Settings:
     # SQLite only: "normal" (WAL default: an acknowledged sample survives a daemon crash, the last
     # transactions may be lost on power loss) or "full" (survives power loss; slower writes).
     sqlite_synchronous: str = "normal"
+    # auto: tune every job; observe: record recommendations, push nothing; off: no tuner.
+    tuner: str = "auto"
+    # A job without new steps for this long is left by the tuner (state "idle").
+    tuner_idle_s: float = 30.0
+    # The predictor is retrained at most this often, when new windows were measured.
+    tuner_retrain_s: float = 60.0
 
     def __post_init__(self) -> None:
         host, port = split_host_port(self.listen, "listen")
@@ -63,6 +69,8 @@ class Settings:
                                              or ":memory:" in self.db):
             raise ConfigError("an in-memory SQLite database is not supported (each thread would see its "
                               "own empty database): use a file, e.g. sqlite:///autobyte.db")
+        if self.tuner not in ("auto", "observe", "off"):
+            raise ConfigError(f"tuner mode {self.tuner!r} must be auto, observe or off")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if not is_loopback(host):
@@ -77,6 +85,9 @@ class Settings:
                      "max_samples_per_batch", "writer_batch_rows", "ingest_queue_rows",
                      "max_concurrent_rpcs"):
             if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("tuner_idle_s", "tuner_retrain_s"):
+            if not float(getattr(self, name)) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
 
     @property
@@ -137,7 +148,7 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 _ENV = {"listen": "AUTOBYTED_LISTEN", "db": "AUTOBYTED_DB", "token": "AUTOBYTE_TOKEN",
         "metrics_listen": "AUTOBYTED_METRICS_LISTEN", "log_level": "AUTOBYTED_LOG_LEVEL",
         "insecure": "AUTOBYTED_INSECURE", "max_concurrent_rpcs": "AUTOBYTED_MAX_CONCURRENT_RPCS",
-        "sqlite_synchronous": "AUTOBYTED_SQLITE_SYNCHRONOUS"}
+        "sqlite_synchronous": "AUTOBYTED_SQLITE_SYNCHRONOUS", "tuner": "AUTOBYTED_TUNER"}
 
 
 def raw_secrets(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

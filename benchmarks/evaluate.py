@@ -93,7 +93,13 @@ def policy_context(scenario: Scenario, sim: Simulator, horizon_s: float) -> Poli
         candidates=default_grid(), seed=scenario.seed,
         phases=tuple(scenario.phases(horizon_s)),
         evaluate_static=lambda config: simulate_static(scenario, sim, config),
-        steady_step_s=lambda config, *condition: sim.steady_step_s(config, *condition))
+        steady_step_s=lambda config, *condition: sim.steady_step_s(config, *condition),
+        profile=scenario.profile, workers=scenario.workers, backend=scenario_backend(scenario))
+
+
+def scenario_backend(scenario: Scenario) -> str:
+    """The backend a rank of this scenario would report: NCCL-like link costs mean a GPU job."""
+    return "nccl" if scenario.link.collective_overhead_s < 100e-6 else "gloo"
 
 
 def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
@@ -114,7 +120,10 @@ def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
     return RunSummary(steps, t)
 
 
-def simulate_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
+def simulate_scenario(scenario: Scenario, policy_names: Sequence[str],
+                      keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every policy on the scenario's simulator. `keep`, if given, receives per policy the policy
+    object and its step records (benchmarks/eval_tuner.py reads the tuner's side from them)."""
     sim = scenario.make_simulator()
     lower = lower_bound_run(scenario, sim)
     horizon = scenario.duration_s if scenario.duration_s is not None else lower.elapsed_s * 4
@@ -128,6 +137,8 @@ def simulate_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[s
         elapsed = records[-1].end_s if records else 0.0
         runs[name] = PolicyRun(name, len(records), elapsed, [r.end_s for r in records],
                                policy.describe(), decisions=decisions)
+        if keep is not None:
+            keep[name] = (policy, records)
     return _summarise(scenario, policy_names, runs, lower, "sim")
 
 
@@ -179,6 +190,7 @@ class TestbedSeries:
     labels: list[str]
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     applied: int = 0  # reconfigure events the worker reported
+    tuner: dict[str, Any] | None = None  # the daemon's view (autobyte policy)
 
     @property
     def ends_s(self) -> list[float]:
@@ -236,8 +248,9 @@ class _OnlineDriver:
 
 
 def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy | None = None,
-                    initial: RunConfig | None = None) -> TestbedSeries:
-    """One run on a fresh testbed: a fixed configuration, or an online policy through --control."""
+                    initial: RunConfig | None = None, daemon: bool = False) -> TestbedSeries:
+    """One run on a fresh testbed: a fixed configuration, an online policy through --control, or
+    (`daemon`) the ranks streaming to a real autobyted in the hub namespace and obeying it."""
     import tempfile
 
     from benchmarks import testbed as harness
@@ -262,9 +275,18 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
             assert initial is not None
             driver = _OnlineDriver(policy, control, scenario, initial)
         with harness.Testbed(world_size=workers, rate=trace.changes[0].rate_bps) as bed:
-            result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
-                             timeout_s=float(options.get("timeout_s", 900)),
-                             cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+            hub = None
+            if daemon:
+                from benchmarks.autobyte_policy import HubDaemon
+
+                hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name).start()
+            try:
+                result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
+                                 timeout_s=float(options.get("timeout_s", 900)),
+                                 cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+                                 env=hub.env if hub else None)
+            finally:
+                tuned = hub.stop() if hub else None
     events = [e for e in result.ranks[0].events if e.get("event") == "step"]
     series = TestbedSeries([float(e["step_time_s"]) for e in events],
                            [str(e["config"]) for e in events])
@@ -272,6 +294,9 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
         series.decisions, series.applied = driver.decisions, driver.applied
         if driver.errors:
             logger.warning("%s: %s", label, "; ".join(driver.errors[:3]))
+    if tuned is not None:
+        series.decisions, series.applied = tuned["decisions"], tuned["applied"]
+        series.tuner = tuned
     return series
 
 
@@ -296,7 +321,33 @@ def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float,
     return steady
 
 
-def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[str, Any]:
+def _decision_time_s(decision: dict[str, Any], ends_s: Sequence[float]) -> float:
+    """When a testbed decision took effect: the driver's own time, or (a daemon's decision, read from
+    its database) the end of the step before the one it applied at."""
+    if "t_s" in decision:
+        return float(decision["t_s"])
+    step = decision.get("applied_at_step") or decision.get("apply_at_step") or 0
+    return ends_s[min(step, len(ends_s)) - 1] if ends_s and step > 0 else 0.0
+
+
+def _cached_run(cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
+                ) -> TestbedSeries:
+    """A testbed run, or its result from an earlier command (`--testbed-cache DIR`), so that long
+    traces can be measured one policy per command and combined afterwards."""
+    if cache is None:
+        return run()
+    path = cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
+    if path.exists():
+        logger.info("%s: %s from %s", scenario.name, key, path)
+        return TestbedSeries(**json.loads(path.read_text()))
+    series = run()
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(series)) + "\n")
+    return series
+
+
+def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pathlib.Path | None = None,
+                     references: bool = True) -> dict[str, Any]:
     """Run every policy on the namespace testbed under the scenario's bandwidth trace.
 
     The scenario's [testbed] table says which harness model to train (model, model_args,
@@ -310,6 +361,9 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     per-phase choice comes from the grid runs measured just before (median step time of every grid
     configuration in every phase), over the grid's scheduler configurations only (--control cannot
     switch to DDP).
+
+    `cache`: results of earlier commands are reused and new ones stored (one policy per command
+    for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
     from benchmarks.policies import BayesOptOncePolicy
     from benchmarks.sim.calibrate import parse_config
@@ -321,7 +375,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     grid_labels = list(options.get("grid", ["sched:none,none", "sched:1MiB,4MiB", "sched:4MiB,8MiB",
                                             "sched:4MiB,16MiB", "sched:16MiB,32MiB",
                                             "sched:16MiB,none"]))
-    wanted = list(dict.fromkeys([*policy_names, *REFERENCE_POLICIES]))
+    wanted = list(dict.fromkeys([*policy_names, *(REFERENCE_POLICIES if references else ())]))
     fixed: dict[str, list[str]] = {}
     for name in wanted:
         if name == "ddp":
@@ -333,12 +387,13 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
     measured: dict[str, TestbedSeries] = {}
     for label in dict.fromkeys(label for group in fixed.values() for label in group):
         logger.info("%s: fixed %s", scenario.name, label)
-        measured[label] = _run_on_testbed(scenario, label, trace)
+        measured[label] = _cached_run(cache, scenario, label,
+                                      lambda label=label: _run_on_testbed(scenario, label, trace))
 
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
         return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed",
-                         [(d["t_s"], d["config"]) for d in series.decisions])
+                         [(_decision_time_s(d, ends), d["config"]) for d in series.decisions])
 
     def throughput(series: TestbedSeries) -> float:
         ends = series.ends_s
@@ -353,6 +408,16 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
         if name in fixed:
             continue
         policy: Policy
+        if name == "autobyte":
+            from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
+            label = _testbed_label(SCHEDULER_DEFAULT)
+            logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
+            series = _cached_run(cache, scenario, "policy-autobyte",
+                                 lambda: _run_on_testbed(scenario, label, trace, daemon=True))
+            tuner = series.tuner or {}
+            runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
+            extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
+            continue
         if name == "bo-once":
             policy = BayesOptOncePolicy(trial_steps=int(options.get("bo_trial_steps", 10)),
                                         settle_steps=int(options.get("bo_settle_steps", 2)))
@@ -368,14 +433,19 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str]) -> dict[st
         initial = policy.initial_config()
         label = _testbed_label(initial)
         logger.info("%s: online %s from %s", scenario.name, name, label)
-        series = _run_on_testbed(scenario, label, trace, policy=policy, initial=initial)
-        runs[name] = as_run(name, series, f"{policy.describe()}; {len(series.decisions)} "
-                                          f"decisions, {series.applied} applied")
+        ran: list[bool] = []
+        series = _cached_run(cache, scenario, f"policy-{name}",
+                             lambda: ran.append(True) or _run_on_testbed(scenario, label, trace, policy=policy,
+                                                                         initial=initial))
+        # A run read from the cache has no policy object that saw it: say what it decided instead.
+        described = policy.describe() if ran or cache is None else "(cached run)"
+        runs[name] = as_run(name, series, f"{described}; {len(series.decisions)} decisions, "
+                                          f"{series.applied} applied")
         extra[name] = {"decisions": series.decisions, "applied": series.applied}
     # The lower bound uses the scenario's (simulator) profile of the trained model.
     sim = scenario.make_simulator()
     bounded = (scenario if scenario.duration_s is not None else
-               dataclasses.replace(scenario, duration_steps=runs["grid-best"].steps))
+               dataclasses.replace(scenario, duration_steps=max(run.steps for run in runs.values())))
     lower = lower_bound_run(bounded, sim)
     summary = _summarise(scenario, list(policy_names), runs, lower, "testbed")
     summary["online"] = extra
@@ -500,12 +570,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
     parser.add_argument("--policy", nargs="+", action="extend", default=None,
-                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle; "
-                             "--policy a b and --policy a --policy b both work "
+                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle, "
+                             "autobyte (the daemon's tuner); --policy a b and --policy a --policy b both work "
                              "[default: ddp grid-best bo-once oracle]")
     parser.add_argument("--testbed", action="store_true",
                         help="run on the namespace testbed (root) instead of the simulator")
     parser.add_argument("--out", default="results", help="directory for csv, json and png")
+    parser.add_argument("--testbed-cache", default=None, metavar="DIR",
+                        help="with --testbed: reuse the runs stored in DIR by earlier commands, store new ones")
+    parser.add_argument("--skip-references", action="store_true",
+                        help="with --testbed: run only the named policies (no oracle / grid-best)")
     args = parser.parse_args(argv)
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
@@ -528,7 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scenario in scenarios:
         started = time.perf_counter()
         if args.testbed:
-            result = testbed_scenario(scenario, args.policy)
+            result = testbed_scenario(scenario, args.policy,
+                                      pathlib.Path(args.testbed_cache) if args.testbed_cache else None,
+                                      references=not args.skip_references)
         else:
             result = simulate_scenario(scenario, args.policy)
         logger.info("%s done in %.1f s", scenario.name, time.perf_counter() - started)

@@ -8,7 +8,8 @@ Every policy implements one interface, the same one the autobyte tuner will plug
 
 `record` is a `benchmarks.sim.StepRecord` (the testbed adapter produces the same record from the
 harness's per-step metrics). A returned configuration takes effect at the next step, as the real
-scheduler applies a reconfiguration at a step boundary.
+scheduler applies a reconfiguration at a step boundary. `autobyte` (benchmarks/autobyte_policy.py)
+runs the daemon's own tuner behind this interface, seeing only what a rank reports.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from scipy.stats import norm
 
 from autobyte.types import Config, parse_bytes
 from benchmarks.sim.engine import DDP, RunConfig, StepRecord, describe_config
+from benchmarks.sim.profiles import ModelProfile
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -70,6 +72,10 @@ class PolicyContext:
     # settled step time of a configuration in a phase's conditions (oracle): (config, bandwidth,
     # compute factor[, flows, cpu share]) -> seconds
     steady_step_s: Callable[..., float] | None = None
+    # registration info of the job (the autobyte policy's JobShape): what a rank would report
+    profile: ModelProfile | None = None
+    workers: int = 1
+    backend: str = "gloo"
 
 
 class Policy(abc.ABC):
@@ -300,7 +306,7 @@ class BayesOptOncePolicy(Policy):
         return f"{describe_config(self.final)} after {len(self.results)} trials"
 
 
-POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle")
+POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle", "autobyte")
 
 
 def make_policy(spec: str) -> Policy:
@@ -320,4 +326,8 @@ def make_policy(spec: str) -> Policy:
         return BayesOptOncePolicy()
     if spec == "oracle":
         return OraclePolicy()
+    if spec == "autobyte":
+        from benchmarks.autobyte_policy import AutobytePolicy  # xgboost: only when asked for
+
+        return AutobytePolicy()
     raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICY_NAMES)}")

@@ -733,6 +733,29 @@ class Testbed:
             "TP_SOCKET_IFNAME": RANK_IFNAME, "PYTHONUNBUFFERED": "1",
         }
 
+    @property
+    def hub_address(self) -> str:
+        """The bridge's own address in the hub namespace (given on first use of `start_in_hub`)."""
+        return f"{self.subnet}.254"
+
+    def start_in_hub(self, argv: Sequence[str], env: dict[str, str] | None = None,
+                     stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
+        """Start a service (e.g. autobyted) inside the hub namespace, reachable from every rank at
+        `hub_address` (rank traffic to it crosses the rank's shaped link, as it would cross a real
+        network). The process is killed with the testbed."""
+        if not self._created or self._closed:
+            raise TestbedError("create() the testbed before start_in_hub()")
+        with self._lock:
+            if not getattr(self, "_hub_addressed", False):
+                self._ip(self.hub_ns, "addr", "add", f"{self.hub_address}/24", "dev", BRIDGE_IFNAME)
+                self._hub_addressed = True
+        proc = subprocess.Popen(["ip", "netns", "exec", self.hub_ns, *argv], env={**os.environ, **(env or {})},
+                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        with self._lock:
+            self._procs.append(proc)
+        return proc
+
     def _make_ns(self, ns: str) -> None:
         _run_cmd(["ip", "netns", "add", ns])
         with self._lock:

@@ -24,6 +24,10 @@ The plan comes from either
         one run of N steps whose configuration changes at given steps (JSON list of
         {"at_step": n, "config": "sched:4MiB,8MiB"}), for trace-driven evaluations.
 
+With AUTOBYTE_DAEMON (and AUTOBYTE_JOB, AUTOBYTE_TOKEN) in the environment, every rank streams its
+scheduler's metrics to that autobyted and rank 0 applies the daemon's decisions (the real client,
+`autobyte.init()`): the `autobyte` policy of `benchmarks.evaluate --testbed`.
+
 With `--control FILE` (scheduler configurations only) rank 0 reads new lines of FILE before every
 step: each a JSON object {"partition_bytes": int|null, "credit_bytes": int|null} (an omitted key
 keeps its value) passed to `reconfigure()`; a rejected one is reported as a
@@ -160,6 +164,12 @@ class Trainer:
         self.lat_buffers: dict[int, list[torch.Tensor]] = {}
         self.collective_spans: list[float] = []  # lat/latc probes: seconds per collective
         self.sched = None
+        if need_sched and os.environ.get("AUTOBYTE_DAEMON"):
+            # Stream to autobyted and obey its decisions (evaluate --testbed --policy autobyte):
+            # the real client, registering the scheduler created below.
+            import autobyte
+
+            autobyte.init()
         self.replicas: dict[str, tuple[Any, Any, list]] = {}  # kind -> (model, optimizer, metrics)
         for kind, wanted in (("sched", need_sched), ("shared", need_shared)):
             if not wanted:
@@ -351,6 +361,10 @@ class Trainer:
         return result
 
     def close(self) -> None:
+        if os.environ.get("AUTOBYTE_DAEMON"):
+            import autobyte
+
+            autobyte.shutdown(timeout_s=5.0)
         if self.control is not None:
             self.control.close()
         for _, sched, _ in self.replicas.values():

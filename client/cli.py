@@ -67,7 +67,29 @@ def decision_dict(d: pb.Decision) -> dict:
             "reason": d.reason, "state": d.state, "created_at_s": d.created_at_s,
             "predicted_step_time_s": d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None,
             "measured_step_time_s": d.measured_step_time_s if d.HasField("measured_step_time_s") else None,
-            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None}
+            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None,
+            "source": d.source or "operator"}
+
+
+def tuner_dict(t: pb.TunerStatus) -> dict:
+    return {"mode": t.mode, "state": t.state, "detail": t.detail, "config": config_dict(t.config),
+            "baseline_step_time_s": t.baseline_step_time_s or None,
+            "measured_step_time_s": t.measured_step_time_s or None,
+            "predicted_step_time_s": t.predicted_step_time_s or None,
+            "predicted_gain": (t.measured_step_time_s / t.predicted_step_time_s
+                               if t.measured_step_time_s and t.predicted_step_time_s else None),
+            "trials_done": t.trials_done, "trials_planned": t.trials_planned, "paused": t.paused}
+
+
+def tuner_line(t: pb.TunerStatus) -> str:
+    """One line under a job in `autobyte status`: what the tuner does, the predicted gain."""
+    text = f"  tuner: {t.detail or t.state or 'unknown'}"
+    gain = ""
+    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error", "idle"):
+        gain = f" (best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x)"
+    if len(text) + len(gain) > 80:
+        text = text[:78 - len(gain)] + ".."
+    return text + gain
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -134,7 +156,7 @@ def status(daemon, token, tls_ca, fmt) -> None:
                  "recent_step_time_s": j.recent_step_time_s, "recent_steps_per_s": j.recent_steps_per_s,
                  "dropped_samples": j.dropped_total,
                  "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
-                 "last_seen_s": j.last_seen_s}
+                 "last_seen_s": j.last_seen_s, "tuner": tuner_dict(j.tuner)}
                 for j in response.jobs]
         click.echo(json.dumps({"jobs": jobs, "daemon_version": response.daemon_version}, indent=2))
         return
@@ -147,11 +169,16 @@ def status(daemon, token, tls_ca, fmt) -> None:
         rows.append([j.job[:13], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
                      f"{j.recent_steps_per_s:.2f}", last[:14]])
     # Widest row: 13+8+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
-    click.echo(table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows))
+    lines = table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows).split("\n")
+    click.echo(lines[0])
+    for line, j in zip(lines[1:], response.jobs):
+        click.echo(line)
+        click.echo(tuner_line(j.tuner))
 
 
 HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
-                       "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step"]
+                       "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step",
+                       "source", "predicted_step_time_s", "measured_step_time_s"]
 
 
 @main.command()
@@ -184,12 +211,14 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
         for s in steps:
             writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
                              s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", ""])
+                             "", "", "", "", "", "", ""])
         for d in decisions:
             # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
             writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
                              d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
-                             d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"]])
+                             d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
+                             d["source"], *("" if d[k] is None else d[k]
+                                            for k in ("predicted_step_time_s", "measured_step_time_s"))])
         click.echo(out.getvalue(), nl=False)
     else:
         rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
@@ -201,8 +230,12 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
             click.echo(decision_table(response.decisions))
 
 
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:.1f} ms" if value else "-"
+
+
 def decision_table(decisions) -> str:
-    """One row per decision, its whole reason wrapped on the lines below it."""
+    """One row per decision; below it who made it, predicted and measured step time, the whole reason."""
     lines = table(["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
                   [[f"#{d.decision_id}", str(d.apply_at_step) if d.apply_at_step else "next",
                     str(d.applied_at_step) if d.HasField("applied_at_step") else "-", _cfg(d.config), d.state]
@@ -210,10 +243,25 @@ def decision_table(decisions) -> str:
     out = [lines[0]]
     for line, d in zip(lines[1:], decisions):
         out.append(line)
+        predicted = d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None
+        measured = d.measured_step_time_s if d.HasField("measured_step_time_s") else None
+        out.append(f"  by {d.source or 'operator'}; step time predicted {_ms(predicted)}, measured {_ms(measured)}")
         if d.reason:
             out.extend(textwrap.wrap(d.reason, WIDTH, initial_indent="  reason: ", subsequent_indent=" " * 10,
                                      break_long_words=True, break_on_hyphens=False))
     return "\n".join(out)
+
+
+@main.command()
+@click.argument("job")
+@connection_options
+@click.option("--pause/--resume", "paused", required=True,
+              help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
+def tune(job, daemon, token, tls_ca, paused) -> None:
+    """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
+    t = Connection(daemon, token, tls_ca).call(pb_grpc.ControlStub, "SetTuning",
+                                                pb.SetTuningRequest(job=job, paused=paused))
+    click.echo(f"{job}: tuner {'paused' if paused else 'resumed'} ({t.detail or t.state})")
 
 
 @main.command()
@@ -269,7 +317,8 @@ def propose(job, daemon, token, tls_ca, partition, credit, at_step, reason) -> N
     d = Connection(daemon, token, tls_ca).call(
         pb_grpc.ControlStub, "ProposeConfig",
         pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))
-    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state})")
+    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "
+               f"for {job} until `autobyte tune {job} --resume`")
 
 
 if __name__ == "__main__":

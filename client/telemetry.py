@@ -27,6 +27,7 @@ import grpc
 from autobyte import __version__
 from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_token, open_channel
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
+from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import MAX_WORLD_SIZE, Config, StepMetrics, check_metrics
@@ -65,11 +66,13 @@ _atexit_registered = False
 
 def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
          rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None, flush_interval_s: float = 1.0) -> "Reporter":
+         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
-    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network."""
+    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
+    `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
+    operator's `autobyte propose` still applies)."""
     global _reporter
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
@@ -93,7 +96,7 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         if _reporter is not None:
             _reporter.close()
         _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
-                             buffer_samples, tls_ca, flush_interval_s)
+                             buffer_samples, tls_ca, flush_interval_s, tune)
         for optimizer in list(_pending_optimizers):
             _reporter.attach(optimizer)
         global _atexit_registered
@@ -194,13 +197,18 @@ class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
     def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
-                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0) -> None:
+                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
+                 tune: bool = True) -> None:
         self.address, self.job, self.rank, self.world_size = address, job, rank, world_size
+        self.tune = tune
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
         self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._buffer: collections.deque[tuple[int, StepMetrics]] = collections.deque()
+        # (seq, metrics, host load when the step ended): the scheduler leaves StepMetrics.host_load
+        # at 0.0 (unknown); the reporter's sampler (autobyte.hostload) supplies it.
+        self._buffer: collections.deque[tuple[int, StepMetrics, float]] = collections.deque()
+        self._host_load = HostLoadSampler()
         self._capacity = buffer_samples
         self._flush_interval_s = flush_interval_s
         self._send_due = 0.0
@@ -258,6 +266,7 @@ class Reporter:
             self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
         for thread in self._threads:
             thread.start()
+        self._host_load.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
         """Step callback (training thread): buffer the sample and note a decision that took effect."""
@@ -268,7 +277,7 @@ class Reporter:
             if len(self._buffer) >= self._capacity:
                 self._buffer.popleft()
                 self._dropped_overflow += 1
-            self._buffer.append((self._seq, metrics))
+            self._buffer.append((self._seq, metrics, self._host_load.value))
             if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
         if metrics.decision_id != self._decision_id:  # a decision took effect at this step
@@ -298,7 +307,7 @@ class Reporter:
             model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
             hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id,
             data_parallel_rank=self.place.dp_rank, data_parallel_size=self.place.dp_size,
-            data_parallel_leader=self.place.dp_leader),
+            data_parallel_leader=self.place.dp_leader, tuning_disabled=not self.tune),
             timeout=RPC_TIMEOUT_S, metadata=self._metadata)
         with self._cond:
             # A new stream starts from what the daemon holds; a request iterator of an earlier
@@ -346,7 +355,7 @@ class Reporter:
             cpu0 = time.thread_time()
             batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
             now = time.time()
-            for seq, metrics in pending:
+            for seq, metrics, host_load in pending:
                 try:
                     check_metrics(metrics, now)
                 except ValueError as error:  # a broken measurement: never worth a refused batch
@@ -355,7 +364,10 @@ class Reporter:
                         self._invalid += 1
                         log.warning("dropping step %d's sample: %s", metrics.step, error)
                     continue
-                batch.samples.append(metrics_to_proto(metrics, seq))
+                sample = metrics_to_proto(metrics, seq)
+                if not sample.host_load:
+                    sample.host_load = host_load
+                batch.samples.append(sample)
             batch.dropped_total = self.dropped_total
             self.background_cpu_s += time.thread_time() - cpu0
             last = pending[-1][0]
@@ -566,6 +578,7 @@ class Reporter:
         self._closed.set()
         with self._cond:
             self._cond.notify_all()
+        self._host_load.stop(timeout_s=0.1)
         stream = getattr(self, "_watch_stream", None)
         if stream is not None:
             stream.cancel()

@@ -61,13 +61,17 @@ class StepMetrics:
     bandwidth_bytes_per_s: float = 0.0
     config: Config = Config()
     decision_id: int = 0
+    # Share of the host's CPU capacity used by other processes over the last second, in [0, 1]
+    # (autobyte.hostload); 0.0 = unknown.
+    host_load: float = 0.0
 
 
 _DAY_S = 86_400.0
 # Upper bounds no real measurement reaches; a value beyond them is a bug, not a measurement.
 METRIC_LIMITS = {"step_time_s": _DAY_S, "forward_s": _DAY_S, "backward_s": _DAY_S, "exposed_comm_s": _DAY_S,
                  "queueing_delay_s": _DAY_S, "bytes_reduced": 1 << 50, "partitions": 100_000_000,
-                 "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62}
+                 "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62,
+                 "host_load": 1e3}
 
 
 def check_metrics(metrics: StepMetrics, now_s: float) -> None:

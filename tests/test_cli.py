@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -74,7 +75,8 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     header = next(i for i, line in enumerate(lines) if line.startswith("DECISION"))
     assert lines[header].split() == ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"]
     assert lines[header + 1].split()[:3] == [f"#{decision.decision_id}", "next", "51"]
-    shown_reason = " ".join(line.strip() for line in lines[header + 2:]).removeprefix("reason: ")
+    assert lines[header + 2].strip().startswith("by operator; step time predicted -, measured")
+    shown_reason = " ".join(line.strip() for line in lines[header + 3:]).removeprefix("reason: ")
     assert shown_reason == reason.strip()
 
     rows = list(csv.DictReader(io.StringIO(run_cli("history", "job", "--daemon", thread_daemon.address,
@@ -105,3 +107,52 @@ def test_best_says_when_the_baseline_was_not_measured(thread_daemon):
     assert "no-scheduling baseline: not measured" in best.stdout, best.stdout
     as_json = json.loads(run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
     assert as_json["baseline_step_time_s"] is None and len(as_json["candidates"]) == 1
+
+
+def test_status_history_and_tune_show_the_tuner(db_url):
+    """`autobyte status` shows the tuner's state under each job (table within 80 columns, JSON with
+    every earlier field plus `tuner`); `history` lists decisions with who made them, predicted and
+    measured step time and the reason; `tune --pause/--resume` and `propose` pause the tuner."""
+    import json
+    import time
+
+    from autobyte.protocol import autobyte_pb2 as pb
+    from conftest import ThreadDaemon
+    from _grpc_util import Client, sample
+
+    daemon = ThreadDaemon(db_url, tuner="auto").start()
+    try:
+        client = Client(daemon.address)
+        session = client.register(job="cli-job").session_id
+        samples = [sample(seq, step_time_s=0.1, bandwidth_bytes_per_s=1e8,
+                          config=pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)) for seq in range(1, 61)]
+        client.stream([pb.MetricsBatch(job="cli-job", rank=0, session_id=session, samples=samples)])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not client.query.History(
+                pb.HistoryRequest(job="cli-job", limit=1), timeout=10).decisions:
+            time.sleep(0.1)
+        client.close()
+        address = ("--daemon", daemon.address)
+        table = run_cli("status", *address)
+        assert table.returncode == 0 and "  tuner: exploring 1/" in table.stdout, table.stdout
+        assert max(len(line) for line in table.stdout.splitlines()) <= 80
+        data = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]
+        assert {"job", "state", "config", "last_decision", "recent_step_time_s"} <= set(data)
+        assert data["tuner"]["state"] == "exploring" and data["tuner"]["mode"] == "auto"
+        assert data["last_decision"]["source"] == "tuner"
+        history = run_cli("history", "cli-job", *address)
+        assert re.search(r"by tuner; step time predicted \d+\.\d ms", history.stdout), history.stdout
+        assert "reason: trial 1/" in history.stdout, history.stdout
+        decisions = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)["decisions"]
+        assert decisions[0]["source"] == "tuner" and decisions[0]["predicted_step_time_s"] > 0
+        proposed = run_cli("propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", *address)
+        assert proposed.returncode == 0 and "autobyte tune cli-job --resume" in proposed.stdout
+        paused = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"]
+        assert paused["paused"] is True
+        resumed = run_cli("tune", "cli-job", "--resume", *address)
+        assert resumed.returncode == 0 and "tuner resumed" in resumed.stdout
+        assert json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"]["paused"] is False
+        missing = run_cli("tune", "nope", "--pause", *address)
+        assert missing.returncode == 1 and "unknown job 'nope'" in missing.stderr
+    finally:
+        daemon.stop()

@@ -309,6 +309,34 @@ def test_refused_batches_are_dropped_once_and_accounted(db_url):
     assert steps == [0, 13, 14, 15]
 
 
+def _opted_out_worker(rank, world, address):
+    import torch
+
+    import autobyte
+
+    reporter = autobyte.init(daemon=address, job="opted-out", tune=False)
+    model = torch.nn.Linear(8, 8)
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    flushed = reporter.flush(20)
+    autobyte.shutdown()
+    opt.close()
+    return flushed
+
+
+def test_init_tune_false_reaches_the_daemon_through_the_registration(thread_daemon):
+    (flushed,) = run_ranks(_opted_out_worker, 1, thread_daemon.address, timeout_s=90)
+    assert flushed
+    from autobyted.storage.db import make_engine
+    from autobyted.storage.sql import SqlStorage
+
+    assert SqlStorage(make_engine(thread_daemon.settings.db)).job_info("opted-out").tuning_disabled
+
+
 class _Records(logging.Handler):
     """Keeps (time, level, message) of every record of the `autobyte` logger tree."""
 

@@ -87,10 +87,13 @@ def test_versions_and_help():
         assert version.returncode == 0 and "0." in version.stdout
         help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
         assert help_text.returncode == 0 and "Usage" in help_text.stdout
-        # Issue 13 item 5: say what is true today (no predictor yet) and name the exit codes
-        assert "predict" not in help_text.stdout.lower() and "Exit codes" in help_text.stdout
-    assert "does not choose configurations" in subprocess.run([str(BIN / "autobyted"), "--help"],
-                                                              capture_output=True, text=True).stdout
+        # Issue 13 item 5: name the exit codes
+        assert "Exit codes" in help_text.stdout
+    # Issue 8: the daemon now chooses configurations itself; its help says so and how to turn it off
+    daemon_help = subprocess.run([str(BIN / "autobyted"), "--help"], capture_output=True, text=True).stdout
+    assert "predictor" in daemon_help and "does not choose configurations" not in daemon_help
+    start_help = subprocess.run([str(BIN / "autobyted"), "start", "--help"], capture_output=True, text=True).stdout
+    assert "--tuner [auto|observe|off]" in start_help
 
 
 def test_port_in_use_is_one_line_and_creates_nothing(daemon_process, tmp_path):

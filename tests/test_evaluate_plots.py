@@ -70,3 +70,14 @@ def test_default_policies_and_bad_ones():
     assert evaluate.parse_args(["s.toml"]).policy == ["ddp", "grid-best", "bo-once", "oracle"]
     with pytest.raises(SystemExit):
         evaluate.parse_args(["s.toml", "--policy", "ddp", "--policy", "nonsense"])
+
+
+def test_decision_markers_of_the_daemons_decisions_come_from_the_step_they_applied_at():
+    """A testbed driver's decisions carry their time; the daemon's (read from its database) carry
+    steps: the marker goes at the end of the step before the one it applied at."""
+    ends = [0.1, 0.2, 0.3, 0.4]
+    assert evaluate._decision_time_s({"t_s": 1.5, "config": "x"}, ends) == 1.5
+    assert evaluate._decision_time_s({"applied_at_step": 2, "apply_at_step": 1}, ends) == 0.2
+    assert evaluate._decision_time_s({"applied_at_step": None, "apply_at_step": 3}, ends) == 0.3
+    assert evaluate._decision_time_s({"applied_at_step": 99}, ends) == 0.4  # past the run: its end
+    assert evaluate._decision_time_s({"applied_at_step": None, "apply_at_step": 0}, ends) == 0.0

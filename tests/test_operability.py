@@ -172,6 +172,8 @@ RPCS = {
     "Status": lambda c, md: c.query.Status(pb.StatusRequest(), timeout=5, metadata=md),
     "History": lambda c, md: c.query.History(pb.HistoryRequest(job="job"), timeout=5, metadata=md),
     "Best": lambda c, md: c.query.Best(pb.BestRequest(job="job"), timeout=5, metadata=md),
+    "SetTuning": lambda c, md: c.control.SetTuning(pb.SetTuningRequest(job="job", paused=True), timeout=5,
+                                                   metadata=md),
 }
 
 

@@ -48,6 +48,7 @@ def test_wheel_contents(wheel):
     assert "autobyted/migrations/env.py" in names
     assert any(n.startswith("autobyted/migrations/versions/0001") for n in names)
     assert "autobyted/migrations/script.py.mako" in names
+    assert {"autobyted/storage/sql.py", "autobyted/tuner/search.py", "autobyted/tuner/prior.model"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "client/")) for n in names)
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
@@ -98,6 +99,10 @@ def test_fresh_venv_base_install_then_daemon_extra(wheel, tmp_path):
 
     pip_install(f"{wheel}[daemon]")
     assert run(python, "-c", "import torch").returncode != 0  # the daemon extra brings no torch
+    # the simulator-trained prior ships inside the wheel and loads from the installed package
+    prior = run(python, "-c", "from autobyted.tuner.predictor import load_prior; import autobyted.tuner; "
+                              "print(autobyted.tuner.__file__, load_prior().meta['kind'])")
+    assert prior.stdout.startswith(str(venv)) and prior.stdout.split()[-1] == "prior", prior.stderr
     port = free_port()
     db = tmp_path / "fresh.db"
     proc = subprocess.Popen([str(bin_dir / "autobyted"), "start", "--listen", f"127.0.0.1:{port}", "--db",

@@ -47,7 +47,7 @@ def test_config_round_trip(config):
 @given(st.integers(1, 2**40), st.builds(StepMetrics, step=st.integers(0, 2**40), wall_time_s=floats,
                                         step_time_s=floats, exposed_comm_s=floats, bytes_reduced=st.integers(0, 2**50),
                                         partitions=st.integers(0, 2**30), config=configs,
-                                        decision_id=st.integers(0, 2**40)))
+                                        decision_id=st.integers(0, 2**40), host_load=st.floats(0, 1)))
 def test_metrics_round_trip(seq, metrics):
     assert metrics_from_proto(metrics_to_proto(metrics, seq)) == (seq, metrics)
 

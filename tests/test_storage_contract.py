@@ -142,6 +142,91 @@ def test_writer_survives_a_stream_that_went_away(store):
     assert store.sample_count("j") == 8  # the cancelled batch was written all the same
 
 
+# ---------------------------------------------------------------------- what the tuner relies on
+
+
+def test_samples_are_read_incrementally_with_every_field(store):
+    from autobyte.types import StepMetrics
+
+    s0 = store.register(reg(0), 30).session_id
+    s1 = store.register(reg(1, instance="b"), 30).session_id
+    store.append_samples([SampleBatch("j", 0, s0, samples(1, 5, host_load=0.25, bandwidth_bytes_per_s=1e8,
+                                                          config=Config(1 << 20, 1 << 22), decision_id=0)),
+                          SampleBatch("j", 1, s1, samples(1, 5))])
+    first = store.samples_after("j", 0, rank=0, limit=3)
+    assert [row.metrics.step for row in first] == [0, 1, 2] and {row.rank for row in first} == {0}
+    assert isinstance(first[0].metrics, StepMetrics)
+    assert (first[0].metrics.host_load, first[0].metrics.config) == (0.25, Config(1 << 20, 1 << 22))
+    rest = store.samples_after("j", first[-1].row_id, rank=0)
+    assert [row.metrics.step for row in rest] == [3, 4]
+    assert len(store.samples_after("j", 0, rank=None)) == 10
+    assert store.last_sample_row("j") == rest[-1].row_id
+    assert store.last_sample_row("j", rank=None) >= rest[-1].row_id
+    with pytest.raises(NotFound):
+        store.samples_after("x", 0)
+
+
+def test_operator_decision_pauses_the_tuner_and_refuses_its_decisions(store):
+    from autobyted.storage.records import TunerStatusRecord
+
+    store.register(reg(), 30)
+    trial = store.add_decision("j", Config(1 << 20, None), 5, "trial 1/3", 0.1, source="tuner")
+    assert trial.source == "tuner" and trial.predicted_step_time_s == 0.1
+    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="exploring", detail="exploring 1/3"))
+    store.add_decision("j", Config(None, None), 9, "operator")
+    assert store.tuner_status("j").paused
+    with pytest.raises(FailedPrecondition, match="--resume"):
+        store.add_decision("j", Config(4 << 20, None), 12, "trial 2/3", source="tuner")
+    # saving the tuner's view keeps the operator's pause; only a resume ends it
+    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="paused", detail="paused by operator"))
+    assert store.tuner_status("j").paused
+    assert not store.set_tuning_paused("j", False).paused
+    store.add_decision("j", Config(4 << 20, None), 12, "trial 2/3", source="tuner")
+    assert [d.source for d in store.decisions("j")] == ["tuner", "operator", "tuner"]
+    (job,) = store.jobs(30)
+    assert job.tuner.state == "paused" and job.tuner.mode == "auto"
+
+
+def test_recommendations_are_stored_not_pending(store):
+    store.register(reg(), 30)
+    pending = store.add_decision("j", Config(1 << 20, None), 5, "operator")
+    store.set_tuning_paused("j", False)
+    store.add_decision("j", Config(4 << 20, None), 0, "observe", source="tuner", state="recommended")
+    assert [d.state for d in store.decisions("j")] == ["pending", "recommended"]  # nothing superseded
+    store.close_decision(pending.decision_id, 0.123, "rolled_back")
+    (first, _) = store.decisions("j")
+    assert (first.measured_step_time_s, first.state) == (0.123, "rolled_back")
+    with pytest.raises(ValueError):
+        store.add_decision("j", Config(), 0, "x", state="applied")
+
+
+def test_windows_and_models(store):
+    from autobyted.storage.records import WindowRecord
+
+    store.register(reg(job="a"), 30)
+    store.register(reg(job="b"), 30)
+    first = store.add_window(WindowRecord("a", 0, Config(1 << 20, None), 0.1, 20, '{"x": 1}'))
+    store.add_window(WindowRecord("b", 2, Config(), 0.2, 15, "{}"))
+    assert [(w.job, w.segment, w.samples) for w in store.windows()] == [("a", 0, 20), ("b", 2, 15)]
+    assert [w.job for w in store.windows(after_window_id=first)] == ["b"]
+    assert [w.job for w in store.windows(limit=1, newest=True)] == ["b"]
+    assert store.latest_model() is None
+    for index in range(5):
+        store.save_model("online", bytes([index]) * 10, examples=index, keep=3)
+    latest = store.latest_model()
+    assert (latest.model, latest.examples) == (bytes([4]) * 10, 4)
+
+
+def test_job_info_and_opt_out(store):
+    from autobyted.storage.records import Fingerprint
+
+    store.register(Registration(job="j", rank=0, world_size=2, backend="gloo", instance_id="a",
+                                fingerprint=Fingerprint(10, 40, 2, 32, 8, "d"), tuning_disabled=True), 30)
+    info = store.job_info("j")
+    assert (info.world_size, info.backend, info.fingerprint.tensor_count, info.tuning_disabled) == (2, "gloo", 2, True)
+    assert store.active_jobs(30) == ["j"] and store.active_jobs(-1) == []
+
+
 def test_final_batches_finish_a_job_and_free_its_ranks(store):
     """Issue 13 item 9: a job is `finished` once every rank it knows sent its final batch; a finished
     rank is free for a new process at once (no liveness wait)."""

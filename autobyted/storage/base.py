@@ -6,8 +6,9 @@ import abc
 from typing import Sequence
 
 from autobyte.types import Config
-from autobyted.storage.records import (BestRecord, DecisionRecord, JobRecord, RegisterResult,
-                                       Registration, SampleBatch, StepRecord)
+from autobyted.storage.records import (BestRecord, DecisionRecord, JobInfo, JobRecord, ModelRecord,
+                                       RegisterResult, Registration, SampleBatch, SampleRow, StepRecord,
+                                       TunerStatusRecord, WindowRecord)
 
 
 class BaseStorage(abc.ABC):
@@ -28,7 +29,17 @@ class BaseStorage(abc.ABC):
 
     @abc.abstractmethod
     def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None) -> DecisionRecord: ...
+                     predicted_step_time_s: float | None = None, source: str = "operator",
+                     state: str = "pending") -> DecisionRecord:
+        """Store a decision. A pending one supersedes the job's pending ones. An operator's decision
+        pauses the job's tuner (in the same transaction); a tuner's decision for a paused job raises
+        FailedPrecondition (so an operator's word is never overwritten by a tuner that had not
+        noticed it yet)."""
+
+    @abc.abstractmethod
+    def close_decision(self, decision_id: int, measured_step_time_s: float | None,
+                       state: str | None = None) -> None:
+        """Record a decision's measured effect (and a new state, e.g. rolled_back)."""
 
     @abc.abstractmethod
     def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]: ...
@@ -50,3 +61,48 @@ class BaseStorage(abc.ABC):
 
     @abc.abstractmethod
     def sample_count(self, job: str | None = None) -> int: ...
+
+    # ------------------------------------------------------------------ the tuner's
+    @abc.abstractmethod
+    def job_info(self, job: str) -> JobInfo:
+        """Registration info of a job; NotFound if unknown."""
+
+    @abc.abstractmethod
+    def active_jobs(self, seen_within_s: float) -> list[str]:
+        """Names of jobs heard from within the last seen_within_s seconds."""
+
+    @abc.abstractmethod
+    def samples_after(self, job: str, after_row_id: int, rank: int | None = 0,
+                      limit: int = 10_000) -> list[SampleRow]:
+        """A job's samples with a row id above after_row_id, ascending, at most `limit`
+        (rank None: every rank). NotFound if the job is unknown."""
+
+    @abc.abstractmethod
+    def last_sample_row(self, job: str, rank: int | None = 0) -> int:
+        """The highest row id of a job's samples (0 when none); NotFound if the job is unknown."""
+
+    @abc.abstractmethod
+    def tuner_status(self, job: str) -> TunerStatusRecord | None: ...
+
+    @abc.abstractmethod
+    def save_tuner_status(self, job: str, status: TunerStatusRecord) -> None:
+        """Store what the tuner does for a job; the operator's `paused` flag is kept as stored."""
+
+    @abc.abstractmethod
+    def set_tuning_paused(self, job: str, paused: bool) -> TunerStatusRecord:
+        """The operator pauses or resumes the tuner for a job."""
+
+    @abc.abstractmethod
+    def add_window(self, window: WindowRecord) -> int: ...
+
+    @abc.abstractmethod
+    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
+        """Measured windows of every job, ascending by id: the first `limit` after after_window_id,
+        or (newest=True) the last `limit`."""
+
+    @abc.abstractmethod
+    def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
+        """Store a trained predictor; only the newest `keep` are kept."""
+
+    @abc.abstractmethod
+    def latest_model(self) -> ModelRecord | None: ...

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+                        UniqueConstraint, false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -30,6 +31,8 @@ class Job(Base):
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Rank 0 registered with autobyte.init(tune=False): the tuner leaves this job alone.
+    tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Rank(Base):
@@ -73,6 +76,7 @@ class StepSample(Base):
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     decision_id: Mapped[int] = mapped_column(BigInteger)
+    host_load: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class Decision(Base):
@@ -90,6 +94,7 @@ class Decision(Base):
     # pending | applied | superseded (by a newer decision) | expired (its run ended first) | rolled_back
     state: Mapped[str] = mapped_column(String(16))
     applied_at_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    source: Mapped[str] = mapped_column(String(16), default="operator", server_default="operator")
 
 
 class AppliedConfig(Base):
@@ -105,3 +110,54 @@ class AppliedConfig(Base):
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     applied_at_step: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[float] = mapped_column(Float)
+
+
+class TunerState(Base):
+    """What the tuner is doing for a job (one row per job it has looked at), shown by `status`.
+    `paused` is the operator's: set by a proposal or `autobyte tune --pause`, cleared by --resume."""
+
+    __tablename__ = "tuner_states"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text)
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    baseline_step_time_s: Mapped[float] = mapped_column(Float)
+    measured_step_time_s: Mapped[float] = mapped_column(Float)
+    predicted_step_time_s: Mapped[float] = mapped_column(Float)
+    trials_done: Mapped[int] = mapped_column(Integer)
+    trials_planned: Mapped[int] = mapped_column(Integer)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class TunerWindow(Base):
+    """One measured window of one configuration in one context of a job: the predictor's training
+    data (pairs of windows of the same job and context segment). `context` is JSON (features.py)."""
+
+    __tablename__ = "tuner_windows"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    segment: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    context: Mapped[str] = mapped_column(Text)
+
+
+class PredictorModel(Base):
+    """A trained predictor (serialised ensemble), newest last; a restarted daemon loads the newest."""
+
+    __tablename__ = "predictor_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    examples: Mapped[int] = mapped_column(Integer)
+    model: Mapped[bytes] = mapped_column(LargeBinary)
+    note: Mapped[str] = mapped_column(Text)

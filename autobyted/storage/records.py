@@ -28,6 +28,7 @@ class Registration:
     config: Config = Config()
     hostname: str = ""
     pid: int = 0
+    tuning_disabled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,7 @@ class DecisionRecord:
     predicted_step_time_s: float | None = None
     measured_step_time_s: float | None = None
     applied_at_step: int | None = None
+    source: str = "operator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,8 @@ class JobRecord:
     last_seen_s: float
     dropped_total: int
     last_decision: DecisionRecord | None
+    tuner: "TunerStatusRecord | None" = None
+    tuning_disabled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,3 +111,66 @@ class BestRecord:
     baseline_step_time_s: float = 0.0
     evidence: str = ""
     candidates: tuple[CandidateRecord, ...] = ()  # every configuration compared, fastest first
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    """What a job's registration told the daemon: the tuner's "registration info"."""
+
+    job: str
+    world_size: int
+    backend: str
+    fingerprint: Fingerprint
+    tuning_disabled: bool
+    created_at_s: float
+    last_seen_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleRow:
+    """One stored sample with its row id (the tuner reads a job's samples incrementally by id)."""
+
+    row_id: int
+    rank: int
+    metrics: StepMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class TunerStatusRecord:
+    """What the tuner is doing for a job (see autobyted/tuner/search.py for the states)."""
+
+    mode: str
+    state: str
+    detail: str
+    config: Config = Config()
+    baseline_step_time_s: float = 0.0
+    measured_step_time_s: float = 0.0
+    predicted_step_time_s: float = 0.0
+    trials_done: int = 0
+    trials_planned: int = 0
+    paused: bool = False
+    updated_at_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowRecord:
+    """A measured window of one configuration in one context segment of a job (training data)."""
+
+    job: str
+    segment: int
+    config: Config
+    step_time_s: float
+    samples: int
+    context: str  # JSON of autobyted.tuner.features.Context
+    created_at_s: float = 0.0
+    window_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRecord:
+    model_id: int
+    kind: str
+    examples: int
+    model: bytes
+    note: str
+    created_at_s: float

@@ -10,13 +10,14 @@ from typing import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from autobyte.types import Config
+from autobyte.types import Config, StepMetrics
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
-from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionRecord, JobRecord,
-                                       RegisterResult, Registration, SampleBatch, StepRecord)
+from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, JobInfo,
+                                       JobRecord, ModelRecord, RegisterResult, Registration, SampleBatch,
+                                       SampleRow, StepRecord, TunerStatusRecord, WindowRecord)
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
 WARMUP_STEPS = 5
@@ -31,7 +32,24 @@ def _decision(row: m.Decision, job: str) -> DecisionRecord:
     return DecisionRecord(decision_id=row.id, job=job, config=_config(row), apply_at_step=row.apply_at_step,
                           reason=row.reason, created_at_s=row.created_at, state=row.state,
                           predicted_step_time_s=row.predicted_step_time_s,
-                          measured_step_time_s=row.measured_step_time_s, applied_at_step=row.applied_at_step)
+                          measured_step_time_s=row.measured_step_time_s, applied_at_step=row.applied_at_step,
+                          source=row.source)
+
+
+def _tuner_status(row: m.TunerState) -> TunerStatusRecord:
+    return TunerStatusRecord(mode=row.mode, state=row.state, detail=row.detail, config=_config(row),
+                             baseline_step_time_s=row.baseline_step_time_s,
+                             measured_step_time_s=row.measured_step_time_s,
+                             predicted_step_time_s=row.predicted_step_time_s, trials_done=row.trials_done,
+                             trials_planned=row.trials_planned, paused=row.paused, updated_at_s=row.updated_at)
+
+
+def _metrics(r: m.StepSample) -> StepMetrics:
+    return StepMetrics(step=r.step, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s, forward_s=r.forward_s,
+                       backward_s=r.backward_s, exposed_comm_s=r.exposed_comm_s,
+                       queueing_delay_s=r.queueing_delay_s, bytes_reduced=r.bytes_reduced, partitions=r.partitions,
+                       bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, config=_config(r), decision_id=r.decision_id,
+                       host_load=r.host_load)
 
 
 class SqlStorage(BaseStorage):
@@ -61,7 +79,8 @@ class SqlStorage(BaseStorage):
                                       largest_tensor_bytes=fp.largest_tensor_bytes,
                                       median_tensor_bytes=fp.median_tensor_bytes, created_at=now,
                                       last_seen_at=now, max_step=-1, partition_bytes=r.config.partition_bytes,
-                                      credit_bytes=r.config.credit_bytes, dropped_total=0))
+                                      credit_bytes=r.config.credit_bytes, dropped_total=0,
+                                      tuning_disabled=r.tuning_disabled))
         except AlreadyExists:
             pass
         with self._scope() as session:
@@ -74,6 +93,8 @@ class SqlStorage(BaseStorage):
                 raise FailedPrecondition(
                     f"job {r.job!r} is registered with a different model (digest {job.model_digest[:12]}, "
                     f"not {fp.digest[:12]}); use a new job id (AUTOBYTE_JOB) for this run")
+            if r.rank == 0:  # rank 0 decides for the job, as it does for the configuration
+                job.tuning_disabled = r.tuning_disabled
             rank = session.scalars(sa.select(m.Rank).where(m.Rank.job_id == job.id,
                                                            m.Rank.rank == r.rank)).one_or_none()
             session_id = uuid.uuid4().hex
@@ -134,7 +155,8 @@ class SqlStorage(BaseStorage):
                                      bytes_reduced=s.bytes_reduced, partitions=s.partitions,
                                      bandwidth_bytes_per_s=s.bandwidth_bytes_per_s,
                                      partition_bytes=s.config.partition_bytes,
-                                     credit_bytes=s.config.credit_bytes, decision_id=s.decision_id))
+                                     credit_bytes=s.config.credit_bytes, decision_id=s.decision_id,
+                                     host_load=s.host_load))
                 if fresh:
                     rank.last_acked_seq = fresh[-1][0]
                     job.max_step = max(job.max_step, max(s.step for _, s in fresh))
@@ -170,19 +192,56 @@ class SqlStorage(BaseStorage):
                 job_row.partition_bytes, job_row.credit_bytes = config.partition_bytes, config.credit_bytes
 
     def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None) -> DecisionRecord:
+                     predicted_step_time_s: float | None = None, source: str = "operator",
+                     state: str = "pending") -> DecisionRecord:
+        if state not in ("pending", "recommended"):
+            raise ValueError(f"a new decision is pending or recommended, not {state!r}")
+        if source == "operator":
+            self._tuner_row(job)
         with self._scope() as session:
             job_row = self._job(session, job)
-            session.execute(sa.update(m.Decision).where(m.Decision.job_id == job_row.id,
-                                                        m.Decision.state == "pending")
-                            .values(state="superseded"))
+            tuner = session.get(m.TunerState, job_row.id)
+            if source == "operator":
+                tuner.paused = True
+                tuner.updated_at = time.time()
+            elif tuner is not None and tuner.paused:
+                raise FailedPrecondition(f"the tuner is paused for job {job!r} (an operator decided); "
+                                         f"`autobyte tune {job} --resume` hands it back")
+            if state == "pending":
+                session.execute(sa.update(m.Decision).where(m.Decision.job_id == job_row.id,
+                                                            m.Decision.state == "pending")
+                                .values(state="superseded"))
             row = m.Decision(job_id=job_row.id, partition_bytes=config.partition_bytes,
                              credit_bytes=config.credit_bytes, apply_at_step=apply_at_step, reason=reason,
                              predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
-                             state="pending")
+                             state=state, source=source)
             session.add(row)
             session.flush()
             return _decision(row, job)
+
+    def close_decision(self, decision_id: int, measured_step_time_s: float | None,
+                       state: str | None = None) -> None:
+        with self._scope() as session:
+            row = session.get(m.Decision, decision_id)
+            if row is None:
+                raise NotFound(f"no decision {decision_id}")
+            if measured_step_time_s is not None:
+                row.measured_step_time_s = measured_step_time_s
+            if state is not None:
+                row.state = state
+
+    def _tuner_row(self, job: str) -> None:
+        """Make sure the job has a tuner_states row; in a transaction of its own, because the
+        tuner and an operator may create it at the same moment (the second insert loses, harmlessly)."""
+        try:
+            with self._scope() as session:
+                job_id = self._job(session, job).id
+                if session.get(m.TunerState, job_id) is None:
+                    session.add(m.TunerState(job_id=job_id, mode="", state="", detail="", baseline_step_time_s=0.0,
+                                             measured_step_time_s=0.0, predicted_step_time_s=0.0, trials_done=0,
+                                             trials_planned=0, paused=False, updated_at=time.time()))
+        except AlreadyExists:
+            pass
 
     def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]:
         with self._scope() as session:
@@ -213,12 +272,15 @@ class SqlStorage(BaseStorage):
                                          .order_by(m.StepSample.wall_time_s.desc()).limit(20)).all()
                 last = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job.id)
                                        .order_by(m.Decision.id.desc()).limit(1)).one_or_none()
+                tuner = session.get(m.TunerState, job.id)
                 out.append(JobRecord(
                     job=job.name, state=state,
                     world_size=job.world_size, backend=job.backend, steps=job.max_step + 1, config=_config(job),
                     ranks=ranks, recent_step_time_s=statistics.median(recent) if recent else 0.0,
                     last_seen_s=job.last_seen_at, dropped_total=job.dropped_total,
-                    last_decision=_decision(last, job.name) if last else None))
+                    last_decision=_decision(last, job.name) if last else None,
+                    tuner=_tuner_status(tuner) if tuner is not None and tuner.mode else None,
+                    tuning_disabled=job.tuning_disabled))
         return out
 
     def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
@@ -298,3 +360,103 @@ class SqlStorage(BaseStorage):
             if job is not None:
                 query = query.where(m.StepSample.job_id == self._job(session, job).id)
             return session.scalar(query)
+
+    # ------------------------------------------------------------------ the tuner's
+    def job_info(self, job: str) -> JobInfo:
+        with self._scope() as session:
+            row = self._job(session, job)
+            return JobInfo(job=row.name, world_size=row.world_size, backend=row.backend,
+                           fingerprint=Fingerprint(row.parameter_count, row.parameter_bytes, row.tensor_count,
+                                                   row.largest_tensor_bytes, row.median_tensor_bytes,
+                                                   row.model_digest),
+                           tuning_disabled=row.tuning_disabled, created_at_s=row.created_at,
+                           last_seen_s=row.last_seen_at)
+
+    def active_jobs(self, seen_within_s: float) -> list[str]:
+        with self._scope() as session:
+            return list(session.scalars(sa.select(m.Job.name).where(m.Job.last_seen_at >= time.time() - seen_within_s)
+                                        .order_by(m.Job.name)).all())
+
+    def samples_after(self, job: str, after_row_id: int, rank: int | None = 0,
+                      limit: int = 10_000) -> list[SampleRow]:
+        with self._scope() as session:
+            job_row = self._job(session, job)
+            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id, m.StepSample.id > after_row_id)
+            if rank is not None:
+                query = query.where(m.StepSample.rank == rank)
+            rows = session.scalars(query.order_by(m.StepSample.id).limit(limit)).all()
+            return [SampleRow(r.id, r.rank, _metrics(r)) for r in rows]
+
+    def last_sample_row(self, job: str, rank: int | None = 0) -> int:
+        with self._scope() as session:
+            query = sa.select(sa.func.max(m.StepSample.id)).where(m.StepSample.job_id == self._job(session, job).id)
+            if rank is not None:
+                query = query.where(m.StepSample.rank == rank)
+            return session.scalar(query) or 0
+
+    def tuner_status(self, job: str) -> TunerStatusRecord | None:
+        with self._scope() as session:
+            row = session.get(m.TunerState, self._job(session, job).id)
+            return _tuner_status(row) if row is not None else None
+
+    def save_tuner_status(self, job: str, status: TunerStatusRecord) -> None:
+        self._tuner_row(job)
+        with self._scope() as session:
+            row = session.get(m.TunerState, self._job(session, job).id)
+            row.mode, row.state, row.detail = status.mode, status.state, status.detail
+            row.partition_bytes, row.credit_bytes = status.config.partition_bytes, status.config.credit_bytes
+            row.baseline_step_time_s = status.baseline_step_time_s
+            row.measured_step_time_s = status.measured_step_time_s
+            row.predicted_step_time_s = status.predicted_step_time_s
+            row.trials_done, row.trials_planned = status.trials_done, status.trials_planned
+            row.updated_at = status.updated_at_s or time.time()
+
+    def set_tuning_paused(self, job: str, paused: bool) -> TunerStatusRecord:
+        self._tuner_row(job)
+        with self._scope() as session:
+            row = session.get(m.TunerState, self._job(session, job).id)
+            row.paused = paused
+            row.updated_at = time.time()
+            session.flush()
+            return _tuner_status(row)
+
+    def add_window(self, window: WindowRecord) -> int:
+        with self._scope() as session:
+            job_row = self._job(session, window.job)
+            row = m.TunerWindow(job_id=job_row.id, segment=window.segment, created_at=window.created_at_s or time.time(),
+                                partition_bytes=window.config.partition_bytes, credit_bytes=window.config.credit_bytes,
+                                step_time_s=window.step_time_s, samples=window.samples, context=window.context)
+            session.add(row)
+            session.flush()
+            return row.id
+
+    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
+        with self._scope() as session:
+            order = m.TunerWindow.id.desc() if newest else m.TunerWindow.id
+            rows = session.execute(sa.select(m.TunerWindow, m.Job.name).join(m.Job, m.Job.id == m.TunerWindow.job_id)
+                                   .where(m.TunerWindow.id > after_window_id).order_by(order)
+                                   .limit(limit)).all()
+            if newest:
+                rows = rows[::-1]
+            return [WindowRecord(job=name, segment=w.segment, config=_config(w), step_time_s=w.step_time_s,
+                                 samples=w.samples, context=w.context, created_at_s=w.created_at, window_id=w.id)
+                    for w, name in rows]
+
+    def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
+        with self._scope() as session:
+            row = m.PredictorModel(created_at=time.time(), kind=kind, examples=examples, model=model, note=note)
+            session.add(row)
+            session.flush()
+            old = session.scalars(sa.select(m.PredictorModel.id).order_by(m.PredictorModel.id.desc())
+                                  .offset(max(1, keep))).all()
+            if old:
+                session.execute(sa.delete(m.PredictorModel).where(m.PredictorModel.id.in_(old)))
+            return row.id
+
+    def latest_model(self) -> ModelRecord | None:
+        with self._scope() as session:
+            row = session.scalars(sa.select(m.PredictorModel).order_by(m.PredictorModel.id.desc()).limit(1)).one_or_none()
+            if row is None:
+                return None
+            return ModelRecord(model_id=row.id, kind=row.kind, examples=row.examples, model=row.model, note=row.note,
+                               created_at_s=row.created_at)

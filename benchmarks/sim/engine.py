@@ -5,9 +5,11 @@ One step on every worker (all workers are identical, so one is simulated):
 - forward: layer i starts when layer i-1 finished and, under the scheduler, when layer i's
   parameters from the previous step are reduced and updated (cross-iteration overlap);
 - backward: layers in reverse order; a layer's gradients are ready when its backward ends;
-- scheduler: each gradient tensor is cut into partitions of `partition_bytes`; a dispatcher thread
-  issues the highest-priority ready partition (priority = forward order) while the bytes in flight
-  are below `credit_bytes`; issuing costs `launch_s` of that thread; the link runs the issued
+- scheduler: as the real scheduler does, the gradients lie in one flat buffer in reverse forward
+  order, cut into slices of `partition_bytes` (a slice fuses small tensors, a big tensor spans
+  several slices; with no partitioning, one message per tensor); a dispatcher thread issues the
+  highest-priority ready partition (priority = forward order) while the bytes in flight are below
+  `credit_bytes`; issuing costs `launch_s` of that thread; the link runs the issued
   all-reduces first-in-first-out (as gloo does), each costing a ring all-reduce;
 - DDP: tensors in reverse registration order fill 25 MiB buckets (the first 1 MiB, as torch does);
   a bucket is reduced once all its gradients are ready, buckets in order; the optimizer step and
@@ -206,6 +208,21 @@ class _CommPlan:
     credit_bytes: float
     launch_s: float
     is_ddp: bool
+    # Layers (lowest, highest index) whose parameters a message carries; a layer's update waits for
+    # every message that carries part of it. None: each message carries its ready_layer only.
+    covers: tuple[tuple[int, int], ...] | None = None
+
+    def layer_done(self, done: list[float], num_layers: int) -> np.ndarray:
+        """Per-layer completion: the last message carrying part of the layer (-inf: none)."""
+        layer_done = np.full(num_layers, -math.inf)
+        if self.covers is None:
+            np.maximum.at(layer_done, np.asarray(self.ready_layer), np.asarray(done))
+            return layer_done
+        for end, (low, high) in zip(done, self.covers):
+            for layer in range(low, high + 1):
+                if end > layer_done[layer]:
+                    layer_done[layer] = end
+        return layer_done
 
 
 def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, rate: float,
@@ -467,36 +484,67 @@ class Simulator:
                 priority.append(len(priority))
             plan = _CommPlan(tuple(ready_layer), tuple(sizes), tuple(priority), math.inf,
                              self.link.ddp_launch_s, True)
-        else:
-            # As the scheduler does (client/scheduler.py): every gradient tensor is laid out in one
-            # flat buffer in reverse forward order; no partitioning = one message per tensor,
-            # otherwise fixed-size slices of the buffer (fusing small tensors, splitting big ones).
-            # A slice is ready when every tensor overlapping it is (the earliest layer among them
-            # finishes its backward last); the highest offset (earliest forward use) goes first.
-            tensors = [(layer_index, size) for layer_index in range(len(layers) - 1, -1, -1)
-                       for size in reversed(layers[layer_index].param_bytes) if size > 0]
-            partition = config.partition_bytes
-            if partition is None:
-                for offset_rank, (layer_index, size) in enumerate(tensors):
+        elif config.partition_bytes is None:
+            # One message per tensor (the scheduler's "no partitioning").
+            ordinal = 0
+            per_layer: list[list[tuple[int, int]]] = []
+            for layer in layers:  # forward order: priority ordinal increases with depth
+                messages = []
+                for size in layer.param_bytes:
+                    if size > 0:
+                        messages.append((size, ordinal))
+                        ordinal += 1
+                per_layer.append(messages)
+            for layer_index in range(len(layers) - 1, -1, -1):
+                for piece, order in per_layer[layer_index]:
                     ready_layer.append(layer_index)
-                    sizes.append(size)
-                    priority.append(-offset_rank)
-            else:
-                starts, layer_of, offset = [], [], 0
-                for layer_index, size in tensors:
-                    starts.append(offset)
-                    layer_of.append(layer_index)
-                    offset += size
-                for index, start in enumerate(range(0, offset, partition)):
-                    end = min(start + partition, offset)
-                    ready_layer.append(layer_of[bisect_right(starts, end - 1) - 1])
-                    sizes.append(end - start)
-                    priority.append(-index)
+                    sizes.append(piece)
+                    priority.append(order)
             credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
             plan = _CommPlan(tuple(ready_layer), tuple(sizes), tuple(priority), credit,
                              self.link.launch_s, False)
+        else:
+            plan = self._fused_plan(config)
         self._plans[config] = plan
         return plan
+
+    def _fused_plan(self, config: Config) -> _CommPlan:
+        """Partitions as the real scheduler cuts them (client/scheduler.py, `_plan_template`): every
+        gradient lies in one flat buffer in reverse forward order (the last layer's tensors at offset
+        0), and partitions are fixed-size slices of that buffer, so a slice fuses small tensors and a
+        big tensor spans several slices. A slice is ready when every tensor it overlaps has its
+        gradient (the shallowest layer in it finishes its backward last); a higher offset is a
+        higher priority; a layer is updated when every slice overlapping it is reduced."""
+        partition = config.partition_bytes
+        assert partition is not None
+        spans: list[tuple[int, int, int]] = []  # (start, end, layer) in buffer order
+        offset = 0
+        for layer_index in range(len(self.profile.layers) - 1, -1, -1):
+            for size in reversed(self.profile.layers[layer_index].param_bytes):
+                if size > 0:
+                    spans.append((offset, offset + size, layer_index))
+                    offset += size
+        total = offset
+        count = -(-total // partition) if total else 0
+        ready_layer, sizes, covers = [], [], []
+        cursor = 0
+        for k in range(count):
+            start, end = k * partition, min((k + 1) * partition, total)
+            while spans[cursor][1] <= start:
+                cursor += 1
+            low = high = spans[cursor][2]
+            probe = cursor
+            while probe < len(spans) and spans[probe][0] < end:
+                low = min(low, spans[probe][2])
+                high = max(high, spans[probe][2])
+                probe += 1
+            ready_layer.append(low)
+            sizes.append(end - start)
+            covers.append((low, high))
+        priority = tuple(range(count - 1, -1, -1))
+        credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
+        return _CommPlan(tuple(ready_layer), tuple(sizes), priority, credit, self.link.launch_s,
+                         False, tuple(covers))
 
     def messages_per_step(self, config: RunConfig) -> int:
         return len(self._plan(config).sizes)
@@ -516,9 +564,7 @@ class Simulator:
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span
-        layer_done = np.full(self.num_layers, -math.inf)
-        np.maximum.at(layer_done, np.asarray(plan.ready_layer), np.asarray(done))
-        return layer_done, span
+        return plan.layer_done(done, self.num_layers), span
 
     def _comm_at(self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
                  ) -> tuple[np.ndarray, float, float]:
@@ -551,9 +597,7 @@ class Simulator:
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span, backward_s, starts, ends
-        layer_done = np.full(self.num_layers, -math.inf)
-        np.maximum.at(layer_done, np.asarray(plan.ready_layer), np.asarray(done))
-        return layer_done, span, backward_s, starts, ends
+        return plan.layer_done(done, self.num_layers), span, backward_s, starts, ends
 
     def _contended_at(self, config: RunConfig, plan: _CommPlan, factor: float,
                       backward_start_s: float) -> tuple[Any, ...]:

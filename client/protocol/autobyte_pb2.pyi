@@ -32,7 +32,7 @@ class ModelFingerprint(_message.Message):
     def __init__(self, parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., tensor_count: _Optional[int] = ..., largest_tensor_bytes: _Optional[int] = ..., median_tensor_bytes: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("seq", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s", "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s", "config", "decision_id")
+    __slots__ = ("seq", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s", "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s", "config", "decision_id", "host_load")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class StepMetrics(_message.Message):
     BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOAD_FIELD_NUMBER: _ClassVar[int]
     seq: int
     step: int
     wall_time_s: float
@@ -59,10 +60,11 @@ class StepMetrics(_message.Message):
     bandwidth_bytes_per_s: float
     config: Config
     decision_id: int
-    def __init__(self, seq: _Optional[int] = ..., step: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., queueing_delay_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., partitions: _Optional[int] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., decision_id: _Optional[int] = ...) -> None: ...
+    host_load: float
+    def __init__(self, seq: _Optional[int] = ..., step: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., queueing_delay_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., partitions: _Optional[int] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., decision_id: _Optional[int] = ..., host_load: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("decision_id", "job", "config", "apply_at_step", "reason", "predicted_step_time_s", "measured_step_time_s", "created_at_s", "state", "applied_at_step")
+    __slots__ = ("decision_id", "job", "config", "apply_at_step", "reason", "predicted_step_time_s", "measured_step_time_s", "created_at_s", "state", "applied_at_step", "source")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class Decision(_message.Message):
     CREATED_AT_S_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_AT_STEP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     decision_id: int
     job: str
     config: Config
@@ -83,10 +86,11 @@ class Decision(_message.Message):
     created_at_s: float
     state: str
     applied_at_step: int
-    def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader")
+    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "tuning_disabled")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +104,7 @@ class RegisterRequest(_message.Message):
     DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_LEADER_FIELD_NUMBER: _ClassVar[int]
+    TUNING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     world_size: int
@@ -113,7 +118,8 @@ class RegisterRequest(_message.Message):
     data_parallel_rank: int
     data_parallel_size: int
     data_parallel_leader: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ...) -> None: ...
+    tuning_disabled: bool
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., tuning_disabled: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "last_acked_seq")
@@ -199,12 +205,20 @@ class ProposeConfigRequest(_message.Message):
     reason: str
     def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class SetTuningRequest(_message.Message):
+    __slots__ = ("job", "paused")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    paused: bool
+    def __init__(self, job: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "state", "world_size", "steps", "config", "ranks", "backend", "recent_step_time_s", "recent_steps_per_s", "last_decision", "has_last_decision", "last_seen_s", "dropped_total")
+    __slots__ = ("job", "state", "world_size", "steps", "config", "ranks", "backend", "recent_step_time_s", "recent_steps_per_s", "last_decision", "has_last_decision", "last_seen_s", "dropped_total", "tuner")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +232,7 @@ class JobStatus(_message.Message):
     HAS_LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TUNER_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
     world_size: int
@@ -231,7 +246,36 @@ class JobStatus(_message.Message):
     has_last_decision: bool
     last_seen_s: float
     dropped_total: int
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., world_size: _Optional[int] = ..., steps: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., ranks: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., recent_step_time_s: _Optional[float] = ..., recent_steps_per_s: _Optional[float] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., has_last_decision: _Optional[bool] = ..., last_seen_s: _Optional[float] = ..., dropped_total: _Optional[int] = ...) -> None: ...
+    tuner: TunerStatus
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., world_size: _Optional[int] = ..., steps: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., ranks: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., recent_step_time_s: _Optional[float] = ..., recent_steps_per_s: _Optional[float] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., has_last_decision: _Optional[bool] = ..., last_seen_s: _Optional[float] = ..., dropped_total: _Optional[int] = ..., tuner: _Optional[_Union[TunerStatus, _Mapping]] = ...) -> None: ...
+
+class TunerStatus(_message.Message):
+    __slots__ = ("mode", "state", "detail", "config", "baseline_step_time_s", "measured_step_time_s", "predicted_step_time_s", "paused", "trials_done", "trials_planned", "updated_at_s", "known")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_PLANNED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    state: str
+    detail: str
+    config: Config
+    baseline_step_time_s: float
+    measured_step_time_s: float
+    predicted_step_time_s: float
+    paused: bool
+    trials_done: int
+    trials_planned: int
+    updated_at_s: float
+    known: bool
+    def __init__(self, mode: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., baseline_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., predicted_step_time_s: _Optional[float] = ..., paused: _Optional[bool] = ..., trials_done: _Optional[int] = ..., trials_planned: _Optional[int] = ..., updated_at_s: _Optional[float] = ..., known: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("jobs", "daemon_version")

@@ -166,6 +166,11 @@ class ControlStub:
                 request_serializer=autobyte_dot_protocol_dot_autobyte__pb2.ProposeConfigRequest.SerializeToString,
                 response_deserializer=autobyte_dot_protocol_dot_autobyte__pb2.Decision.FromString,
                 _registered_method=True)
+        self.SetTuning = channel.unary_unary(
+                '/autobyte.v1.Control/SetTuning',
+                request_serializer=autobyte_dot_protocol_dot_autobyte__pb2.SetTuningRequest.SerializeToString,
+                response_deserializer=autobyte_dot_protocol_dot_autobyte__pb2.TunerStatus.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -191,6 +196,14 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTuning(self, request, context):
+        """Pause or resume the tuner for one job (`autobyte tune JOB --pause/--resume`). An operator's
+        ProposeConfig pauses it too; only an explicit resume ends a pause.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -208,6 +221,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ProposeConfig,
                     request_deserializer=autobyte_dot_protocol_dot_autobyte__pb2.ProposeConfigRequest.FromString,
                     response_serializer=autobyte_dot_protocol_dot_autobyte__pb2.Decision.SerializeToString,
+            ),
+            'SetTuning': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTuning,
+                    request_deserializer=autobyte_dot_protocol_dot_autobyte__pb2.SetTuningRequest.FromString,
+                    response_serializer=autobyte_dot_protocol_dot_autobyte__pb2.TunerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -291,6 +309,33 @@ class Control:
             '/autobyte.v1.Control/ProposeConfig',
             autobyte_dot_protocol_dot_autobyte__pb2.ProposeConfigRequest.SerializeToString,
             autobyte_dot_protocol_dot_autobyte__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTuning(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autobyte.v1.Control/SetTuning',
+            autobyte_dot_protocol_dot_autobyte__pb2.SetTuningRequest.SerializeToString,
+            autobyte_dot_protocol_dot_autobyte__pb2.TunerStatus.FromString,
             options,
             channel_credentials,
             insecure,

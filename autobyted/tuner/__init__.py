@@ -1,0 +1,54 @@
+"""The tuner: per job, predict, decide and re-tune the scheduler's (partition, credit) configuration.
+
+Files, one concern each:
+    features.py   what the predictor sees (below) and how a window of steps becomes a context
+    predictor.py  the xgboost bootstrap ensemble, its training pairs, online retraining, file format
+    search.py     the per-job state machine (warm-up, baseline, trials, hold, watch, re-tune)
+    drift.py      CUSUM drift detection on the held configuration's steps
+    manager.py    the daemon's side: reads samples from storage, runs every job's search on one
+                  worker thread, retrains the predictor on another, writes decisions and state
+    prior.model   the simulator-trained prior (benchmarks/train_prior.py regenerates it)
+
+The prediction target
+---------------------
+Not a step time, but log(step time under a candidate / step time under the reference), where the
+reference is the configuration the job ran while its context was measured. Context figures such as
+exposed communication, the bandwidth estimate and queueing delay depend on the configuration they
+were measured under; predicting a ratio *from* a stated reference keeps that dependence explicit
+(the reference is an input) and cancels what the model cannot know (this machine's absolute speed).
+The predicted step time of a candidate is the reference's measured median x exp(prediction); the
+reference itself is never predicted (it was measured).
+
+Features (features.FEATURE_NAMES), with why each is there
+-------------------------------------------------------
+Context, medians over a window of rank 0's steps of the reference configuration:
+    log_step_s            absolute step length: per-message costs matter more in short steps
+    log_compute_s         forward + backward time (excludes waiting): the work overlap can hide
+    backward_share        gradients appear during the backward: how much time partitions have
+    compute_share         compute / step: how communication-bound the job is under the reference
+    exposed_share         forward time spent waiting for parameters / step: what is left to hide
+    queueing_share        mean wait of a partition for credit / step: is the credit window binding
+    log_gradient_bytes    bytes all-reduced per step
+    log2_world_size,      a ring all-reduce moves 2(N-1)/N of the bytes and pays 2(N-1) latencies
+      ring_factor
+    backend_nccl/gloo     per-collective cost differs by an order of magnitude between backends
+    log_tensor_count,     the model fingerprint: how the gradient splits into tensors decides how
+      largest_tensor_share, many messages "no partitioning" sends and how slices fuse
+      log_median_tensor_bytes
+    log_bandwidth         the scheduler's own estimate (bytes / time from first issue to last
+                          completion); measured under the reference, hence the reference features
+    log_wire_s,           ring bytes / bandwidth, and its ratio to compute: the balance that decides
+      log_wire_to_compute whether overlap, partitions or credit can pay at all
+    host_load             others' share of the host CPU (autobyte.hostload); NaN when unknown
+                          (xgboost's missing value), so old clients and the simulator cost nothing
+Configuration, once for the reference (ref_*) and once for the candidate (cand_*):
+    partition_none, log2_partition, log2_partition_share (of the gradient)
+    credit_unlimited, log2_credit, log2_credit_share, log2_credit_in_partitions
+    log_messages          all-reduces per step as the scheduler cuts them (one per tensor without
+                          partitioning, ceil(gradient / partition) with it)
+Differences candidate - reference: delta_log_messages, delta_log2_partition, delta_log2_credit
+(trees split on one feature at a time; the differences save them learning subtraction).
+
+Not features, on purpose: the scenario's true bandwidth or compute factor (a rank cannot see them),
+wall-clock time, job names.
+"""

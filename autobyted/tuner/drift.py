@@ -1,0 +1,230 @@
+"""Drift detection while a configuration is held: a two-sided CUSUM (Page's test) per signal.
+
+Signals, per step of the held configuration (rank 0): log step time (the residual against what the
+held configuration measured), log of the scheduler's bandwidth estimate, log compute time (forward
++ backward) and the host load (when the client knows it). Each is compared with a reference window
+of the *same* configuration, so a signal that depends on the configuration (the bandwidth estimate
+does) is still comparable.
+
+The test runs on block medians of about half a second of steps (DriftDetector). For a signal with
+reference median mu and robust spread sigma (1.4826 x MAD of the reference blocks, floored), and a
+minimum relevant shift `delta` (a change smaller than that is not worth a re-tune):
+
+    d_t = clip(x_t - mu, -c, c)                 c = k + h/3: three wild blocks cannot alarm alone
+    S+_t = max(0, S+_{t-1} + d_t - k)           k = max(delta/2, sigma/2)
+    S-_t = max(0, S-_{t-1} - d_t - k)           h = max(2 delta, 10 sigma)
+    alarm when S+ > h or S- > h
+
+Why these constants (first principles, not fitted to any scenario): k = delta/2 is the classic
+choice for detecting a shift of size delta; h = 10 sigma with k >= sigma/2 gives an in-control
+average run length above 10^5 blocks for Gaussian noise (Siegmund's approximation), i.e. well
+under one false alarm per hour at two blocks a second; h >= 2 delta means a shift of exactly delta needs about
+four blocks to alarm, and the clipping at c needs at least four wild blocks in a row (a rare slow
+step, a GC pause, is not a change). The minimum
+shifts: step time 10% (below that a re-tune rarely pays for its trials), bandwidth 25% and compute
+15% (changes of the communication/computation balance that move the best partition/credit in the
+simulator's and the testbed's maps), host load 0.2 (a fifth of the host's cores taken by others).
+`python -m benchmarks.bench_tuner drift` measures the false alarms on stationary runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+from autobyte.types import StepMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    name: str
+    extract: Callable[[StepMetrics], float]  # NaN: not measured in this sample
+    min_shift: float
+    sigma_floor: float
+    rise: str  # how an upward shift reads in a reason ("re-tuning after bandwidth rise")
+    fall: str
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else math.nan
+
+
+SIGNALS = (
+    Signal("bandwidth", lambda m: _log(m.bandwidth_bytes_per_s), 0.25, 0.02, "bandwidth rise", "bandwidth drop"),
+    Signal("compute", lambda m: _log(m.forward_s + m.backward_s), 0.15, 0.01, "compute slowdown", "compute speed-up"),
+    Signal("host_load", lambda m: m.host_load if m.host_load > 0 else math.nan, 0.2, 0.02,
+           "host load rise", "host load drop"),
+    Signal("step_time", lambda m: _log(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
+)
+MIN_REFERENCE = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Alarm:
+    signal: str
+    direction: int  # +1 up, -1 down
+    shift: float  # current estimate of the shift (median of the last steps minus the reference)
+    reason: str
+
+
+class Cusum:
+    """Two-sided CUSUM on one signal against a fixed reference (see the module docstring)."""
+
+    def __init__(self, mu: float, sigma: float, min_shift: float) -> None:
+        self.mu = mu
+        self.k = max(min_shift / 2, sigma / 2)
+        self.h = max(2 * min_shift, 10 * sigma)
+        self.clip = self.k + self.h / 3
+        self.up = 0.0
+        self.down = 0.0
+
+    def update(self, x: float) -> int:
+        """+1 / -1 on an alarm upward / downward, else 0."""
+        d = min(self.clip, max(-self.clip, x - self.mu))
+        self.up = max(0.0, self.up + d - self.k)
+        self.down = max(0.0, self.down - d - self.k)
+        if self.up > self.h:
+            return 1
+        if self.down > self.h:
+            return -1
+        return 0
+
+
+def robust_sigma(values: Sequence[float]) -> float:
+    median = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - median) for v in values)
+
+
+class DriftDetector:
+    """CUSUMs of every signal of the held configuration, on block medians.
+
+    Steps are grouped into blocks of about `block_s` seconds (one step per block when steps are
+    slower than that) and the CUSUM runs on each block's median: a 5 ms step and a 5 s step then
+    give the same false-alarm rate per unit of *time*, a single slow step never counts alone, and
+    the noise that matters (over a block) is what the reference measures. The reference is the
+    first `reference_blocks` blocks (a head start may be given: the window that measured the held
+    configuration); until then nothing alarms.
+    """
+
+    def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
+                 block_s: float = 0.5, reference_blocks: int = 8, shift_scale: float = 1.0) -> None:
+        self._signals = tuple(signals)
+        self._shift_scale = shift_scale  # > 1 after fruitless re-tunes (JobTuner's back-off)
+        self._block_s = block_s
+        self._reference_blocks = reference_blocks
+        self._block_steps = 0  # decided from the first samples' step time
+        self._pending: list[StepMetrics] = []
+        self._reference: list[dict[str, float]] = []
+        self._tests: list[tuple[Signal, Cusum]] | None = None
+        self._recent: dict[str, list[float]] = {}
+        for sample in head_start:
+            self.update(sample)
+
+    @property
+    def ready(self) -> bool:
+        return self._tests is not None
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        return tuple(signal.name for signal, _ in self._tests or ())
+
+    def _block_medians(self, block: Sequence[StepMetrics]) -> dict[str, float]:
+        out = {}
+        for signal in self._signals:
+            values = [v for v in map(signal.extract, block) if math.isfinite(v)]
+            out[signal.name] = statistics.median(values) if values else math.nan
+        return out
+
+    def _start(self) -> None:
+        self._tests = []
+        for signal in self._signals:
+            values = [b[signal.name] for b in self._reference if math.isfinite(b[signal.name])]
+            if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
+                continue  # not measured (e.g. host load from an older client): not watched
+            sigma = max(signal.sigma_floor, robust_sigma(values))
+            self._tests.append((signal, Cusum(statistics.median(values), sigma,
+                                              signal.min_shift * self._shift_scale)))
+            self._recent[signal.name] = []
+
+    def update(self, sample: StepMetrics) -> Alarm | None:
+        """Feed one step; an alarm when a block completes with a signal out of control, named after
+        the context signal nearest its own alarm (so the reason names the cause when it is visible),
+        else the step-time residual."""
+        if not self._block_steps:
+            self._block_steps = max(1, min(1000, round(self._block_s / max(sample.step_time_s, 1e-6))))
+        self._pending.append(sample)
+        if len(self._pending) < self._block_steps:
+            return None
+        block = self._block_medians(self._pending)
+        self._pending = []
+        if self._tests is None:
+            self._reference.append(block)
+            if len(self._reference) >= self._reference_blocks:
+                self._start()
+            return None
+        alarmed = False
+        for signal, test in self._tests:
+            x = block[signal.name]
+            if not math.isfinite(x):
+                continue
+            recent = self._recent[signal.name]
+            recent.append(x)
+            del recent[:-5]
+            alarmed |= bool(test.update(x))
+        if not alarmed:
+            return None
+        # Name the cause: the context signal furthest towards its threshold (at least half way),
+        # else the step-time residual.
+        def progress(item):
+            return max(item[1].up, item[1].down) / item[1].h
+
+        context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
+        signal, test = max(context, key=progress) if context else max(self._tests, key=progress)
+        direction = 1 if test.up >= test.down else -1
+        shift = statistics.median(self._recent[signal.name]) - test.mu if self._recent[signal.name] else 0.0
+        return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
+
+
+def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],
+                 signals: Sequence[Signal] = SIGNALS) -> Alarm | None:
+    """Two windows of the same configuration: the first context signal whose medians differ by more
+    than max(min_shift, 3 standard errors) — a change that happened between them."""
+    for signal in signals:
+        if signal.name == "step_time":
+            continue
+        a = [v for v in map(signal.extract, reference) if math.isfinite(v)]
+        b = [v for v in map(signal.extract, window) if math.isfinite(v)]
+        if len(a) < MIN_REFERENCE or len(b) < MIN_REFERENCE:
+            continue
+        sigma = max(signal.sigma_floor, robust_sigma(a), robust_sigma(b))
+        shift = statistics.median(b) - statistics.median(a)
+        if abs(shift) > max(signal.min_shift, 3 * 1.253 * sigma * math.sqrt(1 / len(a) + 1 / len(b))):
+            return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
+    return None
+
+
+# How far a context signal may differ between two windows of *different* configurations before the
+# difference cannot be the configurations' doing: the bandwidth estimate (bytes / communication
+# span) moves with the configuration (p99 of 1.4 in log units between configurations of one context
+# in the prior's simulated data, p97 below log 3); compute time (forward + backward) moves only by
+# contention (p90 0.05, p99 0.44). Above these, the context changed during the search.
+JUMP_LIMITS = {"bandwidth": math.log(3.0), "compute": 0.3, "host_load": 0.3}
+
+
+def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> Alarm | None:
+    """A change of context between two windows of different configurations (a search's incumbent
+    and a trial): a jump larger than any configuration explains."""
+    for signal in SIGNALS:
+        limit = JUMP_LIMITS.get(signal.name)
+        if limit is None:
+            continue
+        a = [v for v in map(signal.extract, reference) if math.isfinite(v)]
+        b = [v for v in map(signal.extract, window) if math.isfinite(v)]
+        if len(a) < 3 or len(b) < 3:
+            continue
+        shift = statistics.median(b) - statistics.median(a)
+        if abs(shift) > limit:
+            return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
+    return None

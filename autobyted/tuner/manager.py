@@ -1,0 +1,283 @@
+"""The daemon's side of the tuner: every job's search on one worker thread, retraining on another.
+
+- Samples come from storage, read incrementally by row id (rank 0's), never from the ingest path
+  itself: the ingest writer only *wakes* the worker with the names of the jobs it just wrote, and a
+  slow poll catches jobs written by another daemon sharing the database. Nothing here runs on the
+  asyncio event loop; decisions go out through the daemon's own decision path (`decide`, the
+  coroutine that stores a decision and wakes the job's control streams, run on the loop via
+  run_coroutine_threadsafe), so they land at the same step on every rank and show in history.
+- A failure in one job's tuning is logged, shown as state "error" for that job, and the job is
+  looked at again after a back-off; ingestion and serving never depend on this thread.
+- The predictor starts from the newest model in the database (a restarted daemon keeps what it
+  learned) or else the shipped prior; the trainer thread retrains it from every job's measured
+  windows at most every `retrain_interval_s` when new windows came in, with bounded cost
+  (predictor.MAX_ONLINE_PAIRS rows, ONLINE_ROUNDS trees per member, one thread), and stores it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from autobyted.errors import FailedPrecondition, NotFound
+from autobyted.storage.base import BaseStorage
+from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord
+from autobyted.tuner.features import Context, JobShape
+from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
+from autobyted.tuner.search import JobTuner, TunerParams, TunerSink
+
+log = logging.getLogger(__name__)
+
+# decide(job, config, apply_at_step, reason, predicted_step_time_s, source=, state=) -> DecisionRecord
+DecideFn = Callable[..., DecisionRecord]
+MODES = ("auto", "observe", "off")
+MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows (bounded cost)
+
+
+class StorageSink(TunerSink):
+    """A JobTuner's effects, into storage and the decision path."""
+
+    def __init__(self, job: str, storage: BaseStorage, decide: DecideFn, on_window: Callable[[], None]) -> None:
+        self.job, self.storage, self._decide, self._on_window = job, storage, decide, on_window
+        self.status: TunerStatusRecord | None = None
+
+    def decide(self, config, apply_at_step, reason, predicted_step_time_s, kind):
+        try:
+            record = self._decide(self.job, config, apply_at_step, reason, predicted_step_time_s, source="tuner",
+                                  state="recommended" if kind == "recommend" else "pending")
+        except FailedPrecondition:  # an operator paused the tuner for this job meanwhile
+            return None
+        return record.decision_id
+
+    def close_decision(self, decision_id, measured_step_time_s, state):
+        self.storage.close_decision(decision_id, measured_step_time_s, state)
+
+    def record_window(self, window: Window) -> None:
+        self.storage.add_window(WindowRecord(self.job, window.segment, window.config, window.step_time_s,
+                                             window.samples, window.context.to_json(), window.created_at_s))
+        self._on_window()
+
+    def publish(self, status: TunerStatusRecord) -> None:
+        self.status = status  # written by the manager once per cycle
+
+
+@dataclasses.dataclass
+class _JobState:
+    tuner: JobTuner
+    sink: StorageSink
+    last_row: int = 0
+    last_sample_s: float = 0.0
+    written: TunerStatusRecord | None = None
+
+
+class TunerManager:
+    """Constructed with its parts; `start()` starts its two threads, `close()` stops them."""
+
+    def __init__(self, storage: BaseStorage, decide: DecideFn, mode: str = "auto",
+                 params: TunerParams = TunerParams(), poll_interval_s: float = 5.0,
+                 retrain_interval_s: float = 60.0, idle_after_s: float = 30.0, error_backoff_s: float = 30.0,
+                 prior: Ensemble | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if mode not in ("auto", "observe"):
+            raise ValueError(f"the tuner manager runs in auto or observe mode, not {mode!r}")
+        self.storage, self._decide, self.mode, self.params = storage, decide, mode, params
+        self.poll_interval_s, self.retrain_interval_s = poll_interval_s, retrain_interval_s
+        self.idle_after_s, self.error_backoff_s = idle_after_s, error_backoff_s
+        self._prior = prior
+        self._clock = clock
+        self._jobs: dict[str, _JobState] = {}
+        self._skip_until: dict[str, float] = {}
+        self._wake = threading.Event()
+        self._train_wake = threading.Event()
+        self._stopping = threading.Event()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.predictor: Predictor | None = None
+        self.base: Ensemble | None = None
+        self.new_windows = 0
+        self.cycle_cpu_s: list[float] = []  # CPU of cycles that issued a decision (bench_tuner reads it)
+        self.cycles = 0
+        self._started_wall_s = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._started_wall_s = time.time()
+        self._threads = [threading.Thread(target=self._run, name="autobyted-tuner", daemon=True),
+                         threading.Thread(target=self._train_loop, name="autobyted-trainer", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._train_wake.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def notify(self, jobs: Iterable[str]) -> None:
+        """Thread-safe and cheap: the ingest writer calls it with the jobs it just stored samples of."""
+        with self._lock:
+            self._pending.update(jobs)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ predictor
+    def _load_predictor(self) -> None:
+        prior = self._prior or load_prior()
+        self.base = prior
+        ensemble = prior
+        try:
+            stored = self.storage.latest_model()
+            if stored is not None:
+                candidate = Ensemble.from_bytes(stored.model)
+                if candidate.meta.get("base") == prior.digest:
+                    ensemble = candidate
+                    log.info("predictor loaded from the database", extra={"examples": stored.examples})
+                else:
+                    log.info("stored predictor was trained on another prior; retraining from the windows")
+                    self.new_windows += 1
+                    self._train_wake.set()
+        except Exception as error:  # an unreadable model is not worth a dead tuner
+            log.warning("cannot load the stored predictor (%s); using the prior", error)
+        self.predictor = Predictor(ensemble)
+
+    def retrain_now(self) -> bool:
+        """Retrain from every stored window (the trainer thread's work; callable for tests and
+        benchmarks). True when a new model was stored."""
+        assert self.base is not None and self.predictor is not None
+        self.new_windows = 0
+        windows = []
+        for record in self.storage.windows(limit=MAX_WINDOWS, newest=True):
+            try:
+                windows.append(Window(record.job, record.segment, record.config, Context.from_json(record.context),
+                                      record.step_time_s, record.samples, record.created_at_s))
+            except (ValueError, TypeError, KeyError) as error:
+                log.warning("skipping an unreadable window %d: %s", record.window_id, error)
+        trained = train_online(self.base, windows)
+        if trained is None:
+            return False
+        self.predictor.swap(trained)
+        self.storage.save_model("online", trained.to_bytes(), trained.meta["examples"], trained.meta["note"])
+        log.info("predictor retrained", extra={"pairs": trained.meta["examples"], "jobs": trained.meta["jobs"]})
+        return True
+
+    def _train_loop(self) -> None:
+        last = self._clock()
+        while not self._stopping.is_set():
+            self._train_wake.wait(self.retrain_interval_s)
+            self._train_wake.clear()
+            if self._stopping.is_set() or self.predictor is None:
+                continue
+            if not self.new_windows or self._clock() - last < self.retrain_interval_s * 0.5:
+                continue
+            last = self._clock()
+            try:
+                self.retrain_now()
+            except Exception:
+                log.exception("retraining the predictor failed; keeping the current one")
+
+    def _window_recorded(self) -> None:
+        self.new_windows += 1
+
+    # ------------------------------------------------------------------ the worker
+    def _run(self) -> None:
+        try:
+            self._load_predictor()
+        except Exception:
+            log.exception("the tuner cannot load its prior; tuning is off for this daemon run")
+            return
+        next_poll = 0.0
+        while not self._stopping.is_set():
+            self._wake.wait(self.poll_interval_s)
+            self._wake.clear()
+            if self._stopping.is_set():
+                break
+            with self._lock:
+                jobs, self._pending = self._pending, set()
+            now = self._clock()
+            if now >= next_poll:
+                next_poll = now + self.poll_interval_s
+                try:
+                    jobs |= set(self.storage.active_jobs(self.idle_after_s))
+                except Exception as error:
+                    log.warning("tuner cannot list active jobs: %s", error)
+                jobs |= set(self._jobs)
+            for job in sorted(jobs):
+                if self._stopping.is_set():
+                    break
+                self.cycle(job)
+
+    def cycle(self, job: str) -> None:
+        """Look at one job: new samples through its search, pause/resume, idle, errors."""
+        now = self._clock()
+        if self._skip_until.get(job, 0.0) > now:
+            return
+        cpu0 = time.thread_time()
+        state = self._jobs.get(job)
+        try:
+            if state is None:
+                state = self._open(job)
+                if state is None:
+                    return
+            stored = self.storage.tuner_status(job)
+            if stored is not None and stored.paused and not state.tuner.paused:
+                state.tuner.pause("an operator decided or paused it")
+            elif stored is not None and not stored.paused and state.tuner.paused:
+                state.tuner.resume()
+            rows = self.storage.samples_after(job, state.last_row, rank=0, limit=5_000)
+            decisions_before = len(state.tuner.mine)
+            if rows:
+                state.last_row = rows[-1].row_id
+                state.last_sample_s = now
+                state.tuner.observe([row.metrics for row in rows])
+            elif now - state.last_sample_s > self.idle_after_s:
+                self._write(job, state, dataclasses.replace(state.tuner.status, state="idle",
+                                                            detail=f"idle: no steps for {self.idle_after_s:.0f} s "
+                                                                   f"(was: {state.tuner.detail})"))
+                del self._jobs[job]
+                return
+            self._write(job, state, state.sink.status or state.tuner.status)
+            if len(state.tuner.mine) > decisions_before:
+                self.cycle_cpu_s.append(time.thread_time() - cpu0)
+            self.cycles += 1
+        except NotFound:
+            self._jobs.pop(job, None)  # deleted meanwhile
+        except Exception as error:
+            log.exception("tuning job %s failed; it is looked at again in %.0f s", job, self.error_backoff_s)
+            self._jobs.pop(job, None)
+            self._skip_until[job] = now + self.error_backoff_s
+            try:
+                self.storage.save_tuner_status(job, TunerStatusRecord(
+                    mode=self.mode, state="error", detail=f"error: {type(error).__name__}: {error}"[:500],
+                    updated_at_s=time.time()))
+            except Exception:
+                pass
+
+    def _open(self, job: str) -> _JobState | None:
+        info = self.storage.job_info(job)
+        if info.tuning_disabled:
+            status = TunerStatusRecord(mode="opted out", state="off",
+                                       detail="off: the job opted out (autobyte.init(tune=False))",
+                                       updated_at_s=time.time())
+            previous = self.storage.tuner_status(job)
+            if previous is None or (previous.state, previous.mode) != (status.state, status.mode):
+                self.storage.save_tuner_status(job, status)
+            return None
+        assert self.predictor is not None
+        sink = StorageSink(job, self.storage, self._decide, self._window_recorded)
+        tuner = JobTuner(job, JobShape.from_info(info), self.predictor, sink, self.mode, self.params)
+        # A job that registered while this tuner runs is read from its first sample; one that was
+        # running before (a daemon restart, or a job the tuner let go as idle) from its newest: it
+        # is measured afresh, not replayed from its history.
+        fresh = info.created_at_s >= self._started_wall_s
+        state = _JobState(tuner, sink, last_row=0 if fresh else self.storage.last_sample_row(job),
+                          last_sample_s=self._clock())
+        self._jobs[job] = state
+        return state
+
+    def _write(self, job: str, state: _JobState, status: TunerStatusRecord) -> None:
+        if status != state.written:
+            self.storage.save_tuner_status(job, dataclasses.replace(status, updated_at_s=time.time()))
+            state.written = status

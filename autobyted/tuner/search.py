@@ -1,0 +1,813 @@
+"""The per-job search, an explicit state machine fed with a job's step metrics (rank 0):
+
+    warm-up -> baseline -> exploring k/N -> (verifying) -> holding | no headroom
+                  ^                                            |  drift (drift.py)
+                  +---------------- re-tuning <----------------+
+
+- warm-up: the first `warmup_steps` steps are ignored (allocation, first-use order recording).
+- baseline: a window of the configuration in effect (the job's starting configuration the first
+  time) gives the context, the noise level and the incumbent's step time.
+- exploring: the predictor scores the whole candidate grid; the candidate whose optimistic bound
+  (mean - kappa x spread of the predicted log ratio) beats the best measured configuration by
+  more than `min_gain`, and whose mean predicts a gain at all, is tried, at most `max_trials` in a
+  search (a candidate predicted slower is not tried on its spread alone: such trials rarely win and
+  each costs steps). Before each trial the untried
+  candidates are scored again from the best configuration measured so far, with the spread widened
+  by the predictor's error on this search's measurements (a job the predictor does not know gets
+  explored more). A trial: switch (a decision applied a few steps ahead), discard
+  `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
+  step times cuts a trial that is clearly (`clearly_worse`) slower than the best measured so far as
+  soon as `min_trial_steps` are in. A trial whose context figures jumped more than a configuration
+  explains (drift.context_jump) is checked: the incumbent is measured again, and if it moved too,
+  the search restarts in the new context.
+- the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
+  by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
+  the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
+- verifying: after switching to the winner, one window checks it: if the context moved meanwhile
+  (drift.window_shift), re-tune; if it is slower than the incumbent beyond the noise, roll back.
+- holding / no headroom: drift.DriftDetector watches the held configuration; an alarm opens a new
+  context segment and re-tunes (a short baseline, then the predictor's top candidates for the new
+  context).
+- paused: an operator decided (`autobyte propose`) or paused it; only a resume ends it.
+- observe mode (`autobyted start --tuner observe`): baseline, then a *recommendation* (stored,
+  never pushed) and watching; no trials.
+
+Nothing here does I/O: decisions, measured effects, windows and status go to a `TunerSink`
+(the daemon's writes to storage and the control path; the benchmark's simulator adapter).
+Constants and how they were chosen: `TunerParams`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+
+from autobyte.types import Config, StepMetrics, format_bytes
+from autobyted.storage.records import TunerStatusRecord
+from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
+from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.predictor import Prediction, Predictor, Window
+
+log = logging.getLogger(__name__)
+ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
+ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
+RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
+
+KIB, MIB = 1 << 10, 1 << 20
+GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+GRID_CREDIT_MULTIPLES = (1, 2, 4, 16, None)  # credit = multiple x partition; None = unlimited
+GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
+
+
+def candidate_grid(shape: JobShape, starting: Config | None = None) -> tuple[Config, ...]:
+    """Configurations the real scheduler runs, inside autobyte.types' safe limits (Config checks
+    them): partitions 256 KiB-64 MiB x credit of 1/2/4/16 partitions or unlimited, unpartitioned
+    with 4/16/64 MiB or unlimited credit, and the job's starting configuration. Partitions larger
+    than the whole gradient all send one message: only the smallest of them is kept."""
+    total = shape.parameter_bytes
+    grid: list[Config] = []
+    whole_kept = False
+    for partition in GRID_PARTITIONS:
+        if total and partition >= total:
+            if whole_kept:
+                continue
+            whole_kept = True
+        for multiple in GRID_CREDIT_MULTIPLES:
+            grid.append(Config(partition, None if multiple is None else partition * multiple))
+    grid += [Config(None, credit) for credit in GRID_UNPARTITIONED_CREDITS]
+    if starting is not None and starting not in grid:
+        grid.append(starting)
+    return tuple(dict.fromkeys(grid))
+
+
+def describe(config: Config) -> str:
+    return f"{format_bytes(config.partition_bytes, 'none')}/{format_bytes(config.credit_bytes, 'inf')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TunerParams:
+    """The tuner's constants. None was fitted to a scenario; each follows from a cost or a test:
+
+    - warmup_steps 10: the scheduler records first-use order and allocates in the first steps.
+    - transition_steps 2: the first step after a switch still waits on the previous step's
+      all-reduces (cross-iteration overlap), the second may still be planned under the old one.
+    - baseline_steps 20 / rebaseline_steps 12 / trial_steps 16: the standard error of a median of
+      n log step times is 1.25 sigma/sqrt(n); at the 2-4% noise measured on the testbed, 16 steps
+      resolve ~3% differences at 2.5 standard errors.
+    - trial_window_s 30 / baseline_window_s 60: with long steps (seconds each) a window is cut to
+      about that much time (at least min_trial_steps + 2 steps): a search has to end before the
+      context moves on, and a few slow steps still resolve the large differences worth a switch.
+    - min_gain 2%: below that a switch does not pay for its transition steps within a few minutes,
+      and it is the testbed's run-to-run spread of a configuration's median.
+    - z_switch 2.5: a switch needs a difference of 2.5 standard errors (~0.6% one-sided error).
+    - kappa 1: optimism of the bound that picks trials (one spread of the ensemble).
+    - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
+      error rates (Wald's thresholds log((1 - beta) / alpha)).
+    - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
+    - fruitless_backoff 1.5, fruitless_max 4: after k re-tunes in a row that kept the configuration
+      (or that the context moved under), the drift test's reference value and threshold grow by
+      1.5^k (at most ~5x): a host whose load wanders (a shared machine) stops costing trials, a
+      large change still re-tunes, later.
+    - rescore_s 60: while holding, the predictor re-scores the candidates in the current context
+      once a minute (a few ms), so that a drift too gradual for the CUSUM still re-opens the search
+      when it makes another configuration clearly (twice min_gain) better.
+    - max_aborts 2: after two searches in a row that the context moved under, the tuner holds what
+      is in effect and waits for the drift detector (with the raised bar) instead of searching on.
+    - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
+      is further ahead applies at its next boundary (the scheduler does).
+    - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
+      (the job's clock) and 10 steps after the newest sample seen when deciding is given up; the
+      client sends samples every second and applies a decision at its next step.
+    """
+
+    warmup_steps: int = 10
+    transition_steps: int = 2
+    baseline_steps: int = 20
+    rebaseline_steps: int = 12
+    trial_steps: int = 16
+    min_trial_steps: int = 5
+    max_trials: int = 4
+    trial_window_s: float = 30.0
+    baseline_window_s: float = 60.0
+    min_gain: float = 0.02
+    z_switch: float = 2.5
+    kappa: float = 1.0
+    clearly_worse: float = 0.10
+    sprt_alpha: float = 0.01
+    sprt_beta: float = 0.10
+    sigma_floor: float = 0.01
+    rescore_s: float = 60.0
+    max_aborts: int = 2
+    fruitless_backoff: float = 1.5
+    fruitless_max: int = 4
+    apply_lead_steps: int = 2
+    apply_timeout_s: float = 30.0
+    apply_timeout_steps: int = 10
+
+
+class TunerSink(abc.ABC):
+    """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
+
+    @abc.abstractmethod
+    def decide(self, config: Config, apply_at_step: int, reason: str, predicted_step_time_s: float | None,
+               kind: str) -> int | None:
+        """Issue a decision (kind: trial, switch, return, rollback) or only record one (kind
+        "recommend", observe mode); its id, or None if refused because an operator has paused the
+        tuner for the job."""
+
+    @abc.abstractmethod
+    def close_decision(self, decision_id: int, measured_step_time_s: float | None, state: str | None) -> None: ...
+
+    @abc.abstractmethod
+    def record_window(self, window: Window) -> None: ...
+
+    @abc.abstractmethod
+    def publish(self, status: TunerStatusRecord) -> None: ...
+
+
+@dataclasses.dataclass
+class _Measured:
+    config: Config
+    samples: list[StepMetrics]
+    decision_id: int = 0
+    predicted_log: float = 0.0
+    cut: bool = False
+
+    @property
+    def log_median(self) -> float:
+        return statistics.median(math.log(s.step_time_s) for s in self.samples)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(s.step_time_s for s in self.samples)
+
+
+@dataclasses.dataclass
+class _Expect:
+    decision_id: int
+    config: Config
+    apply_at_step: int
+    issued_wall_s: float  # the newest sample's wall time when the decision was made (the job's clock)
+
+
+class JobTuner:
+    """The search for one job. Feed it rank 0's samples in step order with `observe`."""
+
+    def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
+                 params: TunerParams = TunerParams()) -> None:
+        if mode not in ("auto", "observe"):
+            raise ValueError(f"tuner mode {mode!r} is not auto or observe")
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
+        self.phase = "warm-up"
+        self.detail = f"warm-up (first {params.warmup_steps} steps)"
+        self.segment = 0
+        self.config: Config | None = None  # in effect, from the newest sample
+        self.decision_in_effect: int | None = None
+        self.newest_step = -1
+        self.newest_wall_s = 0.0
+        self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
+        self.mine: set[int] = set()
+        self.expect: _Expect | None = None
+        self.settle = 0
+        self.window: list[StepMetrics] = []
+        self.need = params.baseline_steps
+        self.incumbent: _Measured | None = None
+        self.starting: _Measured | None = None
+        self.searched_once = False
+        self.retune_reason = ""
+        self.sigma = params.sigma_floor
+        self.residuals: list[float] = []  # log step time minus its window's median, recent windows
+        # The predictor's measured errors on this job: (config, measured - predicted log ratio).
+        self.errors: list[tuple[Config, float]] = []
+        self.search_errors: list[tuple[Config, float]] = []  # this search's, until it ends cleanly
+        self.trials: list[_Measured] = []
+        self.trial: _Measured | None = None
+        self.trials_planned = 0
+        self.winner: _Measured | None = None
+        self.switch_id = 0
+        self.held: _Measured | None = None
+        self.detector: DriftDetector | None = None
+        self.best_predicted_s = 0.0
+        self.paused = False
+        self.suspect: tuple[_Measured, Alarm] | None = None
+        self.check_id = 0
+        self.fruitless = 0  # re-tunes in a row that kept the configuration
+        self.confirmed = False  # the incumbent was measured again at the end of this search
+        self.aborts = 0  # searches in a row that the context moved under
+        self.step_s = 0.0  # recent step time (sizes windows in time)
+        self.recent: list[StepMetrics] = []  # while holding: its latest steps
+        self.next_rescore_wall_s = 0.0
+        self.candidates: tuple[Config, ...] = ()
+        # Counters the benchmarks read (never steer anything).
+        self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
+        self.recommended: Config | None = None
+
+    # ------------------------------------------------------------------ public
+    def observe(self, samples: Sequence[StepMetrics]) -> None:
+        for sample in samples:
+            self._on_sample(sample)
+
+    def pause(self, why: str = "an operator decided") -> None:
+        if self.paused:
+            return
+        self.paused = True
+        self.expect = None
+        self.trial = None
+        self._set("paused", f"paused: {why}; `autobyte tune {self.job} --resume` hands it back")
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        self.searched_once = False  # the operator's configuration is the new starting point
+        self.starting = None
+        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps)
+
+    @property
+    def status(self) -> TunerStatusRecord:
+        held = self.held or self.incumbent
+        return TunerStatusRecord(
+            mode=self.mode, state=self.phase, detail=self.detail,
+            config=(self.recommended if self.mode == "observe" and self.recommended else
+                    held.config if held else self.config) or Config(),
+            baseline_step_time_s=self.starting.median_s if self.starting else 0.0,
+            measured_step_time_s=held.median_s if held else 0.0,
+            predicted_step_time_s=self.best_predicted_s, trials_done=len(self.trials),
+            trials_planned=self.trials_planned, paused=self.paused)
+
+    # ------------------------------------------------------------------ per sample
+    def _on_sample(self, m: StepMetrics) -> None:
+        if m.step <= self.newest_step:
+            return  # a resent or reordered sample
+        if not (m.step_time_s > 0 and math.isfinite(m.step_time_s)):
+            return  # not a measurement (the daemon's checks allow 0)
+        self.newest_step = m.step
+        self.newest_wall_s = m.wall_time_s
+        self.step_s = m.step_time_s if not self.step_s else 0.9 * self.step_s + 0.1 * m.step_time_s
+        self.config = m.config
+        changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
+        self.decision_in_effect = m.decision_id
+        if m.step < self.p.warmup_steps:
+            return
+        if self.paused:
+            return
+        if self.expect is not None:
+            if m.decision_id == self.expect.decision_id:
+                self.expect = None
+                self.settle = self.p.transition_steps
+            elif (m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
+                  and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s):
+                self._not_applied()
+                return
+            else:
+                return  # the job has not switched yet: these steps belong to the previous plan
+        elif changed and m.decision_id not in self.mine:
+            # Someone else's decision took effect (an operator's, or one from before a restart).
+            self._rebaseline(f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
+                             new_segment=True, steps=self.p.baseline_steps)
+            self.settle = self.p.transition_steps
+        if self.settle > 0:
+            self.settle -= 1
+            return
+        if self.phase == "warm-up":
+            self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
+        handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
+                   "checking": self._on_check, "confirming": self._on_confirm,
+                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
+        handler(m)
+
+    # ------------------------------------------------------------------ baseline and planning
+    def _rebaseline(self, reason: str, new_segment: bool, steps: int) -> None:
+        if new_segment:
+            self.segment += 1
+        self.retune_reason = reason
+        self.cleared = set()
+        self.window = []
+        self.need = self._window(steps, self.p.baseline_window_s)
+        self.trials, self.trial, self.winner, self.detector = [], None, None, None
+        self.held = None  # what is measured from now on is the new context's incumbent
+        self.confirmed = False
+        self.trials_planned = 0
+        phase = "re-tuning" if reason else "baseline"
+        prefix = f"{reason}: " if reason else ""
+        self._set(phase, f"{prefix}measuring {describe(self.config or Config())}")
+
+    def _on_baseline(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent = _Measured(m.config, list(self.window), self.decision_in_effect or 0)
+        self.incumbent = incumbent
+        if self.starting is None:
+            self.starting = incumbent
+        self._learn_noise(incumbent.samples)
+        self._record(incumbent)
+        self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
+        self.candidates = candidate_grid(self.shape, self.starting.config)
+        context = summarize(incumbent.samples, self.shape)
+        prediction = self._corrected(self.predictor.predict(context, incumbent.config, self.candidates),
+                                     incumbent.config)
+        self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
+                                    for i in range(len(self.candidates)))
+        gate = -math.log1p(self.p.min_gain)
+        hopeful = sum(1 for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                      if c != incumbent.config and mu < 0 and mu - self.p.kappa * sd < gate)
+        if self.mode == "observe":
+            self._recommend(prediction, incumbent, gate)
+            return
+        self.trials_planned = min(self.p.max_trials, hopeful)
+        if not hopeful:
+            self._finish("no candidate is predicted to beat it")
+            return
+        self._next_trial()
+
+    def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
+        confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                     if mu - self.p.kappa * sd < gate and mu < gate]
+        self._hold(incumbent, watch_reference=incumbent.samples)
+        if not confident:
+            self._set("observing", f"observe: no configuration is predicted to beat {describe(incumbent.config)}")
+            return
+        mu, best = min(confident, key=lambda t: t[0])
+        predicted = incumbent.median_s * math.exp(mu)
+        reason = (f"observe: recommend {describe(best)}, predicted {math.exp(-mu):.2f}x "
+                  f"{describe(incumbent.config)}{self._context_note()}")
+        self.sink.decide(best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend")
+        self.recommended = best
+        self._set("observing", f"observe: recommends {describe(best)} (predicted {math.exp(-mu):.2f}x)")
+
+    def _context_note(self) -> str:
+        return f" ({self.retune_reason})" if self.retune_reason else ""
+
+    # ------------------------------------------------------------------ trials
+    def _next_trial(self) -> None:
+        """Score every untried candidate from the best configuration measured so far (the predictor
+        is relative, and a near reference predicts best), widen the predictor's spread by its
+        measured error on this search (the configurations already measured, predicted from the same
+        reference: a job unlike anything the predictor knows shows large errors and gets explored),
+        and try the best optimistic bound if it beats the best measurement by more than min_gain,
+        among the candidates whose mean predicts a gain."""
+        incumbent = self.incumbent
+        assert incumbent is not None
+        measured = [incumbent] + [t for t in self.trials if not t.cut]
+        reference = min(measured, key=lambda t: t.log_median)
+        tried = {t.config for t in self.trials} | {incumbent.config}
+        untried = [c for c in self.candidates if c not in tried]
+        if not untried or len(self.trials) >= self.p.max_trials:
+            self._finish("")
+            return
+        context = summarize(reference.samples, self.shape)
+        others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
+        prediction = self._corrected(self.predictor.predict(context, reference.config,
+                                                            untried + [t.config for t in others]), reference.config)
+        residuals = [(t.log_median - reference.log_median) - float(mu)
+                     for t, mu in zip(others, prediction.mean[len(untried):])]
+        error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
+        gate = -math.log1p(self.p.min_gain)
+        scored = sorted(((c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])
+                         if mu < 0), key=lambda t: t[1] - self.p.kappa * t[2])
+        if not scored or scored[0][1] - self.p.kappa * scored[0][2] >= gate:
+            self._finish("")
+            return
+        config, mu, _sd = scored[0]
+        number = len(self.trials) + 1
+        self.trials_planned = max(self.trials_planned, number)
+        predicted = reference.median_s * math.exp(mu)
+        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
+                  f"{incumbent.median_s / predicted:.2f}x {describe(incumbent.config)}{self._context_note()}")
+        decision = self._decide(config, reason, predicted, "trial")
+        if decision is None:
+            return
+        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
+        prefix = f"{self.retune_reason}: " if self.retune_reason else ""
+        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
+
+    def _on_trial(self, m: StepMetrics) -> None:
+        trial = self.trial
+        if trial is None:
+            return
+        trial.samples.append(m)
+        n = len(trial.samples)
+        length = self._window(self.p.trial_steps, self.p.trial_window_s)
+        if n >= self.p.min_trial_steps and n < length and self._clearly_worse(trial):
+            trial.cut = True
+        if not trial.cut and n < length:
+            return
+        self.trial = None
+        assert self.incumbent is not None
+        jump = context_jump(self.incumbent.samples, trial.samples)
+        self.stats["trials"] += 1
+        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        if jump is not None and (jump.signal, jump.direction) not in self.cleared:
+            # A jump no configuration explains: did the context move while the trial ran? Measure
+            # the incumbent again before trusting the comparison.
+            self.suspect = (trial, jump)
+            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? measuring "
+                      f"{describe(self.incumbent.config)} again")
+            decision = self.check_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
+            if decision is None:
+                return
+            self.window = []
+            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self._set("checking", f"checking whether the context changed ({jump.reason}?)")
+            return
+        self._accept_trial(trial)
+
+    def _accept_trial(self, trial: _Measured) -> None:
+        assert self.incumbent is not None
+        # What the predictor got wrong about this configuration, for this job (kept across
+        # segments: a bias of the model for this job and machine outlives a context change).
+        # Committed when the search ends cleanly, or when what interrupted it was a jump of the
+        # context large enough to show in a trial's own context check (_abort); not when the
+        # context moved under the search more gently (a ramp is no evidence); clipped.
+        error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
+        self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
+        self._learn_noise(trial.samples)
+        self.trials.append(trial)
+        self.stats["cut"] += trial.cut
+        self._record(trial)
+        self._next_trial()
+
+    def _on_check(self, m: StepMetrics) -> None:
+        """The incumbent measured again after a suspicious trial: same context -> the trial counts;
+        moved -> re-tune in the new context."""
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent, (trial, _jump) = self.incumbent, self.suspect
+        assert incumbent is not None
+        again = _Measured(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_id, again.median_s, None)
+        shift = self._moved(incumbent, again)
+        self.suspect = None
+        if shift is None or self._beats_both(trial, incumbent, again):
+            # Same context, or a move smaller than the trial's gain: the comparison holds either way.
+            self.cleared.add((_jump.signal, _jump.direction))
+            self._accept_trial(trial)
+            return
+        self._abort(shift, again)
+
+    def _clearly_worse(self, trial: _Measured) -> bool:
+        """Wald's SPRT on log step times against the best configuration measured in this search
+        (the incumbent until a trial beats it): H0 mean = its log median, H1 = that +
+        log(1 + clearly_worse), sigma = the job's pooled noise; True when H1 is accepted."""
+        assert self.incumbent is not None
+        mu0 = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
+        delta = math.log1p(self.p.clearly_worse)
+        sigma2 = self.sigma * self.sigma
+        low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
+        llr = sum(delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
+                  for s in trial.samples)
+        return llr >= math.log((1 - self.p.sprt_beta) / self.p.sprt_alpha)
+
+    def _finish(self, why: str) -> None:
+        """End of a search: pick the winner (hysteresis), switch to it if needed, verify."""
+        incumbent = self.incumbent
+        assert incumbent is not None
+        winner = incumbent
+        for trial in self.trials:
+            if trial.cut:
+                continue
+            gain = incumbent.log_median - trial.log_median
+            se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / len(incumbent.samples))
+            if gain > max(math.log1p(self.p.min_gain), self.p.z_switch * se) and \
+                    trial.log_median < winner.log_median:
+                winner = trial
+        self.winner = winner
+        # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
+        # host's own ups and downs, e.g. a neighbour's load on a shared machine); a re-tune that
+        # switched resets it.
+        if self.retune_reason:
+            self.fruitless = self.fruitless + 1 if winner is incumbent else 0
+        if winner is not incumbent and not self.confirmed:
+            # Before trusting a comparison made over a whole search, measure the incumbent again
+            # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
+            # neighbour), and the search is repeated in the context as it is now.
+            reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
+                      f"{describe(winner.config)}{self._context_note()}")
+            decision = self.check_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
+            if decision is None:
+                return
+            self.window = []
+            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self._set("confirming", f"measuring {describe(incumbent.config)} again before switching to "
+                                    f"{describe(winner.config)}")
+            return
+        if winner.config == self.config:
+            # Already in effect (nothing was tried, or it is the incumbent): its window is the proof.
+            self._settle_winner(winner, winner.samples, why)
+            return
+        returning = winner is incumbent
+        reason = (f"return to {describe(winner.config)}: no trial beat it{self._context_note()}" if returning else
+                  f"hold best: {describe(winner.config)} measured {incumbent.median_s / winner.median_s:.2f}x "
+                  f"{describe(incumbent.config)}{self._context_note()}")
+        decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
+        if decision is None:
+            return
+        self.switch_id = decision
+        self.stats["switches"] += not returning
+        self.window = []
+        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+        self._set("verifying", f"switching to {describe(winner.config)}, verifying")
+
+    def _on_confirm(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        incumbent = self.incumbent
+        assert incumbent is not None
+        again = _Measured(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_id, again.median_s, None)
+        moved = self._moved(incumbent, again)
+        if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
+            self._abort(moved, again)
+            return
+        self.confirmed = True
+        self._finish("")
+
+    def _beats_both(self, trial: _Measured, before: _Measured, after: _Measured) -> bool:
+        """The incumbent measured before and after a trial: if the trial beats both measurements by
+        the switch margin, it beats the incumbent in any context in between; a context that moved
+        less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
+        n = min(len(before.samples), len(after.samples))
+        se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / n)
+        margin = max(math.log1p(self.p.min_gain), self.p.z_switch * se)
+        return trial.log_median < min(before.log_median, after.log_median) - margin
+
+    def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
+        """The context moved while a search ran: search again in the new context; but when that
+        keeps happening (the context changes faster than a search completes), hold what is in
+        effect and let the drift detector, with a raised bar, decide when to look again."""
+        self.stats["retunes"] += 1
+        self.aborts += 1
+        self.fruitless += 1
+        if moved.signal in JUMP_LIMITS and abs(moved.shift) > JUMP_LIMITS[moved.signal]:
+            # A move this large shows in the context check of any trial it falls into
+            # (drift.context_jump): the trials accepted so far were measured before it, so what
+            # they taught about the predictor's errors on this job stands (a slow ramp would not
+            # show there: its search's errors are dropped).
+            self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
+        self.search_errors = []
+        if self.aborts < self.p.max_aborts:
+            self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
+                             steps=self.p.rebaseline_steps)
+            return
+        self._hold(in_effect, watch_reference=in_effect.samples)
+        self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
+                             f"search completes ({moved.reason})")
+
+    def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
+        """The same configuration measured twice: did its context (or its step time) move?"""
+        shift = window_shift(before.samples, after.samples)
+        if shift is not None:
+            return shift
+        se = 1.253 * self.sigma * math.sqrt(1 / len(after.samples) + 1 / len(before.samples))
+        moved = after.log_median - before.log_median
+        if abs(moved) > max(math.log1p(self.p.min_gain), self.p.z_switch * se):
+            return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+        return None
+
+    def _on_verify(self, m: StepMetrics) -> None:
+        self.window.append(m)
+        if len(self.window) < self.need:
+            return
+        winner, incumbent = self.winner, self.incumbent
+        assert winner is not None and incumbent is not None
+        measured = _Measured(winner.config, list(self.window), self.switch_id)
+        self._learn_noise(measured.samples)
+        self.sink.close_decision(self.switch_id, measured.median_s, None)
+        shift = window_shift(winner.samples, measured.samples)
+        if shift is not None:
+            self._abort(shift, measured)
+            return
+        se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
+        if winner is not incumbent and measured.log_median - incumbent.log_median > max(
+                math.log1p(self.p.min_gain) / 2, self.p.z_switch * se):
+            self.stats["rollbacks"] += 1
+            self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
+            reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
+                      f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms")
+            decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
+            if decision is None:
+                return
+            self.switch_id = decision
+            self.winner = incumbent
+            self.window = []
+            self._set("verifying", f"rolled back to {describe(incumbent.config)}, verifying")
+            return
+        self._record(measured)
+        self._settle_winner(winner, measured.samples, "")
+
+    def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
+        self.aborts = 0
+        self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
+        self.search_errors = []
+        first = not self.searched_once
+        self.searched_once = True
+        starting = self.starting
+        assert starting is not None
+        self._hold(_Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        held_context = summarize(reference, self.shape)
+        prediction = self.predictor.predict(held_context, winner.config, self.candidates)
+        self.best_predicted_s = min(prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
+                                    for i in range(len(self.candidates)))
+        if winner.config == starting.config and first:
+            note = f" ({why})" if why else ""
+            self._set("no headroom", f"no headroom: nothing beat the starting configuration "
+                                     f"{describe(starting.config)}{note}")
+            return
+        held, incumbent = self.held, self.incumbent
+        assert held is not None and incumbent is not None
+        if held.config == incumbent.config:
+            gain = "no candidate beat it"
+        else:
+            gain = f"measured {incumbent.median_s / held.median_s:.2f}x {describe(incumbent.config)}"
+        after = f" ({self.retune_reason.removeprefix('re-tuning ')})" if self.retune_reason else ""
+        self._set("holding", f"holding {describe(held.config)}: {gain}{after}")
+
+    # ------------------------------------------------------------------ holding and drift
+    def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
+        self.held = held
+        self.detector = DriftDetector(watch_reference, shift_scale=self._backoff())
+        self.recent = list(watch_reference[-RECENT_STEPS:])
+        self.next_rescore_wall_s = self.newest_wall_s + self.p.rescore_s
+
+    def _backoff(self) -> float:
+        return self.p.fruitless_backoff ** min(self.fruitless, self.p.fruitless_max)
+
+    def _on_watch(self, m: StepMetrics) -> None:
+        if self.held is not None and m.config != self.held.config:
+            self.held, self.detector, self.window = None, None, []  # not what we hold: start over
+        if self.detector is None:
+            # Holding without a reference yet (after a decision the job did not apply): collect one.
+            self.window.append(m)
+            if len(self.window) >= self.need:
+                self._hold(_Measured(m.config, list(self.window), self.decision_in_effect or 0), self.window)
+                self.window = []
+            return
+        alarm = self.detector.update(m)
+        if alarm is not None:
+            self.stats["retunes"] += 1
+            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            return
+        self.recent.append(m)
+        del self.recent[:-RECENT_STEPS]
+        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.p.min_trial_steps + 2:
+            self.next_rescore_wall_s = m.wall_time_s + self.p.rescore_s
+            self._rescore()
+
+    def _rescore(self) -> None:
+        """A drift too gradual for the CUSUM (a slow ramp) can still make another configuration
+        clearly better: every `rescore_s` the predictor (corrected by this job's measured errors)
+        scores the candidates in the held configuration's current context, and a candidate
+        predicted clearly faster (mean gain above twice min_gain, raised by the fruitless back-off,
+        and its optimistic bound past min_gain) re-opens the search."""
+        held = self.held
+        assert held is not None
+        context = summarize(self.recent, self.shape)
+        prediction = self._corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
+        gate = -math.log1p(self.p.min_gain) * self._backoff()
+        best = None
+        for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
+            if candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate:
+                if best is None or mu < best[1]:
+                    best = (candidate, float(mu))
+        if best is None:
+            return
+        self.stats["retunes"] += 1
+        self._rebaseline(f"re-tuning: {describe(best[0])} predicted {math.exp(-best[1]):.2f}x faster now",
+                         new_segment=True, steps=self.p.rebaseline_steps)
+
+    def _not_applied(self) -> None:
+        """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
+        what is in effect, and say so; drift can still re-open the search."""
+        expect = self.expect
+        assert expect is not None
+        self.expect = None
+        self.trial = None
+        self.stats["not_applied"] += 1
+        log.warning("job %s did not apply decision #%d within %.0f s", self.job, expect.decision_id,
+                    self.p.apply_timeout_s)
+        self.window = []
+        self.held = None
+        self.detector = None
+        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+        self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
+                             f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
+
+    # ------------------------------------------------------------------ helpers
+    def _corrected(self, prediction: Prediction, reference: Config) -> Prediction:
+        """The predictor's means corrected by its measured errors on this job: a kernel-weighted
+        mean of the errors of configurations near each candidate (distance in octaves of
+        partition and credit size, a Gaussian kernel one octave wide; each search's incumbent is a
+        point of error 0, the reference its errors were measured against), shrunk towards 0 when the evidence is thin
+        (prior weight 0.25): a few measured trials teach the search, before any retraining, that
+        e.g. large partitions are slower here than the predictor thinks."""
+        errors = self.errors + self.search_errors
+        if len(errors) <= 1:
+            return prediction
+        gradient = float(self.shape.parameter_bytes or 1)
+        mean_tensor = gradient / max(1, self.shape.tensor_count)
+
+        def position(config: Config) -> tuple[float, float]:
+            return (math.log2(config.partition_bytes or mean_tensor),
+                    math.log2(min(config.credit_bytes or gradient, gradient) or 1.0))
+
+        points = [(position(c), e) for c, e in errors]
+
+        def correction(config: Config) -> float:
+            p, c = position(config)
+            weights = [math.exp(-((p - a) ** 2 + (c - b) ** 2) / 2) for (a, b), _ in points]
+            return sum(w * e for w, (_, e) in zip(weights, points)) / (sum(weights) + 0.25)
+
+        base = correction(reference)  # predictions are relative to the reference: so are corrections
+        mean = prediction.mean.copy()
+        for i, candidate in enumerate(prediction.candidates):
+            if candidate != reference:
+                mean[i] += correction(candidate) - base
+        return Prediction(prediction.candidates, mean, prediction.std)
+
+    def _window(self, nominal: int, seconds: float) -> int:
+        """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
+        would last more than `seconds` (a search must end before the context moves on), never
+        fewer than the sequential test needs."""
+        if self.step_s <= 0:
+            return nominal
+        return max(self.p.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
+
+    def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
+        """The job's step-time noise (log units): a robust spread of every measured window's
+        deviations from its own median, pooled over the recent windows (a 12-step window alone
+        misjudges it by +-30%)."""
+        logs = [math.log(s.step_time_s) for s in samples]
+        center = statistics.median(logs)
+        self.residuals.extend(x - center for x in logs)
+        del self.residuals[:-400]
+        self.sigma = max(self.p.sigma_floor, robust_sigma(self.residuals))
+
+    def _decide(self, config: Config, reason: str, predicted_s: float | None, kind: str) -> int | None:
+        decision = self.sink.decide(config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind)
+        if decision is None:
+            self.pause("an operator decided")
+            return None
+        self.mine.add(decision)
+        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s)
+        return decision
+
+    def _record(self, measured: _Measured) -> None:
+        if len(measured.samples) < self.p.min_trial_steps:
+            return
+        context = summarize(measured.samples, self.shape)
+        self.sink.record_window(Window(self.job, self.segment, measured.config, context, measured.median_s,
+                                       len(measured.samples), measured.samples[-1].wall_time_s))
+
+    def _set(self, phase: str, detail: str) -> None:
+        changed = (phase, detail) != (self.phase, self.detail)
+        self.phase, self.detail = phase, detail
+        if changed:
+            self.sink.publish(self.status)

@@ -1,0 +1,175 @@
+"""Train the tuner's prior from simulator runs and write it into the daemon package (fixed seeds).
+
+    python -m benchmarks.train_prior                 # writes autobyted/tuner/prior.model
+    python -m benchmarks.train_prior --check         # regenerates in memory, compares with the file
+
+Training data: `CONTEXTS` random contexts, each a model, a worker count, a link bandwidth, a device
+speed and a link cost model; in each, `CONFIGS_PER_CONTEXT` configurations of the tuner's own
+candidate grid (always including the scheduler's default) run to a settled state in the simulator,
+and a window of `WINDOW_STEPS` steps of each goes through the same adapter the `autobyte` policy
+uses (benchmarks/autobyte_policy.py: noisy StepMetrics, what a rank reports). Pairs of windows of
+one context are the training rows (autobyted/tuner/predictor.py). Models: the three public shapes
+(VGG-16, ResNet-50, BERT-base), the testbed MLP's recorded profile, and random synthetic models
+(layer counts, tensor sizes and compute drawn at random) so that the prior is not only a lookup of
+four shapes. The checked-in scenarios are not used. `--exclude-model NAME` trains without one model
+(the left-out-model error in benchmarks/bench_tuner.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import pathlib
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from autobyte.types import Config
+from autobyted.tuner.features import summarize
+from autobyted.tuner.predictor import Ensemble, Window, train_ensemble, training_pairs
+from autobyted.tuner.search import candidate_grid
+from benchmarks.autobyte_policy import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
+from benchmarks.sim.engine import LinkModel, Simulator
+from benchmarks.sim.profiles import LayerProfile, ModelProfile, bert_base, resnet50, vgg16
+from benchmarks.sim.trace import Trace
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PRIOR_PATH = ROOT / "autobyted" / "tuner" / "prior.model"
+SEED = 0
+CONTEXTS = 360
+CONFIGS_PER_CONTEXT = 8
+WINDOW_STEPS = 12
+SETTLE_STEPS = 2
+GBIT = 1e9 / 8
+
+GLOO_CPU = LinkModel(latency_s=0.0, collective_overhead_s=1.35e-3, launch_s=40e-6, ddp_launch_s=20e-6,
+                     comm_cpu_s_per_byte=1.1e-9)  # the testbed's calibrated gloo (2-core machine)
+GLOO = LinkModel()  # gloo-like defaults
+NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)
+
+
+def synthetic_model(rng: random.Random, index: int) -> ModelProfile:
+    """A random model: 3-80 layers, 1-3 tensors each, log-uniform sizes, compute loosely tied to size."""
+    layers = []
+    for i in range(rng.randint(3, 80)):
+        tensors = tuple(int(math.exp(rng.uniform(math.log(4e3), math.log(6e7)))) // 4 * 4
+                        for _ in range(rng.choice((1, 1, 2, 2, 3))))
+        forward = math.exp(rng.uniform(math.log(2e-4), math.log(3e-2)))
+        layers.append(LayerProfile(f"l{i}", forward, forward * rng.uniform(1.5, 2.5), tensors))
+    return ModelProfile(f"synthetic{index}", tuple(layers), 32, optimizer_s=sum(map(sum, (l.param_bytes for l in layers))) * 3e-9)
+
+
+def testbed_mlp() -> ModelProfile:
+    return ModelProfile.load(ROOT / "benchmarks" / "scenarios" / "testbed-mlp.profile.json")
+
+
+NAMED_MODELS = {"vgg16": vgg16, "resnet50": resnet50, "bert-base": bert_base, "testbed-mlp": testbed_mlp}
+
+
+def draw_context(rng: random.Random, index: int, exclude: Sequence[str]) -> tuple[ModelProfile, int, float, LinkModel]:
+    """(profile scaled to its device, workers, bandwidth bytes/s, link model) of one random context."""
+    names = [n for n in NAMED_MODELS if n not in exclude]
+    pick = rng.random()
+    if pick < 0.4 or not names:
+        base = synthetic_model(rng, index)
+    else:
+        base = NAMED_MODELS[rng.choice(names)]()
+    kind = rng.choice(("cpu", "cpu-gloo", "gpu"))
+    if kind == "gpu":
+        profile = base.scaled(rng.choice((20.0, 50.0, 100.0)))
+        link, workers = NCCL, rng.choice((2, 4, 8, 16, 32, 64))
+        bandwidth = math.exp(rng.uniform(math.log(1.0), math.log(100.0))) * GBIT
+    elif kind == "cpu-gloo":
+        profile = base.scaled(rng.uniform(0.5, 20.0))
+        link, workers = GLOO_CPU, 2
+        bandwidth = math.exp(rng.uniform(math.log(0.2), math.log(10.0))) * GBIT
+    else:
+        profile = base.scaled(rng.uniform(0.5, 20.0))
+        link, workers = GLOO, rng.choice((2, 4, 8, 16, 32, 64))
+        bandwidth = math.exp(rng.uniform(math.log(0.3), math.log(25.0))) * GBIT
+    return profile, workers, bandwidth, link
+
+
+def context_windows(profile: ModelProfile, workers: int, bandwidth: float, link: LinkModel,
+                    configs: Sequence[Config], job: str, seed: int, compute_factor: float = 1.0) -> list[Window]:
+    """A settled window of every configuration, measured through the policy's adapter."""
+    backend = "nccl" if link.collective_overhead_s < 100e-6 else "gloo"
+    shape = job_shape(profile, workers, backend)
+    sim = Simulator(profile, workers, Trace.constant(bandwidth), link, Trace.constant(compute_factor))
+    forward_share = profile.forward_s / profile.compute_s if profile.compute_s > 0 else 0.5
+    adapter = MetricsAdapter(forward_share, seed=seed)
+    windows = []
+    for config in configs:
+        sim.reset()
+        records = sim.run(config, steps=SETTLE_STEPS + WINDOW_STEPS)[SETTLE_STEPS:]
+        samples = [adapter(record, 0) for record in records]
+        step = float(np.median([s.step_time_s for s in samples]))
+        windows.append(Window(job, 0, config, summarize(samples, shape), step, len(samples), 0.0))
+    return windows
+
+
+def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequence[str] = (),
+                     only: Sequence[str] = ()) -> list[Window]:
+    rng = random.Random(seed)
+    windows: list[Window] = []
+    for index in range(contexts):
+        profile, workers, bandwidth, link = draw_context(rng, index, exclude)
+        if only and profile.name not in only:
+            continue
+        shape = job_shape(profile, workers, "gloo")
+        grid = [c for c in candidate_grid(shape) if c != SCHEDULER_DEFAULT]
+        configs = [SCHEDULER_DEFAULT] + rng.sample(grid, min(len(grid), CONFIGS_PER_CONTEXT - 1))
+        compute_factor = rng.choice((1.0, 1.0, 1.0, 1.3, 2.0))
+        windows += context_windows(profile, workers, bandwidth, link, configs, f"ctx{index}-{profile.name}",
+                                   seed * 100_000 + index, compute_factor)
+    return windows
+
+
+def train(seed: int = SEED, exclude: Sequence[str] = ()) -> Ensemble:
+    windows = generate_windows(seed, exclude=exclude)
+    data = training_pairs(windows, now_s=0.0, half_life_s=None)
+    note = (f"benchmarks/train_prior.py seed {seed}: {CONTEXTS} contexts x {CONFIGS_PER_CONTEXT} configurations"
+            + (f", without {','.join(exclude)}" if exclude else ""))
+    return train_ensemble(data, seed=seed, kind="prior", note=note)
+
+
+def probe_rows(seed: int = 12345) -> np.ndarray:
+    """Feature rows of a few fresh contexts, to compare two priors' predictions."""
+    from autobyted.tuner.features import feature_matrix
+
+    windows = generate_windows(seed, contexts=12)
+    rows = [feature_matrix(w.context, w.config, [c.config for c in windows if c.job == w.job]) for w in windows]
+    return np.concatenate(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(PRIOR_PATH))
+    parser.add_argument("--check", action="store_true", help="regenerate and compare with --out")
+    parser.add_argument("--exclude-model", action="append", default=[])
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    ensemble = train(exclude=args.exclude_model)
+    data = ensemble.to_bytes()
+    took = time.perf_counter() - started
+    if args.check:
+        shipped = Ensemble.from_bytes(pathlib.Path(args.out).read_bytes())
+        rows = probe_rows()
+        diff = float(np.max(np.abs(shipped.predict(rows)[0] - ensemble.predict(rows)[0])))
+        same = shipped.meta["data_digest"] == ensemble.meta["data_digest"]
+        print(f"regenerated in {took:.1f} s: training data {'identical' if same else 'DIFFERENT'} "
+              f"({ensemble.meta['data_digest']}), max prediction difference {diff:.2e}")
+        return 0 if same and diff < 1e-6 else 1
+    pathlib.Path(args.out).write_bytes(data)
+    print(f"wrote {args.out}: {len(data)} bytes, {ensemble.meta['examples']} pairs from {ensemble.meta['jobs']} "
+          f"contexts, data {ensemble.meta['data_digest']}, sha256 {hashlib.sha256(data).hexdigest()[:16]}, "
+          f"{took:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The tuner's state machine on scripted jobs: find, hold, no headroom, rollback, drift, operator,
+observe mode, a job that never applies a decision, and broken samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autobyte.types import Config
+from autobyted.tuner.search import JobTuner, TunerParams
+from benchmarks.autobyte_policy import MemorySink
+from _tuner_util import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
+
+MIB = 1 << 20
+
+
+def make(predictor, mode="auto", params=TunerParams()):
+    sink = MemorySink("job")
+    return JobTuner("job", SHAPE, predictor, sink, mode, params), sink
+
+
+def states(sink):
+    return [s.state for s in sink.statuses]
+
+
+def test_finds_the_better_configuration_and_holds_it():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    job = ScriptedJob(better(BEST, 0.3))
+    job.run(tuner, sink, 400)
+    assert tuner.phase == "holding" and job.config == BEST
+    assert states(sink)[:3] == ["baseline", "exploring", states(sink)[2]]
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert trials and trials[0].config == BEST  # the predictor's top candidate first
+    assert all(d.measured_step_time_s is not None for d in trials)
+    assert trials[0].predicted_step_time_s < 0.1 and abs(trials[0].measured_step_time_s - 0.07) < 0.005
+    assert "holding 1MiB/4MiB" in tuner.detail and "1.4" in tuner.detail  # 0.1 / 0.07 = 1.43x
+    status = tuner.status
+    assert status.config == BEST and abs(status.baseline_step_time_s - 0.1) < 0.005
+    assert abs(status.measured_step_time_s - 0.07) < 0.005
+
+
+def test_no_headroom_when_nothing_beats_the_starting_configuration():
+    # The predictor (trained on jobs where BEST was 30% faster) is wrong for this job: every other
+    # configuration is 25% slower. Trials are cut early and the job is told there is no headroom.
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        return (0.1 if config == START else 0.125), 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 500)
+    assert tuner.phase == "no headroom" and job.config == START
+    assert "no headroom: nothing beat the starting configuration 4MiB/16MiB" in tuner.detail
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert trials and all(d.state == "rolled_back" for d in trials)  # cut: clearly worse
+    assert tuner.stats["cut"] == len(trials)
+    assert sink.decisions[-1].kind == "return" and sink.decisions[-1].config == START
+    # cut trials cost few steps: transition + the SPRT's minimum + delivery of one batch
+    assert sum(c != START for c in job.configs) < len(trials) * 40
+    job.run(tuner, sink, 300)  # and it stops exploring
+    assert [d.kind for d in sink.decisions].count("trial") == len(trials)
+
+
+def test_a_switch_that_measures_worse_than_the_incumbent_is_rolled_back():
+    # BEST looks 30% faster while it is tried, and is 20% slower from then on (nothing else in the
+    # job's context moves): the verification window catches it and the tuner rolls back.
+    tuner, sink = make(predictor_for(BEST, 0.3), params=TunerParams(max_trials=2))
+    state = {"switched_at": None}
+
+    def landscape(config, step):
+        if config == BEST:
+            trial_window = state["switched_at"] is None or step < state["switched_at"] + 25
+            if state["switched_at"] is None:
+                state["switched_at"] = step
+            return (0.07 if trial_window else 0.12), 1e8
+        if config == START:
+            return 0.1, 1e8
+        return 0.13, 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 200)
+    # BEST won its trial (no other candidate is predicted to beat it), the incumbent measured again
+    # had not moved (A-B-A), the switch back to BEST measured 20% slower than the incumbent: rolled
+    # back, and the switch is marked rolled_back with its measurement
+    kinds = [d.kind for d in sink.decisions]
+    assert kinds == ["trial", "check", "switch", "rollback"], kinds
+    assert sink.decisions[1].reason.startswith("confirm: measuring 4MiB/16MiB again")
+    switch, rollback = sink.decisions[2:]
+    assert switch.state == "rolled_back" and abs(switch.measured_step_time_s - 0.12) < 0.006
+    assert rollback.config == START and rollback.reason.startswith("rollback: 1MiB/4MiB measured")
+    assert tuner.stats["rollbacks"] == 1
+    job.run(tuner, sink, 200)
+    assert job.config == START and tuner.phase in ("no headroom", "holding")
+
+
+def test_a_bandwidth_drop_reopens_the_search_and_noise_does_not():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        if step < 700:
+            return better(BEST, 0.3)(config, step)
+        # the link got 4x slower: every configuration slower, the bandwidth estimate drops
+        return (0.2 if config == BEST else 0.3), 2.5e7
+
+    job = ScriptedJob(landscape, noise=0.03)
+    job.run(tuner, sink, 690)
+    assert tuner.phase == "holding" and tuner.stats["retunes"] == 0  # 3% noise: no false alarm
+    before = len(sink.decisions)
+    job.run(tuner, sink, 400)
+    assert tuner.stats["retunes"] >= 1
+    retune = next(s for s in sink.statuses[:] if s.state == "re-tuning")
+    assert retune.detail.startswith("re-tuning after bandwidth drop")
+    # a new context segment, measured afresh; BEST is still best there, so it is held again
+    assert tuner.segment >= 1 and any(w.segment == tuner.segment for w in sink.windows)
+    assert len(sink.decisions) >= before
+    assert tuner.phase == "holding" and job.config == BEST
+    assert abs(tuner.status.measured_step_time_s - 0.2) < 0.02
+
+
+def test_operator_pause_stops_decisions_and_resume_restarts_from_the_operators_configuration():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    job = ScriptedJob(better(BEST, 0.3))
+    job.run(tuner, sink, 25)
+    tuner.pause("an operator decided")
+    assert tuner.phase == "paused" and "--resume" in tuner.detail
+    job.config, job.decision_id = Config(256 << 10, 256 << 10), 99  # the operator's decision #99
+    count = len(sink.decisions)
+    job.run(tuner, sink, 300)
+    assert len(sink.decisions) == count
+    tuner.resume()
+    assert tuner.phase == "re-tuning" and tuner.starting is None
+    assert tuner.detail.startswith("resumed after an operator's pause")
+    job.run(tuner, sink, 400)
+    assert tuner.starting.config == Config(256 << 10, 256 << 10)  # the operator's is the new start
+    assert len(sink.decisions) > count and job.config == BEST
+
+
+def test_a_refused_decision_pauses_the_tuner():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    sink.decide = lambda *args: None  # the storage refused: an operator paused the job meanwhile
+    ScriptedJob(better(BEST, 0.3)).run(tuner, sink, 100)
+    assert tuner.phase == "paused"
+
+
+def test_observe_mode_recommends_and_never_switches():
+    tuner, sink = make(predictor_for(BEST, 0.3), mode="observe")
+    job = ScriptedJob(better(BEST, 0.3))
+    job.run(tuner, sink, 300)
+    assert {d.kind for d in sink.decisions} == {"recommend"} and set(job.configs) == {START}
+    (recommendation,) = sink.decisions
+    assert recommendation.config == BEST and recommendation.state == "recommended"
+    assert recommendation.predicted_step_time_s < 0.1
+    assert tuner.phase == "observing" and "recommends 1MiB/4MiB" in tuner.detail
+    assert tuner.status.config == BEST
+
+
+def test_a_job_that_never_applies_a_decision_is_left_alone():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    job = ScriptedJob(better(BEST, 0.3), applies=False)
+    job.run(tuner, sink, 600)  # 60 s of the job's clock
+    assert tuner.stats["not_applied"] == 1 and len(sink.decisions) == 1
+    assert tuner.phase == "holding" and "was not applied by the job" in tuner.detail
+    job.run(tuner, sink, 300)
+    assert len(sink.decisions) == 1  # it stops exploring this job
+
+
+def test_broken_samples_do_not_break_the_tuner():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    rng = __import__("random").Random(0)
+    bad = [dataclasses.replace(sample(i, START, 0, 0.1, 1e8, rng), bandwidth_bytes_per_s=0.0, forward_s=0.0,
+                               backward_s=0.0, exposed_comm_s=0.0, bytes_reduced=0, partitions=0,
+                               step_time_s=0.0 if i % 7 == 0 else 0.1)
+           for i in range(200)]
+    tuner.observe(bad)
+    tuner.observe(bad[:50])  # resent, out of order: ignored
+    assert tuner.phase in ("exploring", "no headroom", "holding")
+    assert all(math.isfinite(d.predicted_step_time_s) for d in sink.decisions if d.predicted_step_time_s)
+
+
+def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
+    from autobyte.types import MAX_CREDIT_BYTES, MIN_PARTITION_BYTES
+    from autobyted.tuner.search import candidate_grid
+
+    from autobyted.storage.records import Fingerprint
+    from autobyted.tuner.features import JobShape
+
+    odd = Config(4096, None)
+    small = JobShape.from_fingerprint(2, "gloo", Fingerprint(750_000, 3_000_000, 4, 2_000_000, 500_000, "s"))
+    grid = candidate_grid(small, odd)
+    assert odd in grid and Config(None, None) in grid
+    assert all((c.partition_bytes or MIN_PARTITION_BYTES) >= MIN_PARTITION_BYTES for c in grid)
+    assert all((c.credit_bytes or 0) <= MAX_CREDIT_BYTES for c in grid)
+    # partitions beyond the whole gradient all send one message: only one of them is kept
+    assert {c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes} == {4 * MIB}
+
+
+def test_fruitless_re_tunes_raise_the_bar():
+    """A host whose load wanders (every 150 steps all configurations get 25% slower, then recover)
+    re-opens the search at first; the re-tunes keep the configuration, so the bar rises and the tuner
+    stops spending trials on it. A large change would still re-tune (shift_scale is at most ~5x)."""
+    tuner, sink = make(predictor_for(START, 0.2))
+
+    def landscape(config, step):
+        slow = 1.25 if (step // 150) % 2 else 1.0
+        return (0.1 if config == START else 0.12) * slow, 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 900)
+    early = tuner.stats["retunes"]
+    assert early >= 2 and tuner.fruitless >= 2
+    job.run(tuner, sink, 1500)
+    assert tuner.stats["retunes"] - early <= 1
+    assert job.config == START
+
+
+def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
+    """All configurations are equal, but every step gets faster while the search runs (a bandwidth
+    ramp): the trials look better than the earlier baseline. Measuring the incumbent again (A-B-A)
+    shows the drift, and the search is repeated instead of switching."""
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 40) / 120))), 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 400)
+    assert not [d for d in sink.decisions if d.kind == "switch"]
+    confirms = [d for d in sink.decisions if d.reason.startswith("confirm")]
+    assert confirms and any(s.detail.endswith("(during the search): measuring 4MiB/16MiB") for s in sink.statuses
+                            if s.state == "re-tuning")
+
+
+def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
+    """The predictor thinks BEST is 30% faster; on this job it is 20% slower. Once a trial measured
+    that, the job's own measured errors correct what the predictor says about BEST (and, less, about
+    configurations near it) before any retraining."""
+    from autobyted.tuner.features import summarize
+
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        return 0.1 * (1.2 if config == BEST else 1.0), 1e8
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 300)
+    assert BEST in [d.config for d in sink.decisions if d.kind == "trial"]
+    context = summarize(tuner.incumbent.samples, SHAPE)
+    near, far = Config(1 * MIB, 2 * MIB), Config(None, 64 * MIB)
+    raw = tuner.predictor.predict(context, START, [BEST, near, far])
+    corrected = tuner._corrected(raw, START)
+    assert raw.mean[0] < -0.1  # the model alone: 1MiB/4MiB is clearly faster
+    measured = math.log(1.2)  # corrected: most of the way to what was measured
+    assert corrected.mean[0] - raw.mean[0] > 0.6 * (measured - raw.mean[0])
+    assert corrected.mean[1] - raw.mean[1] > 0.5 * (corrected.mean[0] - raw.mean[0])  # a neighbour, too
+    assert abs(corrected.mean[2] - raw.mean[2]) < abs(corrected.mean[1] - raw.mean[1])  # far away, less
+
+
+def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
+    """The predictor thinks BEST is 30% faster; on this job every other configuration is 20% slower.
+    The link drops 4x while the tuner verifies its return to the start and comes back later. The
+    jump (far beyond what a configuration explains) came after the trials, so their measured errors
+    are kept: in the re-tunes that follow, BEST is no longer predicted faster and not tried again."""
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    drop = {"from": None}
+
+    def landscape(config, step):
+        if drop["from"] is None and tuner.phase == "verifying":
+            drop["from"] = step
+        low = drop["from"] is not None and step < drop["from"] + 150
+        return 0.1 * (1.0 if config == START else 1.2) * (3 if low else 1), (2.5e7 if low else 1e8)
+
+    job = ScriptedJob(landscape)
+    job.run(tuner, sink, 900)
+    assert drop["from"] is not None and tuner.stats["retunes"] >= 2
+    retunes = [s.detail for s in sink.statuses if s.state == "re-tuning"]
+    assert any("bandwidth drop" in d for d in retunes) and any("bandwidth rise" in d for d in retunes)
+    best = [d for d in sink.decisions if d.kind == "trial" and d.config == BEST]
+    assert "1MiB/4MiB predicted 1.2" in best[0].reason  # the predictor alone: 20+% faster
+    assert len(best) == 1 and any(config == BEST for config, _error in tuner.errors)
+    assert job.config == START
