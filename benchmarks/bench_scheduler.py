@@ -188,17 +188,23 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
     the extra step time per extra partition against no partitioning (scheduler + backend + wire).
     """
     kinds = ["sched", "py"] if args.python_twins else ["sched"]
-    labels = [f"{kind}:{p},none" for kind in kinds
-              for p in ["none", *args.dispatch_partitions.split(",")]]
+    partitions = args.dispatch_partitions.split(",")
+    labels = [f"{kind}:{p},none" for kind in kinds for p in ["none", *partitions]]
+    bare_labels = [f"lat:{p}" for p in partitions]  # the bare collectives of those sizes
     bed.set_rate(parse_rate(args.dispatch_rate))
     model_args = json.dumps({"in_features": 256, "hidden": 256, "depth": 4})
-    results = run_pair(bed, "mlp", 32, labels, args, model_args=model_args,
+    results = run_pair(bed, "mlp", 32, labels + bare_labels, args, model_args=model_args,
                        rounds=args.dispatch_rounds, steps=10)
     rows = summarise(results)
+    from benchmarks.train_worker import RunConfig, lat_collectives
+    bare = [rows[label]["median_step_s"] / lat_collectives(RunConfig.parse(label).partition_bytes)
+            for label in bare_labels]
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in results:
         by_round[r["round"]][r["config"]] = r
-    out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {}}
+    # what one bare collective of the probe's partition sizes costs (no scheduler, no compute)
+    out: dict[str, Any] = {"rate": args.dispatch_rate, "configs": {},
+                           "bare_collective_s": statistics.median(bare)}
     for label in labels:
         kind = label.split(":")[0]
         base_label = f"{kind}:none,none"
@@ -224,7 +230,8 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_dispatch(d: dict[str, Any]) -> str:
-    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32)",
+    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32; a bare "
+             f"collective of these sizes: {d.get('bare_collective_s', 0) * 1e6:.0f} us)",
              f"{'configuration':<22} {'path':>6} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
              f"{'launch us/part':>14} {'extra step us/part':>18}"]
     for label, row in d["configs"].items():

@@ -93,7 +93,7 @@ def policy_context(scenario: Scenario, sim: Simulator, horizon_s: float) -> Poli
         candidates=default_grid(), seed=scenario.seed,
         phases=tuple(scenario.phases(horizon_s)),
         evaluate_static=lambda config: simulate_static(scenario, sim, config),
-        steady_step_s=lambda config, bw, factor: sim.steady_step_s(config, bw, factor),
+        steady_step_s=lambda config, *condition: sim.steady_step_s(config, *condition),
         profile=scenario.profile, workers=scenario.workers, backend=scenario_backend(scenario))
 
 
@@ -111,7 +111,7 @@ def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
             break
         if scenario.duration_s is not None and t >= scenario.duration_s:
             break
-        key = (scenario.bandwidth.at(t), scenario.compute.at(t))
+        key = (scenario.bandwidth.at(t), sim.compute_factor_at(t))
         step_s = cache.get(key)
         if step_s is None:
             step_s = cache[key] = sim.lower_bound_step_s(t)
@@ -300,19 +300,20 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
     return series
 
 
-def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float, float, float, float]],
-                     settle_steps: int = 2) -> Callable[[RunConfig, float, float], float]:
+def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float, ...]],
+                     settle_steps: int = 2) -> Callable[..., float]:
     """steady_step_s for the oracle on the testbed: the median measured step time of the
-    configuration's fixed run during the phases at that bandwidth (first steps of a phase skipped)."""
+    configuration's fixed run during the phases with those conditions (first steps of a phase
+    skipped)."""
     import statistics
 
-    def steady(config: RunConfig, bandwidth: float, factor: float) -> float:
+    def steady(config: RunConfig, *condition: float) -> float:
         run = series.get(_testbed_label(config))
         if run is None:
             return math.inf
         times = []
-        for start, end, bw, fac in phases:
-            if bw != bandwidth or fac != factor:
+        for start, end, *phase_condition in phases:
+            if tuple(phase_condition) != condition:
                 continue
             inside = [t for t, e in zip(run.step_times_s, run.ends_s) if start < e - t and e <= end]
             times += inside[settle_steps:]
@@ -364,15 +365,13 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     `cache`: results of earlier commands are reused and new ones stored (one policy per command
     for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
-    from benchmarks import testbed as harness
     from benchmarks.policies import BayesOptOncePolicy
     from benchmarks.sim.calibrate import parse_config
 
     options = scenario.testbed
     horizon = scenario.duration_s if scenario.duration_s is not None else math.inf
     phases = scenario.phases(horizon)
-    trace = harness.Trace.from_times([(start, f"{bandwidth / GBIT * 1000:.0f}mbit")
-                                      for start, _end, bandwidth, _factor in phases])
+    trace = scenario.testbed_trace(horizon)
     grid_labels = list(options.get("grid", ["sched:none,none", "sched:1MiB,4MiB", "sched:4MiB,8MiB",
                                             "sched:4MiB,16MiB", "sched:16MiB,32MiB",
                                             "sched:16MiB,none"]))
@@ -507,7 +506,7 @@ def draw_scenario(result: dict[str, Any], scenario: Scenario):
     end = max((run.elapsed_s for run in runs.values()), default=1.0) or 1.0
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6),
                                       gridspec_kw={"height_ratios": [3, 1]})
-    for index, (start, stop, bandwidth, factor) in enumerate(scenario.phases(end)):
+    for index, (start, stop, bandwidth, factor, *_conditions) in enumerate(scenario.phases(end)):
         for axis in (top, bottom):
             if index % 2:
                 axis.axvspan(start, stop, color="0.92", zorder=0, label="_phase")

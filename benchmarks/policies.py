@@ -64,12 +64,14 @@ class PolicyContext:
 
     candidates: tuple[RunConfig, ...]
     seed: int = 0
-    # (start_s, end_s, bandwidth bytes/s, compute factor) of every phase of the run's traces
-    phases: tuple[tuple[float, float, float, float], ...] = ()
+    # (start_s, end_s, bandwidth bytes/s, compute factor[, competing flows, cpu share]) of every
+    # phase of the run's traces (the last two only for scenarios with condition keys)
+    phases: tuple[tuple[float, ...], ...] = ()
     # full run of one static configuration (grid-best); None when too expensive (testbed)
     evaluate_static: Callable[[RunConfig], RunSummary] | None = None
-    # settled step time of a configuration at a bandwidth and compute factor (oracle)
-    steady_step_s: Callable[[RunConfig, float, float], float] | None = None
+    # settled step time of a configuration in a phase's conditions (oracle): (config, bandwidth,
+    # compute factor[, flows, cpu share]) -> seconds
+    steady_step_s: Callable[..., float] | None = None
     # registration info of the job (the autobyte policy's JobShape): what a rank would report
     profile: ModelProfile | None = None
     workers: int = 1
@@ -150,13 +152,13 @@ class OraclePolicy(Policy):
     def prepare(self, context: PolicyContext) -> None:
         if context.steady_step_s is None or not context.phases:
             raise RuntimeError("oracle needs the phases and a steady-state evaluator")
-        best_by_condition: dict[tuple[float, float], RunConfig] = {}
-        for start, _end, bandwidth, factor in context.phases:
-            key = (bandwidth, factor)
+        best_by_condition: dict[tuple[float, ...], RunConfig] = {}
+        for start, _end, *condition in context.phases:  # bandwidth, factor[, flows, cpu share]
+            key = tuple(condition)
             if key not in best_by_condition:
                 best_by_condition[key] = min(
                     context.candidates,
-                    key=lambda c: context.steady_step_s(c, bandwidth, factor))  # noqa: B023
+                    key=lambda c: context.steady_step_s(c, *key))  # noqa: B023
             self.phase_starts.append(start)
             self.phase_configs.append(best_by_condition[key])
 

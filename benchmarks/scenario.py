@@ -2,6 +2,23 @@
 
 The format is documented in benchmarks/README.md ("Scenario format"). A scenario is loaded once
 into a frozen `Scenario`; `make_simulator()` builds a fresh simulator for it.
+
+Optional condition keys (issue 10; files without them load and behave exactly as before). Each is a
+trace table of the same kinds as [bandwidth] and describes the slowest worker, which sets the pace
+of every collective (the other workers wait for it):
+
+    [traffic]    competing TCP flows on that worker's link (a count; 0 = none): the job keeps
+                 1 / (1 + flow_weight * flows) of the link, and every collective pays
+                 [link] flow_message_extra_s once per flow (TCP ramping up behind the flow's queue)
+    [cpu]        cores that worker has (1 = a full core, as measured; 0.5 = a busy node): compute
+                 1/cpu times slower, and the communication's CPU load weighs 1/cpu times more
+    [straggler]  that worker's link in Gbit/s: the ring runs at min(bandwidth, straggler)
+
+`Scenario.bandwidth` is the job's bandwidth after those (what the simulator uses); the link as set
+is `link_bandwidth`. With condition keys, `phases()` yields (start, end, bandwidth, compute,
+flows, cpu share) instead of (start, end, bandwidth, compute), and `testbed_trace()` turns the
+scenario into a testbed trace (conditions on rank 1, the other ranks' links at `bandwidth`; the
+CPU quota on the last `quota_workers` ranks when [link] quota_period_s > 0).
 """
 
 from __future__ import annotations
@@ -20,7 +37,8 @@ GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 _TOP_KEYS = {"name", "description", "model", "batch_size", "device_flops_per_s", "compute_scale",
              "workers", "duration_s", "duration_steps", "seed", "link", "bandwidth", "compute",
-             "testbed"}
+             "testbed", "traffic", "cpu", "straggler"}
+CONDITION_KEYS = ("traffic", "cpu", "straggler")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,22 +56,64 @@ class Scenario:
     seed: int
     path: str = ""
     testbed: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Optional conditions (see the module docstring); None = absent.
+    link_bandwidth: Trace | None = None  # bytes/s as set, before straggler and traffic
+    flows: Trace | None = None  # competing TCP flows on the slowest worker's link
+    cpu_share: Trace | None = None  # cores of the slowest worker
+    straggler: Trace | None = None  # bytes/s of the slowest worker's link
+
+    @property
+    def has_conditions(self) -> bool:
+        return any(t is not None for t in (self.flows, self.cpu_share, self.straggler))
 
     def make_simulator(self) -> Simulator:
-        return Simulator(self.profile, self.workers, self.bandwidth, self.link, self.compute)
+        return Simulator(self.profile, self.workers, self.bandwidth, self.link, self.compute,
+                         flows_trace=self.flows, cpu_share_trace=self.cpu_share)
 
-    def phases(self, until_s: float = math.inf) -> list[tuple[float, float, float, float]]:
-        """(start_s, end_s, bandwidth bytes/s, compute factor) wherever either trace changes."""
-        points = sorted({t for t in self.bandwidth.times_s + self.compute.times_s if t < until_s})
-        out: list[tuple[float, float, float, float]] = []
+    def phases(self, until_s: float = math.inf) -> list[tuple[float, ...]]:
+        """(start_s, end_s, bandwidth bytes/s, compute factor) wherever a trace changes; with
+        condition keys also (..., competing flows, cpu share) — what steady_step_s takes."""
+        traces = [self.bandwidth, self.compute]
+        if self.has_conditions:
+            traces += [self.flows or Trace.constant(0.0, nonnegative=True),
+                       self.cpu_share or Trace.constant(1.0)]
+        points = sorted({t for trace in traces for t in trace.times_s if t < until_s})
+        out: list[tuple[float, ...]] = []
         for index, start in enumerate(points):
             end = points[index + 1] if index + 1 < len(points) else until_s
-            values = (self.bandwidth.at(start), self.compute.at(start))
+            values = tuple(trace.at(start) for trace in traces)
             if out and out[-1][2:] == values:
                 out[-1] = (out[-1][0], end, *values)
             else:
                 out.append((start, end, *values))
         return out
+
+    def testbed_trace(self, until_s: float = math.inf, rank: int = 1) -> Any:
+        """The scenario as a `benchmarks.testbed.Trace`, timed from train_start: every link at
+        the set bandwidth; the straggler link, competing flows and CPU share on `rank`."""
+        from benchmarks import testbed as harness
+
+        def pairs(trace: Trace, fmt: Any) -> list[tuple[float, Any]]:
+            return [(start, fmt(value)) for start, _end, value in trace.phases(until_s)]
+
+        def mbit(value: float) -> str:
+            return f"{value / GBIT * 1000:.0f}mbit"
+
+        link = self.link_bandwidth or self.bandwidth
+        trace = harness.Trace.from_times(pairs(link, mbit))
+        if self.straggler is not None:
+            trace += harness.Trace.from_times(
+                pairs(self.straggler.combine(link, min), mbit), ranks=[rank])
+        if self.flows is not None:
+            trace += harness.Trace.flows(pairs(self.flows, lambda v: int(round(v))), ranks=[rank])
+        if self.cpu_share is not None:
+            # a quota on `quota_workers` workers (the last ones) when the link model says so
+            throttled = self.link.quota_workers if self.link.quota_period_s > 0 else 1
+            workers = min(self.workers, int(self.testbed.get("max_workers", 2)))
+            ranks = [rank] if throttled <= 1 else list(range(max(0, workers - throttled), workers))
+            trace += harness.Trace.cpu_share(
+                pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=ranks)
+        return trace
 
 
 def _trace_horizon_s(data: dict[str, Any]) -> float:
@@ -89,8 +149,22 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
         bandwidth = trace_from_spec(data["bandwidth"], horizon, GBIT)
         compute = trace_from_spec(data.get("compute", {"kind": "constant", "value": 1.0}), horizon)
         link = LinkModel(**data.get("link", {}))
+        conditions: dict[str, Any] = {}
+        if "traffic" in data:
+            conditions["flows"] = trace_from_spec(data["traffic"], horizon, nonnegative=True)
+        if "cpu" in data:
+            conditions["cpu_share"] = trace_from_spec(data["cpu"], horizon)
+        if "straggler" in data:
+            conditions["straggler"] = trace_from_spec(data["straggler"], horizon, GBIT)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+    if conditions:
+        conditions["link_bandwidth"] = bandwidth
+        if "straggler" in conditions:
+            bandwidth = bandwidth.combine(conditions["straggler"], min)
+        if "flows" in conditions:
+            bandwidth = bandwidth.combine(conditions["flows"],
+                                          lambda bw, flows: bw * link.flow_share(flows))
     workers = int(data["workers"])
     if workers < 1:
         raise ValueError(f"{path}: workers must be >= 1")
@@ -100,4 +174,5 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
         link=link,
         duration_s=float(data["duration_s"]) if "duration_s" in data else None,
         duration_steps=int(data["duration_steps"]) if "duration_steps" in data else None,
-        seed=int(data.get("seed", 0)), path=str(path), testbed=dict(data.get("testbed", {})))
+        seed=int(data.get("seed", 0)), path=str(path), testbed=dict(data.get("testbed", {})),
+        **conditions)

@@ -13,11 +13,24 @@ towards the rank), so a rank's link is full duplex at the configured rate. Rates
 qdisc change`` keeping the burst fixed: lowering tbf's burst while traffic flows froze the link for
 good on this kernel (DESIGN §6), and there is no netem here.
 
+Besides the rate, a trace (or a direct call) sets *conditions* on ranks (`benchmarks.conditions`):
+
+- ``set_cpu_share(0.5, ranks=[1])``: a cgroup CPU quota on rank 1's process (every thread of it):
+  a busy worker node, confined to that rank;
+- ``set_busy(1, ranks=[1])``: busy-loop processes started inside rank 1's namespace (a namespace
+  does not partition CPU: on this 2-core machine they take CPU from every rank, see README);
+- ``set_flows(2, ranks=[1], direction="both")``: competing TCP flows through rank 1's shaped link,
+  to and from a traffic namespace ``<prefix>-tx`` on an unshaped port of the hub (created on first
+  use), so the flows share the rank's tbf rate and queue with its all-reduces;
+- ``set_rate(rate, ranks=[1])``: a straggler link.
+
 Everything is named ``abtb-<pid>-<seq><random>-...`` so concurrent runs never collide and cleanup
 only touches what this run made. Cleanup runs on ``close()``/context exit, from an ``atexit`` hook,
 and on SIGTERM/SIGHUP (the handler closes all live testbeds, then chains to the previous handler
-or exits). A run killed with SIGKILL leaves its namespaces behind; ``python -m benchmarks.testbed
---cleanup-stale`` removes those whose owning pid no longer exists.
+or exits); it stops condition processes, removes the cgroups, then the namespaces. A run killed
+with SIGKILL leaves its namespaces and cgroups behind; ``python -m benchmarks.testbed
+--cleanup-stale`` removes those whose owning pid no longer exists. Conditions a trace applies during
+`run()` are undone when the run ends (rates stay, as before: they are the testbed's state).
 
 Usage::
 
@@ -52,11 +65,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from benchmarks import conditions
+from benchmarks.conditions import ConditionError, ConditionProcess, CpuCgroups, kill_group
+
 logger = logging.getLogger(__name__)
 
 NAME_PREFIX = "abtb"
 RANK_IFNAME = "ab0"  # the rank's interface inside its namespace (GLOO_SOCKET_IFNAME)
 BRIDGE_IFNAME = "br0"
+TRAFFIC_HOST = 254  # last octet of the traffic namespace's address (competing flows' far end)
+TRAFFIC_PORT = 5201
+TRAFFIC_HUB_IFNAME = "traffic"  # ("tx" would read as ip's txqueuelen keyword)
 DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed across rate changes
 DEFAULT_LATENCY_MS = 50
 DEFAULT_MASTER_PORT = 29500
@@ -106,25 +125,89 @@ def parse_size(size: str | int) -> int:
     return int(match.group(1)) * _SIZE_UNITS[match.group(2) or "b"]
 
 
-@dataclasses.dataclass(frozen=True)
-class RateChange:
-    """Set the rate of `ranks`' links (None: all) at `at_s` seconds or at rank 0's `at_step`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Timed:
+    """When a trace change applies: at `at_s` seconds (from train_start) or at rank 0's `at_step`;
+    to which ranks (None: all)."""
 
-    rate_bps: int
     at_s: float | None = None
     at_step: int | None = None
     ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.at_s is None) == (self.at_step is None):
-            raise ValueError("a RateChange needs exactly one of at_s and at_step")
+            raise ValueError(f"a {type(self).__name__} needs exactly one of at_s and at_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class RateChange(_Timed):
+    """Set the rate of the ranks' links."""
+
+    rate_bps: int
+
+    def apply(self, bed: Testbed) -> dict[str, Any]:
+        bed.set_rate(self.rate_bps, self.ranks)
+        return {"rate_bps": self.rate_bps}
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuShareChange(_Timed):
+    """Limit the ranks' processes to `cpu_share` cores (cgroup CPU quota); None lifts the limit."""
+
+    cpu_share: float | None
+
+    def apply(self, bed: Testbed) -> dict[str, Any]:
+        bed.set_cpu_share(self.cpu_share, self.ranks)
+        return {"condition": "cpu_share", "cpu_share": self.cpu_share}
+
+
+@dataclasses.dataclass(frozen=True)
+class BusyChange(_Timed):
+    """Run `processes` busy loops inside each rank's namespace (0 stops them)."""
+
+    processes: int
+
+    def apply(self, bed: Testbed) -> dict[str, Any]:
+        stopped = bed.set_busy(self.processes, self.ranks)
+        return {"condition": "busy", "processes": self.processes, "stopped": stopped}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowChange(_Timed):
+    """Run `flows` competing TCP flows through each rank's link (0 stops them); `direction`:
+    "out" (from the rank), "in" (to the rank) or "both" (`flows` each way)."""
+
+    flows: int
+    direction: str = "both"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.direction not in FLOW_DIRECTIONS:
+            raise ValueError(f"flow direction {self.direction!r}: use one of {FLOW_DIRECTIONS}")
+
+    def apply(self, bed: Testbed) -> dict[str, Any]:
+        stopped = bed.set_flows(self.flows, self.ranks, self.direction)
+        return {"condition": "flows", "flows": self.flows, "direction": self.direction,
+                "stopped": stopped}
+
+
+Change = RateChange | CpuShareChange | BusyChange | FlowChange
+FLOW_DIRECTIONS = ("out", "in", "both")
+
+
+def _when(t: float | int, by: str) -> dict[str, Any]:
+    if by == "s":
+        return {"at_s": float(t)}
+    if by == "step":
+        return {"at_step": int(t)}
+    raise ValueError(f"a trace is timed by 's' or 'step', not {by!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
-    """A bandwidth trace: rate changes applied while the ranks run."""
+    """A trace of rate and condition changes applied while the ranks run (`a + b` merges two)."""
 
-    changes: tuple[RateChange, ...] = ()
+    changes: tuple[Change, ...] = ()
 
     @classmethod
     def from_times(cls, pairs: Iterable[tuple[float, str | int]],
@@ -140,6 +223,29 @@ class Trace:
         ranks_t = tuple(ranks) if ranks is not None else None
         return cls(tuple(RateChange(parse_rate(r), at_step=int(s), ranks=ranks_t)
                          for s, r in pairs))
+
+    @classmethod
+    def cpu_share(cls, pairs: Iterable[tuple[float, float | None]],
+                  ranks: Sequence[int] | None = None, by: str = "s") -> Trace:
+        """[(t, cores or None), ...] of a CPU quota on `ranks` (None: all); `by` "s" or "step"."""
+        ranks_t = tuple(ranks) if ranks is not None else None
+        return cls(tuple(CpuShareChange(None if v is None else float(v), ranks=ranks_t,
+                                        **_when(t, by)) for t, v in pairs))
+
+    @classmethod
+    def busy(cls, pairs: Iterable[tuple[float, int]], ranks: Sequence[int] | None = None,
+             by: str = "s") -> Trace:
+        """[(t, busy processes per rank), ...] on `ranks` (None: all)."""
+        ranks_t = tuple(ranks) if ranks is not None else None
+        return cls(tuple(BusyChange(int(v), ranks=ranks_t, **_when(t, by)) for t, v in pairs))
+
+    @classmethod
+    def flows(cls, pairs: Iterable[tuple[float, int]], ranks: Sequence[int] | None = None,
+              direction: str = "both", by: str = "s") -> Trace:
+        """[(t, competing TCP flows per rank link), ...] on `ranks` (None: all)."""
+        ranks_t = tuple(ranks) if ranks is not None else None
+        return cls(tuple(FlowChange(int(v), ranks=ranks_t, direction=direction, **_when(t, by))
+                         for t, v in pairs))
 
     def __add__(self, other: Trace) -> Trace:
         return Trace(self.changes + other.changes)
@@ -165,11 +271,14 @@ class RunResult:
     ranks: list[RankResult]
     # Every rate change applied: t_s (from the origin), wall_time, rate_bps, ranks, step, trigger.
     rate_log: list[dict[str, Any]]
-    # Optional samples of every rank's egress byte counter: t_launch_s, t_s (from the trace origin;
-    # None before it), wall_time, tx_bytes[rank], rates_bps[rank].
+    # Optional samples of every rank's egress and ingress byte counters: t_launch_s, t_s (from the
+    # trace origin; None before it), wall_time, tx_bytes[rank], rx_bytes[rank], rates_bps[rank].
     link_samples: list[dict[str, Any]]
     origin_wall_time: float | None
     duration_s: float
+    # Every condition change applied by the trace (cpu_share, busy, flows): t_s, wall_time, ranks,
+    # step, trigger, and what it did; "stopped" lists the CPU seconds of the processes it ended.
+    condition_log: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -210,15 +319,21 @@ def _kill_namespace_pids(ns: str) -> None:
 
 
 def cleanup_stale() -> list[str]:
-    """Delete testbed namespaces whose owning process (the pid in the name) no longer exists."""
+    """Delete testbed namespaces and cgroups whose owning process (the pid in the name) no longer
+    exists (processes inside the namespaces are killed first)."""
     removed = []
     pattern = re.compile(rf"^{NAME_PREFIX}-(\d+)-")
+
+    def stale(name: str) -> bool:
+        match = pattern.match(name)
+        return bool(match) and not _pid_alive(int(match.group(1)))
+
     for ns in list_namespaces():
-        match = pattern.match(ns)
-        if match and not _pid_alive(int(match.group(1))):
+        if stale(ns):
             _kill_namespace_pids(ns)
             if _run_cmd(["ip", "netns", "del", ns], check=False).returncode == 0:
                 removed.append(ns)
+    removed += conditions.cleanup_stale_cgroups(pattern, stale)
     return removed
 
 
@@ -288,7 +403,8 @@ class Testbed:
 
     def __init__(self, world_size: int = 2, rate: str | int = "1gbit", *,
                  burst: str | int = DEFAULT_BURST_BYTES, latency_ms: int = DEFAULT_LATENCY_MS,
-                 subnet: str = "10.217.0", name: str | None = None) -> None:
+                 subnet: str = "10.217.0", name: str | None = None,
+                 pin_cpus: Sequence[int] | None = None) -> None:
         if os.geteuid() != 0:
             raise TestbedError("the testbed needs root (ip netns, tc); run as root")
         if not 1 <= world_size <= 200:
@@ -297,6 +413,14 @@ class Testbed:
             raise ValueError(f"subnet must be the first three octets of a /24, e.g. '10.217.0', "
                              f"got {subnet!r}")
         self.world_size = world_size
+        # Rank r's processes (and the busy loops and traffic sources of its conditions) run on CPU
+        # pin_cpus[r % len(pin_cpus)]: one "node" per core, so a busy loop beside rank 1 shares
+        # rank 1's core only. None: not pinned (the kernel spreads everything over all cores).
+        if pin_cpus is not None:
+            available = os.sched_getaffinity(0)
+            if not pin_cpus or any(cpu not in available for cpu in pin_cpus):
+                raise ValueError(f"pin_cpus={list(pin_cpus)} must be CPUs of {sorted(available)}")
+        self.pin_cpus = list(pin_cpus) if pin_cpus is not None else None
         self.burst_bytes = parse_size(burst)
         self.latency_ms = int(latency_ms)
         self.subnet = subnet
@@ -305,8 +429,17 @@ class Testbed:
         self.links = [_Link(r, f"{self.name}-r{r}", f"r{r}") for r in range(world_size)]
         self._initial_rate_bps = parse_rate(rate)
         self.rates_bps: list[int] = [self._initial_rate_bps] * world_size
+        # Conditions in force per rank (see set_cpu_share, set_busy, set_flows).
+        self.cpu_shares: list[float | None] = [None] * world_size
+        self.busy: list[int] = [0] * world_size
+        self.flows: list[tuple[int, str]] = [(0, "both")] * world_size
         self._created: list[str] = []  # namespaces made so far, in creation order
         self._procs: list[subprocess.Popen] = []
+        self._rank_pids: dict[int, int] = {}  # the running rank processes (cgroup attach)
+        self._cgroups: CpuCgroups | None = None
+        self._condition_procs: dict[tuple[str, int | None], list[ConditionProcess]] = {}
+        self._traffic_ns: str | None = None
+        self.condition_costs: list[dict[str, Any]] = []  # every stopped condition process
         self._lock = threading.RLock()
         self._closed = False
 
@@ -346,13 +479,21 @@ class Testbed:
         return self
 
     def close(self) -> None:
-        """Kill every process this testbed started, delete every namespace it made. Idempotent."""
+        """Kill every process this testbed started (ranks, busy loops, traffic), remove its cgroups,
+        delete every namespace it made. Idempotent."""
         with self._lock:
             procs, self._procs = self._procs, []
             created, self._created = self._created, []
+            condition_procs, self._condition_procs = self._condition_procs, {}
+            cgroups, self._cgroups = self._cgroups, None
             self._closed = True
         for proc in procs:
-            _kill_group(proc)
+            kill_group(proc)
+        for group in condition_procs.values():
+            for item in group:
+                self.condition_costs.append(item.stop())
+        if cgroups is not None:
+            cgroups.close()
         # Processes that escaped their group still live inside our namespaces, which are ours.
         for ns in reversed(created):
             _kill_namespace_pids(ns)
@@ -385,16 +526,204 @@ class Testbed:
 
     def link_tx_bytes(self, rank: int) -> int:
         """Bytes the rank has sent through its shaped egress so far (tc qdisc counters)."""
-        out = _run_cmd(["tc", "-n", self.namespace(rank), "-s", "-j", "qdisc", "show", "dev",
-                        RANK_IFNAME]).stdout
+        return self._tbf_bytes(self.namespace(rank), RANK_IFNAME)
+
+    def link_rx_bytes(self, rank: int) -> int:
+        """Bytes sent to the rank through the hub's shaped egress towards it so far."""
+        return self._tbf_bytes(self.hub_ns, self.links[rank].hub_ifname)
+
+    @staticmethod
+    def _tbf_bytes(ns: str, dev: str) -> int:
+        out = _run_cmd(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev]).stdout
         for qdisc in json.loads(out or "[]"):
             if qdisc.get("kind") == "tbf":
                 return int(qdisc.get("bytes", 0))
         return 0
 
+    # -- conditions: CPU quota, busy processes, competing traffic --
+
+    def _ranks(self, ranks: Iterable[int] | None) -> list[int]:
+        chosen = list(range(self.world_size)) if ranks is None else list(ranks)
+        for rank in chosen:
+            if not 0 <= rank < self.world_size:
+                raise ValueError(f"rank {rank} is not in [0, {self.world_size})")
+        return chosen
+
+    def _require_live(self) -> None:
+        if not self._created or self._closed:
+            raise TestbedError("create() the testbed before setting conditions")
+
+    def _cpu_cgroups(self) -> CpuCgroups:
+        with self._lock:
+            if self._cgroups is None:
+                try:
+                    cgroups = CpuCgroups(self.name)
+                    self._cgroups = cgroups  # before create(): close() removes a partial one
+                    cgroups.create(range(self.world_size))
+                except (ConditionError, OSError) as error:
+                    raise TestbedError(f"cannot limit rank CPU: {error}") from None
+                for rank, pid in self._rank_pids.items():
+                    self._attach(rank, pid)
+            return self._cgroups
+
+    def _attach(self, rank: int, pid: int) -> None:
+        assert self._cgroups is not None
+        try:
+            self._cgroups.attach(rank, pid)
+        except OSError as error:  # the rank already exited: nothing to limit
+            logger.debug("rank %d (pid %d) not attached to its cgroup: %s", rank, pid, error)
+
+    def set_cpu_share(self, share: float | None, ranks: Iterable[int] | None = None) -> None:
+        """Limit the ranks' processes (every thread) to `share` cores with a cgroup CPU quota;
+        None lifts it. Applies to running ranks and to those run() starts later."""
+        self._require_live()
+        chosen = self._ranks(ranks)
+        if share is None and self._cgroups is None:
+            return
+        cgroups = self._cpu_cgroups()
+        for rank in chosen:
+            try:
+                cgroups.set_share(rank, share)
+            except OSError as error:
+                raise TestbedError(f"cpu quota on rank {rank}: {error}") from None
+            self.cpu_shares[rank] = share
+
+    def cpu_throttled(self, rank: int) -> dict[str, int]:
+        """The rank's cgroup cpu.stat (nr_periods, nr_throttled, throttled time); {} without one."""
+        return self._cgroups.throttled(rank) if self._cgroups is not None else {}
+
+    def _stop(self, key: tuple[str, int | None]) -> list[dict[str, Any]]:
+        with self._lock:
+            items = self._condition_procs.pop(key, [])
+        costs = [item.stop() for item in items]
+        self.condition_costs += costs
+        return costs
+
+    def _start(self, key: tuple[str, int | None], item: ConditionProcess) -> None:
+        with self._lock:
+            if self._closed:
+                item.stop()
+                raise TestbedError("the testbed was closed")
+            self._condition_procs.setdefault(key, []).append(item)
+
+    def set_busy(self, processes: int, ranks: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """Run `processes` busy-loop processes inside each rank's namespace (0: none). Returns the
+        CPU cost of the processes it stopped."""
+        self._require_live()
+        if not 0 <= processes <= 64:
+            raise ValueError(f"busy processes {processes} must be in [0, 64]")
+        stopped: list[dict[str, Any]] = []
+        for rank in self._ranks(ranks):
+            stopped += self._stop(("busy", rank))
+            for _ in range(processes):
+                self._start(("busy", rank), conditions.start_process(
+                    "busy", rank, self.exec_args(rank), conditions.busy_argv()))
+            self.busy[rank] = processes
+        return stopped
+
+    def _ensure_traffic(self) -> str:
+        """The traffic namespace (unshaped port on the hub) with a sink listening; made once."""
+        with self._lock:
+            if self._traffic_ns is not None:
+                return self._traffic_ns
+            ns = f"{self.name}-tx"
+            self._make_ns(ns)
+            self._ip(ns, "link", "add", RANK_IFNAME, "type", "veth", "peer", "name", TRAFFIC_HUB_IFNAME,
+                     "netns", self.hub_ns)
+            self._ip(ns, "addr", "add", f"{self.traffic_address}/24", "dev", RANK_IFNAME)
+            self._ip(ns, "link", "set", RANK_IFNAME, "up")
+            self._ip(self.hub_ns, "link", "set", TRAFFIC_HUB_IFNAME, "master", BRIDGE_IFNAME)
+            self._ip(self.hub_ns, "link", "set", TRAFFIC_HUB_IFNAME, "up")
+            self._traffic_ns = ns
+        self._start(("sink", None), conditions.start_process(
+            "flow-sink", None, ["ip", "netns", "exec", ns],
+            conditions.sink_argv(self.traffic_address, TRAFFIC_PORT), ready_line="listening"))
+        return ns
+
+    @property
+    def traffic_address(self) -> str:
+        return f"{self.subnet}.{TRAFFIC_HOST}"
+
+    def set_flows(self, flows: int, ranks: Iterable[int] | None = None,
+                  direction: str = "both") -> list[dict[str, Any]]:
+        """Run `flows` competing TCP flows through each rank's shaped link (0: none): "out" from
+        the rank to the traffic namespace, "in" from there to the rank, "both" `flows` each way.
+        Returns the CPU cost of the flow processes it stopped."""
+        self._require_live()
+        if not 0 <= flows <= 64:
+            raise ValueError(f"flows {flows} must be in [0, 64]")
+        if direction not in FLOW_DIRECTIONS:
+            raise ValueError(f"flow direction {direction!r}: use one of {FLOW_DIRECTIONS}")
+        stopped: list[dict[str, Any]] = []
+        chosen = self._ranks(ranks)
+        for rank in chosen:
+            stopped += self._stop(("flow", rank))
+            self.flows[rank] = (0, direction)
+        if flows == 0:
+            return stopped
+        traffic_ns = self._ensure_traffic()
+        for rank in chosen:
+            detail = {"flows": flows, "direction": direction}
+            if direction in ("out", "both"):
+                self._start(("flow", rank), conditions.start_process(
+                    "flow-source", rank, self.exec_args(rank),
+                    conditions.source_argv(self.traffic_address, TRAFFIC_PORT, flows),
+                    {**detail, "towards": "traffic"}))
+            if direction in ("in", "both"):
+                if ("sink", rank) not in self._condition_procs:
+                    self._start(("sink", rank), conditions.start_process(
+                        "flow-sink", rank, self.exec_args(rank),
+                        conditions.sink_argv(self.address(rank), TRAFFIC_PORT),
+                        ready_line="listening"))
+                self._start(("flow", rank), conditions.start_process(
+                    "flow-source", rank, ["ip", "netns", "exec", traffic_ns],
+                    conditions.source_argv(self.address(rank), TRAFFIC_PORT, flows),
+                    {**detail, "towards": "rank"}))
+            self.flows[rank] = (flows, direction)
+        return stopped
+
+    def condition_cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by condition processes, by kind (live and stopped)."""
+        totals: dict[str, float] = {}
+        for cost in self.condition_costs:
+            totals[str(cost["kind"])] = totals.get(str(cost["kind"]), 0.0) + float(cost["cpu_s"])
+        with self._lock:
+            live = [item for group in self._condition_procs.values() for item in group]
+        for item in live:
+            totals[item.kind] = totals.get(item.kind, 0.0) + conditions.process_cpu_s(item.proc.pid)
+        return totals
+
+    def condition_pids(self) -> list[int]:
+        """Pids of the live condition processes (busy loops, traffic sources and sinks)."""
+        with self._lock:
+            return [item.proc.pid for group in self._condition_procs.values() for item in group]
+
+    def clear_conditions(self) -> None:
+        """Lift every CPU quota, stop busy loops and competing flows (rates are left as they are)."""
+        if self._cgroups is not None:
+            self.set_cpu_share(None)
+        self.set_busy(0)
+        self.set_flows(0)
+
+    def _snapshot_conditions(self) -> tuple:
+        return list(self.cpu_shares), list(self.busy), list(self.flows)
+
+    def _restore_conditions(self, snapshot: tuple) -> None:
+        shares, busy, flows = snapshot
+        for rank in range(self.world_size):
+            if self.cpu_shares[rank] != shares[rank]:
+                self.set_cpu_share(shares[rank], [rank])
+            if self.busy[rank] != busy[rank]:
+                self.set_busy(busy[rank], [rank])
+            if self.flows[rank] != flows[rank]:
+                self.set_flows(flows[rank][0], [rank], flows[rank][1])
+
     def exec_args(self, rank: int) -> list[str]:
-        """Prefix that runs a command inside the rank's namespace."""
-        return ["ip", "netns", "exec", self.namespace(rank)]
+        """Prefix that runs a command inside the rank's namespace (on its CPU when pinned)."""
+        prefix = ["ip", "netns", "exec", self.namespace(rank)]
+        if self.pin_cpus is not None:
+            prefix += ["taskset", "-c", str(self.pin_cpus[rank % len(self.pin_cpus)])]
+        return prefix
 
     def rank_env(self, rank: int, master_port: int = DEFAULT_MASTER_PORT) -> dict[str, str]:
         return {
@@ -459,9 +788,15 @@ class Testbed:
         """
         if not self._created or self._closed:
             raise TestbedError("create() the testbed before run()")
+        trace = trace or Trace()
+        if any(isinstance(c, CpuShareChange) for c in trace.changes):
+            self._cpu_cgroups()  # ranks are attached at launch, before the trace needs them
+        if any(isinstance(c, FlowChange) and c.flows > 0 for c in trace.changes):
+            self._ensure_traffic()
+        snapshot = self._snapshot_conditions()
         started = time.monotonic()
         collectors = [_RankCollector(rank, on_event) for rank in range(self.world_size)]
-        follower = _TraceFollower(self, trace or Trace(), started)
+        follower = _TraceFollower(self, trace, started)
         for collector in collectors:
             collector.listeners.append(follower.on_event)
         procs: list[subprocess.Popen] = []
@@ -479,6 +814,9 @@ class Testbed:
                                         start_new_session=True)
                 with self._lock:
                     self._procs.append(proc)
+                    self._rank_pids[rank] = proc.pid
+                    if self._cgroups is not None:
+                        self._attach(rank, proc.pid)
                 procs.append(proc)
                 collectors[rank].attach(proc)
             follower.start()
@@ -489,19 +827,27 @@ class Testbed:
         finally:
             for proc in procs:
                 if proc.poll() is None:
-                    _kill_group(proc)
+                    kill_group(proc)
             follower.stop()
             if monitor is not None:
                 monitor.stop()
             with self._lock:
                 self._procs = [p for p in self._procs if p not in procs]
+                self._rank_pids.clear()
+            if not self._closed:  # conditions the trace applied end with the run
+                try:
+                    self._restore_conditions(snapshot)
+                except (TestbedError, ConditionError, OSError):
+                    logger.exception("could not undo the trace's conditions; closing the testbed")
+                    self.close()
         samples = monitor.samples if monitor is not None else []
         for collector in collectors:
             collector.join()
         result = RunResult(
             ranks=[c.result(p.returncode) for c, p in zip(collectors, procs)],
             rate_log=follower.log, link_samples=samples,
-            origin_wall_time=follower.origin_wall_time, duration_s=time.monotonic() - started)
+            origin_wall_time=follower.origin_wall_time, duration_s=time.monotonic() - started,
+            condition_log=follower.condition_log)
         if check and (timed_out or not result.ok):
             detail = "\n".join(
                 f"--- rank {r.rank} (exit {r.returncode}) stderr tail:\n{r.stderr_tail}"
@@ -527,24 +873,9 @@ class Testbed:
             if failed_at is not None and now - failed_at > fail_grace_s:
                 for proc in procs:
                     if proc.poll() is None:
-                        _kill_group(proc)
+                        kill_group(proc)
                 return False
             time.sleep(0.05)
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)  # start_new_session: the group id is the child's pid
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class _RankCollector:
@@ -597,7 +928,7 @@ class _RankCollector:
 
 
 class _TraceFollower(threading.Thread):
-    """Applies a trace's rate changes when their time (from train_start) or rank 0's step comes."""
+    """Applies a trace's changes when their time (from train_start) or rank 0's step comes."""
 
     def __init__(self, bed: Testbed, trace: Trace, launch_monotonic: float) -> None:
         super().__init__(daemon=True, name="testbed-trace")
@@ -608,7 +939,8 @@ class _TraceFollower(threading.Thread):
         self.origin: float | None = None
         self.origin_wall_time: float | None = None
         self.step = -1
-        self.log: list[dict[str, Any]] = []
+        self.log: list[dict[str, Any]] = []  # rate changes
+        self.condition_log: list[dict[str, Any]] = []  # the other changes
         self._wake = threading.Condition()
         self._stopped = False
 
@@ -623,7 +955,7 @@ class _TraceFollower(threading.Thread):
                 return
             self._wake.notify()
 
-    def _due(self, change: RateChange) -> bool:
+    def _due(self, change: Change) -> bool:
         if change.at_step is not None:
             return self.step >= change.at_step
         return self.origin is not None and self.elapsed() >= (change.at_s or 0.0)
@@ -644,14 +976,15 @@ class _TraceFollower(threading.Thread):
                 step, elapsed = self.step, self.elapsed()
             for change in due:
                 try:
-                    self.bed.set_rate(change.rate_bps, change.ranks)
-                except TestbedError:
-                    logger.exception("rate change failed")
+                    done = change.apply(self.bed)
+                except (TestbedError, ValueError, OSError):
+                    logger.exception("trace change failed: %s", change)
                     continue
-                self.log.append({"t_s": round(elapsed, 4), "wall_time": time.time(),
-                                 "rate_bps": change.rate_bps, "step": step,
-                                 "ranks": list(change.ranks) if change.ranks is not None else None,
-                                 "trigger": "step" if change.at_step is not None else "time"})
+                entry = {"t_s": round(elapsed, 4), "wall_time": time.time(), **done,
+                         "step": step,
+                         "ranks": list(change.ranks) if change.ranks is not None else None,
+                         "trigger": "step" if change.at_step is not None else "time"}
+                (self.log if isinstance(change, RateChange) else self.condition_log).append(entry)
 
     def stop(self) -> None:
         with self._wake:
@@ -674,13 +1007,14 @@ class _LinkMonitor(threading.Thread):
         while not self._stop_event.wait(self.interval_s):
             try:
                 tx = [self.bed.link_tx_bytes(r) for r in range(self.bed.world_size)]
+                rx = [self.bed.link_rx_bytes(r) for r in range(self.bed.world_size)]
             except (TestbedError, ValueError, subprocess.TimeoutExpired):
                 return  # the testbed is being torn down
             origin = self.follower.origin
             now = time.monotonic()
             self.samples.append({"t_launch_s": round(now - self.follower.launch, 4),
                                  "t_s": round(now - origin, 4) if origin is not None else None,
-                                 "wall_time": time.time(), "tx_bytes": tx,
+                                 "wall_time": time.time(), "tx_bytes": tx, "rx_bytes": rx,
                                  "rates_bps": list(self.bed.rates_bps)})
 
     def stop(self) -> None:
@@ -691,12 +1025,13 @@ class _LinkMonitor(threading.Thread):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cleanup-stale", action="store_true",
-                        help="delete testbed namespaces of runs whose process no longer exists")
+                        help="delete testbed namespaces and cgroups of runs whose process no "
+                             "longer exists")
     parser.add_argument("--list", action="store_true", help="list testbed namespaces")
     args = parser.parse_args(argv)
     if args.cleanup_stale:
-        for ns in cleanup_stale():
-            print(f"removed {ns}")
+        for item in cleanup_stale():
+            print(f"removed {item}")
     if args.list or not args.cleanup_stale:
         for ns in list_namespaces():
             if ns.startswith(NAME_PREFIX + "-"):

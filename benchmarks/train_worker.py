@@ -8,6 +8,12 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
+    lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
+                     issues partitions, no compute: `lat_collectives(SIZE)` of them (16 up to
+                     256 KiB, then 4 MiB worth); step time / count = the cost of one collective
+    latc[:SIZE]      the same all-reduces issued from a second thread while the main thread runs a
+                     compute step (as in training, where the CPU is busy with forward/backward):
+                     the result's `collective_s` is their span / count
 
 The plan comes from either
 
@@ -49,6 +55,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +67,7 @@ from torch import nn
 from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
+LAT_PROBE_BYTES = 4 << 10
 # sched: the scheduler on a communicator of its own (the default; its native hot path where built);
 # shared: the same scheduler with own_communicator=False, its collectives on the default group (for
 # the cost of the dedicated one); py: the same as sched on the Python hot path (native=False), for
@@ -67,11 +75,16 @@ DDP_BUCKET_BYTES = 25 << 20
 SCHED_KINDS = ("sched", "shared", "py")
 
 
+def lat_collectives(size_bytes: int) -> int:
+    """How many all-reduces one `lat:SIZE` probe step issues."""
+    return 16 if size_bytes <= 256 << 10 else max(1, (4 << 20) // size_bytes)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | shared | compute | comm
+    kind: str  # ddp | sched | shared | compute | comm | lat | latc (partition: the probe's size)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
 
@@ -81,17 +94,27 @@ class RunConfig:
         if text in ("ddp", "compute", "comm"):
             return cls(text)
         kind, _, rest = text.partition(":")
+        if kind in ("lat", "latc"):
+            from autobyte.types import parse_bytes
+            size = parse_bytes(rest) if rest else LAT_PROBE_BYTES
+            if not size or size % 4:
+                raise ValueError(f"bad probe {label!r}: {kind}:SIZE needs a size in whole floats")
+            return cls(kind, size)
         if kind in SCHED_KINDS:
             from autobyte.types import parse_bytes
             parts = rest.split(",")
             if len(parts) != 2:
                 raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT")
             return cls(kind, parse_bytes(parts[0]), parse_bytes(parts[1]))
-        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm or sched:P,C "
+        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm, lat or sched:P,C "
                          "(or shared:P,C / py:P,C)")
 
     @property
     def label(self) -> str:
+        if self.kind in ("lat", "latc"):
+            from autobyte.types import format_bytes
+            return (self.kind if self.partition_bytes == LAT_PROBE_BYTES
+                    else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}")
         if self.kind not in SCHED_KINDS:
             return self.kind
         from autobyte.types import format_bytes
@@ -141,6 +164,8 @@ class Trainer:
         self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
         self.comm_buffers = self._comm_buffers()
+        self.lat_buffers: dict[int, list[torch.Tensor]] = {}
+        self.collective_spans: list[float] = []  # lat/latc probes: seconds per collective
         self.sched = None
         if need_sched and os.environ.get("AUTOBYTE_DAEMON"):
             # Stream to autobyted and obey its decisions (evaluate --testbed --policy autobyte):
@@ -195,10 +220,20 @@ class Trainer:
     def _step(self, config: RunConfig) -> None:
         """One training step (or one probe) under `config`."""
         inputs, targets = self._batch()
+        if config.kind in ("lat", "latc"):
+            size = int(config.partition_bytes or LAT_PROBE_BYTES)
+            buffers = self.lat_buffers.setdefault(
+                size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))])
+            if config.kind == "latc":  # beside a compute step, from another thread
+                thread = threading.Thread(target=self._collectives, args=(buffers,))
+                thread.start()
+                self._step(RunConfig("compute"))
+                thread.join()
+            else:
+                self._collectives(buffers)
+            return
         if config.kind == "comm":
-            works = [dist.all_reduce(b, async_op=True) for b in self.comm_buffers]
-            for work in works:
-                work.wait()
+            self._collectives(self.comm_buffers)
             return
         if config.kind in ("ddp", "compute"):
             self.ddp_opt.zero_grad(set_to_none=True)
@@ -213,6 +248,14 @@ class Trainer:
         self.sched.zero_grad()
         self.workload.loss_fn(self.sched_model(inputs), targets).backward()
         self.sched.step()
+
+    def _collectives(self, buffers: list[torch.Tensor]) -> None:
+        """All-reduce every buffer, issued back to back; records the span per collective."""
+        start = time.perf_counter()
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
+        for work in works:
+            work.wait()
+        self.collective_spans.append((time.perf_counter() - start) / len(buffers))
 
     def _poll_control(self) -> None:
         """Rank 0: apply the configurations appended to the control file since the last step."""
@@ -268,6 +311,7 @@ class Trainer:
         dist.barrier()
         sched_first = self.sched.step_index if scheduled else 0
         dispatch_before = self.sched.dispatch_stats() if scheduled else None
+        self.collective_spans.clear()
         marks = [time.perf_counter()]
         for _ in range(segment.steps):
             if self._should_stop():
@@ -310,6 +354,8 @@ class Trainer:
         if dispatch is not None:
             result["dispatch"] = dispatch
             result["hot_path"] = self.sched.hot_path
+        if config.kind in ("lat", "latc") and self.collective_spans:
+            result["collective_s"] = statistics.median(self.collective_spans)
         if metrics and self.args.full_metrics:
             result["metrics"] = metrics
         elif metrics:
@@ -361,7 +407,13 @@ def make_plan(args: argparse.Namespace) -> list[Segment]:
                 plan.append(Segment(RunConfig.parse(change["config"]), steps, 0))
         return plan
     configs = [RunConfig.parse(c) for c in args.configs]
-    return [Segment(c, args.steps, args.warmup, r) for r in range(args.rounds) for c in configs]
+    plan = []
+    for r in range(args.rounds):
+        # --abba: odd rounds run the configurations in reverse order, so a load that rises or falls
+        # steadily over the run hits every configuration alike on average
+        order = configs[::-1] if args.abba and r % 2 else configs
+        plan += [Segment(c, args.steps, args.warmup, r) for c in order]
+    return plan
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -374,6 +426,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--configs", nargs="*", default=["ddp"])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--abba", action="store_true",
+                        help="reverse the configuration order in odd rounds (drift cancels)")
     parser.add_argument("--steps", type=int, default=20, help="measured steps per segment / total")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps after each switch")
     parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")

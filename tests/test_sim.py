@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 import pytest
@@ -279,6 +280,108 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
     # the 10gbit probe reached far less than 10 Gbit/s: CPU-bound, its inverse goodput is the cost
     assert fast["link"]["comm_cpu_s_per_byte"] == pytest.approx((0.03 - buckets * 1e-3) / grad_bytes)
     assert slow["link"] == fast["link"]
+
+
+# ---- issue 10: the scheduler's flat-buffer partitions, per-message costs, condition keys ---------
+
+def test_partitions_are_slices_of_the_flat_buffer_as_the_scheduler_cuts_them():
+    # Tensors laid out in reverse forward order (KiB): C.1 30, C.0 30, B 1000, A.1 40, A.0 400.
+    k = 1 << 10
+    layers = (LayerProfile("A", 0.001, 0.001, (400 * k, 40 * k)),
+              LayerProfile("B", 0.001, 0.001, (1000 * k,)),
+              LayerProfile("C", 0.001, 0.001, (30 * k, 30 * k)))
+    sim = Simulator(ModelProfile("toy", layers), 2, Trace.constant(GBIT))
+    plan = sim._plan(Config(512 * k, None))
+    assert plan.sizes == (512 * k, 512 * k, 476 * k)  # small tensors fused, the big one split
+    assert plan.ready_layer == (1, 1, 0)  # a slice waits for the earliest layer it overlaps
+    # highest offset (earliest forward use) first: a lower priority value goes first
+    assert sorted(range(3), key=plan.priority.__getitem__) == [2, 1, 0]
+    unpartitioned = sim._plan(Config(None, None))
+    assert sorted(unpartitioned.sizes) == sorted(x * k for x in (30, 30, 1000, 40, 400))  # one per tensor
+    assert unpartitioned.ready_layer == (2, 2, 1, 0, 0)
+    assert sim.messages_per_step(Config(4 * MIB, None)) == 1
+
+
+def test_message_costs_interpolate_by_size_and_add_per_competing_flow():
+    link = LinkModel(latency_s=0, collective_overhead_s=1e-3,
+                     message_extra_s=((4096, 2e-3), (1 << 20, 0.0)),
+                     flow_message_extra_s=((4096, 1e-3), (1 << 20, 5e-3)))
+    assert link.message_s(1024, 2) == pytest.approx(3e-3)  # flat below the first point
+    assert link.message_s(64 << 10, 2) == pytest.approx(1e-3 + 1e-3)  # halfway in log2(bytes)
+    assert link.message_s(8 << 20, 2) == pytest.approx(1e-3)  # flat beyond the last point
+    assert link.message_s(64 << 10, 2, flows=2) == pytest.approx(2e-3 + 2 * 3e-3)
+    assert link.flow_share(1) == pytest.approx(0.5) and link.flow_share(0) == 1.0
+    with pytest.raises(ValueError):
+        LinkModel(message_extra_s=((0, 1e-3),))
+
+
+def test_competing_flows_and_a_cpu_quota_slow_the_simulated_job(resnet):
+    link = LinkModel(comm_cpu_s_per_byte=1e-10, flow_message_extra_s=((4096, 2e-3),))
+    config = Config(1 * MIB, 4 * MIB)
+    sim = Simulator(resnet, 4, Trace.constant(5 * GBIT), link)
+    quiet = sim.steady_step_s(config, 5 * GBIT)
+    with_flow = sim.steady_step_s(config, 5 * GBIT * link.flow_share(1), 1.0, 1.0)
+    half_core = sim.steady_step_s(config, 5 * GBIT, 1.0, 0.0, 0.5)
+    assert with_flow > quiet and half_core > quiet
+    assert half_core >= 2 * resnet.compute_s * 0.999  # compute alone takes twice as long
+    # more messages pay the per-flow penalty more often
+    small = Config(256 << 10, 1 * MIB)
+    assert (sim.steady_step_s(small, 5 * GBIT / 2, 1.0, 1.0) - sim.steady_step_s(small, 5 * GBIT)
+            > with_flow - quiet)
+
+
+def test_scenario_condition_keys(tmp_path):
+    from benchmarks.scenario import load_scenario
+
+    scenario = tmp_path / "conditions.toml"
+    scenario.write_text(textwrap.dedent("""
+        model = "resnet50"
+        compute_scale = 50
+        workers = 4
+        duration_s = 30
+        [bandwidth]
+        kind = "constant"
+        value = 10
+        [traffic]
+        kind = "step"
+        levels = [0, 1, 0]
+        at_s = [10, 20]
+        [cpu]
+        kind = "step"
+        levels = [1, 0.5]
+        at_s = [15]
+        [straggler]
+        kind = "constant"
+        value = 4
+        [link]
+        flow_message_extra_s = [[4096, 0.002], [2097152, 0.01]]
+    """))
+    loaded = load_scenario(scenario)
+    assert loaded.has_conditions
+    assert loaded.bandwidth.at(5) == pytest.approx(4 * GBIT)  # the straggler link
+    assert loaded.bandwidth.at(12) == pytest.approx(2 * GBIT)  # half of it next to one flow
+    assert loaded.link_bandwidth.at(12) == pytest.approx(10 * GBIT)
+    phases = loaded.phases(30)
+    assert [p[0] for p in phases] == [0, 10, 15, 20]
+    assert phases[2][2:] == (2 * GBIT, 1.0, 1.0, 0.5)  # bandwidth, compute, flows, cpu share
+    sim = loaded.make_simulator()
+    records = sim.run(Config(4 * MIB, 16 * MIB), until_s=30)
+    by_phase = [[r.step_time_s for r in records if a + 1 < r.start_s < b - 1] for a, b, *_ in phases]
+    assert max(by_phase[0]) < min(by_phase[1]) < min(by_phase[2])  # flow, then also half a core
+    policy = make_policy("oracle")
+    from benchmarks.evaluate import policy_context
+    policy.prepare(policy_context(loaded, sim, 30))
+    assert len(policy.phase_configs) == 4
+    trace = loaded.testbed_trace(30)
+    kinds = [(type(c).__name__, c.at_s, c.ranks) for c in trace.changes]
+    assert ("RateChange", 0.0, None) in kinds and ("RateChange", 0.0, (1,)) in kinds
+    assert ("FlowChange", 10.0, (1,)) in kinds and ("CpuShareChange", 15.0, (1,)) in kinds
+    # a scenario without the keys is what it was
+    plain = tmp_path / "plain.toml"
+    plain.write_text('model = "resnet50"\nworkers = 2\nduration_s = 10\n[bandwidth]\n'
+                     'kind = "constant"\nvalue = 1\n')
+    old = load_scenario(plain)
+    assert not old.has_conditions and len(old.phases(10)[0]) == 4 and old.link_bandwidth is None
 
 
 def test_partitions_are_slices_of_one_buffer_like_the_real_scheduler(resnet):

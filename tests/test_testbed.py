@@ -282,3 +282,193 @@ def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: P
     ours_exposed = median["sched:1MiB,2MiB"] - median["compute"]
     assert ddp_exposed > 0.05, median  # the link really is a bottleneck here
     assert ours_exposed < 0.8 * ddp_exposed, median
+
+
+# ---- conditions: CPU quota, competing traffic, busy processes (issue 10) ---------------------------
+
+# Every rank burns CPU for `duration` seconds and prints its CPU rate (CPU seconds per wall second)
+# every `interval` seconds, from train_start (the origin of a time-based trace).
+CPU_RATE = textwrap.dedent("""
+    import json, sys, time
+    duration, interval = float(sys.argv[1]), float(sys.argv[2])
+    print(json.dumps({"event": "train_start"}), flush=True)
+    t0 = last = time.monotonic(); c_last = time.process_time()
+    while time.monotonic() - t0 < duration:
+        sum(range(5000))
+        now = time.monotonic()
+        if now - last >= interval:
+            c = time.process_time()
+            print(json.dumps({"event": "cpu", "t": now - t0, "rate": (c - c_last) / (now - last)}),
+                  flush=True)
+            last, c_last = now, c
+""")
+
+SLEEPER = ("import json, sys, time; print(json.dumps({'event': 'train_start'}), flush=True); "
+           "time.sleep(float(sys.argv[1]))")
+
+
+def _cgroup_dirs(bed_name: str) -> list[str]:
+    from benchmarks.conditions import cpu_controller
+    found = cpu_controller()
+    return [] if found is None else [p.name for p in found[0].iterdir()
+                                     if p.name.startswith(bed_name)]
+
+
+@needs_netns
+def test_cpu_share_trace_limits_one_rank_and_is_lifted() -> None:
+    from benchmarks.conditions import cpu_controller
+    if cpu_controller() is None:
+        pytest.fail("no writable cgroup cpu controller: the busy-worker condition cannot run here")
+    with Testbed(world_size=2, rate="1gbit") as bed:
+        trace = Trace.cpu_share([(0.8, 0.2), (1.6, None)], ranks=[1])
+        result = bed.run([sys.executable, "-c", CPU_RATE, "2.4", "0.2"], trace=trace,
+                         timeout_s=30)
+        throttled = bed.cpu_throttled(1)
+        assert bed.cpu_shares == [None, None]  # the trace's condition ended with the run
+        name = bed.name
+        assert _cgroup_dirs(name) == [name]
+    assert _cgroup_dirs(name) == [], "cgroup left behind"
+    assert [(c["condition"], c["cpu_share"]) for c in result.condition_log] == [
+        ("cpu_share", 0.2), ("cpu_share", None)]
+
+    def rates(rank: int, start: float, end: float) -> list[float]:
+        return [e["rate"] for e in result.ranks[rank].events
+                if e.get("event") == "cpu" and start < e["t"] <= end]
+
+    limited = rates(1, 1.1, 1.6)
+    assert limited and max(limited) < 0.3, result.ranks[1].events  # 0.2 cores + slack
+    assert throttled.get("nr_throttled", 0) > 0, throttled
+    # Outside the quota the same rank (and rank 0 throughout) ran faster than the quota allows.
+    assert max(rates(1, 1.9, 2.4) + rates(1, 0.0, 0.8)) > 0.3, result.ranks[1].events
+    assert max(rates(0, 1.1, 1.6)) > 0.3, result.ranks[0].events
+
+
+@needs_netns
+def test_competing_flows_cross_the_rank_links_and_stop() -> None:
+    # One flow out of rank 1 (its egress) and one into rank 0 (the hub's egress towards it), from
+    # 0.4 s to 1.6 s. (In "both" directions at once on one link the second flow gets far less than
+    # half at 100mbit: its ACKs wait behind the first one's data in tbf's queue.)
+    rate = 200 * 10**6
+    with Testbed(world_size=2, rate=rate) as bed:
+        trace = (Trace.flows([(0.4, 1), (1.6, 0)], ranks=[1], direction="out")
+                 + Trace.flows([(0.4, 1), (1.6, 0)], ranks=[0], direction="in"))
+        result = bed.run([sys.executable, "-c", SLEEPER, "2.4"], trace=trace, timeout_s=30,
+                         monitor_interval_s=0.2)
+        assert [f[0] for f in bed.flows] == [0, 0]
+        assert len(bed.condition_pids()) == 2  # only the sinks (traffic namespace, rank 0) are left
+        name = bed.name
+        assert f"{name}-tx" in _ours(name)
+    assert _ours(name) == []
+    started = [e for e in result.condition_log if e["flows"] == 1]
+    stopped = [cost for e in result.condition_log if e["flows"] == 0 for cost in e["stopped"]]
+    assert len(started) == 2 and len(stopped) == 2
+    assert not any(_alive(cost["pid"]) for cost in stopped)
+    assert all(cost["cpu_s"] >= 0 and cost["kind"] == "flow-source" for cost in stopped)
+
+    def bit_rate(key: str, rank: int, start: float, end: float) -> float:
+        inside = [s for s in result.link_samples if s["t_s"] is not None and start <= s["t_s"] <= end]
+        first, last = inside[0], inside[-1]
+        return (last[key][rank] - first[key][rank]) * 8 / (last["t_s"] - first["t_s"])
+
+    for key, rank in (("tx_bytes", 1), ("rx_bytes", 0)):
+        assert bit_rate(key, rank, 0.8, 1.5) > 0.5 * rate, (key, result.link_samples)
+        assert bit_rate(key, rank, 1.9, 2.4) < 0.02 * rate, (key, result.link_samples)  # stopped
+    for key, rank in (("tx_bytes", 0), ("rx_bytes", 1)):  # carry only the flows' ACKs
+        assert bit_rate(key, rank, 0.8, 1.5) < 0.05 * rate, (key, result.link_samples)
+
+
+@needs_netns
+def test_conditions_end_with_a_failing_run() -> None:
+    worker = textwrap.dedent("""
+        import json, os, sys, time
+        print(json.dumps({"event": "train_start"}), flush=True)
+        time.sleep(0.8)
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(600)
+    """)
+    trace = (Trace.flows([(0.0, 1)], ranks=[1]) + Trace.busy([(0.0, 1)], ranks=[0])
+             + Trace.cpu_share([(0.0, 0.5)]))
+    with Testbed(world_size=2, rate="100mbit") as bed:
+        with pytest.raises(TestbedError, match="a rank failed") as info:
+            bed.run([sys.executable, "-c", worker], trace=trace, timeout_s=60, fail_grace_s=0.5)
+        log = info.value.result.condition_log
+        assert {entry["condition"] for entry in log} == {"flows", "busy", "cpu_share"}
+        # The run is over: its busy loop and flow sources are gone, the quota lifted.
+        assert (bed.busy, bed.flows[1][0], bed.cpu_shares) == ([0, 0], 0, [None, None])
+        stopped = [cost["pid"] for cost in bed.condition_costs]
+        assert len(stopped) == 3 and not any(_alive(p) for p in stopped)
+        name = bed.name
+    assert _ours(name) == [] and _cgroup_dirs(name) == []
+
+
+HARNESS_WITH_CONDITIONS = textwrap.dedent("""
+    import json, sys
+    from benchmarks.testbed import Testbed
+    with Testbed(world_size=2, rate="100mbit") as bed:
+        bed.set_cpu_share(0.5, [1])
+        bed.set_busy(1, [0])
+        bed.set_flows(1, [1])
+        print(json.dumps({"name": bed.name, "pids": bed.condition_pids()}), flush=True)
+        bed.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout_s=120)
+""")
+
+
+def _start_harness() -> tuple[subprocess.Popen, str, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", HARNESS_WITH_CONDITIONS], cwd=str(REPO),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stdout:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and "name" in message:
+            return proc, message["name"], message["pids"]
+    proc.kill()
+    raise AssertionError("the harness did not report its testbed")
+
+
+@needs_netns
+@pytest.mark.parametrize("how", ["sigterm", "sigkill+cleanup-stale"])
+def test_conditions_are_removed_when_the_harness_dies(how: str) -> None:
+    proc, name, pids = _start_harness()
+    try:
+        assert len(pids) == 5  # busy loop, traffic sink, out and in sources, the rank's sink
+        assert _cgroup_dirs(name) == [name] and len(_ours(name)) == 4  # hub, 2 ranks, traffic
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 128 + signal.SIGTERM
+        else:
+            proc.kill()
+            proc.wait(30)
+            assert _cgroup_dirs(name) == [name]  # nothing ran its cleanup
+            out = subprocess.run([sys.executable, "-m", "benchmarks.testbed", "--cleanup-stale"],
+                                 cwd=str(REPO), capture_output=True, text=True, timeout=60)
+            assert f"{name}\n" in out.stdout, out  # its cgroup and namespaces
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run([sys.executable, "-m", "benchmarks.testbed", "--cleanup-stale"],
+                       cwd=str(REPO), capture_output=True, timeout=60)
+    assert _ours(name) == [] and _cgroup_dirs(name) == []
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+@needs_netns
+def test_pinned_ranks_and_their_busy_loops_share_one_core() -> None:
+    worker = ("import json, os; print(json.dumps({'event': 'result', "
+              "'cpus': sorted(os.sched_getaffinity(0))}), flush=True)")
+    cpus = sorted(os.sched_getaffinity(0))
+    with Testbed(world_size=2, pin_cpus=cpus) as bed:
+        result = bed.run([sys.executable, "-c", worker], timeout_s=30)
+        bed.set_busy(1, [1])
+        (pid,) = bed.condition_pids()
+        deadline = time.monotonic() + 5  # until `ip netns exec` has exec'd taskset, then python
+        while sorted(os.sched_getaffinity(pid)) != [cpus[1 % len(cpus)]]:
+            assert time.monotonic() < deadline, os.sched_getaffinity(pid)
+            time.sleep(0.02)
+    assert [r.results[0]["cpus"] for r in result.ranks] == [[cpus[0]], [cpus[1 % len(cpus)]]]

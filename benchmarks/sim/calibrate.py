@@ -417,10 +417,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compare", action="store_true",
                         help="also report the simulator without slowdown and probe constants")
     parser.add_argument("--quiet", action="store_true", help="groups only, not every run")
+    parser.add_argument("--map", metavar="MAP_JSON",
+                        help="calibrate against an optimum map (benchmarks.bench_conditions): per "
+                             "condition Kendall tau of the grid, regret of the simulator's best, "
+                             "headroom predicted vs measured")
+    parser.add_argument("--mixed-results", metavar="MIXED_JSON",
+                        help="--map: mixed traces measured directly (bench_conditions --mixed)")
+    parser.add_argument("--write-scenarios", metavar="DIR",
+                        help="--map: also write testbed scenarios of the mixed traces where "
+                             "re-tuning paid most into DIR")
+    parser.add_argument("--profiles", default="benchmarks/calibration/profiles",
+                        help="--map: recorded model profiles are read from / written to here")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
+    if args.map:
+        from benchmarks.sim.calibrate_map import calibrate_map, format_map_report
+        mixed = (json.loads(pathlib.Path(args.mixed_results).read_text())
+                 if args.mixed_results else None)
+        report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
+                               pathlib.Path(args.profiles) if args.profiles else None, mixed)
+        print(format_map_report(report))
+        if args.write_scenarios:
+            from benchmarks.sim.calibrate_map import write_scenarios
+            for path in write_scenarios(json.loads(pathlib.Path(args.map).read_text()), report,
+                                        pathlib.Path(args.write_scenarios)):
+                print(f"wrote {path}")
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(_rounded(report), indent=1) + "\n")
+        return 0
     if not args.measured:
-        parser.error("give MEASURED")
+        parser.error("give MEASURED (or --map)")
     path = pathlib.Path(args.measured)
     if args.measure_loopback:
         measured = measure_loopback(path)
@@ -447,12 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _rounded(obj: Any) -> Any:
-    """Floats to 4 significant digits (a small report)."""
+    """Floats to 4 significant digits (a small report); numpy scalars become Python numbers."""
+    if hasattr(obj, "dtype") and hasattr(obj, "item"):
+        obj = obj.item()
     if isinstance(obj, float):
         return float(f"{obj:.4g}")
     if isinstance(obj, dict):
         return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, (list, tuple)):
         return [_rounded(v) for v in obj]
     return obj
 

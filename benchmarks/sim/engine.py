@@ -33,6 +33,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -84,16 +85,83 @@ class LinkModel:
     # all but stops while gradients move, at 1gbit it runs ~1.15x slower).
     comm_compute_slowdown: float = 1.0
     comm_cpu_s_per_byte: float = 0.0
+    # Cost of one collective beyond collective_overhead_s and the wire time, by message size:
+    # ((bytes, seconds), ...) interpolated in log2(bytes), flat beyond the first and last point.
+    # `message_extra_s` always applies; `flow_message_extra_s` once per competing TCP flow on the
+    # link (measured: a collective's TCP transfer ramps up behind the competitor's queue, so a
+    # mid-size message costs several inflated round trips; see benchmarks/README.md).
+    message_extra_s: tuple[tuple[float, float], ...] = ()
+    flow_message_extra_s: tuple[tuple[float, float], ...] = ()
+    # Share of a link a job keeps against `flows` backlogged competing TCP flows:
+    # 1 / (1 + flow_weight * flows) (TCP's fair share for flow_weight = 1).
+    flow_weight: float = 1.0
+    # When the slowest worker's CPU share comes from a CFS quota (a container's CPU limit: the
+    # cgroup runs its share of every period, then all its threads stop until the next one), its
+    # communication threads stall too: every event of a collective that needs the throttled
+    # workers (issuing it, each of the ring's 2(N-1) steps) waits until all of them run again. A
+    # busy worker is throttled for the last (1 - share) * period of a period, so one event waits
+    # 0 with probability share, else uniformly up to that; with k = `quota_workers` independently
+    # throttled workers the mean of the longest wait is
+    #     D * (1 - (1 - share^(k+1)) / ((k+1) * (1 - share))),  D = (1 - share) * period
+    # ((1 - share)^2 * period / 2 for k = 1). 0 = the share is time-shared with other processes
+    # instead (CFS wake-up preemption: no such stalls).
+    quota_period_s: float = 0.0
+    quota_workers: int = 1
 
-    def compute_slowdown(self, bandwidth_bytes_per_s: float) -> float:
-        load = min(self.comm_cpu_s_per_byte * bandwidth_bytes_per_s, MAX_COMM_CPU_SHARE)
+    def __post_init__(self) -> None:
+        for name in ("message_extra_s", "flow_message_extra_s"):
+            table = tuple(tuple(float(v) for v in point) for point in getattr(self, name))
+            if any(len(point) != 2 or point[0] <= 0 or point[1] < 0 for point in table):
+                raise ValueError(f"{name} must list (bytes > 0, seconds >= 0) points")
+            object.__setattr__(self, name, tuple(sorted(table)))  # type: ignore[arg-type]
+        if self.flow_weight < 0:
+            raise ValueError(f"flow_weight must be >= 0, got {self.flow_weight}")
+
+    def compute_slowdown(self, bandwidth_bytes_per_s: float, cpu_share: float = 1.0) -> float:
+        """Compute's slowdown while an all-reduce is on the link, on a worker that has `cpu_share`
+        cores: the communication's CPU load counts against that share."""
+        load = min(self.comm_cpu_s_per_byte * bandwidth_bytes_per_s / cpu_share,
+                   MAX_COMM_CPU_SHARE)
         return self.comm_compute_slowdown / (1.0 - load)
+
+    def flow_share(self, flows: float) -> float:
+        """Share of the link left to the job next to `flows` competing TCP flows."""
+        return 1.0 / (1.0 + self.flow_weight * max(0.0, flows))
+
+    def message_s(self, nbytes: float, workers: int, flows: float = 0.0,
+                  cpu_share: float = 1.0) -> float:
+        """Per-collective time of a message of `nbytes` besides its wire time."""
+        extra = _interpolate_log2(self.message_extra_s, nbytes)
+        if flows > 0:
+            extra += flows * _interpolate_log2(self.flow_message_extra_s, nbytes)
+        return self.fixed_s(workers) + extra + self.quota_stall_s(workers, cpu_share)
+
+    def quota_stall_s(self, workers: int, cpu_share: float) -> float:
+        """Mean wait of one collective for throttled workers (see quota_period_s)."""
+        if self.quota_period_s <= 0 or cpu_share >= 1.0 or workers <= 1:
+            return 0.0
+        events = 2 * (workers - 1) + 1
+        q, k = 1.0 - cpu_share, max(1, self.quota_workers)
+        longest = q * self.quota_period_s * (1.0 - (1.0 - cpu_share ** (k + 1)) / ((k + 1) * q))
+        return events * longest
 
     def fixed_s(self, workers: int) -> float:
         """Per-collective time that does not depend on size."""
         if workers <= 1:
             return 0.0
         return self.collective_overhead_s + 2 * (workers - 1) * self.latency_s
+
+
+def _interpolate_log2(table: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    if not table:
+        return 0.0
+    if nbytes <= table[0][0]:
+        return table[0][1]
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if nbytes <= x1:
+            w = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + w * (y1 - y0)
+    return table[-1][1]
 
 
 def ring_allreduce_s(nbytes: float, workers: int, bandwidth_bytes_per_s: float,
@@ -167,14 +235,16 @@ def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, r
 
 
 def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, ...],
-              credit_bytes: float, launch_s: float, fixed_s: float, wire_factor: float,
-              rate: float, trace: Trace | None, base_s: float) -> list[float]:
+              credit_bytes: float, launch_s: float, fixed_s: float | Sequence[float],
+              wire_factor: float, rate: float, trace: Trace | None, base_s: float) -> list[float]:
     """Completion time (relative to base_s) of every message; `ready` must be ascending.
 
+    `fixed_s` is every message's cost besides the wire time (one number for all, or one each).
     With `trace` None the bandwidth is the constant `rate`; otherwise transfers are integrated over
     the trace at absolute time base_s + t.
     """
     count = len(ready)
+    fixed = [fixed_s] * count if isinstance(fixed_s, (int, float)) else fixed_s
     done = [0.0] * count
     heap: list[tuple[int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
@@ -201,7 +271,7 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
         launched = t + launch_s
         start = link_free if link_free > launched else launched
         size = sizes[message]
-        end = _transfer_end(start, size, fixed_s, wire_factor, rate, trace, base_s)
+        end = _transfer_end(start, size, fixed[message], wire_factor, rate, trace, base_s)
         link_free = end
         done[message] = end
         inflight.append((end, size))
@@ -234,8 +304,8 @@ def _advance(t: float, work: float, starts: list[float], ends: list[float], slow
 
 def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
                         sizes: tuple[int, ...], priority: tuple[int, ...], credit_bytes: float,
-                        launch_s: float, fixed_s: float, wire_factor: float, rate: float,
-                        trace: Trace | None, base_s: float, slowdown: float
+                        launch_s: float, fixed_s: Sequence[float], wire_factor: float,
+                        rate: float, trace: Trace | None, base_s: float, slowdown: float
                         ) -> tuple[list[float], float, list[float], list[float]]:
     """Backward pass and dispatcher together, compute slowed while the link is busy.
 
@@ -281,7 +351,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
             launched = issue_t + launch_s
             start = link_free if link_free > launched else launched
             size = sizes[message]
-            end = _transfer_end(start, size, fixed_s, wire_factor, rate, trace, base_s)
+            end = _transfer_end(start, size, fixed_s[message], wire_factor, rate, trace, base_s)
             if starts and start <= ends[-1]:
                 ends[-1] = end
             else:
@@ -308,12 +378,18 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
 class Simulator:
     """Steps one data-parallel job forward in time; `step(config)` simulates one training step.
 
-    `bandwidth` is in bytes/s per worker link; `compute_trace` (optional) multiplies compute times
-    (2.0 = the node became twice as slow).
+    `bandwidth` is in bytes/s per worker link (the job's share of the slowest link); `compute_trace`
+    (optional) multiplies compute times (2.0 = the node became twice as slow). Optional conditions
+    (all workers being identical, they describe the slowest one, which sets the pace of every
+    collective): `flows_trace`, competing TCP flows on the link (each adds
+    `LinkModel.flow_message_extra_s` to every collective; their bandwidth share is already out of
+    `bandwidth`); `cpu_share_trace`, the cores the worker has (0.5 = half a core: compute 2x slower,
+    and the communication's CPU load weighs twice as much, see `LinkModel.compute_slowdown`).
     """
 
     def __init__(self, profile: ModelProfile, workers: int, bandwidth: Trace,
-                 link: LinkModel = LinkModel(), compute_trace: Trace | None = None) -> None:
+                 link: LinkModel = LinkModel(), compute_trace: Trace | None = None, *,
+                 flows_trace: Trace | None = None, cpu_share_trace: Trace | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not profile.layers:
@@ -323,6 +399,8 @@ class Simulator:
         self.bandwidth = bandwidth
         self.link = link
         self.compute_trace = compute_trace or Trace.constant(1.0)
+        self.flows_trace = flows_trace
+        self.cpu_share_trace = cpu_share_trace
         self.num_layers = len(profile.layers)
         forward = np.array([layer.forward_s for layer in profile.layers])
         backward = np.array([layer.backward_s for layer in profile.layers])
@@ -336,16 +414,38 @@ class Simulator:
         self._optimizer_share = (profile.optimizer_s * layer_bytes / total if total > 0
                                  else np.zeros(self.num_layers))
         self._wire_factor = 2 * (workers - 1) / workers
-        self._fixed_s = link.fixed_s(workers)
+        self._fixed: dict[tuple[RunConfig, float, float], tuple[float, ...]] = {}
         self._forward_list = forward.tolist()
         self._backward_list = backward.tolist()
         if link.comm_compute_slowdown < 1.0 or link.comm_cpu_s_per_byte < 0:
             raise ValueError("comm_compute_slowdown must be >= 1 and comm_cpu_s_per_byte >= 0")
         self._contended_model = link.comm_compute_slowdown != 1.0 or link.comm_cpu_s_per_byte > 0
         self._plans: dict[RunConfig, _CommPlan] = {}
-        self._contended_cache: dict[tuple[RunConfig, float, float], tuple] = {}
-        self._comm_cache: dict[tuple[RunConfig, float, float], tuple[np.ndarray, float]] = {}
+        self._contended_cache: dict[tuple[RunConfig, float, float, float, float], tuple] = {}
+        self._comm_cache: dict[tuple[RunConfig, float, float, float, float],
+                               tuple[np.ndarray, float]] = {}
         self.reset()
+
+    def conditions_at(self, t_s: float) -> tuple[float, float]:
+        """(competing flows, CPU share) in force at t_s."""
+        flows = self.flows_trace.at(t_s) if self.flows_trace is not None else 0.0
+        share = self.cpu_share_trace.at(t_s) if self.cpu_share_trace is not None else 1.0
+        return flows, share
+
+    def compute_factor_at(self, t_s: float) -> float:
+        """Compute-time multiplier at t_s: the compute trace over the CPU share."""
+        _, share = self.conditions_at(t_s)
+        return self.compute_trace.at(t_s) / share
+
+    def _fixed_per_message(self, config: RunConfig, plan: _CommPlan, flows: float,
+                           share: float) -> tuple[float, ...]:
+        key = (config, flows, share)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = tuple(self.link.message_s(size, self.workers, flows, share)
+                          for size in plan.sizes)
+            self._fixed[key] = fixed
+        return fixed
 
     # -- state -------------------------------------------------------------------------------
 
@@ -452,7 +552,7 @@ class Simulator:
     # -- one step's communication ----------------------------------------------------------------
 
     def _comm(self, plan: _CommPlan, factor: float, rate: float, trace: Trace | None,
-              base_s: float) -> tuple[np.ndarray, float]:
+              base_s: float, fixed: Sequence[float]) -> tuple[np.ndarray, float]:
         """Per-layer completion (relative to backward start; -inf when nothing to wait for; for DDP
         a single element: all done) and the span until the last message completes."""
         if not plan.sizes or self.workers <= 1:
@@ -460,7 +560,7 @@ class Simulator:
         offsets = self._ready_offset
         ready = [offsets[layer] * factor for layer in plan.ready_layer]
         done = _dispatch(ready, plan.sizes, plan.priority, plan.credit_bytes, plan.launch_s,
-                         self._fixed_s, self._wire_factor, rate, trace, base_s)
+                         fixed, self._wire_factor, rate, trace, base_s)
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span
@@ -469,18 +569,21 @@ class Simulator:
     def _comm_at(self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
                  ) -> tuple[np.ndarray, float, float]:
         rate = self.bandwidth.at(backward_start_s)
-        key = (config, rate, factor)
+        flows, share = self.conditions_at(backward_start_s)
+        fixed = self._fixed_per_message(config, plan, flows, share)
+        key = (config, rate, factor, flows, share)
         cached = self._comm_cache.get(key)
         if cached is None:
-            cached = self._comm(plan, factor, rate, None, 0.0)
+            cached = self._comm(plan, factor, rate, None, 0.0, fixed)
             self._comm_cache[key] = cached
         if backward_start_s + cached[1] <= self.bandwidth.next_change(backward_start_s):
             return cached[0], cached[1], rate
-        exact = self._comm(plan, factor, rate, self.bandwidth, backward_start_s)
+        exact = self._comm(plan, factor, rate, self.bandwidth, backward_start_s, fixed)
         return exact[0], exact[1], rate
 
     def _contended(self, plan: _CommPlan, factor: float, rate: float, trace: Trace | None,
-                   base_s: float) -> tuple[np.ndarray, float, float, list[float], list[float]]:
+                   base_s: float, fixed: Sequence[float], share: float
+                   ) -> tuple[np.ndarray, float, float, list[float], list[float]]:
         """Like _comm, with compute slowed while the link is busy: also the backward's duration
         and the link's busy intervals, all relative to the backward start."""
         backward = [b * factor for b in self._backward_list]
@@ -489,8 +592,8 @@ class Simulator:
                     sum(backward), [], [])
         done, backward_s, starts, ends = _dispatch_contended(
             backward, plan.ready_layer, plan.sizes, plan.priority, plan.credit_bytes,
-            plan.launch_s, self._fixed_s, self._wire_factor, rate, trace, base_s,
-            self.link.compute_slowdown(rate))
+            plan.launch_s, fixed, self._wire_factor, rate, trace, base_s,
+            self.link.compute_slowdown(rate, share))
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span, backward_s, starts, ends
@@ -499,19 +602,22 @@ class Simulator:
     def _contended_at(self, config: RunConfig, plan: _CommPlan, factor: float,
                       backward_start_s: float) -> tuple[Any, ...]:
         rate = self.bandwidth.at(backward_start_s)
-        key = (config, rate, factor)
+        flows, share = self.conditions_at(backward_start_s)
+        fixed = self._fixed_per_message(config, plan, flows, share)
+        key = (config, rate, factor, flows, share)
         cached = self._contended_cache.get(key)
         if cached is None:
-            cached = self._contended(plan, factor, rate, None, 0.0)
+            cached = self._contended(plan, factor, rate, None, 0.0, fixed, share)
             self._contended_cache[key] = cached
         if backward_start_s + cached[1] <= self.bandwidth.next_change(backward_start_s):
-            return (*cached, rate)
-        return (*self._contended(plan, factor, rate, self.bandwidth, backward_start_s), rate)
+            return (*cached, rate, share)
+        return (*self._contended(plan, factor, rate, self.bandwidth, backward_start_s, fixed,
+                                 share), rate, share)
 
     def _step_contended(self, config: RunConfig, plan: _CommPlan) -> StepRecord:
         """step() with compute slowed while the link is busy (LinkModel.compute_slowdown)."""
         start = self.now_s
-        factor = self.compute_trace.at(start)
+        factor = self.compute_factor_at(start)
         busy_starts, busy_ends, slowdown = self._busy
         t, blocked = start, 0.0
         for i, work in enumerate(self._forward_list):
@@ -521,7 +627,7 @@ class Simulator:
                 t = ready
             t = _advance(t, work * factor, busy_starts, busy_ends, slowdown)
         backward_start = t
-        layer_done, span, backward_s, starts, ends, rate = self._contended_at(
+        layer_done, span, backward_s, starts, ends, rate, share = self._contended_at(
             config, plan, factor, backward_start)
         backward_end = backward_start + backward_s
         compute = backward_start - start - blocked + backward_s
@@ -535,7 +641,7 @@ class Simulator:
             next_start = backward_end
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
             self._busy = ([backward_start + a for a in starts], [backward_start + b for b in ends],
-                          self.link.compute_slowdown(rate))
+                          self.link.compute_slowdown(rate, share))
         record = StepRecord(self.step_index, start, next_start, next_start - start, compute,
                             blocked, span, rate, factor, len(plan.sizes),
                             self.profile.total_param_bytes, config)
@@ -551,7 +657,7 @@ class Simulator:
         if self._contended_model:
             return self._step_contended(config, plan)
         start = self.now_s
-        factor = self.compute_trace.at(start)
+        factor = self.compute_factor_at(start)
         forward_total = self._forward_total * factor
         backward_total = self._backward_total * factor
         # f_end_i = max(f_end_{i-1}, u_i) + F_i  ==  S_i + cummax(max(u_i - S_{i-1}, t0))
@@ -590,13 +696,17 @@ class Simulator:
         return records
 
     def steady_step_s(self, config: RunConfig, bandwidth_bytes_per_s: float,
-                      compute_factor: float = 1.0, steps: int = 4) -> float:
-        """Step time once a constant bandwidth and compute factor have settled (the oracle's view)."""
+                      compute_factor: float = 1.0, flows: float = 0.0, cpu_share: float = 1.0,
+                      *, steps: int = 4) -> float:
+        """Step time once constant conditions have settled (the oracle's view): the job's bandwidth,
+        the compute trace's factor, competing flows and the CPU share."""
         saved = (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
-                 self._busy)
+                 self.flows_trace, self.cpu_share_trace, self._busy)
         try:
             self.bandwidth = Trace.constant(bandwidth_bytes_per_s)
             self.compute_trace = Trace.constant(compute_factor)
+            self.flows_trace = Trace.constant(flows, nonnegative=True) if flows else None
+            self.cpu_share_trace = Trace.constant(cpu_share) if cpu_share != 1.0 else None
             self.reset()
             record = None
             for _ in range(steps):
@@ -604,9 +714,9 @@ class Simulator:
             assert record is not None
             return record.step_time_s
         finally:
-            (self.now_s, self.step_index, self._param_ready, self.bandwidth,
-             self.compute_trace, self._busy) = saved
+            (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
+             self.flows_trace, self.cpu_share_trace, self._busy) = saved
 
     def lower_bound_step_s(self, t_s: float) -> float:
         return lower_bound_step_s(self.profile, self.workers, self.bandwidth.at(t_s),
-                                  self.compute_trace.at(t_s))
+                                  self.compute_factor_at(t_s))

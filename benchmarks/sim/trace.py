@@ -20,6 +20,7 @@ class Trace:
 
     times_s: tuple[float, ...]
     values: tuple[float, ...]
+    nonnegative: bool = False  # allow zeros (counts such as competing flows), not only > 0
 
     def __post_init__(self) -> None:
         if not self.times_s or len(self.times_s) != len(self.values):
@@ -28,12 +29,14 @@ class Trace:
             raise ValueError(f"a trace starts at time 0, got {self.times_s[0]}")
         if any(b <= a for a, b in zip(self.times_s, self.times_s[1:])):
             raise ValueError("trace segment start times must increase strictly")
-        if any(not (v > 0 and math.isfinite(v)) for v in self.values):
-            raise ValueError("trace values must be positive and finite")
+        if any(not ((v >= 0 if self.nonnegative else v > 0) and math.isfinite(v))
+               for v in self.values):
+            raise ValueError("trace values must be finite and "
+                             + ("non-negative" if self.nonnegative else "positive"))
 
     @classmethod
-    def constant(cls, value: float) -> Trace:
-        return cls((0.0,), (float(value),))
+    def constant(cls, value: float, nonnegative: bool = False) -> Trace:
+        return cls((0.0,), (float(value),), nonnegative)
 
     @property
     def is_constant(self) -> bool:
@@ -82,18 +85,32 @@ class Trace:
         return out
 
     def scaled(self, factor: float) -> Trace:
-        return Trace(self.times_s, tuple(v * factor for v in self.values))
+        return Trace(self.times_s, tuple(v * factor for v in self.values), self.nonnegative)
+
+    def combine(self, other: Trace, op: Any, nonnegative: bool = False) -> Trace:
+        """A trace whose value at t is op(self.at(t), other.at(t)) (equal neighbours merged)."""
+        times = sorted(set(self.times_s) | set(other.times_s))
+        values: list[float] = []
+        kept: list[float] = []
+        for t in times:
+            value = float(op(self.at(t), other.at(t)))
+            if values and values[-1] == value:
+                continue
+            kept.append(t)
+            values.append(value)
+        return Trace(tuple(kept), tuple(values), nonnegative)
 
 
-def step_trace(levels: Sequence[float], change_times_s: Sequence[float]) -> Trace:
+def step_trace(levels: Sequence[float], change_times_s: Sequence[float],
+               nonnegative: bool = False) -> Trace:
     """levels[0] from 0, levels[i] from change_times_s[i - 1]."""
     if len(levels) != len(change_times_s) + 1:
         raise ValueError("a step trace needs one more level than change times")
-    return Trace((0.0, *map(float, change_times_s)), tuple(map(float, levels)))
+    return Trace((0.0, *map(float, change_times_s)), tuple(map(float, levels)), nonnegative)
 
 
 def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_end_s: float,
-               ramp_segments: int = 20) -> Trace:
+               ramp_segments: int = 20, nonnegative: bool = False) -> Trace:
     """start_value until ramp_start_s, then linear to end_value at ramp_end_s, then flat."""
     if ramp_end_s <= ramp_start_s or ramp_segments < 1:
         raise ValueError("a ramp needs ramp_end_s > ramp_start_s and at least one segment")
@@ -110,11 +127,11 @@ def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_e
         values.append(start_value + (end_value - start_value) * fraction)
     times.append(float(ramp_end_s))
     values.append(float(end_value))
-    return Trace(tuple(times), tuple(values))
+    return Trace(tuple(times), tuple(values), nonnegative)
 
 
 def periodic_trace(high: float, low: float, period_s: float, low_s: float, offset_s: float,
-                   until_s: float) -> Trace:
+                   until_s: float, nonnegative: bool = False) -> Trace:
     """Periodic congestion: `high`, dropping to `low` for `low_s` every `period_s` from offset_s."""
     if not (0 < low_s < period_s):
         raise ValueError("periodic congestion needs 0 < low_s < period_s")
@@ -129,25 +146,28 @@ def periodic_trace(high: float, low: float, period_s: float, low_s: float, offse
         times.append(t + low_s)
         values.append(float(high))
         t += period_s
-    return Trace(tuple(times), tuple(values))
+    return Trace(tuple(times), tuple(values), nonnegative)
 
 
-def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.0) -> Trace:
+def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.0,
+                    nonnegative: bool = False) -> Trace:
     """Build a trace from a scenario table (see benchmarks/README.md for the keys per kind).
 
-    `unit_scale` converts the spec's unit into the trace's (e.g. Mbit/s -> bytes/s).
+    `unit_scale` converts the spec's unit into the trace's (e.g. Mbit/s -> bytes/s);
+    `nonnegative` allows zero values (counts, such as competing flows).
     """
     kind = spec.get("kind", "constant")
     s = unit_scale
     if kind == "constant":
-        return Trace.constant(float(spec["value"]) * s)
+        return Trace.constant(float(spec["value"]) * s, nonnegative)
     if kind == "step":
-        return step_trace([float(v) * s for v in spec["levels"]], spec.get("at_s", []))
+        return step_trace([float(v) * s for v in spec["levels"]], spec.get("at_s", []),
+                          nonnegative)
     if kind == "ramp":
         return ramp_trace(float(spec["from"]) * s, float(spec["to"]) * s, float(spec["start_s"]),
-                          float(spec["end_s"]), int(spec.get("segments", 20)))
+                          float(spec["end_s"]), int(spec.get("segments", 20)), nonnegative)
     if kind == "periodic":
         return periodic_trace(float(spec["high"]) * s, float(spec["low"]) * s,
                               float(spec["period_s"]), float(spec["low_s"]),
-                              float(spec.get("offset_s", 0.0)), until_s)
+                              float(spec.get("offset_s", 0.0)), until_s, nonnegative)
     raise ValueError(f"unknown trace kind {kind!r}: use constant, step, ramp or periodic")
