@@ -48,7 +48,8 @@ def test_sigkill_of_one_of_two_daemons_during_training(tmp_path, pg_url):
         daemons[port] = start_daemon_process(pg_url, port, "--config", str(config))
     addresses = ",".join(f"127.0.0.1:{port}" for port in ports)  # rank r starts with daemon r mod 2
     env = {**os.environ, "AUTOBYTE_DAEMON": addresses, "AUTOBYTE_JOB": JOB, "AUTOBYTE_FLUSH_TIMEOUT_S": "30",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
     trainer = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
                                 "--steps", str(STEPS), "--width", "256", "--depth", "2", "--partition", "64KiB",

@@ -52,7 +52,8 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
     address = f"127.0.0.1:{port}"
     daemon = start_daemon_process(db_url, port)
     env = {**os.environ, "AUTOBYTE_DAEMON": address, "AUTOBYTE_JOB": "reliability",
-           "AUTOBYTE_FLUSH_TIMEOUT_S": "30", "OMP_NUM_THREADS": "1"}
+           "AUTOBYTE_FLUSH_TIMEOUT_S": "30", "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
     trainer = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
                                 "--steps", str(STEPS), "--width", "256", "--depth", "2", "--partition", "64KiB",

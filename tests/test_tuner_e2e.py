@@ -25,7 +25,8 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
     port = free_port()
     daemon = start_daemon_process(db_url, port, "--tuner", "auto")
     try:
-        env = {**os.environ, "AUTOBYTE_DAEMON": f"127.0.0.1:{port}", "AUTOBYTE_JOB": "e2e"}
+        env = {**os.environ, "AUTOBYTE_DAEMON": f"127.0.0.1:{port}", "AUTOBYTE_JOB": "e2e",
+               "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
         job = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
              str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", "3000", "--width", "128",
