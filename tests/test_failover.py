@@ -4,16 +4,14 @@ ranks is stored exactly once, the tuner lease moves to the survivor, and a decis
 kill reaches both ranks at the same step."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import sqlalchemy as sa
 
-from conftest import ROOT, free_port, start_daemon_process, stop_process
+from conftest import free_port, start_daemon_process, start_mlp_trainer, stop_process
 from _grpc_util import Client
 from autobyte.protocol import autobyte_pb2 as pb
 
@@ -47,14 +45,7 @@ def test_sigkill_of_one_of_two_daemons_during_training(tmp_path, pg_url):
     for port in ports:  # every daemon migrates the empty database at start: one does, the other waits
         daemons[port] = start_daemon_process(pg_url, port, "--config", str(config))
     addresses = ",".join(f"127.0.0.1:{port}" for port in ports)  # rank r starts with daemon r mod 2
-    env = {**os.environ, "AUTOBYTE_DAEMON": addresses, "AUTOBYTE_JOB": JOB, "AUTOBYTE_FLUSH_TIMEOUT_S": "30",
-           "OMP_NUM_THREADS": "1",
-           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
-    trainer = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
-                                "--steps", str(STEPS), "--width", "256", "--depth", "2", "--partition", "64KiB",
-                                "--credit", "256KiB", "--step-sleep-s", "0.02", "--out", str(tmp_path / "r{rank}.json")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = start_mlp_trainer(addresses, JOB, STEPS, tmp_path)
     engine = sa.create_engine(pg_url)
     try:
         def streaming():

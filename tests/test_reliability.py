@@ -1,17 +1,14 @@
 """SIGKILL and restart autobyted while a real 2-rank gloo job streams to it (SQLite and PostgreSQL)."""
 
 import json
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 
 import pytest
 import sqlalchemy as sa
 
-from conftest import DATABASES, ROOT, database_url, free_port, start_daemon_process, stop_process
+from conftest import DATABASES, database_url, free_port, start_daemon_process, start_mlp_trainer, stop_process
 from _grpc_util import Client
 from autobyte.protocol import autobyte_pb2 as pb
 
@@ -51,14 +48,7 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
     port = free_port()
     address = f"127.0.0.1:{port}"
     daemon = start_daemon_process(db_url, port)
-    env = {**os.environ, "AUTOBYTE_DAEMON": address, "AUTOBYTE_JOB": "reliability",
-           "AUTOBYTE_FLUSH_TIMEOUT_S": "30", "OMP_NUM_THREADS": "1",
-           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
-    trainer = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
-                                "--steps", str(STEPS), "--width", "256", "--depth", "2", "--partition", "64KiB",
-                                "--credit", "256KiB", "--step-sleep-s", "0.02", "--out", str(tmp_path / "r{rank}.json")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = start_mlp_trainer(address, "reliability", STEPS, tmp_path)
     restarted = None
     try:
         deadline = time.monotonic() + 120
