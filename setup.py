@@ -1,9 +1,10 @@
 """Packages are derived from the folders, so a new subpackage can never be left out of the wheel.
 
-The import names differ from the folder names (`autobyte` lives in client/, `autobyted.migrations`
-in migrations/): each root is mapped here and in `package_dir`, and everything below it that is a
-package (has an __init__.py) is found by setuptools. Metadata, dependencies and entry points are in
-setup.cfg.
+Every folder is its import name: `autobyte` is client/autobyte (client/ is its source root, as
+Flower's src/py), `autobyted` is autobyted/. The one mapping is the one the design card forces:
+the Alembic environment lives in the top-level migrations/ and ships as `autobyted.migrations`.
+Everything below a root that is a package (has an __init__.py) is found by setuptools. Metadata,
+dependencies and entry points are in setup.cfg.
 
 The scheduler's native hot path (`autobyte._native`, native/engine.cpp) is built only where it can
 be: torch importable in the build environment (so `pip install --no-build-isolation`, as
@@ -19,16 +20,16 @@ import sys
 
 from setuptools import find_packages, setup
 
-# import name -> folder in this repository
-ROOTS = {"autobyte": "client", "autobyted": "autobyted", "autobyted.migrations": "migrations"}
 NATIVE_SOURCES = ["native/engine.cpp"]
+# The design card keeps migrations/ at the top level; it ships inside the daemon's package.
+MIGRATIONS = {"autobyted.migrations": "migrations"}
 
 
 def packages() -> list[str]:
-    found = []
-    for name, folder in ROOTS.items():
-        found.append(name)
-        found += [f"{name}.{sub}" for sub in find_packages(folder)]
+    found = find_packages("client", include=["autobyte", "autobyte.*"])
+    found += find_packages(".", include=["autobyted", "autobyted.*"])
+    for name, folder in MIGRATIONS.items():
+        found += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
     return found
 
 
@@ -71,4 +72,5 @@ def native_build() -> dict:
             "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))}}
 
 
-setup(package_dir=ROOTS, packages=packages(), **native_build())
+setup(package_dir={"autobyte": "client/autobyte", "autobyted": "autobyted", **MIGRATIONS},
+      packages=packages(), **native_build())

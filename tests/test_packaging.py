@@ -37,7 +37,7 @@ def wheel(tmp_path_factory):
 
 def source_packages() -> set[str]:
     """Every package of the three source roots, by the name it is imported as."""
-    roots = {"client": "autobyte", "autobyted": "autobyted", "migrations": "autobyted.migrations"}
+    roots = {"client/autobyte": "autobyte", "autobyted": "autobyted", "migrations": "autobyted.migrations"}
     found = set()
     for folder, name in roots.items():
         for init in (ROOT / folder).rglob("__init__.py"):

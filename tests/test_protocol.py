@@ -25,11 +25,13 @@ def test_stale_check_detects_an_edit(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    for path in (ROOT / "client" / "protocol").glob("*_pb2*"):
-        (tmp_path / path.name).write_text(path.read_text())
-    monkeypatch.setattr(gen, "TARGET", tmp_path)
+    committed = tmp_path / "autobyte" / "protocol"
+    committed.mkdir(parents=True)
+    for path in (ROOT / "client" / "autobyte" / "protocol").glob("*_pb2*"):
+        (committed / path.name).write_text(path.read_text())
+    monkeypatch.setattr(gen, "SOURCE_ROOT", tmp_path)
     assert gen.main(["--check"]) == 0
-    stale = tmp_path / "autobyte_pb2.py"
+    stale = committed / "autobyte_pb2.py"
     stale.write_text(stale.read_text() + "\n# hand edit\n")
     assert gen.main(["--check"]) == 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import pathlib
 from typing import Iterator
@@ -18,9 +19,8 @@ from autobyted.errors import AlreadyExists, ForeignDatabase, StorageError
 from autobyted.settings import redact, redact_url, secrets_of
 
 log = logging.getLogger(__name__)
-MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parent.parent / "migrations"
-if not (MIGRATIONS_DIR / "env.py").exists():  # editable checkout: the source folder at the root
-    MIGRATIONS_DIR = pathlib.Path(__file__).resolve().parents[2] / "migrations"
+# Wherever the package is installed from (a wheel, an editable checkout), the import system finds it.
+MIGRATIONS_DIR = pathlib.Path(importlib.import_module("autobyted.migrations").__file__).parent
 
 
 def make_engine(url: str, sqlite_synchronous: str = "normal") -> Engine:

@@ -509,7 +509,7 @@ class Simulator:
         return plan
 
     def _fused_plan(self, config: Config) -> _CommPlan:
-        """Partitions as the real scheduler cuts them (client/scheduler.py, `_plan_template`): every
+        """Partitions as the real scheduler cuts them (client/autobyte/scheduler/layout.py): every
         gradient lies in one flat buffer in reverse forward order (the last layer's tensors at offset
         0), and partitions are fixed-size slices of that buffer, so a slice fuses small tensors and a
         big tensor spans several slices. A slice is ready when every tensor it overlaps has its
