@@ -1,17 +1,17 @@
 """Discrete-event simulator of data-parallel training under the autobyte scheduler and DDP."""
 
-from benchmarks.sim.engine import (
+from simulator.engine import (
     DDP,
     DDPConfig,
     LinkModel,
     RunConfig,
+    SimulatedStep,
     Simulator,
-    StepRecord,
     describe_config,
     lower_bound_step_s,
     ring_allreduce_s,
 )
-from benchmarks.sim.profiles import (
+from simulator.profiles import (
     BUILTIN_PROFILES,
     LayerProfile,
     ModelProfile,
@@ -21,11 +21,35 @@ from benchmarks.sim.profiles import (
     resnet50,
     vgg16,
 )
-from benchmarks.sim.trace import Trace, periodic_trace, ramp_trace, step_trace, trace_from_spec
+from simulator.trace import (
+    PiecewiseConstant,
+    periodic_trace,
+    ramp_trace,
+    step_trace,
+    trace_from_spec,
+)
 
 __all__ = [
-    "BUILTIN_PROFILES", "DDP", "DDPConfig", "LayerProfile", "LinkModel", "ModelProfile",
-    "RunConfig", "Simulator", "StepRecord", "Trace", "bert_base", "describe_config",
-    "load_profile", "lower_bound_step_s", "periodic_trace", "ramp_trace", "record_profile",
-    "resnet50", "ring_allreduce_s", "step_trace", "trace_from_spec", "vgg16",
+    "BUILTIN_PROFILES",
+    "DDP",
+    "DDPConfig",
+    "LayerProfile",
+    "LinkModel",
+    "ModelProfile",
+    "PiecewiseConstant",
+    "RunConfig",
+    "SimulatedStep",
+    "Simulator",
+    "bert_base",
+    "describe_config",
+    "load_profile",
+    "lower_bound_step_s",
+    "periodic_trace",
+    "ramp_trace",
+    "record_profile",
+    "resnet50",
+    "ring_allreduce_s",
+    "step_trace",
+    "trace_from_spec",
+    "vgg16",
 ]
