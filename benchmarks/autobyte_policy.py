@@ -1,19 +1,8 @@
 """The `autobyte` policy: the daemon's own tuner classes (autobyted.tuner) driven by the simulator.
 
-What the tuner may see is fixed by construction. `MetricsAdapter` turns a simulator `StepRecord`
-into the `autobyte.types.StepMetrics` a real rank would send, and the tuner's only inputs are those
-StepMetrics plus registration info (`JobShape`: world size, backend, the model fingerprint). The
-adapter reads the record's step, start/end time, step time, compute time, blocked time,
-communication span, partition count, bytes and configuration; it never reads the scenario's true
-`bandwidth_bytes_per_s` or `compute_factor`:
-
-- bandwidth_bytes_per_s is the scheduler's own estimate, bytes / communication span (the real one
-  is bytes / (last completion - first issue)), times log-normal noise (sigma 5%);
-- step, forward and backward times get log-normal noise (sigma `noise`, default 3%) and, one step in
-  a hundred, a 1.2-2x spike (a real rank sees GC pauses and neighbours' bursts);
-- forward / backward split the record's compute time by the profile's forward share (the rank
-  measures both);
-- queueing delay is 0 and host load 0.0 = unknown: the simulator models neither.
+The tuner sees the simulator only through `simulator.adapter` (`MetricsAdapter`: a simulated
+step as the StepMetrics a real rank would send, with measurement noise; `job_shape`: the job's
+registration info), never the scenario's true bandwidth or compute factor.
 
 Samples reach the tuner in batches every `flush_interval_s` of simulated time (the client batches
 its samples for 1 s), and a decision takes effect at the first step at or after its apply_at_step
@@ -23,98 +12,16 @@ The policy's score (steps/s) is computed by benchmarks.evaluate from the simulat
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import random
 from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics
-from autobyted.storage.records import Fingerprint, TunerStatusRecord
-from autobyted.tuner.features import JobShape
+
+from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import JobTuner, TunerParams, TunerSink, describe
-from benchmarks.policies import Policy, PolicyContext
-from benchmarks.sim.engine import DDPConfig, RunConfig, StepRecord
-from benchmarks.sim.profiles import ModelProfile
-
-SCHEDULER_DEFAULT = Config(4 << 20, 16 << 20)  # ScheduledOptimizer's default configuration
-T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
-
-
-def job_shape(profile: ModelProfile, workers: int, backend: str) -> JobShape:
-    """Registration info of a simulated job (what autobyte.telemetry.model_fingerprint computes)."""
-    sizes = sorted(b for layer in profile.layers for b in layer.param_bytes if b > 0)
-    median = sizes[len(sizes) // 2] if sizes else 0
-    fingerprint = Fingerprint(sum(sizes) // 4, sum(sizes), len(sizes), max(sizes, default=0), median, profile.name)
-    return JobShape.from_fingerprint(workers, backend, fingerprint)
-
-
-class MetricsAdapter:
-    """StepRecord -> StepMetrics with measurement noise (see the module docstring)."""
-
-    def __init__(self, forward_share: float, seed: int = 0, noise: float = 0.03,
-                 bandwidth_noise: float = 0.05, spike_rate: float = 0.01) -> None:
-        self.forward_share = forward_share
-        self.rng = random.Random(seed)
-        self.noise, self.bandwidth_noise, self.spike_rate = noise, bandwidth_noise, spike_rate
-
-    def __call__(self, record: StepRecord, decision_id: int) -> StepMetrics:
-        rng = self.rng
-        spike = rng.uniform(1.2, 2.0) if rng.random() < self.spike_rate else 1.0
-        factor = math.exp(rng.gauss(0.0, self.noise)) * spike
-        compute = record.compute_s * math.exp(rng.gauss(0.0, self.noise))
-        span = record.comm_span_s
-        bandwidth = (record.bytes_reduced / span * math.exp(rng.gauss(0.0, self.bandwidth_noise))
-                     if span > 0 else 0.0)
-        config = record.config if isinstance(record.config, Config) else Config(None, None)
-        return StepMetrics(step=record.step, wall_time_s=T0 + record.end_s, step_time_s=record.step_time_s * factor,
-                           forward_s=compute * self.forward_share, backward_s=compute * (1 - self.forward_share),
-                           exposed_comm_s=record.blocked_s * factor, queueing_delay_s=0.0,
-                           bytes_reduced=record.bytes_reduced, partitions=record.partitions,
-                           bandwidth_bytes_per_s=bandwidth, config=config, decision_id=decision_id,
-                           host_load=0.0)
-
-
-@dataclasses.dataclass
-class SimDecision:
-    decision_id: int
-    config: Config
-    apply_at_step: int
-    reason: str
-    kind: str
-    predicted_step_time_s: float | None
-    measured_step_time_s: float | None = None
-    state: str = "pending"
-    applied_at_step: int | None = None
-
-
-class MemorySink(TunerSink):
-    """Collects what the tuner would write to the daemon's storage."""
-
-    def __init__(self, job: str) -> None:
-        self.job = job
-        self.decisions: list[SimDecision] = []
-        self.windows: list[Window] = []
-        self.statuses: list[TunerStatusRecord] = []
-
-    def decide(self, config, apply_at_step, reason, predicted_step_time_s, kind):
-        decision = SimDecision(len(self.decisions) + 1, config, apply_at_step, reason, kind,
-                               predicted_step_time_s, state="recommended" if kind == "recommend" else "pending")
-        self.decisions.append(decision)
-        return decision.decision_id
-
-    def close_decision(self, decision_id, measured_step_time_s, state):
-        decision = self.decisions[decision_id - 1]
-        if measured_step_time_s is not None:
-            decision.measured_step_time_s = measured_step_time_s
-        if state is not None:
-            decision.state = state
-
-    def record_window(self, window):
-        self.windows.append(window)
-
-    def publish(self, status):
-        self.statuses.append(status)
+from autobyted.tuner.search import JobTuner, TunerParams, describe
+from benchmarks.policy import Policy, PolicyContext
+from simulator.adapter import SCHEDULER_DEFAULT, T0, MetricsAdapter, job_shape
+from simulator.engine import DDPConfig, RunConfig, SimulatedStep
 
 
 class AutobytePolicy(Policy):
@@ -169,7 +76,7 @@ class AutobytePolicy(Policy):
     def initial_config(self) -> RunConfig:
         return self.initial
 
-    def observe(self, record: StepRecord) -> RunConfig | None:
+    def observe(self, record: SimulatedStep) -> RunConfig | None:
         assert self.tuner is not None
         if isinstance(record.config, DDPConfig):
             raise RuntimeError("the tuner only drives the scheduler")

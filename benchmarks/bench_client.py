@@ -26,7 +26,7 @@ import threading
 import time
 
 from autobyte.telemetry import Reporter
-from benchmarks.bench_ingest import free_port
+from benchmarks.host import free_port
 from autobyte.types import Config, StepMetrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

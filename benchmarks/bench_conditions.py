@@ -53,6 +53,7 @@ from typing import Any
 from benchmarks import optimum
 from benchmarks.testbed import Testbed, Trace, parse_rate
 from benchmarks.train_worker import LAT_PROBE_BYTES, RunConfig, lat_collectives
+from benchmarks.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,10 +184,6 @@ class Condition:
             changes += Trace.flows([(at_step, 0)], None if rank is None else [rank],
                                    self.direction, "step")
         return changes
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def model_spec(model: str, args: argparse.Namespace) -> ModelSpec:

@@ -25,7 +25,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,14 +37,9 @@ import sqlalchemy as sa
 
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from benchmarks.host import free_port
 
 BIN = pathlib.Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:

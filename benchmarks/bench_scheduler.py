@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.testbed import Testbed, format_rate, parse_rate
+from benchmarks.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,10 +173,6 @@ def format_table(blocks: list[dict[str, Any]]) -> str:
                          f">1: native is faster)")
         lines.append("")
     return "\n".join(lines)
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:

@@ -65,8 +65,8 @@ def _errors(ensemble, windows, reference_config, held_out) -> list[float]:
 
 def predictor_sim(args) -> None:
     from autobyted.tuner.predictor import load_prior, train_online
-    from benchmarks import train_prior
-    from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
+    from simulator.adapter import SCHEDULER_DEFAULT
+    from simulator import train_prior
 
     prior = load_prior()
     rows = []
@@ -119,10 +119,11 @@ def predictor_testbed(args) -> None:
     at two rates, each a window of the scheduler's own StepMetrics; the prior's error (and a model
     trained online on the other rate's windows) predicting each configuration from the default."""
     from autobyte.types import Config, StepMetrics, parse_bytes
+
+    from autobyted.storage.records import Fingerprint
     from autobyted.tuner.features import JobShape, summarize
     from autobyted.tuner.predictor import Window, load_prior, train_online
-    from autobyted.storage.records import Fingerprint
-    from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
+    from simulator.adapter import SCHEDULER_DEFAULT
     from benchmarks.testbed import Testbed
 
     grid = ["sched:4MiB,16MiB", "sched:none,none", "sched:256KiB,1MiB", "sched:1MiB,2MiB", "sched:1MiB,4MiB",
@@ -189,7 +190,7 @@ def warmstart_sim(args) -> None:
     from benchmarks.evaluate import _run_until_done, lower_bound_run, policy_context
     from benchmarks.gen_scenarios import scenario_text
     from benchmarks.scenario import load_scenario
-    from benchmarks import train_prior
+    from simulator import train_prior
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="warmstart-"))
     rng = random.Random(args.seed)
@@ -324,7 +325,6 @@ async def _jobs_load(address: str, jobs: int, seconds: float, steps_per_s: float
     import asyncio
 
     import grpc
-
     from autobyte.convert import config_from_proto, config_to_proto
     from autobyte.protocol import autobyte_pb2 as pb
     from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
@@ -402,7 +402,7 @@ def daemon_cpu(args) -> None:
 
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
-    from benchmarks.bench_ingest import free_port  # one free_port for the benchmarks
+    from benchmarks.host import free_port
 
     print(f"load {load()}; {args.jobs} jobs x {args.steps_per_s} steps/s for {args.seconds:.0f} s per mode")
     print(f"{'tuner':<6} {'daemon CPU s':>12} {'cores':>6} {'samples':>8} {'decisions':>9} {'jobs tuned':>10}")
@@ -438,7 +438,7 @@ def drift_loopback(args) -> None:
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
     from autobyted.tuner.drift import DriftDetector
-    from benchmarks.bench_ingest import free_port
+    from benchmarks.host import free_port
 
     print(f"load {load()}")
     print(f"{'configuration':<14} {'steps':>7} {'minutes':>8} {'block steps':>11} {'alarms':>6} {'alarms/hour':>11}")

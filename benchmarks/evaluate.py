@@ -24,15 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.policies import (
-    Policy,
-    PolicyContext,
-    RunSummary,
-    default_grid,
-    make_policy,
-)
+from benchmarks.policies import default_grid, make_policy
+from benchmarks.policy import Policy, PolicyContext, RunSummary
 from benchmarks.scenario import GBIT, Scenario, load_scenario
-from benchmarks.sim.engine import RunConfig, Simulator, StepRecord, lower_bound_step_s
+from simulator.engine import RunConfig, SimulatedStep, Simulator, lower_bound_step_s
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +51,11 @@ class PolicyRun:
 
 
 def _run_until_done(scenario: Scenario, sim: Simulator, policy: Policy,
-                    decisions: list[tuple[float, str]] | None = None) -> list[StepRecord]:
+                    decisions: list[tuple[float, str]] | None = None) -> list[SimulatedStep]:
     """Run the policy until the scenario ends; its changes go to `decisions` as (time s, label)."""
     sim.reset()
     config: RunConfig = policy.initial_config()
-    records: list[StepRecord] = []
+    records: list[SimulatedStep] = []
     step_limit = scenario.duration_steps
     time_limit = scenario.duration_s
     while True:
@@ -175,7 +170,7 @@ def _summarise(scenario: Scenario, policy_names: Sequence[str], runs: dict[str, 
 # ---- testbed ---------------------------------------------------------------------------------------
 
 def _testbed_label(config: RunConfig) -> str:
-    from benchmarks.sim.engine import DDPConfig
+    from simulator.engine import DDPConfig
     if isinstance(config, DDPConfig):
         return "ddp"
     from autobyte.types import format_bytes
@@ -224,13 +219,13 @@ class _OnlineDriver:
             self.errors.append(str(event.get("error")))
         if kind != "step":
             return
-        from benchmarks.sim.calibrate import parse_config
-        from benchmarks.sim.engine import DDPConfig
+        from simulator.engine import parse_config
+        from simulator.engine import DDPConfig
         step_s = float(event["step_time_s"])
         start = self.elapsed
         self.elapsed += step_s
         config = parse_config(event["config"])
-        record = StepRecord(int(event["step"]), start, self.elapsed, step_s, 0.0, 0.0, 0.0,
+        record = SimulatedStep(int(event["step"]), start, self.elapsed, step_s, 0.0, 0.0, 0.0,
                             self.scenario.bandwidth.at(start), self.scenario.compute.at(start),
                             0, 0, config)
         change = self.policy.observe(record)
@@ -365,8 +360,8 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     `cache`: results of earlier commands are reused and new ones stored (one policy per command
     for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
+    from simulator.engine import parse_config
     from benchmarks.policies import BayesOptOncePolicy
-    from benchmarks.sim.calibrate import parse_config
 
     options = scenario.testbed
     horizon = scenario.duration_s if scenario.duration_s is not None else math.inf
@@ -409,7 +404,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
             continue
         policy: Policy
         if name == "autobyte":
-            from benchmarks.autobyte_policy import SCHEDULER_DEFAULT
+            from simulator.adapter import SCHEDULER_DEFAULT
             label = _testbed_label(SCHEDULER_DEFAULT)
             logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
             series = _cached_run(cache, scenario, "policy-autobyte",

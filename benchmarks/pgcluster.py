@@ -20,9 +20,9 @@ import pathlib
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
+from benchmarks.host import free_port
 
 SERVER_USER = "postgres"
 # fsync=off and friends make a test cluster several times faster to write; a benchmark passes
@@ -52,12 +52,6 @@ def server_bindir() -> pathlib.Path:
             return path
     raise PgUnavailable("no PostgreSQL server found (initdb/pg_ctl): install the `postgresql` package "
                         "(scripts/setup.sh does as root: apt-get install postgresql)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PgCluster:

@@ -6,7 +6,7 @@ Every policy implements one interface, the same one the autobyte tuner will plug
     policy.initial_config()        # the configuration of the first step
     policy.observe(record)         # after every step; returns a new configuration or None
 
-`record` is a `benchmarks.sim.StepRecord` (the testbed adapter produces the same record from the
+`record` is a `simulator.SimulatedStep` (the testbed adapter produces the same record from the
 harness's per-step metrics). A returned configuration takes effect at the next step, as the real
 scheduler applies a reconfiguration at a step boundary. `autobyte` (benchmarks/autobyte_policy.py)
 runs the daemon's own tuner behind this interface, seeing only what a rank reports.
@@ -14,19 +14,17 @@ runs the daemon's own tuner behind this interface, seeing only what a rank repor
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
+from autobyte.types import Config, parse_bytes
 from scipy.linalg import cho_factor, cho_solve
 from scipy.stats import norm
 
-from autobyte.types import Config, parse_bytes
-from benchmarks.sim.engine import DDP, RunConfig, StepRecord, describe_config
-from benchmarks.sim.profiles import ModelProfile
+from benchmarks.policy import Policy, PolicyContext
+from simulator.engine import DDP, RunConfig, SimulatedStep, describe_config
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -48,55 +46,6 @@ def default_grid(include_ddp: bool = True) -> tuple[RunConfig, ...]:
     return tuple(grid)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSummary:
-    steps: int
-    elapsed_s: float
-
-    @property
-    def throughput_steps_per_s(self) -> float:
-        return self.steps / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyContext:
-    """What a policy may know before the run. Offline hooks are None where they cannot exist."""
-
-    candidates: tuple[RunConfig, ...]
-    seed: int = 0
-    # (start_s, end_s, bandwidth bytes/s, compute factor[, competing flows, cpu share]) of every
-    # phase of the run's traces (the last two only for scenarios with condition keys)
-    phases: tuple[tuple[float, ...], ...] = ()
-    # full run of one static configuration (grid-best); None when too expensive (testbed)
-    evaluate_static: Callable[[RunConfig], RunSummary] | None = None
-    # settled step time of a configuration in a phase's conditions (oracle): (config, bandwidth,
-    # compute factor[, flows, cpu share]) -> seconds
-    steady_step_s: Callable[..., float] | None = None
-    # registration info of the job (the autobyte policy's JobShape): what a rank would report
-    profile: ModelProfile | None = None
-    workers: int = 1
-    backend: str = "gloo"
-
-
-class Policy(abc.ABC):
-    """Chooses the configuration of every step (see the module docstring for the contract)."""
-
-    name: str = ""
-
-    def prepare(self, context: PolicyContext) -> None:  # noqa: B027 - optional hook
-        """Receive what is known before the run; online policies ignore it."""
-
-    @abc.abstractmethod
-    def initial_config(self) -> RunConfig: ...
-
-    @abc.abstractmethod
-    def observe(self, record: StepRecord) -> RunConfig | None: ...
-
-    def describe(self) -> str:
-        """What the policy chose, for reports."""
-        return ""
-
-
 class StaticPolicy(Policy):
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         self.config = config
@@ -105,7 +54,7 @@ class StaticPolicy(Policy):
     def initial_config(self) -> RunConfig:
         return self.config
 
-    def observe(self, record: StepRecord) -> RunConfig | None:
+    def observe(self, record: SimulatedStep) -> RunConfig | None:
         return None
 
     def describe(self) -> str:
@@ -133,7 +82,7 @@ class GridBestPolicy(Policy):
             raise RuntimeError("grid-best used before prepare()")
         return self.config
 
-    def observe(self, record: StepRecord) -> RunConfig | None:
+    def observe(self, record: SimulatedStep) -> RunConfig | None:
         return None
 
     def describe(self) -> str:
@@ -158,7 +107,7 @@ class OraclePolicy(Policy):
             if key not in best_by_condition:
                 best_by_condition[key] = min(
                     context.candidates,
-                    key=lambda c: context.steady_step_s(c, *key))  # noqa: B023
+                    key=lambda c: context.steady_step_s(c, *key))
             self.phase_starts.append(start)
             self.phase_configs.append(best_by_condition[key])
 
@@ -169,7 +118,7 @@ class OraclePolicy(Policy):
     def initial_config(self) -> RunConfig:
         return self._config_at(0.0)
 
-    def observe(self, record: StepRecord) -> RunConfig | None:
+    def observe(self, record: SimulatedStep) -> RunConfig | None:
         config = self._config_at(record.end_s)
         return config if config != record.config else None
 
@@ -282,7 +231,7 @@ class BayesOptOncePolicy(Policy):
         ei = expected_improvement(mean, std, min(s for _, s in self.results))
         return untried[int(np.argmax(ei))]
 
-    def observe(self, record: StepRecord) -> RunConfig | None:
+    def observe(self, record: SimulatedStep) -> RunConfig | None:
         if self.final is not None:
             return None
         self._window.append(record.step_time_s)

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from benchmarks.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -247,10 +248,6 @@ def format_block(where: str, results: list[dict[str, Any]]) -> str:
                      f"{f(r['launch_us_median']):>7} {f(r['in_flight_us_median']):>9} "
                      f"{f(r['done_gap_us_median']):>8}")
     return "\n".join(lines)
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:

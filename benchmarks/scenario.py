@@ -29,9 +29,9 @@ import pathlib
 import tomllib
 from typing import Any
 
-from benchmarks.sim.engine import LinkModel, Simulator
-from benchmarks.sim.profiles import DEFAULT_DEVICE_FLOPS_PER_S, ModelProfile, load_profile
-from benchmarks.sim.trace import Trace, trace_from_spec
+from simulator.engine import LinkModel, Simulator
+from simulator.profiles import DEFAULT_DEVICE_FLOPS_PER_S, ModelProfile, load_profile
+from simulator.trace import PiecewiseConstant, trace_from_spec
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -48,8 +48,8 @@ class Scenario:
     model: str
     profile: ModelProfile  # already scaled by compute_scale
     workers: int
-    bandwidth: Trace  # bytes/s
-    compute: Trace  # compute-time multiplier (1 = nominal)
+    bandwidth: PiecewiseConstant  # bytes/s
+    compute: PiecewiseConstant  # compute-time multiplier (1 = nominal)
     link: LinkModel
     duration_s: float | None
     duration_steps: int | None
@@ -57,10 +57,10 @@ class Scenario:
     path: str = ""
     testbed: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Optional conditions (see the module docstring); None = absent.
-    link_bandwidth: Trace | None = None  # bytes/s as set, before straggler and traffic
-    flows: Trace | None = None  # competing TCP flows on the slowest worker's link
-    cpu_share: Trace | None = None  # cores of the slowest worker
-    straggler: Trace | None = None  # bytes/s of the slowest worker's link
+    link_bandwidth: PiecewiseConstant | None = None  # bytes/s as set, before straggler and traffic
+    flows: PiecewiseConstant | None = None  # competing TCP flows on the slowest worker's link
+    cpu_share: PiecewiseConstant | None = None  # cores of the slowest worker
+    straggler: PiecewiseConstant | None = None  # bytes/s of the slowest worker's link
 
     @property
     def has_conditions(self) -> bool:
@@ -75,8 +75,8 @@ class Scenario:
         condition keys also (..., competing flows, cpu share) — what steady_step_s takes."""
         traces = [self.bandwidth, self.compute]
         if self.has_conditions:
-            traces += [self.flows or Trace.constant(0.0, nonnegative=True),
-                       self.cpu_share or Trace.constant(1.0)]
+            traces += [self.flows or PiecewiseConstant.constant(0.0, nonnegative=True),
+                       self.cpu_share or PiecewiseConstant.constant(1.0)]
         points = sorted({t for trace in traces for t in trace.times_s if t < until_s})
         out: list[tuple[float, ...]] = []
         for index, start in enumerate(points):
@@ -93,7 +93,7 @@ class Scenario:
         the set bandwidth; the straggler link, competing flows and CPU share on `rank`."""
         from benchmarks import testbed as harness
 
-        def pairs(trace: Trace, fmt: Any) -> list[tuple[float, Any]]:
+        def pairs(trace: PiecewiseConstant, fmt: Any) -> list[tuple[float, Any]]:
             return [(start, fmt(value)) for start, _end, value in trace.phases(until_s)]
 
         def mbit(value: float) -> str:

@@ -16,8 +16,9 @@ import time
 from collections.abc import Sequence
 
 from autobyte.types import Config
-from benchmarks.sim import DDP, Simulator, Trace, describe_config, resnet50
-from benchmarks.sim.trace import periodic_trace
+
+from simulator import DDP, PiecewiseConstant, Simulator, describe_config, resnet50
+from simulator.trace import periodic_trace
 
 GBIT = 1e9 / 8
 MIB = 1 << 20
@@ -29,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args(argv)
     profile = resnet50().scaled(50)
-    traces = {"constant 10G": Trace.constant(10 * GBIT),
+    traces = {"constant 10G": PiecewiseConstant.constant(10 * GBIT),
               "changes every 0.5s": periodic_trace(25 * GBIT, 5 * GBIT, 1.0, 0.5, 0.25, 1e4)}
     print(f"{'config':<16} {'trace':<20} {'messages':>8} {'1000 steps':>11} {'uncached step':>14}")
     for config in (DDP, Config(4 * MIB, 16 * MIB), Config(1 * MIB, 4 * MIB), Config(256 << 10, None)):

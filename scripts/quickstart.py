@@ -21,7 +21,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the testbed) lives in the checkout, not in the package
+from benchmarks.host import free_port  # noqa: E402  (after the sys.path entry)
 
 JOB = "quickstart"
 TRAIN_S = float(os.environ.get("QUICKSTART_SECONDS", "120"))
@@ -44,12 +44,6 @@ What to look at next:
   - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
   - benchmarks/README.md                        what the scheduler and the tuner gain, measured
 To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def say(text: str) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 from autobyte.types import Config
-from benchmarks.autobyte_policy import MetricsAdapter
-from benchmarks.sim.engine import StepRecord
+
+from simulator.adapter import MetricsAdapter
+from simulator.engine import SimulatedStep
 
 
-def record(**changes) -> StepRecord:
-    base = StepRecord(step=7, start_s=1.0, end_s=1.2, step_time_s=0.2, compute_s=0.12, blocked_s=0.05,
+def record(**changes) -> SimulatedStep:
+    base = SimulatedStep(step=7, start_s=1.0, end_s=1.2, step_time_s=0.2, compute_s=0.12, blocked_s=0.05,
                       comm_span_s=0.1, bandwidth_bytes_per_s=1.25e9, compute_factor=1.0, partitions=9,
                       bytes_reduced=1 << 25, config=Config(4 << 20, 16 << 20))
     return dataclasses.replace(base, **changes)

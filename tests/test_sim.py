@@ -7,8 +7,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from autobyte.types import Config
+
 from benchmarks.policies import (
     BayesOptOncePolicy,
     GaussianProcess,
@@ -16,13 +16,13 @@ from benchmarks.policies import (
     default_grid,
     make_policy,
 )
-from benchmarks.sim import (
+from simulator import (
     DDP,
     LayerProfile,
     LinkModel,
     ModelProfile,
+    PiecewiseConstant,
     Simulator,
-    Trace,
     bert_base,
     lower_bound_step_s,
     ramp_trace,
@@ -30,8 +30,8 @@ from benchmarks.sim import (
     ring_allreduce_s,
     vgg16,
 )
-from benchmarks.sim.engine import _dispatch
-from benchmarks.sim.trace import periodic_trace, step_trace
+from simulator.engine import _dispatch
+from simulator.trace import periodic_trace, step_trace
 
 GBIT = 1e9 / 8
 MIB = 1 << 20
@@ -54,7 +54,7 @@ def test_builtin_profiles_match_public_parameter_counts():
 @pytest.mark.parametrize("workers", [2, 8, 64])
 @pytest.mark.parametrize("gbit", [1, 10, 100])
 def test_step_time_never_beats_lower_bound(resnet, workers, gbit):
-    sim = Simulator(resnet, workers, Trace.constant(gbit * GBIT))
+    sim = Simulator(resnet, workers, PiecewiseConstant.constant(gbit * GBIT))
     bound = lower_bound_step_s(resnet, workers, gbit * GBIT)
     for config in CONFIGS:
         sim.reset()
@@ -65,7 +65,7 @@ def test_step_time_never_beats_lower_bound(resnet, workers, gbit):
 def test_more_bandwidth_never_slower_for_ddp(resnet):
     previous = math.inf
     for gbit in (0.5, 1, 2, 5, 10, 25, 100, 1000):
-        step = Simulator(resnet, 8, Trace.constant(gbit * GBIT)).steady_step_s(DDP, gbit * GBIT)
+        step = Simulator(resnet, 8, PiecewiseConstant.constant(gbit * GBIT)).steady_step_s(DDP, gbit * GBIT)
         assert step <= previous + 1e-12
         previous = step
 
@@ -73,7 +73,7 @@ def test_more_bandwidth_never_slower_for_ddp(resnet):
 def test_unlimited_bandwidth_costs_only_compute(resnet):
     link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     profile = ModelProfile(resnet.name, resnet.layers, resnet.batch_size, optimizer_s=0.0)
-    sim = Simulator(profile, 16, Trace.constant(1e30), link)
+    sim = Simulator(profile, 16, PiecewiseConstant.constant(1e30), link)
     for config in CONFIGS:
         sim.reset()
         records = sim.run(config, steps=5)
@@ -83,7 +83,7 @@ def test_unlimited_bandwidth_costs_only_compute(resnet):
 
 
 def test_single_worker_has_no_communication(resnet):
-    sim = Simulator(resnet, 1, Trace.constant(1 * GBIT))
+    sim = Simulator(resnet, 1, PiecewiseConstant.constant(1 * GBIT))
     record = sim.run(Config(1 * MIB, 1 * MIB), steps=3)[-1]
     assert record.step_time_s == pytest.approx(resnet.compute_s)
 
@@ -97,7 +97,7 @@ def test_ring_allreduce_formula_and_one_message_in_the_simulator(workers):
     # A one-layer model with zero compute: the step is exactly one all-reduce.
     profile = ModelProfile("one", (LayerProfile("w", 0.0, 0.0, (nbytes,)),))
     link = LinkModel(latency_s=latency, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
-    sim = Simulator(profile, workers, Trace.constant(bandwidth), link)
+    sim = Simulator(profile, workers, PiecewiseConstant.constant(bandwidth), link)
     assert sim.run(Config(None, None), steps=2)[-1].step_time_s == pytest.approx(expected)
 
 
@@ -142,7 +142,7 @@ def test_cross_iteration_overlap_beats_ddp_when_comm_and_compute_balance():
     profile = ModelProfile("toy", layers)
     link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     bandwidth = 2 * 64 * MIB / 0.2 / 2  # total comm ~= 0.2 s, compute 0.24 s
-    sim = Simulator(profile, 2, Trace.constant(bandwidth), link)
+    sim = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), link)
     ddp = sim.steady_step_s(DDP, bandwidth)
     scheduled = sim.steady_step_s(Config(1 * MIB, 2 * MIB), bandwidth)
     bound = lower_bound_step_s(profile, 2, bandwidth)
@@ -180,7 +180,7 @@ def test_gaussian_process_interpolates_and_is_unsure_far_away():
 
 
 def test_bo_once_runs_fifteen_trials_then_fixes_the_best(resnet):
-    sim = Simulator(resnet, 8, Trace.constant(5 * GBIT))
+    sim = Simulator(resnet, 8, PiecewiseConstant.constant(5 * GBIT))
     policy = BayesOptOncePolicy(trial_steps=12, settle_steps=2)
     policy.prepare(PolicyContext(candidates=default_grid(), seed=3))
     config = policy.initial_config()
@@ -207,9 +207,9 @@ def test_policy_names_parse():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_contended_path_equals_fast_path_without_slowdown(config):
     profile = vgg16(16)
-    plain = Simulator(profile, 4, Trace.constant(1 * GBIT), LinkModel()).run(config, steps=4)
+    plain = Simulator(profile, 4, PiecewiseConstant.constant(1 * GBIT), LinkModel()).run(config, steps=4)
     # a slowdown of (almost) 1 takes the contended code path and must give the same steps
-    same = Simulator(profile, 4, Trace.constant(1 * GBIT),
+    same = Simulator(profile, 4, PiecewiseConstant.constant(1 * GBIT),
                      LinkModel(comm_compute_slowdown=1 + 1e-12)).run(config, steps=4)
     for a, b in zip(plain, same):
         assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
@@ -225,17 +225,17 @@ def test_cpu_bound_communication_serialises_with_compute():
     base = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     comm = ring_allreduce_s(profile.total_param_bytes, 2, bandwidth, 0.0)
     config = Config(4 * MIB, None)
-    free = Simulator(profile, 2, Trace.constant(bandwidth), base).steady_step_s(config, bandwidth)
+    free = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), base).steady_step_s(config, bandwidth)
     bound = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 1.0 / bandwidth})
     assert bound.compute_slowdown(bandwidth) == pytest.approx(20.0)  # capped at 95% of the CPU
-    serial = Simulator(profile, 2, Trace.constant(bandwidth), bound).steady_step_s(config, bandwidth)
+    serial = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), bound).steady_step_s(config, bandwidth)
     assert free < serial <= profile.compute_s + comm + 1e-9
     assert serial > profile.compute_s + 0.9 * comm
     light = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 0.1 / bandwidth})
-    mid = Simulator(profile, 2, Trace.constant(bandwidth), light).steady_step_s(config, bandwidth)
+    mid = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), light).steady_step_s(config, bandwidth)
     assert free < mid < serial
     for config in CONFIGS:
-        sim = Simulator(profile, 2, Trace.constant(bandwidth), light)
+        sim = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), light)
         assert sim.steady_step_s(config, bandwidth) >= lower_bound_step_s(profile, 2, bandwidth) - 1e-9
 
 
@@ -254,8 +254,9 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
     dispatch probe, CPU per byte from the CPU-bound (highest-rate) probe; step times untouched."""
     import json
 
-    from benchmarks.sim.calibrate import MBIT, _bench_buckets, from_bench
-    grad_bytes, buckets = _bench_buckets("mlp", {})
+    from benchmarks.calibrate import MBIT, from_bench
+    from benchmarks.run_inputs import bench_buckets
+    grad_bytes, buckets = bench_buckets("mlp", {})
 
     def block(rate, comm_s, ddp_s):
         rows = {"compute": {"median_step_s": 0.2}, "comm": {"median_step_s": comm_s},
@@ -290,7 +291,7 @@ def test_partitions_are_slices_of_the_flat_buffer_as_the_scheduler_cuts_them():
     layers = (LayerProfile("A", 0.001, 0.001, (400 * k, 40 * k)),
               LayerProfile("B", 0.001, 0.001, (1000 * k,)),
               LayerProfile("C", 0.001, 0.001, (30 * k, 30 * k)))
-    sim = Simulator(ModelProfile("toy", layers), 2, Trace.constant(GBIT))
+    sim = Simulator(ModelProfile("toy", layers), 2, PiecewiseConstant.constant(GBIT))
     plan = sim._plan(Config(512 * k, None))
     assert plan.sizes == (512 * k, 512 * k, 476 * k)  # small tensors fused, the big one split
     assert plan.ready_layer == (1, 1, 0)  # a slice waits for the earliest layer it overlaps
@@ -318,7 +319,7 @@ def test_message_costs_interpolate_by_size_and_add_per_competing_flow():
 def test_competing_flows_and_a_cpu_quota_slow_the_simulated_job(resnet):
     link = LinkModel(comm_cpu_s_per_byte=1e-10, flow_message_extra_s=((4096, 2e-3),))
     config = Config(1 * MIB, 4 * MIB)
-    sim = Simulator(resnet, 4, Trace.constant(5 * GBIT), link)
+    sim = Simulator(resnet, 4, PiecewiseConstant.constant(5 * GBIT), link)
     quiet = sim.steady_step_s(config, 5 * GBIT)
     with_flow = sim.steady_step_s(config, 5 * GBIT * link.flow_share(1), 1.0, 1.0)
     half_core = sim.steady_step_s(config, 5 * GBIT, 1.0, 0.0, 0.5)
@@ -387,14 +388,14 @@ def test_scenario_condition_keys(tmp_path):
 def test_partitions_are_slices_of_one_buffer_like_the_real_scheduler(resnet):
     # Small tensors fuse, big ones split: ceil(total / partition) messages; no partitioning = one
     # message per tensor.
-    sim = Simulator(resnet, 8, Trace.constant(10 * GBIT))
+    sim = Simulator(resnet, 8, PiecewiseConstant.constant(10 * GBIT))
     total = resnet.total_param_bytes
     assert sim.messages_per_step(Config(4 * MIB, None)) == -(-total // (4 * MIB))
     assert sim.messages_per_step(Config(None, None)) == resnet.num_tensors
     profile = ModelProfile("two", (LayerProfile("a", 0.001, 0.002, (3 * MIB, 1 << 10)),
                                    LayerProfile("b", 0.001, 0.002, (1 << 10, 3 * MIB))))
     link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
-    two = Simulator(profile, 2, Trace.constant(1 * GBIT), link)
+    two = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), link)
     plan = two._plan(Config(4 * MIB, None))
     # buffer: b's 3 MiB + 1 KiB, then a's 1 KiB + 3 MiB; 4 MiB slices -> 2 messages, the first
     # carries b and the start of a, so it is ready only when a's backward is done

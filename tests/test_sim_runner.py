@@ -67,7 +67,8 @@ def test_scenario_errors_name_the_problem(tmp_path):
 
 def test_record_profile_from_a_real_torch_model(tmp_path):
     import torch
-    from benchmarks.sim import ModelProfile, record_profile
+
+    from simulator import ModelProfile, record_profile
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     batch = (torch.randn(32, 64), torch.randint(0, 10, (32,)))
@@ -94,7 +95,7 @@ def _map_block(model_args, condition, spec, times_ms, probes):
 def test_map_calibration_reports_rankings_and_writes_scenarios(tmp_path):
     """calibrate --map on a two-block map: per block tau/regret, headroom measured vs predicted,
     and a generated scenario that loads, carries the condition and runs in the simulator."""
-    from benchmarks.sim.calibrate import main as calibrate_main
+    from benchmarks.calibrate import main as calibrate_main
 
     model_args = {"in_features": 32, "hidden": 64, "depth": 1}
     probes = {"compute_s_per_rank": [0.010, 0.010], "comm_s": 0.004,
@@ -183,7 +184,7 @@ def test_headrooms_only_pair_conditions_one_run_can_switch_between():
 
 def test_condition_cpu_share_counts_busy_loops_per_rank_and_pinned_cores():
     from benchmarks.bench_conditions import Condition
-    from benchmarks.sim.calibrate_map import condition_cpu_share
+    from benchmarks.calibrate_map import condition_cpu_share
 
     def share(text):
         condition = Condition.parse(text)

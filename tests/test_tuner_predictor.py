@@ -17,9 +17,9 @@ from _tuner_util import SHAPE, START, sample
 
 
 def test_the_shipped_prior_is_what_its_script_makes():
-    """Regenerates the prior with benchmarks/train_prior.py (fixed seeds, ~10-20 s here): the
+    """Regenerates the prior with simulator/train_prior.py (fixed seeds, ~10-20 s here): the
     simulated training data is identical and so are the predictions."""
-    from benchmarks import train_prior
+    from simulator import train_prior
 
     shipped = load_prior()
     regenerated = train_prior.train()

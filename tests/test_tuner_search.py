@@ -8,7 +8,7 @@ import math
 
 from autobyte.types import Config
 from autobyted.tuner.search import JobTuner, TunerParams
-from benchmarks.autobyte_policy import MemorySink
+from autobyted.tuner.memory_sink import MemorySink
 from _tuner_util import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20

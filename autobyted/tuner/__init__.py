@@ -7,7 +7,7 @@ Files, one concern each:
     drift.py      CUSUM drift detection on the held configuration's steps
     manager.py    the daemon's side: reads samples from storage, runs every job's search on one
                   worker thread, retrains the predictor on another, writes decisions and state
-    prior.model   the simulator-trained prior (benchmarks/train_prior.py regenerates it)
+    prior.model   the simulator-trained prior (simulator/train_prior.py regenerates it)
 
 The prediction target
 ---------------------

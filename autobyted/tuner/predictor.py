@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from importlib import resources
 
 import numpy as np
-
 from autobyte.types import Config
+
 from autobyted.tuner.features import FEATURE_NAMES, Context, feature_matrix
 
 MAGIC = b"AUTOBYTE-PREDICTOR\n"
@@ -187,7 +187,7 @@ def train_ensemble(data: TrainingSet, *, seed: int = 0, base: Ensemble | None = 
         start = base.members[member].copy() if base is not None else None
         members.append(xgb.train({**params, "seed": seed * 1000 + member}, matrix, num_boost_round=rounds,
                                  xgb_model=start))
-    meta = {"features": list(FEATURE_NAMES), "kind": kind, "examples": int(len(data.y)),
+    meta = {"features": list(FEATURE_NAMES), "kind": kind, "examples": len(data.y),
             "jobs": len(set(data.groups.tolist())), "data_digest": data.digest(), "note": note,
             "base": base.meta.get("base") or base.digest if base is not None else ""}
     return Ensemble(members, meta)
@@ -211,7 +211,7 @@ PRIOR_RESOURCE = "prior.model"
 
 
 def load_prior() -> Ensemble:
-    """The simulator-trained prior shipped in this package (benchmarks/train_prior.py makes it)."""
+    """The simulator-trained prior shipped in this package (simulator/train_prior.py makes it)."""
     data = resources.files("autobyted.tuner").joinpath(PRIOR_RESOURCE).read_bytes()
     return Ensemble.from_bytes(data)
 

@@ -37,10 +37,10 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 import numpy as np
+from autobyte.types import Config, format_bytes, parse_bytes
 
-from autobyte.types import Config, format_bytes
-from benchmarks.sim.profiles import ModelProfile
-from benchmarks.sim.trace import Trace
+from simulator.profiles import ModelProfile
+from simulator.trace import PiecewiseConstant
 
 MIB = 1 << 20
 MAX_COMM_CPU_SHARE = 0.95  # communication never takes more than this share of a rank's CPU
@@ -59,6 +59,17 @@ class DDPConfig:
 
 RunConfig = Union[Config, DDPConfig]
 DDP = DDPConfig()
+
+
+def parse_config(label: str) -> RunConfig:
+    """"ddp" or "sched:P,C" (the labels of measured runs and testbed events) -> a RunConfig."""
+    text = label.strip().lower()
+    if text == "ddp":
+        return DDP
+    if text.startswith("sched:"):
+        partition, credit = text[len("sched:"):].split(",")
+        return Config(parse_bytes(partition), parse_bytes(credit))
+    raise ValueError(f"bad configuration {label!r}: use ddp or sched:P,C")
 
 
 def describe_config(config: RunConfig) -> str:
@@ -181,7 +192,7 @@ def lower_bound_step_s(profile: ModelProfile, workers: int, bandwidth_bytes_per_
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class StepRecord:
+class SimulatedStep:
     """What one simulated step looked like (mirrors the scheduler's per-step metrics)."""
 
     step: int
@@ -220,13 +231,12 @@ class _CommPlan:
             return layer_done
         for end, (low, high) in zip(done, self.covers):
             for layer in range(low, high + 1):
-                if end > layer_done[layer]:
-                    layer_done[layer] = end
+                layer_done[layer] = max(layer_done[layer], end)
         return layer_done
 
 
 def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, rate: float,
-                  trace: Trace | None, base_s: float) -> float:
+                  trace: PiecewiseConstant | None, base_s: float) -> float:
     """The link model, in one place: when a message of `size` bytes that starts at `start` has
     crossed the link (fixed per-collective cost, then size x ring factor at the bandwidth in force)."""
     if trace is None:
@@ -236,7 +246,7 @@ def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, r
 
 def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, ...],
               credit_bytes: float, launch_s: float, fixed_s: float | Sequence[float],
-              wire_factor: float, rate: float, trace: Trace | None, base_s: float) -> list[float]:
+              wire_factor: float, rate: float, trace: PiecewiseConstant | None, base_s: float) -> list[float]:
     """Completion time (relative to base_s) of every message; `ready` must be ascending.
 
     `fixed_s` is every message's cost besides the wire time (one number for all, or one each).
@@ -269,7 +279,7 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
             continue
         message = pop(heap)[1]
         launched = t + launch_s
-        start = link_free if link_free > launched else launched
+        start = max(launched, link_free)
         size = sizes[message]
         end = _transfer_end(start, size, fixed[message], wire_factor, rate, trace, base_s)
         link_free = end
@@ -305,7 +315,7 @@ def _advance(t: float, work: float, starts: list[float], ends: list[float], slow
 def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
                         sizes: tuple[int, ...], priority: tuple[int, ...], credit_bytes: float,
                         launch_s: float, fixed_s: Sequence[float], wire_factor: float,
-                        rate: float, trace: Trace | None, base_s: float, slowdown: float
+                        rate: float, trace: PiecewiseConstant | None, base_s: float, slowdown: float
                         ) -> tuple[list[float], float, list[float], list[float]]:
     """Backward pass and dispatcher together, compute slowed while the link is busy.
 
@@ -349,7 +359,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
                 inflight_bytes -= inflight.popleft()[1]
             message = pop(heap)[1]
             launched = issue_t + launch_s
-            start = link_free if link_free > launched else launched
+            start = max(launched, link_free)
             size = sizes[message]
             end = _transfer_end(start, size, fixed_s[message], wire_factor, rate, trace, base_s)
             if starts and start <= ends[-1]:
@@ -369,8 +379,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
         while index < count and ready_layer[index] == layer:
             push(heap, (priority[index], index))
             index += 1
-        if dispatcher_t < layer_end:
-            dispatcher_t = layer_end
+        dispatcher_t = max(dispatcher_t, layer_end)
         layer_start = layer_end
         layer -= 1
 
@@ -387,9 +396,9 @@ class Simulator:
     and the communication's CPU load weighs twice as much, see `LinkModel.compute_slowdown`).
     """
 
-    def __init__(self, profile: ModelProfile, workers: int, bandwidth: Trace,
-                 link: LinkModel = LinkModel(), compute_trace: Trace | None = None, *,
-                 flows_trace: Trace | None = None, cpu_share_trace: Trace | None = None) -> None:
+    def __init__(self, profile: ModelProfile, workers: int, bandwidth: PiecewiseConstant,
+                 link: LinkModel = LinkModel(), compute_trace: PiecewiseConstant | None = None, *,
+                 flows_trace: PiecewiseConstant | None = None, cpu_share_trace: PiecewiseConstant | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not profile.layers:
@@ -398,7 +407,7 @@ class Simulator:
         self.workers = workers
         self.bandwidth = bandwidth
         self.link = link
-        self.compute_trace = compute_trace or Trace.constant(1.0)
+        self.compute_trace = compute_trace or PiecewiseConstant.constant(1.0)
         self.flows_trace = flows_trace
         self.cpu_share_trace = cpu_share_trace
         self.num_layers = len(profile.layers)
@@ -551,7 +560,7 @@ class Simulator:
 
     # -- one step's communication ----------------------------------------------------------------
 
-    def _comm(self, plan: _CommPlan, factor: float, rate: float, trace: Trace | None,
+    def _comm(self, plan: _CommPlan, factor: float, rate: float, trace: PiecewiseConstant | None,
               base_s: float, fixed: Sequence[float]) -> tuple[np.ndarray, float]:
         """Per-layer completion (relative to backward start; -inf when nothing to wait for; for DDP
         a single element: all done) and the span until the last message completes."""
@@ -581,7 +590,7 @@ class Simulator:
         exact = self._comm(plan, factor, rate, self.bandwidth, backward_start_s, fixed)
         return exact[0], exact[1], rate
 
-    def _contended(self, plan: _CommPlan, factor: float, rate: float, trace: Trace | None,
+    def _contended(self, plan: _CommPlan, factor: float, rate: float, trace: PiecewiseConstant | None,
                    base_s: float, fixed: Sequence[float], share: float
                    ) -> tuple[np.ndarray, float, float, list[float], list[float]]:
         """Like _comm, with compute slowed while the link is busy: also the backward's duration
@@ -614,7 +623,7 @@ class Simulator:
         return (*self._contended(plan, factor, rate, self.bandwidth, backward_start_s, fixed,
                                  share), rate, share)
 
-    def _step_contended(self, config: RunConfig, plan: _CommPlan) -> StepRecord:
+    def _step_contended(self, config: RunConfig, plan: _CommPlan) -> SimulatedStep:
         """step() with compute slowed while the link is busy (LinkModel.compute_slowdown)."""
         start = self.now_s
         factor = self.compute_factor_at(start)
@@ -642,7 +651,7 @@ class Simulator:
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
             self._busy = ([backward_start + a for a in starts], [backward_start + b for b in ends],
                           self.link.compute_slowdown(rate, share))
-        record = StepRecord(self.step_index, start, next_start, next_start - start, compute,
+        record = SimulatedStep(self.step_index, start, next_start, next_start - start, compute,
                             blocked, span, rate, factor, len(plan.sizes),
                             self.profile.total_param_bytes, config)
         self.now_s = next_start
@@ -651,7 +660,7 @@ class Simulator:
 
     # -- stepping ----------------------------------------------------------------------------
 
-    def step(self, config: RunConfig) -> StepRecord:
+    def step(self, config: RunConfig) -> SimulatedStep:
         """Simulate one training step under `config` and advance the clock."""
         plan = self._plan(config)
         if self._contended_model:
@@ -674,7 +683,7 @@ class Simulator:
         else:
             next_start = backward_end
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
-        record = StepRecord(self.step_index, start, next_start, next_start - start,
+        record = SimulatedStep(self.step_index, start, next_start, next_start - start,
                             forward_total + backward_total, blocked, span, rate, factor,
                             len(plan.sizes), self.profile.total_param_bytes, config)
         self.now_s = next_start
@@ -682,7 +691,7 @@ class Simulator:
         return record
 
     def run(self, config: RunConfig, steps: int | None = None, until_s: float | None = None
-            ) -> list[StepRecord]:
+            ) -> list[SimulatedStep]:
         """Run one fixed configuration for `steps` steps or until the clock passes `until_s`."""
         if (steps is None) == (until_s is None):
             raise ValueError("give exactly one of steps or until_s")
@@ -703,10 +712,10 @@ class Simulator:
         saved = (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
                  self.flows_trace, self.cpu_share_trace, self._busy)
         try:
-            self.bandwidth = Trace.constant(bandwidth_bytes_per_s)
-            self.compute_trace = Trace.constant(compute_factor)
-            self.flows_trace = Trace.constant(flows, nonnegative=True) if flows else None
-            self.cpu_share_trace = Trace.constant(cpu_share) if cpu_share != 1.0 else None
+            self.bandwidth = PiecewiseConstant.constant(bandwidth_bytes_per_s)
+            self.compute_trace = PiecewiseConstant.constant(compute_factor)
+            self.flows_trace = PiecewiseConstant.constant(flows, nonnegative=True) if flows else None
+            self.cpu_share_trace = PiecewiseConstant.constant(cpu_share) if cpu_share != 1.0 else None
             self.reset()
             record = None
             for _ in range(steps):

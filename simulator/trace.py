@@ -15,7 +15,7 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
-class Trace:
+class PiecewiseConstant:
     """Value `values[i]` holds from `times_s[i]` until `times_s[i + 1]` (the last one forever)."""
 
     times_s: tuple[float, ...]
@@ -35,7 +35,7 @@ class Trace:
                              + ("non-negative" if self.nonnegative else "positive"))
 
     @classmethod
-    def constant(cls, value: float, nonnegative: bool = False) -> Trace:
+    def constant(cls, value: float, nonnegative: bool = False) -> PiecewiseConstant:
         return cls((0.0,), (float(value),), nonnegative)
 
     @property
@@ -84,10 +84,10 @@ class Trace:
                 out.append((start, end, value))
         return out
 
-    def scaled(self, factor: float) -> Trace:
-        return Trace(self.times_s, tuple(v * factor for v in self.values), self.nonnegative)
+    def scaled(self, factor: float) -> PiecewiseConstant:
+        return PiecewiseConstant(self.times_s, tuple(v * factor for v in self.values), self.nonnegative)
 
-    def combine(self, other: Trace, op: Any, nonnegative: bool = False) -> Trace:
+    def combine(self, other: PiecewiseConstant, op: Any, nonnegative: bool = False) -> PiecewiseConstant:
         """A trace whose value at t is op(self.at(t), other.at(t)) (equal neighbours merged)."""
         times = sorted(set(self.times_s) | set(other.times_s))
         values: list[float] = []
@@ -98,19 +98,19 @@ class Trace:
                 continue
             kept.append(t)
             values.append(value)
-        return Trace(tuple(kept), tuple(values), nonnegative)
+        return PiecewiseConstant(tuple(kept), tuple(values), nonnegative)
 
 
 def step_trace(levels: Sequence[float], change_times_s: Sequence[float],
-               nonnegative: bool = False) -> Trace:
+               nonnegative: bool = False) -> PiecewiseConstant:
     """levels[0] from 0, levels[i] from change_times_s[i - 1]."""
     if len(levels) != len(change_times_s) + 1:
         raise ValueError("a step trace needs one more level than change times")
-    return Trace((0.0, *map(float, change_times_s)), tuple(map(float, levels)), nonnegative)
+    return PiecewiseConstant((0.0, *map(float, change_times_s)), tuple(map(float, levels)), nonnegative)
 
 
 def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_end_s: float,
-               ramp_segments: int = 20, nonnegative: bool = False) -> Trace:
+               ramp_segments: int = 20, nonnegative: bool = False) -> PiecewiseConstant:
     """start_value until ramp_start_s, then linear to end_value at ramp_end_s, then flat."""
     if ramp_end_s <= ramp_start_s or ramp_segments < 1:
         raise ValueError("a ramp needs ramp_end_s > ramp_start_s and at least one segment")
@@ -127,11 +127,11 @@ def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_e
         values.append(start_value + (end_value - start_value) * fraction)
     times.append(float(ramp_end_s))
     values.append(float(end_value))
-    return Trace(tuple(times), tuple(values), nonnegative)
+    return PiecewiseConstant(tuple(times), tuple(values), nonnegative)
 
 
 def periodic_trace(high: float, low: float, period_s: float, low_s: float, offset_s: float,
-                   until_s: float, nonnegative: bool = False) -> Trace:
+                   until_s: float, nonnegative: bool = False) -> PiecewiseConstant:
     """Periodic congestion: `high`, dropping to `low` for `low_s` every `period_s` from offset_s."""
     if not (0 < low_s < period_s):
         raise ValueError("periodic congestion needs 0 < low_s < period_s")
@@ -146,11 +146,11 @@ def periodic_trace(high: float, low: float, period_s: float, low_s: float, offse
         times.append(t + low_s)
         values.append(float(high))
         t += period_s
-    return Trace(tuple(times), tuple(values), nonnegative)
+    return PiecewiseConstant(tuple(times), tuple(values), nonnegative)
 
 
 def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.0,
-                    nonnegative: bool = False) -> Trace:
+                    nonnegative: bool = False) -> PiecewiseConstant:
     """Build a trace from a scenario table (see benchmarks/README.md for the keys per kind).
 
     `unit_scale` converts the spec's unit into the trace's (e.g. Mbit/s -> bytes/s);
@@ -159,7 +159,7 @@ def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.
     kind = spec.get("kind", "constant")
     s = unit_scale
     if kind == "constant":
-        return Trace.constant(float(spec["value"]) * s, nonnegative)
+        return PiecewiseConstant.constant(float(spec["value"]) * s, nonnegative)
     if kind == "step":
         return step_trace([float(v) * s for v in spec["levels"]], spec.get("at_s", []),
                           nonnegative)

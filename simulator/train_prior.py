@@ -1,7 +1,7 @@
 """Train the tuner's prior from simulator runs and write it into the daemon package (fixed seeds).
 
-    python -m benchmarks.train_prior                 # writes autobyted/tuner/prior.model
-    python -m benchmarks.train_prior --check         # regenerates in memory, compares with the file
+    python -m simulator.train_prior                 # writes autobyted/tuner/prior.model
+    python -m simulator.train_prior --check         # regenerates in memory, compares with the file
 
 Training data: `CONTEXTS` random contexts, each a model, a worker count, a link bandwidth, a device
 speed and a link cost model; in each, `CONFIGS_PER_CONTEXT` configurations of the tuner's own
@@ -27,15 +27,15 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-
 from autobyte.types import Config
+
 from autobyted.tuner.features import summarize
 from autobyted.tuner.predictor import Ensemble, Window, train_ensemble, training_pairs
 from autobyted.tuner.search import candidate_grid
 from benchmarks.autobyte_policy import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
-from benchmarks.sim.engine import LinkModel, Simulator
-from benchmarks.sim.profiles import LayerProfile, ModelProfile, bert_base, resnet50, vgg16
-from benchmarks.sim.trace import Trace
+from simulator.engine import LinkModel, Simulator
+from simulator.profiles import LayerProfile, ModelProfile, bert_base, resnet50, vgg16
+from simulator.trace import PiecewiseConstant
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PRIOR_PATH = ROOT / "autobyted" / "tuner" / "prior.model"
@@ -99,7 +99,7 @@ def context_windows(profile: ModelProfile, workers: int, bandwidth: float, link:
     """A settled window of every configuration, measured through the policy's adapter."""
     backend = "nccl" if link.collective_overhead_s < 100e-6 else "gloo"
     shape = job_shape(profile, workers, backend)
-    sim = Simulator(profile, workers, Trace.constant(bandwidth), link, Trace.constant(compute_factor))
+    sim = Simulator(profile, workers, PiecewiseConstant.constant(bandwidth), link, PiecewiseConstant.constant(compute_factor))
     forward_share = profile.forward_s / profile.compute_s if profile.compute_s > 0 else 0.5
     adapter = MetricsAdapter(forward_share, seed=seed)
     windows = []
@@ -132,7 +132,7 @@ def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequen
 def train(seed: int = SEED, exclude: Sequence[str] = ()) -> Ensemble:
     windows = generate_windows(seed, exclude=exclude)
     data = training_pairs(windows, now_s=0.0, half_life_s=None)
-    note = (f"benchmarks/train_prior.py seed {seed}: {CONTEXTS} contexts x {CONFIGS_PER_CONTEXT} configurations"
+    note = (f"simulator/train_prior.py seed {seed}: {CONTEXTS} contexts x {CONFIGS_PER_CONTEXT} configurations"
             + (f", without {','.join(exclude)}" if exclude else ""))
     return train_ensemble(data, seed=seed, kind="prior", note=note)
 

@@ -1,7 +1,7 @@
 """Calibrate the simulator against measured runs and report the error of its predicted step time.
 
-    python -m benchmarks.sim.calibrate MEASURED.json [--out report.json]
-    python -m benchmarks.sim.calibrate --measure-loopback measured.json   # measure, then calibrate
+    python -m benchmarks.calibrate MEASURED.json [--out report.json]
+    python -m benchmarks.calibrate --measure-loopback measured.json   # measure, then calibrate
 
 Measured-runs format (JSON; written by hand, by benchmarks/bench_scheduler.py, or by
 --measure-loopback):
@@ -41,45 +41,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from autobyte.types import Config, parse_bytes
-from benchmarks.sim.engine import DDP, LinkModel, RunConfig, Simulator
-from benchmarks.sim.profiles import ModelProfile, record_profile
-from benchmarks.sim.trace import Trace
+
+from benchmarks.run_inputs import bench_buckets, profile_for_run
+from simulator.engine import LinkModel, Simulator, parse_config
+from simulator.profiles import ModelProfile
+from simulator.trace import PiecewiseConstant
 
 MBIT = 1e6 / 8  # bytes/s in one Mbit/s
 _LINK_KEYS = {"latency_s", "collective_overhead_s", "launch_s", "ddp_launch_s",
               "comm_compute_slowdown", "comm_cpu_s_per_byte"}
-
-
-def parse_config(label: str) -> RunConfig:
-    text = label.strip().lower()
-    if text == "ddp":
-        return DDP
-    if text.startswith("sched:"):
-        partition, credit = text[len("sched:"):].split(",")
-        return Config(parse_bytes(partition), parse_bytes(credit))
-    raise ValueError(f"bad configuration {label!r}: use ddp or sched:P,C")
-
-
-def profile_for_run(run: dict[str, Any], base: pathlib.Path,
-                    cache: dict[str, ModelProfile]) -> ModelProfile:
-    if "profile" in run:
-        path = pathlib.Path(run["profile"])
-        return ModelProfile.load(path if path.is_absolute() else base / path)
-    key = json.dumps([run["model"], run.get("model_args", {}), run.get("batch_size", 0)],
-                     sort_keys=True)
-    if key not in cache:
-        import torch
-
-        from benchmarks.models import build
-        torch.manual_seed(0)
-        workload = build(run["model"], **run.get("model_args", {}))
-        batch_size = int(run.get("batch_size") or workload.default_batch_size)
-        batch = workload.make_batch(batch_size, torch.Generator().manual_seed(0))
-        optimizer = torch.optim.SGD(workload.model.parameters(), lr=0.01, momentum=0.9)
-        cache[key] = record_profile(workload.model, lambda: batch, workload.loss_fn,
-                                    name=run["model"], optimizer=optimizer, steps=5)
-    return cache[key]
 
 
 def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = True,
@@ -108,7 +78,7 @@ def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = Tru
         if not rate_mbit:
             raise ValueError(f"run {run} has no rate_mbit and the file no link.bandwidth_mbit")
         config = parse_config(run["config"])
-        sim = Simulator(profile, int(run.get("workers", 2)), Trace.constant(rate_mbit * MBIT),
+        sim = Simulator(profile, int(run.get("workers", 2)), PiecewiseConstant.constant(rate_mbit * MBIT),
                         run_link)
         predicted = sim.steady_step_s(config, rate_mbit * MBIT, steps=8)
         actual = float(run["step_time_median_s"])
@@ -242,23 +212,6 @@ def measure_loopback(out_path: pathlib.Path) -> dict[str, Any]:
 
 # ---- the testbed: convert benchmarks/bench_scheduler.py results --------------------------------
 
-def _bench_buckets(model: str, model_args: dict[str, Any]) -> tuple[int, int]:
-    """(gradient bytes, all-reduces) of train_worker's `comm` probe: DDP-sized 25 MiB buckets."""
-    import torch
-
-    from benchmarks.models import build
-    from benchmarks.train_worker import DDP_BUCKET_BYTES
-    torch.manual_seed(0)
-    params = list(build(model, **model_args).model.parameters())
-    buckets, current = 0, 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if current and current + nbytes > DDP_BUCKET_BYTES:
-            buckets, current = buckets + 1, 0
-        current += nbytes
-    return sum(p.numel() * p.element_size() for p in params), buckets + 1
-
-
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -315,7 +268,7 @@ def from_bench(paths: Sequence[str | pathlib.Path]) -> dict[str, Any]:
             if fastest is None or nominal > fastest["nominal"]:
                 fastest_blocks[key] = {"nominal": nominal, "block": block}
             if model not in bench_sizes:
-                bench_sizes[model] = _bench_buckets(model, {})
+                bench_sizes[model] = bench_buckets(model, {})
             for label, row in rows.items():
                 if label in ("compute", "comm"):
                     continue
@@ -384,7 +337,7 @@ def format_report(report: dict[str, Any], runs: bool = True) -> str:
         lines.append(f"{'model':<10} {'config':<18} {'Mbit/s':>8} {'measured':>9} {'predicted':>9} "
                      f"{'error':>7}")
         for row in report["runs"]:
-            lines.append(f"{str(row['model']):<10} {row['config']:<18} {row['rate_mbit']:>8.0f} "
+            lines.append(f"{row['model']!s:<10} {row['config']:<18} {row['rate_mbit']:>8.0f} "
                          f"{row['measured_s'] * 1e3:>7.1f}ms {row['predicted_s'] * 1e3:>7.1f}ms "
                          f"{row['error'] * 100:>+6.1f}%")
     for name, groups in report.get("groups", {}).items():
@@ -400,7 +353,7 @@ def format_report(report: dict[str, Any], runs: bool = True) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.sim.calibrate",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.calibrate",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("measured", nargs="?",
                         help="measured-runs JSON (with --measure-loopback: written first; with "
@@ -431,14 +384,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.map:
-        from benchmarks.sim.calibrate_map import calibrate_map, format_map_report
+        from benchmarks.calibrate_map import calibrate_map, format_map_report
         mixed = (json.loads(pathlib.Path(args.mixed_results).read_text())
                  if args.mixed_results else None)
         report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
                                pathlib.Path(args.profiles) if args.profiles else None, mixed)
         print(format_map_report(report))
         if args.write_scenarios:
-            from benchmarks.sim.calibrate_map import write_scenarios
+            from benchmarks.calibrate_map import write_scenarios
             for path in write_scenarios(json.loads(pathlib.Path(args.map).read_text()), report,
                                         pathlib.Path(args.write_scenarios)):
                 print(f"wrote {path}")

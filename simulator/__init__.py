@@ -1,0 +1,55 @@
+"""Discrete-event simulator of data-parallel training under the autobyte scheduler and DDP."""
+
+from simulator.engine import (
+    DDP,
+    DDPConfig,
+    LinkModel,
+    RunConfig,
+    SimulatedStep,
+    Simulator,
+    describe_config,
+    lower_bound_step_s,
+    ring_allreduce_s,
+)
+from simulator.profiles import (
+    BUILTIN_PROFILES,
+    LayerProfile,
+    ModelProfile,
+    bert_base,
+    load_profile,
+    record_profile,
+    resnet50,
+    vgg16,
+)
+from simulator.trace import (
+    PiecewiseConstant,
+    periodic_trace,
+    ramp_trace,
+    step_trace,
+    trace_from_spec,
+)
+
+__all__ = [
+    "BUILTIN_PROFILES",
+    "DDP",
+    "DDPConfig",
+    "LayerProfile",
+    "LinkModel",
+    "ModelProfile",
+    "PiecewiseConstant",
+    "RunConfig",
+    "SimulatedStep",
+    "Simulator",
+    "bert_base",
+    "describe_config",
+    "load_profile",
+    "lower_bound_step_s",
+    "periodic_trace",
+    "ramp_trace",
+    "record_profile",
+    "resnet50",
+    "ring_allreduce_s",
+    "step_trace",
+    "trace_from_spec",
+    "vgg16",
+]
