@@ -64,7 +64,7 @@ def main() -> None:
     optimizer.synchronize()
     reporter_state = {}
     if not args.offline:
-        from autobyte import telemetry
+        from autobyte.transport import reporter as telemetry
 
         reporter = telemetry._reporter
         flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))

@@ -18,7 +18,7 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     root_handlers = list(logging.getLogger().handlers)
     if address is not None:
@@ -122,7 +122,7 @@ def _train_then_daemon(rank, world, port, db_path):
     import torch.distributed as dist
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     autobyte.init(daemon=f"127.0.0.1:{port}", job="late", buffer_samples=25)
     model = torch.nn.Linear(8, 8)
@@ -169,7 +169,7 @@ def _rejected_sample_worker(rank, world, address):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     autobyte.init(daemon=address, job="rejects")
     model = torch.nn.Linear(8, 8)
@@ -208,7 +208,7 @@ def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="stea
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     logs = _capture_autobyte_logs() if capture_logs else None
     autobyte.init(daemon=address, job=job, flush_interval_s=flush_interval_s)
@@ -272,7 +272,7 @@ def _grouped_worker(rank, world, address, groups):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     autobyte.init(daemon=address, job="groups", flush_interval_s=60)  # no time-based batches
     model = torch.nn.Linear(8, 8)
@@ -362,7 +362,7 @@ def _refused_worker(rank, world, address):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     telemetry.REFUSED_RETRY_S = 0.3  # retry often here, to see that retries stay quiet
     logs = _capture_autobyte_logs()
@@ -462,7 +462,7 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     autobyte.init(daemon=address, job=job)
     torch.manual_seed(0)
@@ -518,7 +518,7 @@ def _train_dp_groups(rank, world, address, job, steps):
     import torch.distributed as dist
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     autobyte.init(daemon=address, job=job)
@@ -564,7 +564,7 @@ def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions
 
 def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_starts(monkeypatch):
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as telemetry
     from autobyte.channel import daemon_addresses
 
     assert daemon_addresses("h1:7077, h2:7078,") == ("h1:7077", "h2:7078")

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autobyte.scheduler import decisions as channel_msgs
-from autobyte.scheduler.decisions import DecisionChannel, cpu_ns
+from autobyte.scheduler import order_channel as channel_msgs
+from autobyte.scheduler.order_channel import DecisionChannel, cpu_ns
 from autobyte.scheduler.device import DeviceSync
 from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady, Issue, SliceReduced,
                                        StepBoundary, Stop)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autobyte.scheduler.decisions import DecisionChannel
+from autobyte.scheduler.order_channel import DecisionChannel
 from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
@@ -229,7 +229,7 @@ class ScheduledOptimizer:
                     tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
         self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
         # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
-        from autobyte import telemetry
+        from autobyte.transport import reporter as telemetry
 
         telemetry.on_optimizer_created(self)
 
