@@ -27,6 +27,7 @@ from autobyte.scheduler import groups, native, tracking
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
+from autobyte import hooks
 from autobyte.types import Config, StepMetrics
 
 logger = logging.getLogger(__name__)
@@ -159,9 +160,7 @@ class ScheduledOptimizer:
         if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
             raise ValueError("this rank is not a member of process_group: construct the "
                              "ScheduledOptimizer only on the ranks of its data-parallel group")
-        self._rank = dist.get_rank(self._pg)
-        self._world = dist.get_world_size(self._pg)
-        self._leader_global = dist.get_global_rank(self._pg, 0) if process_group is not None else 0
+        self._rank, self._world, self._leader_global = groups.place_in(self._pg)
         self._is_leader = self._rank == 0
         self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
         self._clip_norm_type = float(clip_norm_type)
@@ -228,10 +227,9 @@ class ScheduledOptimizer:
                 self._handles.append(module.register_forward_pre_hook(
                     tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
         self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
-        # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
-        from autobyte.transport import reporter as telemetry
-
-        telemetry.on_optimizer_created(self)
+        # The transport (autobyte.transport.session) attaches itself: streams to autobyted if
+        # autobyte.init() was called (now or later); a no-op otherwise.
+        hooks.scheduler_created(self)
 
     # ------------------------------------------------------------------ public API
 
