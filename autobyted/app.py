@@ -74,7 +74,8 @@ class Daemon:
         from autobyted.ingest import IngestWriter
         from autobyted.observability import DaemonMetrics
         from autobyted.server import make_server
-        from autobyted.servicer import RUNNING_WITHIN_S, Services, decision_poll_loop, retention_loop
+        from autobyted.hub import decision_poll_loop, retention_loop
+        from autobyted.servicer import RUNNING_WITHIN_S, Services
         from autobyted.storage.db import make_engine, migrate
         from autobyted.storage.sql import SqlStorage
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 
-from autobyte.telemetry import Reporter
+from autobyte.transport.reporter import Reporter
 from benchmarks.host import free_port
 from autobyte.types import Config, StepMetrics
 

@@ -64,9 +64,9 @@ def main() -> None:
     optimizer.synchronize()
     reporter_state = {}
     if not args.offline:
-        from autobyte import telemetry
+        from autobyte.transport import session
 
-        reporter = telemetry._reporter
+        reporter = session._reporter
         flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))
         reporter_state = {"flushed": flushed, "acked_seq": reporter.acked_seq, "dropped": reporter.dropped_total,
                           "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s,

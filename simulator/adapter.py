@@ -34,7 +34,7 @@ T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
 
 
 def job_shape(profile: ModelProfile, workers: int, backend: str) -> JobShape:
-    """Registration info of a simulated job (what autobyte.telemetry.model_fingerprint computes)."""
+    """Registration info of a simulated job (what autobyte.transport.session.model_fingerprint computes)."""
     sizes = sorted(b for layer in profile.layers for b in layer.param_bytes if b > 0)
     median = sizes[len(sizes) // 2] if sizes else 0
     fingerprint = Fingerprint(sum(sizes) // 4, sum(sizes), len(sizes), max(sizes, default=0), median, profile.name)

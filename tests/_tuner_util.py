@@ -16,7 +16,7 @@ from autobyte.types import Config, StepMetrics
 from autobyted.storage.records import Fingerprint
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import PRIOR_PARAMS, Predictor, Window, train_ensemble, training_pairs
-from autobyted.tuner.search import candidate_grid
+from autobyted.tuner.grid import candidate_grid
 
 MIB = 1 << 20
 START = Config(4 * MIB, 16 * MIB)

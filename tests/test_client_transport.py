@@ -18,7 +18,7 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     root_handlers = list(logging.getLogger().handlers)
     if address is not None:
@@ -33,7 +33,7 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
         if wait_decision_at is not None and rank == 0 and step == wait_decision_at:
             # Hold rank 0 (and so the job) until the daemon's decision has arrived.
             deadline = time.monotonic() + 30
-            while telemetry._reporter._last_update_id == 0 and time.monotonic() < deadline:
+            while session._reporter.control._last_update_id == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
         x = torch.randn(16, 32)
         model(x).sum().backward()
@@ -47,7 +47,7 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
            "root_handlers_unchanged": list(logging.getLogger().handlers) == root_handlers,
            "last_step": metrics[-1].step}
     if address is not None:
-        reporter = telemetry._reporter
+        reporter = session._reporter
         out.update(flushed=reporter.flush(20), dropped=reporter.dropped_total, acked=reporter.acked_seq)
         autobyte.shutdown()
     opt.close()
@@ -122,7 +122,7 @@ def _train_then_daemon(rank, world, port, db_path):
     import torch.distributed as dist
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     autobyte.init(daemon=f"127.0.0.1:{port}", job="late", buffer_samples=25)
     model = torch.nn.Linear(8, 8)
@@ -132,7 +132,7 @@ def _train_then_daemon(rank, world, port, db_path):
         opt.step()
         opt.zero_grad()
     opt.synchronize()
-    reporter = telemetry._reporter
+    reporter = session._reporter
     daemon = None
     dist.barrier()
     if rank == 0:
@@ -169,12 +169,12 @@ def _rejected_sample_worker(rank, world, address):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     autobyte.init(daemon=address, job="rejects")
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    reporter = telemetry._reporter
+    reporter = session._reporter
     for step in range(20):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
@@ -208,7 +208,7 @@ def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="stea
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     logs = _capture_autobyte_logs() if capture_logs else None
     autobyte.init(daemon=address, job=job, flush_interval_s=flush_interval_s)
@@ -220,7 +220,7 @@ def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="stea
         opt.zero_grad()
         time.sleep(step_sleep_s)
     opt.synchronize()
-    reporter = telemetry._reporter
+    reporter = session._reporter
     out = {"flushed": reporter.flush(60), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
     if logs is not None:
         out["records"] = list(logs.records)
@@ -272,12 +272,12 @@ def _grouped_worker(rank, world, address, groups):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     autobyte.init(daemon=address, job="groups", flush_interval_s=60)  # no time-based batches
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    reporter = telemetry._reporter
+    reporter = session._reporter
     flushed = []
     for size in groups:
         for _ in range(size):
@@ -362,9 +362,10 @@ def _refused_worker(rank, world, address):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import reporter as reporter_module
+    from autobyte.transport import session
 
-    telemetry.REFUSED_RETRY_S = 0.3  # retry often here, to see that retries stay quiet
+    reporter_module.REFUSED_RETRY_S = 0.3  # retry often here, to see that retries stay quiet
     logs = _capture_autobyte_logs()
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -377,7 +378,7 @@ def _refused_worker(rank, world, address):
             opt.step()
             opt.zero_grad()
             time.sleep(0.15)  # 1.5 s of training: several registration attempts
-        reporter = telemetry._reporter
+        reporter = session._reporter
         out[case] = {"records": [(level, message) for _, level, message in logs.records],
                      "acked": reporter.acked_seq, "buffered": reporter.buffered}
         autobyte.shutdown()
@@ -462,7 +463,7 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
     import torch
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     autobyte.init(daemon=address, job=job)
     torch.manual_seed(0)
@@ -471,11 +472,11 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
                                       partition_bytes=8 << 10, credit_bytes=None)
     configs = []
     opt.add_step_callback(lambda m: configs.append((m.step, m.config.to_dict())))
-    reporter = telemetry._reporter
+    reporter = session._reporter
     for step in range(steps):
         if step == hold_for_decision_at:
             deadline = time.monotonic() + 30
-            while reporter._last_update_id == 0 and time.monotonic() < deadline:
+            while reporter.control._last_update_id == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
@@ -483,7 +484,7 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
     autobyte.shutdown(timeout_s=10)  # no synchronize(), no flush(): the exit path does both
     acked = reporter.acked_seq
     opt.close()
-    return {"configs": configs, "acked": acked, "received": reporter._last_update_id}
+    return {"configs": configs, "acked": acked, "received": reporter.control._last_update_id}
 
 
 def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(thread_daemon):
@@ -518,7 +519,7 @@ def _train_dp_groups(rank, world, address, job, steps):
     import torch.distributed as dist
 
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     autobyte.init(daemon=address, job=job)
@@ -533,12 +534,12 @@ def _train_dp_groups(rank, world, address, job, steps):
         if step == steps // 2 and rank % 2 == 0:
             # each group's leader holds its group until the daemon's decision has arrived
             deadline = time.monotonic() + 30
-            while telemetry._reporter._last_update_id == 0 and time.monotonic() < deadline:
+            while session._reporter.control._last_update_id == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
         model(torch.randn(16, 32)).sum().backward()
         opt.step()
     opt.synchronize()
-    place = telemetry._reporter.place
+    place = session._reporter.place
     autobyte.shutdown()
     opt.close()
     return {"configs": [configs[s] for s in range(steps)], "place": tuple(place)}
@@ -564,7 +565,7 @@ def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions
 
 def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_starts(monkeypatch):
     import autobyte
-    from autobyte import telemetry
+    from autobyte.transport import session
     from autobyte.channel import daemon_addresses
 
     assert daemon_addresses("h1:7077, h2:7078,") == ("h1:7077", "h2:7078")
@@ -573,7 +574,7 @@ def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_
     for bad in ("h1:7077,h2", ",", "h:0", "h:port"):
         with pytest.raises(ValueError, match="HOST:PORT"):
             daemon_addresses(bad)
-    before = telemetry._reporter
+    before = session._reporter
     with pytest.raises(ValueError, match="'oops' must look like HOST:PORT"):
         autobyte.init(daemon="h1:7077,oops", job="j")
-    assert telemetry._reporter is before  # nothing was started
+    assert session._reporter is before  # nothing was started

@@ -12,7 +12,7 @@ import pytest
 from autobyte.types import Config
 from autobyted.tuner.features import FEATURE_NAMES, summarize
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import candidate_grid
+from autobyted.tuner.grid import candidate_grid
 from _tuner_util import SHAPE, START, sample
 
 

@@ -7,8 +7,9 @@ import dataclasses
 import math
 
 from autobyte.types import Config
-from autobyted.tuner.search import JobTuner, TunerParams
 from autobyted.tuner.memory_sink import MemorySink
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.search import JobTuner
 from _tuner_util import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20
@@ -179,7 +180,7 @@ def test_broken_samples_do_not_break_the_tuner():
 
 def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     from autobyte.types import MAX_CREDIT_BYTES, MIN_PARTITION_BYTES
-    from autobyted.tuner.search import candidate_grid
+    from autobyted.tuner.grid import candidate_grid
 
     from autobyted.storage.records import Fingerprint
     from autobyted.tuner.features import JobShape

@@ -35,7 +35,8 @@ from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
 from autobyted.tuner.features import Context, JobShape
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import JobTuner, TunerParams, TunerSink
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.search import JobTuner, TunerSink
 
 log = logging.getLogger(__name__)
 

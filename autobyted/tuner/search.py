@@ -34,7 +34,7 @@
 
 Nothing here does I/O: decisions, measured effects, windows and status go to a `TunerSink`
 (the daemon's writes to storage and the control path; the benchmark's simulator adapter).
-Constants and how they were chosen: `TunerParams`.
+Constants and how they were chosen: `TunerParams` (`tuner.params`); the candidates: `tuner.grid`.
 """
 
 from __future__ import annotations
@@ -46,108 +46,18 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from autobyte.types import Config, StepMetrics, format_bytes
+from autobyte.types import Config, StepMetrics
 from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.grid import candidate_grid, describe
+from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 
 log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
-
-KIB, MIB = 1 << 10, 1 << 20
-GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
-GRID_CREDIT_MULTIPLES = (1, 2, 4, 16, None)  # credit = multiple x partition; None = unlimited
-GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
-
-
-def candidate_grid(shape: JobShape, starting: Config | None = None) -> tuple[Config, ...]:
-    """Configurations the real scheduler runs, inside autobyte.types' safe limits (Config checks
-    them): partitions 256 KiB-64 MiB x credit of 1/2/4/16 partitions or unlimited, unpartitioned
-    with 4/16/64 MiB or unlimited credit, and the job's starting configuration. Partitions larger
-    than the whole gradient all send one message: only the smallest of them is kept."""
-    total = shape.parameter_bytes
-    grid: list[Config] = []
-    whole_kept = False
-    for partition in GRID_PARTITIONS:
-        if total and partition >= total:
-            if whole_kept:
-                continue
-            whole_kept = True
-        for multiple in GRID_CREDIT_MULTIPLES:
-            grid.append(Config(partition, None if multiple is None else partition * multiple))
-    grid += [Config(None, credit) for credit in GRID_UNPARTITIONED_CREDITS]
-    if starting is not None and starting not in grid:
-        grid.append(starting)
-    return tuple(dict.fromkeys(grid))
-
-
-def describe(config: Config) -> str:
-    return f"{format_bytes(config.partition_bytes, 'none')}/{format_bytes(config.credit_bytes, 'inf')}"
-
-
-@dataclasses.dataclass(frozen=True)
-class TunerParams:
-    """The tuner's constants. None was fitted to a scenario; each follows from a cost or a test:
-
-    - warmup_steps 10: the scheduler records first-use order and allocates in the first steps.
-    - transition_steps 2: the first step after a switch still waits on the previous step's
-      all-reduces (cross-iteration overlap), the second may still be planned under the old one.
-    - baseline_steps 20 / rebaseline_steps 12 / trial_steps 16: the standard error of a median of
-      n log step times is 1.25 sigma/sqrt(n); at the 2-4% noise measured on the testbed, 16 steps
-      resolve ~3% differences at 2.5 standard errors.
-    - trial_window_s 30 / baseline_window_s 60: with long steps (seconds each) a window is cut to
-      about that much time (at least min_trial_steps + 2 steps): a search has to end before the
-      context moves on, and a few slow steps still resolve the large differences worth a switch.
-    - min_gain 2%: below that a switch does not pay for its transition steps within a few minutes,
-      and it is the testbed's run-to-run spread of a configuration's median.
-    - z_switch 2.5: a switch needs a difference of 2.5 standard errors (~0.6% one-sided error).
-    - kappa 1: optimism of the bound that picks trials (one spread of the ensemble).
-    - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
-      error rates (Wald's thresholds log((1 - beta) / alpha)).
-    - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
-    - fruitless_backoff 1.5, fruitless_max 4: after k re-tunes in a row that kept the configuration
-      (or that the context moved under), the drift test's reference value and threshold grow by
-      1.5^k (at most ~5x): a host whose load wanders (a shared machine) stops costing trials, a
-      large change still re-tunes, later.
-    - rescore_s 60: while holding, the predictor re-scores the candidates in the current context
-      once a minute (a few ms), so that a drift too gradual for the CUSUM still re-opens the search
-      when it makes another configuration clearly (twice min_gain) better.
-    - max_aborts 2: after two searches in a row that the context moved under, the tuner holds what
-      is in effect and waits for the drift detector (with the raised bar) instead of searching on.
-    - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
-      is further ahead applies at its next boundary (the scheduler does).
-    - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
-      (the job's clock) and 10 steps after the newest sample seen when deciding is given up; the
-      client sends samples every second and applies a decision at its next step.
-    """
-
-    warmup_steps: int = 10
-    transition_steps: int = 2
-    baseline_steps: int = 20
-    rebaseline_steps: int = 12
-    trial_steps: int = 16
-    min_trial_steps: int = 5
-    max_trials: int = 4
-    trial_window_s: float = 30.0
-    baseline_window_s: float = 60.0
-    min_gain: float = 0.02
-    z_switch: float = 2.5
-    kappa: float = 1.0
-    clearly_worse: float = 0.10
-    sprt_alpha: float = 0.01
-    sprt_beta: float = 0.10
-    sigma_floor: float = 0.01
-    rescore_s: float = 60.0
-    max_aborts: int = 2
-    fruitless_backoff: float = 1.5
-    fruitless_max: int = 4
-    apply_lead_steps: int = 2
-    apply_timeout_s: float = 30.0
-    apply_timeout_steps: int = 10
-
 
 class TunerSink(abc.ABC):
     """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""

@@ -2,7 +2,7 @@
 autobyted and applies the configurations decided there."""
 
 from autobyte._version import __version__
-from autobyte.telemetry import init, shutdown
+from autobyte.transport.session import init, shutdown
 from autobyte.types import Config, StepMetrics
 
 __all__ = ["__version__", "Config", "ScheduledOptimizer", "StepMetrics", "init", "shutdown"]

@@ -82,9 +82,9 @@ parameter reads are ordered with events — no host synchronisation per update b
 is read back only for parameters this rank did not use). Written for NCCL/CUDA but untested here (no
 GPU): tests/test_scheduler_cuda.py runs where one is. Untested: `torch.compile`d models.
 
-Where each concern lives: `optimizer` (the public API, setup checks, training-thread hooks),
+Where each concern lives: `optimizer` (the public API, training-thread hooks), `checks` (setup validation),
 `tracking` (parameter reads), `layout` (the flat buffer and partition plans), `groups` (the scheduler's
-communicators), `decisions` (rank 0's decision channel), `dispatch` (the leader/follower threads that
+communicators), `order_channel` (rank 0's collective-order channel), `dispatch` (the leader/follower threads that
 issue collectives), `update` (the optimizer-update thread), `amp` (GradScaler), `device` (CUDA
 ordering), `metrics` (per-step measurements), `progress` (per-parameter step counters shared by the
 threads), `events` (the named records that cross threads).

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autobyte.scheduler import decisions as channel_msgs
-from autobyte.scheduler.decisions import DecisionChannel, cpu_ns
+from autobyte.scheduler import order_channel
+from autobyte.scheduler.order_channel import OrderChannel, cpu_ns
 from autobyte.scheduler.device import DeviceSync
 from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady, Issue, SliceReduced,
                                        StepBoundary, Stop)
@@ -48,7 +48,7 @@ class Dispatcher:
     """Owns the comm queue and the issue of collectives on the data group."""
 
     def __init__(self, layout: Layout, group: Any, is_leader: bool, followers: bool,
-                 progress: Progress, steps: StepLog, channel: DecisionChannel | None,
+                 progress: Progress, steps: StepLog, channel: OrderChannel | None,
                  update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None) -> None:
         self.layout = layout
         self.group = group
@@ -153,7 +153,7 @@ class Dispatcher:
         plans = {start_step: layout.plan(config.partition_bytes)}
         credit = config.credit_bytes
         if followers:
-            channel.send(channel_msgs.config_message(start_step, config, decision_id))
+            channel.send(order_channel.config_message(start_step, config, decision_id))
         heap: list = []
         push, pop = heapq.heappush, heapq.heappop
         inflight = 0
@@ -181,7 +181,7 @@ class Dispatcher:
                     step, new_config, new_id = event
                     plans[step] = layout.plan(new_config.partition_bytes)
                     if (new_config, new_id) != (config, decision_id) and followers:
-                        backend_ns += channel.send(channel_msgs.config_message(step, new_config, new_id))
+                        backend_ns += channel.send(order_channel.config_message(step, new_config, new_id))
                     config, decision_id, credit = new_config, new_id, new_config.credit_bytes
                 elif kind is Stop:
                     if followers:
@@ -198,7 +198,7 @@ class Dispatcher:
                     batch.append((step, -neg_start, length, t_ready))
                     inflight += length * elem
                 if followers:
-                    backend_ns += channel.send_decisions([(s, a, n) for s, a, n, _ in batch])
+                    backend_ns += channel.send_order([(s, a, n) for s, a, n, _ in batch])
                 for step, start, length, t_ready in batch:
                     backend_ns += self._issue(step, start, length, t_ready)
                     plan = plans[step]
@@ -217,17 +217,17 @@ class Dispatcher:
             while True:
                 message = channel.receive()
                 kind = message[0]
-                if kind == channel_msgs.MSG_DECISIONS:
+                if kind == order_channel.MSG_ORDER:
                     entries = []
-                    header = channel_msgs.MSG_HEADER
+                    header = order_channel.MSG_HEADER
                     for k in range(message[1]):
                         step, start, length = message[header + 3 * k:header + 3 * k + 3]
                         first, last = layout.params_in(start, length)
                         entries.append(Issue(step, start, length, first, last))
                     self.queue.put(DecisionsReceived(entries))
-                elif kind == channel_msgs.MSG_CONFIG:
-                    self.steps.log_config(message[1], channel_msgs.config_of(message), message[3])
-                elif kind == channel_msgs.MSG_STOP:
+                elif kind == order_channel.MSG_CONFIG:
+                    self.steps.log_config(message[1], order_channel.config_of(message), message[3])
+                elif kind == order_channel.MSG_STOP:
                     self.queue.put(Stop())
                     channel.close_receiver()
                     return

@@ -52,3 +52,9 @@ def backend_of(group: Any) -> str | None:
     except Exception:  # a group object the backend lookup does not know: use the default
         return None
 
+
+def place_in(group: Any) -> tuple[int, int, int]:
+    """(this process's rank in `group`, the group's size, the job-wide rank of the group's rank 0);
+    None or the default group: the default group, led by rank 0."""
+    leader = 0 if group is None or group is dist.group.WORLD else dist.get_global_rank(group, 0)
+    return dist.get_rank(group), dist.get_world_size(group), leader

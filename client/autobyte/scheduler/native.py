@@ -50,8 +50,8 @@ def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) 
     return ""
 
 
-def decide(wanted: bool, device: Any, backend: str | None, channel: Any, decision_group: Any,
-           world: int) -> tuple[Any, str]:
+def choose_hot_path(wanted: bool, device: Any, backend: str | None, channel: Any,
+                    decision_group: Any, world: int) -> tuple[Any, str]:
     """(the extension module or None, why not). Collective over the data-parallel group when
     world > 1: every rank takes the same path."""
     reason = _local_reason(wanted, device, backend, channel)

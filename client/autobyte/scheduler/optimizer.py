@@ -1,7 +1,7 @@
-"""`ScheduledOptimizer`: the public API, its setup checks and its training-thread hooks.
+"""`ScheduledOptimizer`: the public API and its training-thread hooks (setup checks in `checks`).
 
 The threads it starts live in `dispatch` (collective order) and `update` (optimizer updates); the
-flat buffer in `layout`; the decision channel in `decisions`; measurements in `metrics`.
+flat buffer in `layout`; rank 0's collective-order channel in `order_channel`; measurements in `metrics`.
 """
 
 from __future__ import annotations
@@ -17,46 +17,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autobyte.scheduler.decisions import DecisionChannel
+from autobyte.scheduler.order_channel import OrderChannel
 from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import groups, native, tracking
+from autobyte.scheduler import checks, groups, native, tracking
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
+from autobyte import hooks
 from autobyte.types import Config, StepMetrics
 
 logger = logging.getLogger(__name__)
 
 _UNSET: Any = object()
-
-# Optimizers that cannot be updated one parameter at a time (closure-based or sparse-only).
-_UNSUPPORTED_OPTIMIZERS = tuple(getattr(torch.optim, name) for name in ("LBFGS", "SparseAdam")
-                                if hasattr(torch.optim, name))
-
-
-def _check_optimizer(optimizer: Any) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if isinstance(optimizer, _UNSUPPORTED_OPTIMIZERS):
-        raise ValueError(f"{type(optimizer).__name__} cannot be applied one parameter at a time "
-                         "(closure-based or sparse-only); use an element-wise optimizer such as "
-                         "SGD, Adam or AdamW")
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        raise ValueError("pass the bare module, not a DistributedDataParallel wrapper: "
-                         "ScheduledOptimizer replaces DDP's gradient sync")
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
-            raise ValueError(f"module {name or type(module).__name__!r} produces sparse gradients "
-                             "(sparse=True), which the scheduler cannot partition; use sparse=False")
 
 
 class ScheduledOptimizer:
@@ -92,60 +68,9 @@ class ScheduledOptimizer:
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
                  own_communicator: bool = True, grad_scaler: Any = None, native: bool = True) -> None:
         config = Config(partition_bytes, credit_bytes)
-        _check_model(model)
-        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-        if not optimizers:
-            raise ValueError("optimizer must be a torch.optim.Optimizer or a non-empty list of them")
-        for opt in optimizers:
-            _check_optimizer(opt)
-        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
-                                               and not isinstance(clip_grad_norm, bool)
-                                               and 0 < clip_grad_norm < float("inf")):
-            raise ValueError(f"clip_grad_norm must be a positive finite number or None, "
-                             f"got {clip_grad_norm!r}")
-        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
-        if not params:
-            raise ValueError("the model has no parameter that requires a gradient")
-        first = params[0]
-        for p in params:
-            if p.dtype != first.dtype or p.device != first.device:
-                raise ValueError("all trainable parameters must share one dtype and device, found "
-                                 f"{first.dtype}/{first.device} and {p.dtype}/{p.device}")
-            if not p.dtype.is_floating_point:
-                raise ValueError(f"trainable parameters must be floating point, found {p.dtype}")
-            if p.layout != torch.strided:
-                raise ValueError(f"only dense (strided) parameters are supported, found {p.layout}")
-        index_of = {p: i for i, p in enumerate(params)}
-        names = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            names.setdefault(p, name)
-        all_model_params = set(model.parameters())
-        owner: list[tuple[int, int] | None] = [None] * len(params)
-        for k, opt in enumerate(optimizers):
-            for g, group in enumerate(opt.param_groups):
-                for p in group["params"]:
-                    if p not in all_model_params:
-                        raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
-                    if p in index_of:
-                        if owner[index_of[p]] is not None:
-                            raise ValueError(f"parameter {names.get(p)!r} is held by two optimizers")
-                        owner[index_of[p]] = (k, g)
-        uncovered = [owner[i] is None for i in range(len(params))]
-        if any(uncovered) and (clip_grad_norm is not None or grad_scaler is not None):
-            missing = [names.get(p) for p, u in zip(params, uncovered) if u][:3]
-            raise ValueError(f"parameters {missing} are in no optimizer given to ScheduledOptimizer: "
-                             "with clip_grad_norm= or grad_scaler= every trainable parameter must be "
-                             "updated by the scheduler; pass every optimizer (a list)")
-        if grad_scaler is not None:
-            if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "_growth_factor")):
-                raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
-            if first.dtype == torch.float16:
-                raise ValueError("grad_scaler needs float32 parameters (torch.amp.GradScaler refuses to "
-                                 "unscale float16 gradients); keep the model in float32 under autocast")
-        frozen = [(name, p) for name, p in model.named_parameters()
-                  if not p.requires_grad and p.dtype.is_floating_point]
+        setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
+        optimizers, params, index_of, names = setup.optimizers, setup.params, setup.index_of, setup.names
+        owner, uncovered, frozen, first = setup.owner, setup.uncovered, setup.frozen, setup.params[0]
 
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("torch.distributed is not initialised: call "
@@ -159,9 +84,7 @@ class ScheduledOptimizer:
         if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
             raise ValueError("this rank is not a member of process_group: construct the "
                              "ScheduledOptimizer only on the ranks of its data-parallel group")
-        self._rank = dist.get_rank(self._pg)
-        self._world = dist.get_world_size(self._pg)
-        self._leader_global = dist.get_global_rank(self._pg, 0) if process_group is not None else 0
+        self._rank, self._world, self._leader_global = groups.place_in(self._pg)
         self._is_leader = self._rank == 0
         self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
         self._clip_norm_type = float(clip_norm_type)
@@ -204,7 +127,7 @@ class ScheduledOptimizer:
         self._forward_seen = -1  # step whose first forward has been checked
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
-        self._channel: DecisionChannel | None = None
+        self._channel: OrderChannel | None = None
         self._dispatcher: Dispatcher | native.NativeDispatcher | None = None
         self._updater: Updater | None = None
         self._grad_ready: Callable[[int, int], None] | None = None
@@ -228,10 +151,9 @@ class ScheduledOptimizer:
                 self._handles.append(module.register_forward_pre_hook(
                     tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
         self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
-        # Streams to autobyted if autobyte.init() was called (now or later); a no-op otherwise.
-        from autobyte import telemetry
-
-        telemetry.on_optimizer_created(self)
+        # The transport (autobyte.transport.session) attaches itself: streams to autobyted if
+        # autobyte.init() was called (now or later); a no-op otherwise.
+        hooks.scheduler_created(self)
 
     # ------------------------------------------------------------------ public API
 
@@ -401,12 +323,6 @@ class ScheduledOptimizer:
         if not self._closed and self._progress.error is None:
             self.synchronize()
 
-    def dispatch_overhead_us(self) -> float:
-        """The scheduler's own cost per partition in µs: CPU time of its thread (decisions, queues,
-        bookkeeping, decision messages), excluding the backend's all-reduce launch calls."""
-        stats = self._dispatcher.stats if self._dispatcher is not None else None
-        return stats.sched_ns / 1e3 / stats.parts if stats is not None and stats.parts else 0.0
-
     def dispatch_stats(self) -> dict[str, float]:
         """Scheduler costs: own overhead vs backend launch per partition, decision channel."""
         dispatcher, channel = self._dispatcher, self._channel
@@ -524,12 +440,12 @@ class ScheduledOptimizer:
         # Parameters handed back in .grad at the end of backward go first (highest priority).
         order = [i for i in order if self._uncovered[i]] + [i for i in order if not self._uncovered[i]]
         if self._world > 1:
-            self._channel = DecisionChannel(self._is_leader, self._rank, self._leader_global,
+            self._channel = OrderChannel(self._is_leader, self._rank, self._leader_global,
                                             self._follower_globals, self._decision_group, self._timeout_s)
             self._channel.open()
         layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
         self._device_sync = device_sync.make(self._device, self._n)
-        module, reason = native.decide(self._native_wanted, self._device, groups.backend_of(self._data_group),
+        module, reason = native.choose_hot_path(self._native_wanted, self._device, groups.backend_of(self._data_group),
                                        self._channel, self._decision_group, self._world)
         native.log_choice(module is not None, reason)
         self._hot_path, self._hot_path_reason = ("native" if module is not None else "python"), reason
@@ -712,9 +628,6 @@ class ScheduledOptimizer:
             raise
 
     # ------------------------------------------------------------------ errors
-
-    def _raise_if_failed(self) -> None:
-        self._progress.raise_if_failed()
 
     def _check_usable(self) -> None:
         if self._closed:

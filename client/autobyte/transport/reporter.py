@@ -1,4 +1,5 @@
-"""Client transport: streams each rank's step metrics to autobyted and applies its decisions.
+"""The metrics stream of one rank: a bounded buffer the training thread appends to, seq/ack
+bookkeeping, and the send loop that registers, streams and fails over between daemons.
 
 The training thread only appends to a bounded buffer (a few µs); everything that touches the network
 runs on background threads with timeouts, reconnects with backoff and jitter, and keeps the last good
@@ -7,36 +8,34 @@ configuration when the daemon is slow, down or wrong.
 
 from __future__ import annotations
 
-import atexit
 import collections
-import hashlib
 import itertools
 import logging
 import os
 import random
 import socket
-import statistics
 import threading
 import time
 import uuid
-import weakref
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING
 
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import (RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_addresses, daemon_token,
-                              open_channel)
-from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
+from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_addresses, open_channel
+from autobyte.convert import config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import MAX_WORLD_SIZE, Config, StepMetrics, check_metrics
+from autobyte.transport.control import RPC_TIMEOUT_S, Control
+from autobyte.types import Config, StepMetrics, check_metrics
+
+if TYPE_CHECKING:
+    from autobyte.transport.session import RankPlace
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
-RPC_TIMEOUT_S = 5.0
 MAX_BATCH_SAMPLES = 500
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
@@ -60,91 +59,6 @@ PERMANENT_REFUSALS = {
     grpc.StatusCode.UNIMPLEMENTED: "point AUTOBYTE_DAEMON at an autobyted of a matching version",
 }
 
-_lock = threading.Lock()
-_reporter: "Reporter | None" = None
-_atexit_registered = False
-
-
-def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
-         rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
-    """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
-    created) streams its step metrics and accepts the daemon's configurations. Defaults come from
-    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
-    without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
-    `daemon` may list several daemons that share one database ("host1:7077,host2:7077"): a rank
-    starts with the (rank mod N)-th and moves on to the next whenever the one it uses fails.
-    `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
-    operator's `autobyte propose` still applies)."""
-    global _reporter
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
-    job = job or os.environ.get("AUTOBYTE_JOB") or (run_id if run_id and run_id != "none" else None)
-    if not job:
-        raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
-                         "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
-    if rank is None and "RANK" in os.environ:
-        rank = int(os.environ["RANK"])
-    if world_size is None and "WORLD_SIZE" in os.environ:
-        world_size = int(os.environ["WORLD_SIZE"])
-    if rank is not None and world_size is not None and (world_size < 1 or not 0 <= rank < world_size):
-        raise ValueError(f"rank {rank} is not within world size {world_size}")
-    if world_size is not None and world_size > MAX_WORLD_SIZE:
-        raise ValueError(f"world size {world_size} exceeds autobyted's limit of {MAX_WORLD_SIZE}")
-    if buffer_samples < 1:
-        raise ValueError(f"buffer_samples={buffer_samples} must be positive")
-    if not 0 < flush_interval_s <= 60:
-        raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60] seconds")
-    daemon_addresses(daemon)  # ValueError for a malformed address, before anything starts
-    with _lock:
-        if _reporter is not None:
-            _reporter.close()
-        _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
-                             buffer_samples, tls_ca, flush_interval_s, tune)
-        for optimizer in list(_pending_optimizers):
-            _reporter.attach(optimizer)
-        global _atexit_registered
-        if not _atexit_registered:
-            atexit.register(shutdown)  # a short, bounded flush when the training script ends
-            _atexit_registered = True
-        return _reporter
-
-
-def shutdown(timeout_s: float = 2.0) -> None:
-    """Record the last steps, flush what can be flushed within timeout_s, tell the daemon this rank
-    is finished, and stop the background threads. Runs at exit by itself; call it after the last
-    `step()` (never concurrently with one). Never raises, never waits longer than timeout_s."""
-    global _reporter
-    with _lock:
-        if _reporter is not None:
-            _reporter.close(timeout_s)
-            _reporter = None
-
-
-_pending_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
-def on_optimizer_created(optimizer) -> None:
-    """Called by ScheduledOptimizer's constructor; attaches it if init() was called."""
-    _pending_optimizers.add(optimizer)
-    reporter = _reporter
-    if reporter is not None:
-        reporter.attach(optimizer)
-
-
-def model_fingerprint(parameters) -> pb.ModelFingerprint:
-    sizes, digest = [], hashlib.sha256()
-    count = 0
-    for p in parameters:
-        sizes.append(p.numel() * p.element_size())
-        count += p.numel()
-        digest.update(f"{tuple(p.shape)}:{p.dtype};".encode())
-    return pb.ModelFingerprint(parameter_count=count, parameter_bytes=sum(sizes), tensor_count=len(sizes),
-                               largest_tensor_bytes=max(sizes, default=0),
-                               median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0,
-                               digest=digest.hexdigest()[:32])
-
-
 def _retry_after_s(error: grpc.RpcError) -> float | None:
     """The wait a RESOURCE_EXHAUSTED answer asks for (trailing metadata `retry-after-ms`), else None."""
     if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -155,46 +69,6 @@ def _retry_after_s(error: grpc.RpcError) -> float | None:
     except (KeyError, TypeError, ValueError):
         return None
 
-
-class RankPlace(NamedTuple):
-    """Where a process sits: its job-wide rank (identity) and its place in its data-parallel group."""
-
-    rank: int
-    world_size: int
-    dp_rank: int
-    dp_size: int
-    dp_leader: int
-
-
-def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
-    """The job-wide rank and world size (the default group's) unless given (or set by RANK/
-    WORLD_SIZE), and the rank within the optimizer's data-parallel group."""
-    dp_rank = dp_size = dp_leader = None
-    try:
-        import torch.distributed as dist
-
-        group = getattr(optimizer, "process_group", None)
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-            dp_rank, dp_size = dist.get_rank(group), dist.get_world_size(group)
-            dp_leader = dist.get_global_rank(group, 0) if group is not None else 0
-    except Exception:  # a transport that is not torch.distributed
-        pass
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
-    if dp_rank is None or dp_rank < 0:
-        dp_rank, dp_size, dp_leader = rank, world_size, 0
-    return RankPlace(rank, world_size, dp_rank, dp_size, dp_leader)
-
-
-def _backend_of(optimizer) -> str:
-    try:
-        import torch.distributed as dist
-
-        return str(dist.get_backend(getattr(optimizer, "process_group", None)))
-    except Exception:  # not initialised, or a transport that is not torch.distributed
-        return "unknown"
 
 
 class Reporter:
@@ -250,31 +124,29 @@ class Reporter:
         self._fingerprint: pb.ModelFingerprint | None = None
         self._backend = "unknown"
         self._initial_config = Config()
-        # Decisions: the control thread hands them to the scheduler; the step callback sees them land.
-        self._last_update_id = 0
-        self._decision_id = 0
-        self._reports: collections.deque[pb.ReportConfigRequest] = collections.deque(maxlen=100)
         self.connected = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watch_stream = None
+        self.control = Control(self)  # decisions in, applied configurations out
 
     # ------------------------------------------------------------------ training thread
-    def attach(self, optimizer) -> None:
+    def attach(self, optimizer, place: RankPlace, fingerprint: pb.ModelFingerprint, backend: str) -> None:
+        """Stream `optimizer`'s steps from now on (`autobyte.transport.session` says where this rank
+        sits and what the model is)."""
         if self._optimizer is not None:
             if self._optimizer is not optimizer:
                 log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
             return
         self._optimizer = optimizer
-        self.place = _place_of(optimizer, self.rank, self.world_size)
+        self.place = place
         self.rank, self.world_size = self.place.rank, self.place.world_size
-        self._fingerprint = model_fingerprint(optimizer.model.parameters())
-        self._backend = _backend_of(optimizer)
+        self._fingerprint = fingerprint
+        self._backend = backend
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
         self._endpoint = self.place.rank % len(self.addresses)  # ranks spread over the daemons
         self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
-            self._threads.append(threading.Thread(target=self._watch_loop, name="autobyte-control", daemon=True))
+            self._threads.append(threading.Thread(target=self.control.watch_loop, name="autobyte-control", daemon=True))
         for thread in self._threads:
             thread.start()
         self._host_load.start()
@@ -291,33 +163,34 @@ class Reporter:
             self._buffer.append((self._seq, metrics, self._host_load.value))
             if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
-        if metrics.decision_id != self._decision_id:  # a decision took effect at this step
-            self._decision_id = metrics.decision_id
-            self._reports.append(pb.ReportConfigRequest(job=self.job, rank=self.rank,
-                                                        decision_id=metrics.decision_id,
-                                                        config=config_to_proto(metrics.config),
-                                                        applied_at_step=metrics.step))
-
-    def _apply(self, decision_id: int, config: Config, apply_at_step: int) -> None:
-        """Hand a decision to the scheduler (control thread); it takes effect at the step boundary
-        it names, or the next one if that has passed. Rank 0 decides for every rank."""
-        try:
-            self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        decision_id=decision_id, at_step=apply_at_step)
-        except Exception as error:  # keep the last good configuration
-            log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
+        self.control.on_step(metrics)
 
     # ------------------------------------------------------------------ background threads
-    def _backoff(self, attempt: int) -> None:
+    def backoff(self, attempt: int) -> None:
         delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(attempt, 10))
         self._closed.wait(delay * random.uniform(0.5, 1.0))
+
+    @property
+    def optimizer(self):
+        """The ScheduledOptimizer whose steps this reporter streams (None before attach)."""
+        return self._optimizer
+
+    @property
+    def metadata(self) -> tuple:
+        """The call metadata (the daemon's token) of every RPC."""
+        return self._metadata
+
+    @property
+    def closed(self) -> threading.Event:
+        """Set once close() began: every background loop ends."""
+        return self._closed
 
     @property
     def address(self) -> str:
         """The daemon this rank uses now."""
         return self.addresses[self._endpoint]
 
-    def _channel(self) -> grpc.Channel:
+    def channel(self) -> grpc.Channel:
         """The channel to the daemon in use (opened once per address, closed by close())."""
         address = self.address
         with self._channels_lock:
@@ -334,9 +207,7 @@ class Reporter:
         self._endpoint = (self._endpoint + 1) % len(self.addresses)
         self.failovers += 1
         log.debug("autobyted at %s failed (%s); moving to %s", previous, why, self.address)
-        stream = self._watch_stream
-        if stream is not None:
-            stream.cancel()
+        self.control.cancel_watch()
         return True
 
     def _register(self, stub) -> tuple[str, int]:
@@ -435,7 +306,7 @@ class Reporter:
         attempt = 0
         failed_in_a_row = 0  # daemons of the list that failed one after the other
         while not self._closed.is_set():
-            channel = self._channel()
+            channel = self.channel()
             telemetry = pb_grpc.TelemetryStub(channel)
             control = pb_grpc.ControlStub(channel)
             try:
@@ -453,7 +324,7 @@ class Reporter:
                     continue  # the next daemon at once; a back-off once every one of them failed
                 failed_in_a_row = 0
                 attempt += 1
-                self._backoff(attempt)
+                self.backoff(attempt)
                 continue
             failed_in_a_row = 0
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
@@ -465,10 +336,10 @@ class Reporter:
             attempt = 0
             acks = 0
             try:
-                self._flush_reports(control)
+                self.control.flush_reports(control)
                 for ack in telemetry.StreamMetrics(self._batches(session_id, generation), metadata=self._metadata):
                     cpu0 = time.thread_time()
-                    self._flush_reports(control)  # before the ack wakes flush()
+                    self.control.flush_reports(control)  # before the ack wakes flush()
                     acks += 1
                     with self._cond:
                         if self._final_at is not None and acks >= self._final_at:
@@ -498,7 +369,7 @@ class Reporter:
                 log.exception("unexpected error in the autobyte telemetry thread")
             self.connected.clear()
             attempt += 1
-            self._backoff(attempt)
+            self.backoff(attempt)
 
     def _refusal(self, error: grpc.RpcError) -> None:
         """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
@@ -540,54 +411,6 @@ class Reporter:
             self._acked_seq = max(self._acked_seq, last)
             self._cond.notify_all()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
-
-    def _flush_reports(self, control) -> None:
-        while self._reports:
-            request = self._reports[0]
-            try:
-                control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._metadata)
-            except grpc.RpcError as error:
-                if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise  # transient: the send loop reconnects and tries again
-                log.warning("autobyted refused the report of decision %d: %s", request.decision_id,
-                            error.details())
-            self._reports.popleft()
-
-    def _watch_loop(self) -> None:
-        attempt = 0
-        while not self._closed.is_set():
-            opened = time.monotonic()
-            try:
-                self.connected.wait(1.0)
-                if not self.connected.is_set():
-                    continue
-                # The daemon the send loop registered with; _fail_over cancels this stream to follow.
-                control = pb_grpc.ControlStub(self._channel())
-                stream = control.WatchConfig(pb.WatchConfigRequest(job=self.job, rank=self.rank,
-                                                                   after_decision_id=self._last_update_id),
-                                             metadata=self._metadata)
-                self._watch_stream = stream
-                opened = time.monotonic()
-                for update in stream:
-                    attempt = 0
-                    if update.decision_id <= self._last_update_id:
-                        continue  # already handed over (a daemon replaying after a move): never twice
-                    try:
-                        config = config_from_proto(update.config)
-                    except ValueError as error:
-                        log.warning("ignoring decision %d from the daemon: %s", update.decision_id, error)
-                        continue
-                    self._last_update_id = update.decision_id
-                    self._apply(update.decision_id, config, update.apply_at_step)
-            except grpc.RpcError as error:
-                if time.monotonic() - opened > 5.0:
-                    attempt = 0  # it was a working stream that broke, not a failing one
-                if not self._closed.is_set():
-                    log.debug("control stream ended: %s %s", error.code(), error.details())
-            except Exception:
-                log.exception("unexpected error in the autobyte control thread")
-            attempt += 1
-            self._backoff(attempt)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -632,9 +455,7 @@ class Reporter:
         with self._cond:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
-        stream = self._watch_stream
-        if stream is not None:
-            stream.cancel()
+        self.control.cancel_watch()
         with self._channels_lock:
             for channel in self._channels.values():
                 channel.close()

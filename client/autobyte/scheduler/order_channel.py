@@ -1,4 +1,4 @@
-"""The decision channel: rank 0 publishes its collective order (and configuration changes) to the
+"""The order channel: rank 0 publishes its collective order (and configuration changes) to the
 other ranks of the data-parallel group, in FIFO order.
 
 A plain TCP socket per follower costs ~10 µs to post and ~15 µs to deliver a decision on loopback,
@@ -9,7 +9,7 @@ to gloo point-to-point on the decision group (the choice is taken collectively).
 AUTOBYTE_DECISION_CHANNEL=gloo on rank 0 forces the gloo channel.
 
 Messages are int64 vectors of fixed length:
-  decisions: [DECISIONS, n, send_time_ns, 0, (step, start, length) * n]
+  order:     [ORDER, n, send_time_ns, 0, (step, start, length) * n]
   config:    [CONFIG, step, send_time_ns, decision_id, partition_bytes | -1, credit_bytes | -1]
   stop:      [STOP, 0, send_time_ns, 0]
 """
@@ -34,7 +34,7 @@ from autobyte.types import Config
 
 logger = logging.getLogger(__name__)
 
-MSG_DECISIONS = 1
+MSG_ORDER = 1
 MSG_CONFIG = 2
 MSG_STOP = 3
 MSG_HEADER = 4
@@ -135,7 +135,7 @@ def config_of(message: Sequence[int]) -> Config:
     return Config(None if message[4] < 0 else message[4], None if message[5] < 0 else message[5])
 
 
-class DecisionChannel:
+class OrderChannel:
     """Rank 0 → followers, FIFO. `open()` is collective over the decision group."""
 
     def __init__(self, is_leader: bool, rank: int, leader_global: int, follower_globals: list[int],
@@ -226,12 +226,12 @@ class DecisionChannel:
         self.send_ns += time.perf_counter_ns() - t0
         return cpu_ns() - c0
 
-    def send_decisions(self, batch: Sequence[tuple[int, int, int]]) -> int:
+    def send_order(self, batch: Sequence[tuple[int, int, int]]) -> int:
         """Post (step, start, length) triples in log order; returns the CPU ns spent."""
         spent = 0
         for b in range(0, len(batch), MSG_MAX_ENTRIES):
             chunk = batch[b:b + MSG_MAX_ENTRIES]
-            message = [MSG_DECISIONS, len(chunk), 0, 0]
+            message = [MSG_ORDER, len(chunk), 0, 0]
             for triple in chunk:
                 message += triple
             spent += self.send(message)

@@ -1,0 +1,37 @@
+"""The candidate configurations the tuner chooses among (the real scheduler's grid), and how one
+is written in its reasons."""
+
+from __future__ import annotations
+
+from autobyte.types import Config, format_bytes
+from autobyted.tuner.features import JobShape
+
+KIB, MIB = 1 << 10, 1 << 20
+GRID_PARTITIONS = (256 * KIB, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB)
+GRID_CREDIT_MULTIPLES = (1, 2, 4, 16, None)  # credit = multiple x partition; None = unlimited
+GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
+
+
+def candidate_grid(shape: JobShape, starting: Config | None = None) -> tuple[Config, ...]:
+    """Configurations the real scheduler runs, inside autobyte.types' safe limits (Config checks
+    them): partitions 256 KiB-64 MiB x credit of 1/2/4/16 partitions or unlimited, unpartitioned
+    with 4/16/64 MiB or unlimited credit, and the job's starting configuration. Partitions larger
+    than the whole gradient all send one message: only the smallest of them is kept."""
+    total = shape.parameter_bytes
+    grid: list[Config] = []
+    whole_kept = False
+    for partition in GRID_PARTITIONS:
+        if total and partition >= total:
+            if whole_kept:
+                continue
+            whole_kept = True
+        for multiple in GRID_CREDIT_MULTIPLES:
+            grid.append(Config(partition, None if multiple is None else partition * multiple))
+    grid += [Config(None, credit) for credit in GRID_UNPARTITIONED_CREDITS]
+    if starting is not None and starting not in grid:
+        grid.append(starting)
+    return tuple(dict.fromkeys(grid))
+
+
+def describe(config: Config) -> str:
+    return f"{format_bytes(config.partition_bytes, 'none')}/{format_bytes(config.credit_bytes, 'inf')}"
