@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 
-from autobyte.types import Config, StepMetrics
+from autobyte.types import Config, StepMetrics, summarize_tensor_sizes
 
 from autobyted.storage.records import Fingerprint
 from autobyted.tuner.features import JobShape
@@ -35,9 +35,8 @@ T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
 
 def job_shape(profile: ModelProfile, workers: int, backend: str) -> JobShape:
     """Registration info of a simulated job (what autobyte.transport.session.model_fingerprint computes)."""
-    sizes = sorted(b for layer in profile.layers for b in layer.param_bytes if b > 0)
-    median = sizes[len(sizes) // 2] if sizes else 0
-    fingerprint = Fingerprint(sum(sizes) // 4, sum(sizes), len(sizes), max(sizes, default=0), median, profile.name)
+    sizes = summarize_tensor_sizes(b for layer in profile.layers for b in layer.param_bytes if b > 0)
+    fingerprint = Fingerprint(parameter_count=sizes.parameter_bytes // 4, digest=profile.name, **sizes._asdict())
     return JobShape.from_fingerprint(workers, backend, fingerprint)
 
 

@@ -7,7 +7,7 @@ Training data: `CONTEXTS` random contexts, each a model, a worker count, a link 
 speed and a link cost model; in each, `CONFIGS_PER_CONTEXT` configurations of the tuner's own
 candidate grid (always including the scheduler's default) run to a settled state in the simulator,
 and a window of `WINDOW_STEPS` steps of each goes through the same adapter the `autobyte` policy
-uses (benchmarks/autobyte_policy.py: noisy StepMetrics, what a rank reports). Pairs of windows of
+uses (simulator/adapter.py: noisy StepMetrics, what a rank reports). Pairs of windows of
 one context are the training rows (autobyted/tuner/predictor.py). Models: the three public shapes
 (VGG-16, ResNet-50, BERT-base), the testbed MLP's recorded profile, and random synthetic models
 (layer counts, tensor sizes and compute drawn at random) so that the prior is not only a lookup of
@@ -32,7 +32,7 @@ from autobyte.types import Config
 from autobyted.tuner.features import summarize
 from autobyted.tuner.predictor import Ensemble, Window, train_ensemble, training_pairs
 from autobyted.tuner.search import candidate_grid
-from benchmarks.autobyte_policy import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
+from simulator.adapter import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
 from simulator.engine import LinkModel, Simulator
 from simulator.profiles import LayerProfile, ModelProfile, bert_base, resnet50, vgg16
 from simulator.trace import PiecewiseConstant

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+from collections.abc import Iterable
+from typing import NamedTuple
 
 # Safe limits for the two tuned numbers. A partition smaller than 4 KiB costs more in per-collective
 # overhead than it can ever win; nothing above 16 GiB is a sane bound for one message or a window.
@@ -120,3 +123,23 @@ def parse_bytes(text: str) -> int | None:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"not a positive byte size: {text!r}")
     return int(value * scale)
+
+
+class TensorSizes(NamedTuple):
+    """The size summary of a model's parameters that a registration carries and the predictor sees."""
+
+    parameter_bytes: int
+    tensor_count: int
+    largest_tensor_bytes: int
+    median_tensor_bytes: int
+
+
+def summarize_tensor_sizes(tensor_bytes: Iterable[int]) -> TensorSizes:
+    """The one definition of a model's tensor-size summary: the client's registration
+    (`autobyte.transport.session.model_fingerprint`) and every path that trains the predictor
+    (the simulator's jobs, recorded windows) compute it here, so the prior learns from the features
+    a real client sends. The median of an even count is the mean of the two middle sizes."""
+    sizes = list(tensor_bytes)
+    return TensorSizes(parameter_bytes=sum(sizes), tensor_count=len(sizes),
+                       largest_tensor_bytes=max(sizes, default=0),
+                       median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0)

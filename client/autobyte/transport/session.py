@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
-import statistics
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -15,7 +14,7 @@ from autobyte import hooks
 from autobyte.channel import daemon_address, daemon_addresses, daemon_token
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.transport.reporter import Reporter
-from autobyte.types import MAX_WORLD_SIZE
+from autobyte.types import MAX_WORLD_SIZE, summarize_tensor_sizes
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None
@@ -106,10 +105,8 @@ def model_fingerprint(parameters) -> pb.ModelFingerprint:
         sizes.append(p.numel() * p.element_size())
         count += p.numel()
         digest.update(f"{tuple(p.shape)}:{p.dtype};".encode())
-    return pb.ModelFingerprint(parameter_count=count, parameter_bytes=sum(sizes), tensor_count=len(sizes),
-                               largest_tensor_bytes=max(sizes, default=0),
-                               median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0,
-                               digest=digest.hexdigest()[:32])
+    return pb.ModelFingerprint(parameter_count=count, digest=digest.hexdigest()[:32],
+                               **summarize_tensor_sizes(sizes)._asdict())
 
 
 
