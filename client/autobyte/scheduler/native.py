@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) -> str:
     if not wanted:
         return "disabled by ScheduledOptimizer(native=False)"
-    state = status(start_build=True)  # not built: compiled in the background for later processes
+    # not built: compiled in the background for later processes, where it could run
+    state = status(start_build=device.type == "cpu" and backend == "gloo")
     if not state.active:
         return state.reason
     if device.type != "cpu":
