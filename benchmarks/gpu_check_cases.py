@@ -99,10 +99,11 @@ class Case:
     def __init__(self, name: str, make_model: Callable[[], nn.Module], make_opt: Callable[[Any], Any],
                  make_batch: Callable[[torch.Generator], tuple], loss: Callable, steps: int,
                  amp: str | None = None, reconfigure: bool = False, jitter: bool = False,
-                 partition_bytes: int | None = 64 << 10, credit_bytes: int | None = 256 << 10) -> None:
+                 partition_bytes: int | None = 64 << 10, credit_bytes: int | None = 256 << 10,
+                 gpu_delays: bool = False) -> None:
         self.name, self.make_model, self.make_opt, self.make_batch = name, make_model, make_opt, make_batch
         self.loss, self.steps, self.amp = loss, steps, amp
-        self.reconfigure, self.jitter = reconfigure, jitter
+        self.reconfigure, self.jitter, self.gpu_delays = reconfigure, jitter, gpu_delays
         self.partition_bytes, self.credit_bytes = partition_bytes, credit_bytes
 
 
@@ -124,7 +125,8 @@ def _hf_gpt2(device: torch.device) -> Callable[[], nn.Module] | None:
         def __init__(self) -> None:
             super().__init__()
             config = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=4,
-                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                                use_cache=False)
             self.gpt2 = GPT2LMHeadModel(config)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -168,6 +170,11 @@ def equivalence_cases(device: torch.device, quick: bool) -> tuple[list[Case], di
              reconfigure=True, jitter=True),
     ]
     skipped: dict[str, str] = {}
+    if device.type == "cuda":
+        cases.append(Case("stream_ordering_gpu_delays", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss,
+                          steps, gpu_delays=True))
+    else:
+        skipped["stream_ordering_gpu_delays"] = "needs CUDA (delays injected on the GPU's streams)"
     hf = _hf_gpt2(device) if not quick else None
     if hf is not None:
         cases.append(Case("hf_gpt2_tied", hf, adamw, _tokens(512, 4, 64, device), _lm_loss, steps))
@@ -221,20 +228,53 @@ def _jitter(model: nn.Module, rng: random.Random) -> None:
         param.register_post_accumulate_grad_hook(nap)
 
 
+class _GpuDelays:
+    """Random GPU-side delays where a missing stream ordering would show as wrong parameters: before
+    each gradient's copy into the flat buffer (a sleep kernel queued by a gradient hook that runs
+    before the scheduler's), and before each collective on the scheduler's issue stream (after its
+    event waits), so the update and the next forward's reads run while the collective is still
+    late. Fault injection around the real code, restored on exit; the math is unchanged."""
+
+    def __init__(self, model: nn.Module, rng: random.Random) -> None:
+        self.rng = rng
+        for param in model.parameters():
+            param.register_post_accumulate_grad_hook(lambda _p: torch.cuda._sleep(self.rng.randint(0, 400_000)))
+
+    def __enter__(self) -> None:
+        from autobyte.scheduler import device as device_sync
+
+        self.cls = device_sync.CudaSync
+        self.original = original = self.cls.before_issue
+        rng = self.rng
+
+        def delayed(sync: Any, params: Any) -> None:
+            original(sync, params)
+            torch.cuda._sleep(rng.randint(50_000, 600_000))
+
+        self.cls.before_issue = delayed
+
+    def __exit__(self, *exc: object) -> None:
+        self.cls.before_issue = self.original
+
+
 def train_scheduled(case: Case, device: torch.device, batches: list, rank: int) -> tuple[nn.Module, dict]:
+    import contextlib
+
     from autobyte import ScheduledOptimizer
 
     rng = random.Random(7 + rank)
     model = case.make_model()
     opt = case.make_opt(model.parameters())
     scaler = torch.amp.GradScaler(device.type) if case.amp == "fp16" else None
+    # registered before the scheduler's hooks, so that they run first
+    delays = _GpuDelays(model, rng) if case.gpu_delays and device.type == "cuda" else contextlib.nullcontext()
     sched = ScheduledOptimizer(model, opt, partition_bytes=case.partition_bytes, credit_bytes=case.credit_bytes,
                                grad_scaler=scaler, timeout_s=120)
     if case.jitter:
         _jitter(model, rng)
     configs = set()
     sched.add_step_callback(lambda m: configs.add((m.config.partition_bytes, m.config.credit_bytes)))
-    with sched:
+    with sched, delays:
         for x, y in batches:
             if case.reconfigure and rng.random() < 0.5:
                 sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS))
@@ -294,7 +334,7 @@ class SyncCounter:
         self.count = 0
         self.where: collections.Counter = collections.Counter()
 
-    def __enter__(self) -> "SyncCounter":
+    def __enter__(self) -> SyncCounter:
         self._catch = warnings.catch_warnings(record=True)
         self._records = self._catch.__enter__()
         warnings.simplefilter("always")
@@ -302,10 +342,10 @@ class SyncCounter:
             torch.cuda.set_sync_debug_mode("warn")
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()  # (itself a synchronisation: after the count)
         self._catch.__exit__(*exc)
         for record in self._records:
             if "synchroniz" in str(record.message).lower():
@@ -360,7 +400,8 @@ def _sync_probe(case: Case, device: torch.device, batches: list, scheduled: bool
 
 def nccl_one_rank(rank: int, device: torch.device, quick: bool) -> dict:
     cases, _ = equivalence_cases(device, quick)
-    keep = {"mlp_sgd_momentum", "transformer_tied_adamw", "amp_fp16_gradscaler", "amp_bf16"}
+    keep = {"mlp_sgd_momentum", "transformer_tied_adamw", "amp_fp16_gradscaler", "amp_bf16",
+            "stream_ordering_gpu_delays"}
     cases = [c for c in cases if c.name in keep]
     results = _run_cases(rank, device, cases, ddp=False)
     for case in cases:
