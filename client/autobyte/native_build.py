@@ -12,8 +12,9 @@ the first ScheduledOptimizer on a host compiles it.
 What happens on first use, and why a training step never waits for it:
 * The first process on a host that finds no build for its torch takes an exclusive file lock in the
   cache entry (flock: released by the kernel when its holder dies, so it is never stale) and starts a
-  detached, niced builder process that inherits the lock. It logs one INFO line and, like every other
-  process on the host that finds the lock taken, runs the Python path (same parameters, more CPU per
+  detached, niced builder process that inherits the lock. It says so in the scheduler's one INFO line
+  about its hot path and, like every other process on the host that finds the lock taken, runs the
+  Python path (same parameters, more CPU per
   partition): the path is chosen collectively at the first backward pass and never switched during a
   job, and waiting a minute for a compile there would stall every rank of the job.
 * Processes started after the build completed load it from the cache: the native path is active.
@@ -222,11 +223,11 @@ def _start(entry: CacheEntry) -> str:
             os.close(fd)  # the builder holds the lock from here on
     except OSError as error:
         return f"the native hot path is not built and its compile could not be started ({error}); {fix}"
-    logger.info("autobyte: compiling the native hot path for torch %s in the background (about a "
-                "minute, once per host) into %s; this process runs the Python path, processes started "
-                "after it finishes use the native one", entry.torch_version, entry.folder)
+    logger.debug("started the native hot path's compile into %s", entry.folder)
+    # the scheduler's one INFO line about its hot path carries this reason
     return (f"the native hot path is being compiled for torch {entry.torch_version} in the background "
-            f"(into {entry.folder}); processes started after it finishes use it")
+            f"(about a minute, once per host; into {entry.folder}); processes started after it "
+            "finishes use it")
 
 
 def build_now(timeout_s: float = 900.0) -> tuple[bool, str]:
