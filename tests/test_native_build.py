@@ -3,7 +3,8 @@ on, so setup.py sees no torch and compiles nothing) ships native/engine.cpp; in 
 environment with nothing of the checkout on any path, the first ScheduledOptimizer on the host starts
 compiling it in the background (once per host: the other rank finds it under way; each says so in
 its one INFO line about the hot path) and trains on the Python path; once the compile is done, the
-next job runs the native path with DDP's parameters. `autobyte check-build` says which, and `--build` waits for the compile.
+next job runs the native path with DDP's parameters. `autobyte check-build` says which, and
+`--build` waits for the compile.
 
 The fresh venv sees torch (and ninja) through a .pth line to this environment's site-packages, as
 tests/test_packaging.py does, so nothing is downloaded but the build backend (setuptools, wheel)
