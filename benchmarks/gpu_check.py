@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -264,6 +265,7 @@ class Check:
         (self.out / REPORT).write_text(json.dumps(report, indent=1))
         (self.out / TABLE).write_text(table(report))
         (self.out / LOGS).write_text("".join(self.log)[-4_000_000:])
+        shutil.rmtree(self.work, ignore_errors=True)  # step results (now in the report), the compile
         return 1 if failed else 0
 
 
