@@ -12,6 +12,10 @@ scripts/setup.sh does: build isolation would have to download torch, which is ne
 requirement) and a C++ compiler on PATH. Anywhere else, and if the compilation fails, the package
 builds without it and the scheduler runs its Python path (`autobyte check-build` says why).
 AUTOBYTE_BUILD_NATIVE=0 skips it on purpose.
+
+The source itself ships in every wheel (autobyte/csrc/engine.cpp): where the extension was not built
+here (pip's default build isolation has no torch), `autobyte.native_build` compiles it on first use
+against the torch the training process imports.
 """
 
 import os
@@ -19,6 +23,7 @@ import shutil
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 NATIVE_SOURCES = ["native/engine.cpp"]
 # The design card keeps migrations/ at the top level; it ships inside the daemon's package.
@@ -31,6 +36,20 @@ def packages() -> list[str]:
     for name, folder in MIGRATIONS.items():
         found += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
     return found
+
+
+class BuildPyWithNativeSource(build_py):
+    """Copies native/engine.cpp into the built package as autobyte/csrc/, for the compile on first use."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            return  # an editable install finds native/ in the checkout
+        target = os.path.join(self.build_lib, "autobyte", "csrc")
+        for source in NATIVE_SOURCES:
+            if os.path.exists(source):
+                self.mkpath(target)
+                self.copy_file(source, os.path.join(target, os.path.basename(source)))
 
 
 def _say(message: str) -> None:
@@ -72,5 +91,7 @@ def native_build() -> dict:
             "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))}}
 
 
+native = native_build()
 setup(package_dir={"autobyte": "client/autobyte", "autobyted": "autobyted", **MIGRATIONS},
-      packages=packages(), **native_build())
+      packages=packages(), ext_modules=native.get("ext_modules", []),
+      cmdclass={"build_py": BuildPyWithNativeSource, **native.get("cmdclass", {})})

@@ -60,6 +60,7 @@ def test_wheel_contents(wheel):
     assert not any(n.startswith(("tests/", "benchmarks/", "simulator/", "client/", "native/")) for n in names)
     assert not any("_native" in n for n in names), "built without a compiler: no native extension"
     assert "autobyte/native_status.py" in names and "autobyte/scheduler/native.py" in names
+    assert "autobyte/csrc/engine.cpp" in names  # compiled on first use where a compiler is (native_build)
     metadata = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     base = [line for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
@@ -194,7 +195,9 @@ def test_wheel_without_native_runs_the_python_path(wheel, tmp_path):
     (site / "borrowed-torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "AUTOBYTE_NATIVE")}
-    env.update(PYTHONNOUSERSITE="1", PATH=f"{bin_dir}:{env.get('PATH', '')}")
+    # no compiler at run time either: nothing is compiled on first use, and the reason says why
+    env.update(PYTHONNOUSERSITE="1", PATH=f"{bin_dir}:{env.get('PATH', '')}", CXX=str(tmp_path / "no-such-compiler"),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
     work = tmp_path / "work"
     work.mkdir()
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
@@ -222,7 +225,7 @@ def test_wheel_without_native_runs_the_python_path(wheel, tmp_path):
     for rank in range(2):
         result = json.loads((work / f"result.{rank}.json").read_text())
         assert result["hot_path"] == "python", result
-        assert "not in this installation" in result["reason"]
+        assert "not in this installation" in result["reason"] and "no C++ compiler" in result["reason"]
         assert result["diff"] == 0.0, result
         log = (work / f"result.{rank}.log").read_text()
         lines = [line for line in log.splitlines() if "hot path" in line]

@@ -154,11 +154,22 @@ def main() -> None:
 
 @main.command("check-build")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def check_build(fmt) -> None:
+@click.option("--build", "build", is_flag=True,
+              help="Compile the native hot path now against this torch, into the torch extensions "
+                   "cache (waits for a compile another process started), then report.")
+def check_build(fmt, build) -> None:
     """Say how this installation was built: the scheduler's native hot path (built? active? why
-    not?), torch and its distributed backends. Needs no daemon."""
+    not? prebuilt in the installation or compiled into the cache?), torch and its distributed
+    backends. Needs no daemon."""
     from autobyte.native_status import build_report
 
+    if build:
+        from autobyte.native_build import build_now
+
+        ok, message = build_now()
+        click.echo(f"native build: {message}", err=True)
+        if not ok:
+            raise SystemExit(1)
     report = build_report()
     if fmt == "json":
         click.echo(json.dumps(report, indent=1))
@@ -171,6 +182,16 @@ def check_build(fmt) -> None:
                + (f" (built for torch {native['built_for_torch']})" if native["built_for_torch"] else ""))
     if native["reason"]:
         click.echo(textwrap.fill(f"  why not: {native['reason']}", WIDTH, subsequent_indent="    "))
+    origin = report["native_build"]
+    where = {"prebuilt": "prebuilt in this installation",
+             "compiled": f"compiled on first use into {origin['cache_dir']}"}
+    click.echo(f"  source: {where.get(origin['source'], 'not built')}")
+    if origin["source"] == "not built" and origin["compile_source"]:
+        click.echo(textwrap.fill("  to fix: " + (origin["compiler_missing"] or (
+            "`autobyte check-build --build` compiles it now (about a minute); the first "
+            "ScheduledOptimizer on this host also starts it in the background"
+            + (f" (an earlier compile failed: {origin['failed'][:200]})" if origin["failed"] else ""))),
+            WIDTH, subsequent_indent="    "))
     if torch_info["installed"]:
         click.echo("backends:         " + ", ".join(f"[{'X' if on else ' '}] {name}"
                                                      for name, on in report["backends"].items()))

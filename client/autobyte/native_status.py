@@ -1,6 +1,10 @@
 """Whether the scheduler's native hot path (`autobyte._native`, built from native/engine.cpp) is in
-this installation and can run here, and why not — without importing torch unless it is installed
-(`autobyte check-build` runs on a base install too)."""
+this installation or in the torch extensions cache and can run here, and why not — without importing
+torch unless it is installed (`autobyte check-build` runs on a base install too).
+
+Where it comes from, first found first: built into the installation by setup.py (`prebuilt`: torch
+and a compiler in the build environment, as scripts/setup.sh installs), else compiled on first use
+against the imported torch into the torch extensions cache (`compiled`: `autobyte.native_build`)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from typing import Any
 MODULE = "autobyte._native"
 INTERFACE_VERSION = 1  # must equal native/engine.cpp's kInterfaceVersion
 ENV_SWITCH = "AUTOBYTE_NATIVE"  # "0": always the Python path
-REBUILD = ("rebuild it: bash scripts/setup.sh in a checkout, or pip install --no-build-isolation "
-           "'autobyte[torch]' with torch and a C++ compiler installed")
+REBUILD = ("rebuild it: `autobyte check-build --build` compiles it against this torch (a C++ "
+           "compiler and ninja needed), or bash scripts/setup.sh in a checkout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +29,7 @@ class NativeStatus:
     active: bool
     reason: str
     built_for_torch: str = ""
+    source: str = ""  # "prebuilt" (in the installation), "compiled" (the torch extensions cache) or ""
 
 
 _loaded: tuple[Any, NativeStatus] | None = None
@@ -41,8 +46,7 @@ def load() -> tuple[Any, NativeStatus]:
         built = False
     module = None
     if not built:
-        result = NativeStatus(False, False, f"{MODULE} is not in this installation (built without torch in "
-                                            f"the build environment or without a C++ compiler); {REBUILD}")
+        module, result = _load_compiled()
     else:
         try:
             import torch
@@ -55,27 +59,66 @@ def load() -> tuple[Any, NativeStatus]:
             except (ImportError, OSError) as error:
                 result = NativeStatus(True, False, f"{MODULE} cannot be loaded ({error}); {REBUILD}")
             else:
-                built_for = str(getattr(module, "TORCH_VERSION", ""))
-                version = getattr(module, "INTERFACE_VERSION", None)
-                if version != INTERFACE_VERSION:
-                    result = NativeStatus(True, False, f"{MODULE} is a stale build (interface {version}, this "
-                                                       f"autobyte needs {INTERFACE_VERSION}); {REBUILD}", built_for)
-                    module = None
-                elif built_for != torch.__version__:
-                    result = NativeStatus(True, False, f"{MODULE} was built for torch {built_for}, this is "
-                                                       f"torch {torch.__version__}; {REBUILD}", built_for)
-                    module = None
-                else:
-                    result = NativeStatus(True, True, "", built_for)
+                module, result = _checked(module, torch.__version__, "prebuilt")
     _loaded = (module, result)
     return _loaded
 
 
-def status() -> NativeStatus:
-    """The extension's state in this process, `AUTOBYTE_NATIVE=0` included."""
+def _checked(module: Any, torch_version: str, source: str) -> tuple[Any, NativeStatus]:
+    """(module or None, status) of a loaded extension: the interface and torch it was built for."""
+    built_for = str(getattr(module, "TORCH_VERSION", ""))
+    version = getattr(module, "INTERFACE_VERSION", None)
+    if version != INTERFACE_VERSION:
+        return None, NativeStatus(True, False, f"{MODULE} is a stale build (interface {version}, this "
+                                               f"autobyte needs {INTERFACE_VERSION}); {REBUILD}", built_for, source)
+    if built_for != torch_version:
+        return None, NativeStatus(True, False, f"{MODULE} was built for torch {built_for}, this is "
+                                               f"torch {torch_version}; {REBUILD}", built_for, source)
+    return module, NativeStatus(True, True, "", built_for, source)
+
+
+def _load_compiled() -> tuple[Any, NativeStatus]:
+    """Not in the installation: the build compiled on first use into the torch extensions cache."""
+    not_here = f"{MODULE} is not in this installation (built without torch in the build environment or " \
+               "without a C++ compiler)"
+    try:
+        import torch
+        import torch.distributed  # noqa: F401 - registers ProcessGroup for the extension's arguments
+    except ImportError:
+        return None, NativeStatus(False, False, f"{not_here}; {REBUILD}")
+    from autobyte import native_build
+
+    entry = native_build.cache_entry()
+    if entry is None:
+        return None, NativeStatus(False, False, f"{not_here} and it ships no native/engine.cpp to "
+                                                "compile; reinstall autobyte from a wheel or a checkout")
+    if not entry.complete():
+        return None, NativeStatus(False, False, f"{not_here} and not compiled for torch {torch.__version__} "
+                                                f"yet (cache: {entry.folder}); `autobyte check-build --build` "
+                                                "compiles it now, or the first ScheduledOptimizer on this "
+                                                "host starts compiling it in the background")
+    try:
+        module = native_build.load_library(entry.library)
+    except (ImportError, OSError) as error:
+        return None, NativeStatus(True, False, f"the compiled {entry.library} cannot be loaded ({error}); "
+                                               f"{REBUILD}", source="compiled")
+    return _checked(module, torch.__version__, "compiled")
+
+
+def status(start_build: bool = False) -> NativeStatus:
+    """The extension's state in this process, `AUTOBYTE_NATIVE=0` included. `start_build`: where it
+    is neither installed nor compiled, start compiling it in the background on this host (the
+    scheduler's first use; never waits) and say so in the reason."""
     _, result = load()
-    if result.active and os.environ.get(ENV_SWITCH, "1") == "0":
+    disabled = os.environ.get(ENV_SWITCH, "1") == "0"
+    if result.active and disabled:
         return dataclasses.replace(result, active=False, reason=f"disabled by {ENV_SWITCH}=0")
+    if start_build and not result.built and not disabled:
+        from autobyte import native_build
+
+        entry = native_build.cache_entry()
+        if entry is not None:
+            return dataclasses.replace(result, reason=native_build.start_in_background(entry))
     return result
 
 
@@ -91,6 +134,7 @@ def build_report() -> dict[str, Any]:
         "python": platform.python_version(),
         "native": {"built": native.built, "active": native.active, "reason": native.reason,
                    "built_for_torch": native.built_for_torch},
+        "native_build": _build_source(native),
         "torch": {"installed": False, "version": ""},
         "backends": {"gloo": False, "nccl": False, "mpi": False, "cuda": False},
     }
@@ -106,3 +150,17 @@ def build_report() -> dict[str, Any]:
                           "mpi": available and dist.is_mpi_available(),
                           "cuda": torch.cuda.is_available()}
     return report
+
+
+def _build_source(native: NativeStatus) -> dict[str, Any]:
+    """Where the extension comes from: prebuilt in the installation, compiled into the cache, or
+    not built (with the cache entry it would be compiled into and whether a compiler is there)."""
+    from autobyte import native_build
+
+    entry = native_build.cache_entry() if native.source != "prebuilt" else None
+    source = native_build.source_path()
+    return {"source": native.source or "not built",
+            "cache_dir": str(entry.folder) if entry is not None else "",
+            "compile_source": str(source) if source is not None else "",
+            "compiler_missing": native_build.compiler_missing() if not native.built else "",
+            "failed": entry.failure() if entry is not None else ""}

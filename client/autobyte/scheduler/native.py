@@ -11,7 +11,8 @@ docstring; the collective order is still rank 0's log (same frames, same slices,
 paths give bit-identical parameters.
 
 The Python path runs instead (and `autobyte check-build` / the scheduler's log line say why) when
-the extension is not built or not loadable, `AUTOBYTE_NATIVE=0` or `ScheduledOptimizer(native=False)`
+the extension is not built (then `autobyte.native_build` compiles it in the background for the
+processes started after it) or not loadable, `AUTOBYTE_NATIVE=0` or `ScheduledOptimizer(native=False)`
 asks for it, the parameters are on CUDA (the CUDA ordering of `device` is Python-only), the data
 group's backend is not gloo, the decision channel fell back to gloo point-to-point, or another rank of
 the data-parallel group cannot run it (the choice is collective).
@@ -36,7 +37,8 @@ logger = logging.getLogger(__name__)
 def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) -> str:
     if not wanted:
         return "disabled by ScheduledOptimizer(native=False)"
-    state = status()
+    # not built: compiled in the background for later processes, where it could run
+    state = status(start_build=device.type == "cpu" and backend == "gloo")
     if not state.active:
         return state.reason
     if device.type != "cpu":
