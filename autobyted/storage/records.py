@@ -82,7 +82,7 @@ class JobRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepRecord:
+class HistoryStep:
     step: int
     rank: int
     wall_time_s: float
