@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from autobyte.convert import config_from_proto, config_to_proto, metrics_from_proto, metrics_to_proto
 from autobyte.types import MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES
-from autobyte.types import Config, StepMetrics
+from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics, config_from_ints, config_to_ints
 from conftest import ROOT
 
 
@@ -44,6 +44,16 @@ floats = st.floats(0, 1e6, allow_nan=False)
 @given(configs)
 def test_config_round_trip(config):
     assert config_from_proto(config_to_proto(config)) == config
+
+
+@given(configs)
+def test_config_int_encoding_round_trip(config):
+    """The one None <-> -1 encoding (order-channel frames, the native engine)."""
+    encoded = config_to_ints(config)
+    assert all(type(value) is int for value in encoded)
+    assert (encoded[0] == NO_LIMIT_BYTES) == (config.partition_bytes is None)
+    assert (encoded[1] == NO_LIMIT_BYTES) == (config.credit_bytes is None)
+    assert config_from_ints(*encoded) == config
 
 
 @given(st.integers(1, 2**40), st.builds(StepMetrics, step=st.integers(0, 2**40), wall_time_s=floats,
