@@ -1,4 +1,5 @@
-"""gRPC servicers: telemetry in, control out, queries for the CLI (grpc.aio); hub and loops: `hub`."""
+"""gRPC servicers, one per service (telemetry in, control out, queries for the CLI; grpc.aio), over one
+ServiceContext; the Decider stores decisions (the operator's and the tuner's). Hub and loops: `hub`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import grpc
 
@@ -92,27 +93,43 @@ def tuner_status_for(record: TunerStatusRecord, daemon_mode: str) -> pb.TunerSta
         detail=record.detail or ("paused by an operator" if record.paused else "")), known=bool(record.mode))
 
 
-class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.QueryServicer):
-    """All three services over one storage; one instance per daemon."""
+@dataclasses.dataclass(frozen=True)
+class ServiceContext:
+    """What the three servicers and the decider share; one per daemon."""
 
-    def __init__(self, storage: BaseStorage, writer: IngestWriter, settings: Settings,
-                 metrics: DaemonMetrics, wake_tuner: Callable[[list[str]], None] | None = None) -> None:
-        self._storage = storage
-        self._writer = writer
-        self._settings = settings
-        self._metrics = metrics
-        self.hub = DecisionHub()
-        self._wake_tuner = wake_tuner or (lambda jobs: None)
-        self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
-        wrap = _abort_on_error(metrics)
-        for name in ("Register", "StreamMetrics", "WatchConfig", "ReportConfig", "ProposeConfig", "SetTuning",
-                     "Status", "History", "Best"):
+    storage: BaseStorage
+    writer: IngestWriter
+    settings: Settings
+    metrics: DaemonMetrics
+    hub: DecisionHub
+    wake_tuner: Callable[[list[str]], None]
+
+
+class _Servicer:
+    """Base of a servicer: its RPCS wrapped by _abort_on_error, the shared parts as attributes."""
+
+    RPCS: tuple[str, ...] = ()
+
+    def __init__(self, context: ServiceContext) -> None:
+        self._storage = context.storage
+        self._writer = context.writer
+        self._settings = context.settings
+        self._metrics = context.metrics
+        self.hub = context.hub
+        self._wake_tuner = context.wake_tuner
+        wrap = _abort_on_error(context.metrics)
+        for name in self.RPCS:
             setattr(self, name, wrap(getattr(type(self), name)).__get__(self))
 
     async def _call(self, fn, *args, **kwargs):
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    # ------------------------------------------------------------------ telemetry
+
+class TelemetryService(_Servicer, pb_grpc.TelemetryServicer):
+    """Registrations and metric streams in."""
+
+    RPCS = ("Register", "StreamMetrics")
+
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterResponse:
         if not request.job:
             raise InvalidArgument("job id must be 1 to 255 characters")
@@ -162,7 +179,58 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         finally:
             self._metrics.streams.labels("telemetry").dec()
 
-    # ------------------------------------------------------------------ control
+
+class Decider:
+    """Stores decisions and wakes the job's control streams: the operator's (ControlService) and
+    the tuner's (decide_from_thread) one way out."""
+
+    def __init__(self, context: ServiceContext) -> None:
+        self._storage = context.storage
+        self._metrics = context.metrics
+        self.hub = context.hub
+        self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
+
+    async def _call(self, fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
+                     predicted_step_time_s: float | None = None, *, source: str = "tuner",
+                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
+        """Store a decision and wake the job's control streams (also the tuner's way out). A
+        "recommended" decision (the tuner in observe mode) is stored and never pushed. With
+        lease_holder (the tuner's), only while that daemon holds the job's tuner lease."""
+        record = await self._call(self._storage.add_decision, job, config, apply_at_step, reason,
+                                  predicted_step_time_s, source, state, lease_holder)
+        self._metrics.decisions.inc()
+        if state == "pending":
+            self.hub.publish(job)
+        log.info("decision", extra={"job": job, "decision_id": record.decision_id, "config": config.describe(),
+                                    "reason": reason, "source": source, "state": state})
+        return record
+
+    def decide_from_thread(self, job: str, config: Config, apply_at_step: int, reason: str,
+                           predicted_step_time_s: float | None = None, *, source: str = "tuner",
+                           state: str = "pending", lease_holder: str | None = None,
+                           timeout_s: float = 10.0) -> DecisionRecord:
+        """`decide` for the tuner's worker thread: runs the coroutine on the daemon's event loop."""
+        if self.loop is None:
+            raise RuntimeError("Decider.loop is not set: the daemon is not running")
+        future = asyncio.run_coroutine_threadsafe(
+            self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state,
+                        lease_holder=lease_holder),
+            self.loop)
+        return future.result(timeout_s)
+
+
+class ControlService(_Servicer, pb_grpc.ControlServicer):
+    """Configuration updates out, applied configurations back, operator proposals and pauses."""
+
+    RPCS = ("WatchConfig", "ReportConfig", "ProposeConfig", "SetTuning")
+
+    def __init__(self, context: ServiceContext, decider: Decider) -> None:
+        super().__init__(context)
+        self._decider = decider
+
     async def WatchConfig(self, request: pb.WatchConfigRequest, context):
         await self._call(self._storage.decisions, request.job, 2**62)  # NotFound for an unknown job
         event = self.hub.subscribe(request.job)
@@ -194,8 +262,8 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         config = config_from_proto(request.config)
         if request.apply_at_step < 0:
             raise InvalidArgument(f"apply_at_step={request.apply_at_step} must not be negative")
-        record = await self.decide(request.job, config, request.apply_at_step, request.reason or "operator request",
-                                   source="operator")
+        record = await self._decider.decide(request.job, config, request.apply_at_step,
+                                            request.reason or "operator request", source="operator")
         self._wake_tuner([request.job])  # the operator's word pauses the tuner for this job
         return decision_to_proto(record)
 
@@ -205,35 +273,12 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
         return tuner_status_for(status, self._settings.tuner)
 
-    async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None, *, source: str = "tuner",
-                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
-        """Store a decision and wake the job's control streams (also the tuner's way out). A
-        "recommended" decision (the tuner in observe mode) is stored and never pushed. With
-        lease_holder (the tuner's), only while that daemon holds the job's tuner lease."""
-        record = await self._call(self._storage.add_decision, job, config, apply_at_step, reason,
-                                  predicted_step_time_s, source, state, lease_holder)
-        self._metrics.decisions.inc()
-        if state == "pending":
-            self.hub.publish(job)
-        log.info("decision", extra={"job": job, "decision_id": record.decision_id, "config": config.describe(),
-                                    "reason": reason, "source": source, "state": state})
-        return record
 
-    def decide_from_thread(self, job: str, config: Config, apply_at_step: int, reason: str,
-                           predicted_step_time_s: float | None = None, *, source: str = "tuner",
-                           state: str = "pending", lease_holder: str | None = None,
-                           timeout_s: float = 10.0) -> DecisionRecord:
-        """`decide` for the tuner's worker thread: runs the coroutine on the daemon's event loop."""
-        if self.loop is None:
-            raise RuntimeError("Services.loop is not set: the daemon is not running")
-        future = asyncio.run_coroutine_threadsafe(
-            self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state,
-                        lease_holder=lease_holder),
-            self.loop)
-        return future.result(timeout_s)
+class QueryService(_Servicer, pb_grpc.QueryServicer):
+    """Status, history and best configuration, for the CLI."""
 
-    # ------------------------------------------------------------------ query
+    RPCS = ("Status", "History", "Best")
+
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
         jobs = await self._call(self._storage.jobs, RUNNING_WITHIN_S)
         response = pb.StatusResponse(daemon_version=__version__)
@@ -271,3 +316,22 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
     async def Best(self, request: pb.BestRequest, context) -> pb.BestResponse:
         best = await self._call(self._storage.best, request.job)
         return best_to_proto(best)
+
+
+class Services(NamedTuple):
+    """The daemon's servicers and what it wires to them (app.py: the loop, the tuner, the poll)."""
+
+    telemetry: TelemetryService
+    control: ControlService
+    query: QueryService
+    decider: Decider
+    hub: DecisionHub
+
+
+def make_services(storage: BaseStorage, writer: IngestWriter, settings: Settings, metrics: DaemonMetrics,
+                  wake_tuner: Callable[[list[str]], None] | None = None) -> Services:
+    """One servicer per service over one storage, sharing a ServiceContext; starts nothing."""
+    context = ServiceContext(storage, writer, settings, metrics, DecisionHub(), wake_tuner or (lambda jobs: None))
+    decider = Decider(context)
+    return Services(TelemetryService(context), ControlService(context, decider), QueryService(context), decider,
+                    context.hub)
