@@ -75,7 +75,7 @@ class Daemon:
         from autobyted.observability import DaemonMetrics
         from autobyted.server import make_server
         from autobyted.hub import decision_poll_loop, retention_loop
-        from autobyted.servicer import RUNNING_WITHIN_S, Services
+        from autobyted.servicer import RUNNING_WITHIN_S, make_services
         from autobyted.storage.db import make_engine, migrate
         from autobyted.storage.sql import SqlStorage
 
@@ -95,13 +95,13 @@ class Daemon:
                 job.state for job in storage.jobs(RUNNING_WITHIN_S)))
             writer = IngestWriter(storage, settings.writer_batch_rows, on_written=metrics.samples_ingested.inc,
                                   max_queued_rows=settings.ingest_queue_rows, on_jobs=wake_tuner)
-            services = Services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
-            services.loop = loop
+            services = make_services(storage, writer, settings, metrics, wake_tuner=wake_tuner)
+            services.decider.loop = loop
             health_servicer = health.aio.HealthServicer()
             server, port = make_server(services, health_servicer, settings)
             # Who this daemon is to the others on the database (the holder of its leases).
             self.daemon_id = f"{socket.gethostname()}:{os.getpid()}:{port}:{uuid.uuid4().hex[:6]}"
-            tuner = self.tuner = make_tuner(settings, storage, services.decide_from_thread, self.daemon_id)
+            tuner = self.tuner = make_tuner(settings, storage, services.decider.decide_from_thread, self.daemon_id)
         except BaseException:
             engine.dispose()
             raise

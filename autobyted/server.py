@@ -98,9 +98,9 @@ def make_server(services: Services, health: health_pb2_grpc.HealthServicer,
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
     ])
-    pb_grpc.add_TelemetryServicer_to_server(services, server)
-    pb_grpc.add_ControlServicer_to_server(services, server)
-    pb_grpc.add_QueryServicer_to_server(services, server)
+    pb_grpc.add_TelemetryServicer_to_server(services.telemetry, server)
+    pb_grpc.add_ControlServicer_to_server(services.control, server)
+    pb_grpc.add_QueryServicer_to_server(services.query, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if settings.tls_cert:
         with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:

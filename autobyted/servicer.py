@@ -1,17 +1,20 @@
-"""gRPC servicers: telemetry in, control out, queries for the CLI (grpc.aio); hub and loops: `hub`."""
+"""gRPC servicers, one per service (telemetry in, control out, queries for the CLI; grpc.aio), over one
+ServiceContext; the Decider stores decisions (the operator's and the tuner's). Hub and loops: `hub`."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import grpc
 
 from autobyte import __version__
-from autobyte.convert import config_from_proto, config_to_proto
+from autobyte.convert import (best_to_proto, config_from_proto, config_update_to_proto, decision_to_proto,
+                              history_to_proto, job_status_to_proto, registration_from_proto, tuner_status_to_proto)
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import Config
@@ -23,7 +26,7 @@ from autobyted.ingest import IngestWriter, check_text_fields, validate_batch
 from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
 from autobyted.storage.base import BaseStorage
-from autobyted.storage.records import DecisionRecord, Fingerprint, Registration, TunerStatusRecord
+from autobyted.storage.records import DecisionRecord, TunerStatusRecord
 
 log = logging.getLogger(__name__)
 RUNNING_WITHIN_S = 30.0
@@ -78,52 +81,55 @@ def _abort_on_error(metrics: DaemonMetrics):
     return decorate
 
 
-def decision_to_proto(record: DecisionRecord) -> pb.Decision:
-    message = pb.Decision(decision_id=record.decision_id, job=record.job, config=config_to_proto(record.config),
-                          apply_at_step=record.apply_at_step, reason=record.reason,
-                          created_at_s=record.created_at_s, state=record.state, source=record.source)
-    for name in ("predicted_step_time_s", "measured_step_time_s", "applied_at_step"):
-        if getattr(record, name) is not None:
-            setattr(message, name, getattr(record, name))
-    return message
-
-
-def tuner_status_to_proto(record: TunerStatusRecord, daemon_mode: str) -> pb.TunerStatus:
+def tuner_status_for(record: TunerStatusRecord, daemon_mode: str) -> pb.TunerStatus:
     """A stored tuner state; with the daemon's --tuner off, whatever was stored is history."""
     if daemon_mode == "off" and record.mode in ("auto", "observe"):
-        return pb.TunerStatus(mode="off", state="off", detail="off: autobyted runs with --tuner off",
-                              paused=record.paused, known=True, updated_at_s=record.updated_at_s)
-    return pb.TunerStatus(mode=record.mode or daemon_mode,
-                          state=record.state or ("paused" if record.paused else "waiting"),
-                          detail=record.detail or ("paused by an operator" if record.paused else ""),
-                          config=config_to_proto(record.config), baseline_step_time_s=record.baseline_step_time_s,
-                          measured_step_time_s=record.measured_step_time_s,
-                          predicted_step_time_s=record.predicted_step_time_s, paused=record.paused,
-                          trials_done=record.trials_done, trials_planned=record.trials_planned,
-                          updated_at_s=record.updated_at_s, known=bool(record.mode))
+        return tuner_status_to_proto(TunerStatusRecord(mode="off", state="off",
+                                                       detail="off: autobyted runs with --tuner off",
+                                                       paused=record.paused, updated_at_s=record.updated_at_s),
+                                     with_config=False)
+    return tuner_status_to_proto(dataclasses.replace(
+        record, mode=record.mode or daemon_mode, state=record.state or ("paused" if record.paused else "waiting"),
+        detail=record.detail or ("paused by an operator" if record.paused else "")), known=bool(record.mode))
 
 
-class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.QueryServicer):
-    """All three services over one storage; one instance per daemon."""
+@dataclasses.dataclass(frozen=True)
+class ServiceContext:
+    """What the three servicers and the decider share; one per daemon."""
 
-    def __init__(self, storage: BaseStorage, writer: IngestWriter, settings: Settings,
-                 metrics: DaemonMetrics, wake_tuner: Callable[[list[str]], None] | None = None) -> None:
-        self._storage = storage
-        self._writer = writer
-        self._settings = settings
-        self._metrics = metrics
-        self.hub = DecisionHub()
-        self._wake_tuner = wake_tuner or (lambda jobs: None)
-        self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
-        wrap = _abort_on_error(metrics)
-        for name in ("Register", "StreamMetrics", "WatchConfig", "ReportConfig", "ProposeConfig", "SetTuning",
-                     "Status", "History", "Best"):
+    storage: BaseStorage
+    writer: IngestWriter
+    settings: Settings
+    metrics: DaemonMetrics
+    hub: DecisionHub
+    wake_tuner: Callable[[list[str]], None]
+
+
+class _Servicer:
+    """Base of a servicer: its RPCS wrapped by _abort_on_error, the shared parts as attributes."""
+
+    RPCS: tuple[str, ...] = ()
+
+    def __init__(self, context: ServiceContext) -> None:
+        self._storage = context.storage
+        self._writer = context.writer
+        self._settings = context.settings
+        self._metrics = context.metrics
+        self.hub = context.hub
+        self._wake_tuner = context.wake_tuner
+        wrap = _abort_on_error(context.metrics)
+        for name in self.RPCS:
             setattr(self, name, wrap(getattr(type(self), name)).__get__(self))
 
     async def _call(self, fn, *args, **kwargs):
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    # ------------------------------------------------------------------ telemetry
+
+class TelemetryService(_Servicer, pb_grpc.TelemetryServicer):
+    """Registrations and metric streams in."""
+
+    RPCS = ("Register", "StreamMetrics")
+
     async def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterResponse:
         if not request.job:
             raise InvalidArgument("job id must be 1 to 255 characters")
@@ -143,13 +149,7 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                     and 0 <= leader < request.world_size):
                 raise InvalidArgument(f"data-parallel rank {dp_rank} of {dp_size} (leader {leader}) does not "
                                       f"fit world size {request.world_size}")
-        fp = request.model
-        registration = Registration(
-            job=request.job, rank=request.rank, world_size=request.world_size, backend=request.backend or "unknown",
-            instance_id=request.instance_id, hostname=request.hostname, pid=request.pid,
-            fingerprint=Fingerprint(fp.parameter_count, fp.parameter_bytes, fp.tensor_count,
-                                    fp.largest_tensor_bytes, fp.median_tensor_bytes, fp.digest),
-            config=config_from_proto(request.config), tuning_disabled=request.tuning_disabled)
+        registration = registration_from_proto(request)
         result = await self._call(self._storage.register, registration, self._settings.rank_liveness_s)
         log.info("rank registered", extra={"job": request.job, "rank": request.rank,
                                            "data_parallel_rank": request.data_parallel_rank,
@@ -179,50 +179,19 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         finally:
             self._metrics.streams.labels("telemetry").dec()
 
-    # ------------------------------------------------------------------ control
-    async def WatchConfig(self, request: pb.WatchConfigRequest, context):
-        await self._call(self._storage.decisions, request.job, 2**62)  # NotFound for an unknown job
-        event = self.hub.subscribe(request.job)
-        self._metrics.streams.labels("control").inc()
-        after = request.after_decision_id
-        try:
-            while True:
-                event.clear()
-                for record in await self._call(self._storage.decisions, request.job, after):
-                    after = record.decision_id
-                    # Only a pending decision is news: an applied or superseded one belongs to the
-                    # past (or to an earlier run of the job) and must not be replayed.
-                    if record.state == "pending":
-                        yield pb.ConfigUpdate(job=record.job, decision_id=record.decision_id,
-                                              config=config_to_proto(record.config),
-                                              apply_at_step=record.apply_at_step, reason=record.reason)
-                await event.wait()
-        finally:
-            self.hub.unsubscribe(request.job, event)
-            self._metrics.streams.labels("control").dec()
 
-    async def ReportConfig(self, request: pb.ReportConfigRequest, context) -> pb.ReportConfigResponse:
-        config = config_from_proto(request.config)
-        if request.applied_at_step < 0:
-            raise InvalidArgument(f"applied_at_step={request.applied_at_step} must not be negative")
-        await self._call(self._storage.record_applied_config, request.job, request.rank, request.decision_id,
-                         config, request.applied_at_step)
-        return pb.ReportConfigResponse()
+class Decider:
+    """Stores decisions and wakes the job's control streams: the operator's (ControlService) and
+    the tuner's (decide_from_thread) one way out."""
 
-    async def ProposeConfig(self, request: pb.ProposeConfigRequest, context) -> pb.Decision:
-        config = config_from_proto(request.config)
-        if request.apply_at_step < 0:
-            raise InvalidArgument(f"apply_at_step={request.apply_at_step} must not be negative")
-        record = await self.decide(request.job, config, request.apply_at_step, request.reason or "operator request",
-                                   source="operator")
-        self._wake_tuner([request.job])  # the operator's word pauses the tuner for this job
-        return decision_to_proto(record)
+    def __init__(self, context: ServiceContext) -> None:
+        self._storage = context.storage
+        self._metrics = context.metrics
+        self.hub = context.hub
+        self.loop: asyncio.AbstractEventLoop | None = None  # the daemon's loop (app.py sets it)
 
-    async def SetTuning(self, request: pb.SetTuningRequest, context) -> pb.TunerStatus:
-        status = await self._call(self._storage.set_tuning_paused, request.job, request.paused)
-        self._wake_tuner([request.job])
-        log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
-        return tuner_status_to_proto(status, self._settings.tuner)
+    async def _call(self, fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, *, source: str = "tuner",
@@ -245,40 +214,92 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
                            timeout_s: float = 10.0) -> DecisionRecord:
         """`decide` for the tuner's worker thread: runs the coroutine on the daemon's event loop."""
         if self.loop is None:
-            raise RuntimeError("Services.loop is not set: the daemon is not running")
+            raise RuntimeError("Decider.loop is not set: the daemon is not running")
         future = asyncio.run_coroutine_threadsafe(
             self.decide(job, config, apply_at_step, reason, predicted_step_time_s, source=source, state=state,
                         lease_holder=lease_holder),
             self.loop)
         return future.result(timeout_s)
 
-    # ------------------------------------------------------------------ query
+
+class ControlService(_Servicer, pb_grpc.ControlServicer):
+    """Configuration updates out, applied configurations back, operator proposals and pauses."""
+
+    RPCS = ("WatchConfig", "ReportConfig", "ProposeConfig", "SetTuning")
+
+    def __init__(self, context: ServiceContext, decider: Decider) -> None:
+        super().__init__(context)
+        self._decider = decider
+
+    async def WatchConfig(self, request: pb.WatchConfigRequest, context):
+        await self._call(self._storage.decisions, request.job, 2**62)  # NotFound for an unknown job
+        event = self.hub.subscribe(request.job)
+        self._metrics.streams.labels("control").inc()
+        after = request.after_decision_id
+        try:
+            while True:
+                event.clear()
+                for record in await self._call(self._storage.decisions, request.job, after):
+                    after = record.decision_id
+                    # Only a pending decision is news: an applied or superseded one belongs to the
+                    # past (or to an earlier run of the job) and must not be replayed.
+                    if record.state == "pending":
+                        yield config_update_to_proto(record)
+                await event.wait()
+        finally:
+            self.hub.unsubscribe(request.job, event)
+            self._metrics.streams.labels("control").dec()
+
+    async def ReportConfig(self, request: pb.ReportConfigRequest, context) -> pb.ReportConfigResponse:
+        config = config_from_proto(request.config)
+        if request.applied_at_step < 0:
+            raise InvalidArgument(f"applied_at_step={request.applied_at_step} must not be negative")
+        await self._call(self._storage.record_applied_config, request.job, request.rank, request.decision_id,
+                         config, request.applied_at_step)
+        return pb.ReportConfigResponse()
+
+    async def ProposeConfig(self, request: pb.ProposeConfigRequest, context) -> pb.Decision:
+        config = config_from_proto(request.config)
+        if request.apply_at_step < 0:
+            raise InvalidArgument(f"apply_at_step={request.apply_at_step} must not be negative")
+        record = await self._decider.decide(request.job, config, request.apply_at_step,
+                                            request.reason or "operator request", source="operator")
+        self._wake_tuner([request.job])  # the operator's word pauses the tuner for this job
+        return decision_to_proto(record)
+
+    async def SetTuning(self, request: pb.SetTuningRequest, context) -> pb.TunerStatus:
+        status = await self._call(self._storage.set_tuning_paused, request.job, request.paused)
+        self._wake_tuner([request.job])
+        log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
+        return tuner_status_for(status, self._settings.tuner)
+
+
+class QueryService(_Servicer, pb_grpc.QueryServicer):
+    """Status, history and best configuration, for the CLI."""
+
+    RPCS = ("Status", "History", "Best")
+
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
         jobs = await self._call(self._storage.jobs, RUNNING_WITHIN_S)
         response = pb.StatusResponse(daemon_version=__version__)
-        for job in jobs:
-            status = response.jobs.add(
-                job=job.job, state=job.state, world_size=job.world_size, steps=job.steps,
-                config=config_to_proto(job.config), ranks=job.ranks, backend=job.backend,
-                recent_step_time_s=job.recent_step_time_s,
-                recent_steps_per_s=1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0,
-                last_seen_s=job.last_seen_s, dropped_total=job.dropped_total,
-                has_last_decision=job.last_decision is not None)
-            status.tuner.CopyFrom(self._tuner_of(job))
-            if job.last_decision is not None:
-                status.last_decision.CopyFrom(decision_to_proto(job.last_decision))
+        response.jobs.extend(job_status_to_proto(job, self._tuner_of(job)) for job in jobs)
         return response
 
     def _tuner_of(self, job) -> pb.TunerStatus:
         mode = self._settings.tuner
         if job.tuner is not None:
-            return tuner_status_to_proto(job.tuner, mode)
+            return tuner_status_for(job.tuner, mode)
         if mode == "off":
-            return pb.TunerStatus(mode="off", state="off", detail="off: autobyted runs with --tuner off")
+            return tuner_status_to_proto(TunerStatusRecord(mode="off", state="off",
+                                                           detail="off: autobyted runs with --tuner off"),
+                                         known=False, with_config=False)
         if job.tuning_disabled:
-            return pb.TunerStatus(mode="opted out", state="off",
-                                  detail="off: the job opted out (autobyte.init(tune=False))")
-        return pb.TunerStatus(mode=mode, state="waiting", detail="waiting for the job's first steps")
+            return tuner_status_to_proto(TunerStatusRecord(mode="opted out", state="off",
+                                                           detail="off: the job opted out (autobyte.init(tune=False))"),
+                                         known=False, with_config=False)
+        return tuner_status_to_proto(TunerStatusRecord(mode=mode, state="waiting",
+                                                       detail="waiting for the job's first steps"),
+                                     known=False, with_config=False)
 
     async def History(self, request: pb.HistoryRequest, context) -> pb.HistoryResponse:
         if request.limit < 0:
@@ -286,27 +307,31 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         rank = request.rank if request.HasField("rank") else None
         limit = min(request.limit or 1000, 100_000)
         steps = await self._call(self._storage.history, request.job, request.since_s, rank, limit)
-        decisions = await self._call(self._storage.decisions, request.job, 0)
+        decisions = [d for d in await self._call(self._storage.decisions, request.job, 0)
+                     if d.created_at_s >= request.since_s]
         if len(steps) > INLINE_ROWS:
-            return await self._call(history_to_proto, request, steps, decisions)
-        return history_to_proto(request, steps, decisions)
+            return await self._call(history_to_proto, request.job, steps, decisions)
+        return history_to_proto(request.job, steps, decisions)
 
     async def Best(self, request: pb.BestRequest, context) -> pb.BestResponse:
         best = await self._call(self._storage.best, request.job)
-        response = pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
-                                   median_step_time_s=best.median_step_time_s, samples=best.samples,
-                                   baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
-        for candidate in best.candidates:
-            response.candidates.add(config=config_to_proto(candidate.config), samples=candidate.samples,
-                                    median_step_time_s=candidate.median_step_time_s)
-        return response
+        return best_to_proto(best)
 
 
-def history_to_proto(request: pb.HistoryRequest, steps, decisions) -> pb.HistoryResponse:
-    response = pb.HistoryResponse(job=request.job)
-    for record in steps:
-        response.steps.add(step=record.step, rank=record.rank, wall_time_s=record.wall_time_s,
-                           step_time_s=record.step_time_s, exposed_comm_s=record.exposed_comm_s,
-                           bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config))
-    response.decisions.extend(decision_to_proto(d) for d in decisions if d.created_at_s >= request.since_s)
-    return response
+class Services(NamedTuple):
+    """The daemon's servicers and what it wires to them (app.py: the loop, the tuner, the poll)."""
+
+    telemetry: TelemetryService
+    control: ControlService
+    query: QueryService
+    decider: Decider
+    hub: DecisionHub
+
+
+def make_services(storage: BaseStorage, writer: IngestWriter, settings: Settings, metrics: DaemonMetrics,
+                  wake_tuner: Callable[[list[str]], None] | None = None) -> Services:
+    """One servicer per service over one storage, sharing a ServiceContext; starts nothing."""
+    context = ServiceContext(storage, writer, settings, metrics, DecisionHub(), wake_tuner or (lambda jobs: None))
+    decider = Decider(context)
+    return Services(TelemetryService(context), ControlService(context, decider), QueryService(context), decider,
+                    context.hub)

@@ -197,7 +197,7 @@ class TestbedSeries:
 
 
 class _OnlineDriver:
-    """Feeds rank 0's `step` events to a policy (as StepRecords) and appends its decisions to the
+    """Feeds rank 0's `step` events to a policy (as SimulatedSteps) and appends its decisions to the
     worker's --control file; called on the harness's reader thread, so it stays short."""
 
     def __init__(self, policy: Policy, control: pathlib.Path, scenario: Scenario,
@@ -351,7 +351,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     labels) and bo-once's trial length (bo_trial_steps, bo_settle_steps; 100/10 in the simulator
     are too long for a testbed run). Fixed policies run their configuration for the whole run.
     bo-once and oracle are the simulator's policy classes, driven online: the harness turns rank 0's
-    `step` events into StepRecords for policy.observe() and appends each decision to the worker's
+    `step` events into SimulatedSteps for policy.observe() and appends each decision to the worker's
     --control file, which rank 0 applies with reconfigure() before its next step. The oracle's
     per-phase choice comes from the grid runs measured just before (median step time of every grid
     configuration in every phase), over the grid's scheduler configurations only (--control cannot

@@ -8,7 +8,7 @@ from typing import Sequence
 from autobyte.types import Config
 from autobyted.storage.records import (BestRecord, DecisionRecord, JobInfo, JobRecord, LeaseRecord,
                                        ModelRecord, RegisterResult, Registration, SampleBatch, SampleRow,
-                                       StepRecord, TunerStatusRecord, WindowRecord)
+                                       HistoryStep, TunerStatusRecord, WindowRecord)
 
 
 class BaseStorage(abc.ABC):
@@ -55,7 +55,7 @@ class BaseStorage(abc.ABC):
 
     @abc.abstractmethod
     def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
-                limit: int = 1000) -> list[StepRecord]:
+                limit: int = 1000) -> list[HistoryStep]:
         """The latest `limit` step records (ascending by step) of a job; NotFound if unknown."""
 
     @abc.abstractmethod

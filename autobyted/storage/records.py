@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, HistoryStep, JobRecord,
+                              Registration, TunerStatusRecord)
 from autobyte.types import Config, StepMetrics
 
-
-@dataclasses.dataclass(frozen=True)
-class Fingerprint:
-    parameter_count: int = 0
-    parameter_bytes: int = 0
-    tensor_count: int = 0
-    largest_tensor_bytes: int = 0
-    median_tensor_bytes: int = 0
-    digest: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Registration:
-    job: str
-    rank: int
-    world_size: int
-    backend: str
-    instance_id: str
-    fingerprint: Fingerprint = Fingerprint()
-    config: Config = Config()
-    hostname: str = ""
-    pid: int = 0
-    tuning_disabled: bool = False
+# The values that cross the wire live with the protocol (autobyte.records); storage returns them too.
+__all__ = ["BestRecord", "CandidateRecord", "DecisionRecord", "Fingerprint", "HistoryStep", "JobRecord",
+           "Registration", "TunerStatusRecord", "JobInfo", "LeaseRecord", "ModelRecord", "RegisterResult", "SampleBatch", "SampleRow", "WindowRecord",
+           "tuner_lease"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,70 +30,6 @@ class SampleBatch:
     samples: tuple[tuple[int, StepMetrics], ...]
     dropped_total: int = 0
     final: bool = False  # the rank's last batch: its process is shutting down
-
-
-@dataclasses.dataclass(frozen=True)
-class DecisionRecord:
-    decision_id: int
-    job: str
-    config: Config
-    apply_at_step: int
-    reason: str
-    created_at_s: float
-    state: str
-    predicted_step_time_s: float | None = None
-    measured_step_time_s: float | None = None
-    applied_at_step: int | None = None
-    source: str = "operator"
-
-
-@dataclasses.dataclass(frozen=True)
-class JobRecord:
-    job: str
-    state: str
-    world_size: int
-    backend: str
-    steps: int
-    config: Config
-    ranks: tuple[int, ...]
-    recent_step_time_s: float
-    last_seen_s: float
-    dropped_total: int
-    last_decision: DecisionRecord | None
-    tuner: "TunerStatusRecord | None" = None
-    tuning_disabled: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    step: int
-    rank: int
-    wall_time_s: float
-    step_time_s: float
-    exposed_comm_s: float
-    bytes_reduced: int
-    config: Config
-
-
-@dataclasses.dataclass(frozen=True)
-class CandidateRecord:
-    """One configuration measured on a job: median rank-0 step time over its steps past warm-up."""
-
-    config: Config
-    median_step_time_s: float
-    samples: int
-
-
-@dataclasses.dataclass(frozen=True)
-class BestRecord:
-    job: str
-    found: bool
-    config: Config = Config()
-    median_step_time_s: float = 0.0
-    samples: int = 0
-    baseline_step_time_s: float = 0.0
-    evidence: str = ""
-    candidates: tuple[CandidateRecord, ...] = ()  # every configuration compared, fastest first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,23 +52,6 @@ class SampleRow:
     row_id: int
     rank: int
     metrics: StepMetrics
-
-
-@dataclasses.dataclass(frozen=True)
-class TunerStatusRecord:
-    """What the tuner is doing for a job (see autobyted/tuner/search.py for the states)."""
-
-    mode: str
-    state: str
-    detail: str
-    config: Config = Config()
-    baseline_step_time_s: float = 0.0
-    measured_step_time_s: float = 0.0
-    predicted_step_time_s: float = 0.0
-    trials_done: int = 0
-    trials_planned: int = 0
-    paused: bool = False
-    updated_at_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
 from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, JobInfo,
                                        JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
-                                       SampleBatch, SampleRow, StepRecord, TunerStatusRecord, WindowRecord,
+                                       SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
                                        tuner_lease)
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
@@ -378,7 +378,7 @@ class SqlStorage(BaseStorage):
         return out
 
     def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
-                limit: int = 1000) -> list[StepRecord]:
+                limit: int = 1000) -> list[HistoryStep]:
         with self._scope() as session:
             job_row = self._job(session, job)
             query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id,
@@ -387,7 +387,7 @@ class SqlStorage(BaseStorage):
                 query = query.where(m.StepSample.rank == rank)
             rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
                                    .limit(limit)).all()
-            return [StepRecord(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
+            return [HistoryStep(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
                                exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r))
                     for r in reversed(rows)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import io
 import json
@@ -14,7 +15,8 @@ import grpc
 
 from autobyte import __version__
 from autobyte.channel import auth_metadata, daemon_addresses, daemon_token, open_channel
-from autobyte.convert import config_dict
+from autobyte.convert import (best_from_proto, config_dict, config_from_proto, decision_from_proto,
+                              history_step_from_proto, tuner_status_from_proto)
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import (MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES,
@@ -72,22 +74,22 @@ def _cfg(message: pb.Config) -> str:
 
 
 def decision_dict(d: pb.Decision) -> dict:
-    return {"decision_id": d.decision_id, "config": config_dict(d.config), "apply_at_step": d.apply_at_step,
-            "reason": d.reason, "state": d.state, "created_at_s": d.created_at_s,
-            "predicted_step_time_s": d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None,
-            "measured_step_time_s": d.measured_step_time_s if d.HasField("measured_step_time_s") else None,
-            "applied_at_step": d.applied_at_step if d.HasField("applied_at_step") else None,
-            "source": d.source or "operator"}
+    r = decision_from_proto(d)
+    return {"decision_id": r.decision_id, "config": r.config.to_dict(), "apply_at_step": r.apply_at_step,
+            "reason": r.reason, "state": r.state, "created_at_s": r.created_at_s,
+            "predicted_step_time_s": r.predicted_step_time_s, "measured_step_time_s": r.measured_step_time_s,
+            "applied_at_step": r.applied_at_step, "source": r.source}
 
 
 def tuner_dict(t: pb.TunerStatus) -> dict:
-    return {"mode": t.mode, "state": t.state, "detail": t.detail, "config": config_dict(t.config),
-            "baseline_step_time_s": t.baseline_step_time_s or None,
-            "measured_step_time_s": t.measured_step_time_s or None,
-            "predicted_step_time_s": t.predicted_step_time_s or None,
-            "predicted_gain": (t.measured_step_time_s / t.predicted_step_time_s
-                               if t.measured_step_time_s and t.predicted_step_time_s else None),
-            "trials_done": t.trials_done, "trials_planned": t.trials_planned, "paused": t.paused}
+    r = tuner_status_from_proto(t)
+    return {"mode": r.mode, "state": r.state, "detail": r.detail, "config": r.config.to_dict(),
+            "baseline_step_time_s": r.baseline_step_time_s or None,
+            "measured_step_time_s": r.measured_step_time_s or None,
+            "predicted_step_time_s": r.predicted_step_time_s or None,
+            "predicted_gain": (r.measured_step_time_s / r.predicted_step_time_s
+                               if r.measured_step_time_s and r.predicted_step_time_s else None),
+            "trials_done": r.trials_done, "trials_planned": r.trials_planned, "paused": r.paused}
 
 
 def tuner_line(t: pb.TunerStatus) -> str:
@@ -257,9 +259,7 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
     if rank is not None:
         request.rank = rank
     response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "History", request)
-    steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
-              "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": config_dict(s.config)}
-             for s in response.steps]
+    steps = [dataclasses.asdict(history_step_from_proto(s)) for s in response.steps]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
         click.echo(json.dumps({"job": job, "steps": steps, "decisions": decisions}, indent=2))
@@ -295,16 +295,16 @@ def _ms(value: float | None) -> str:
 
 def decision_table(decisions) -> str:
     """One row per decision; below it who made it, predicted and measured step time, the whole reason."""
+    records = [decision_from_proto(d) for d in decisions]
     lines = table(["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
                   [[f"#{d.decision_id}", str(d.apply_at_step) if d.apply_at_step else "next",
-                    str(d.applied_at_step) if d.HasField("applied_at_step") else "-", _cfg(d.config), d.state]
-                   for d in decisions]).splitlines()
+                    str(d.applied_at_step) if d.applied_at_step is not None else "-", _cfg(message.config), d.state]
+                   for d, message in zip(records, decisions)]).splitlines()
     out = [lines[0]]
-    for line, d in zip(lines[1:], decisions):
+    for line, d in zip(lines[1:], records):
         out.append(line)
-        predicted = d.predicted_step_time_s if d.HasField("predicted_step_time_s") else None
-        measured = d.measured_step_time_s if d.HasField("measured_step_time_s") else None
-        out.append(f"  by {d.source or 'operator'}; step time predicted {_ms(predicted)}, measured {_ms(measured)}")
+        out.append(f"  by {d.source}; step time predicted {_ms(d.predicted_step_time_s)}, "
+                   f"measured {_ms(d.measured_step_time_s)}")
         if d.reason:
             out.extend(textwrap.wrap(d.reason, WIDTH, initial_indent="  reason: ", subsequent_indent=" " * 10,
                                      break_long_words=True, break_on_hyphens=False))
@@ -332,18 +332,19 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     no-scheduling baseline when that was measured."""
     r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
-        click.echo(json.dumps({"job": r.job, "found": r.found, "config": config_dict(r.config) if r.found else None,
-                               "median_step_time_s": r.median_step_time_s, "samples": r.samples,
-                               "baseline_step_time_s": r.baseline_step_time_s or None,
-                               "evidence": r.evidence,
-                               "candidates": [{"config": config_dict(c.config), "samples": c.samples,
+        b = best_from_proto(r)
+        click.echo(json.dumps({"job": b.job, "found": b.found, "config": b.config.to_dict() if b.found else None,
+                               "median_step_time_s": b.median_step_time_s, "samples": b.samples,
+                               "baseline_step_time_s": b.baseline_step_time_s or None,
+                               "evidence": b.evidence,
+                               "candidates": [{"config": c.config.to_dict(), "samples": c.samples,
                                                "median_step_time_s": c.median_step_time_s}
-                                              for c in r.candidates]}, indent=2))
+                                              for c in b.candidates]}, indent=2))
         return
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
-    click.echo(f"{job}: {Config(**config_dict(r.config)).describe()}")
+    click.echo(f"{job}: {config_from_proto(r.config).describe()}")
     click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps")
     if r.baseline_step_time_s:
         click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms "

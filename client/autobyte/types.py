@@ -48,6 +48,23 @@ class Config:
         return f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
 
 
+# The one integer encoding of a configuration (rank 0's order-channel frames, the native engine's
+# calls and events; native/engine.cpp reads any negative value as None): NO_LIMIT_BYTES stands for
+# None, i.e. no partitioning / unlimited credit.
+NO_LIMIT_BYTES = -1
+
+
+def config_to_ints(config: Config) -> tuple[int, int]:
+    """(partition_bytes, credit_bytes) with None as NO_LIMIT_BYTES."""
+    return (NO_LIMIT_BYTES if config.partition_bytes is None else int(config.partition_bytes),
+            NO_LIMIT_BYTES if config.credit_bytes is None else int(config.credit_bytes))
+
+
+def config_from_ints(partition_bytes: int, credit_bytes: int) -> Config:
+    """The inverse of config_to_ints (any negative value reads as None)."""
+    return Config(None if partition_bytes < 0 else partition_bytes, None if credit_bytes < 0 else credit_bytes)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
     """What one rank measured in one optimizer step (DESIGN §3). Times in seconds."""

@@ -30,7 +30,7 @@ from autobyte.scheduler.dispatch import DispatchStats
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.progress import SchedulerError
 from autobyte.scheduler.update import Updater
-from autobyte.types import Config
+from autobyte.types import Config, config_from_ints, config_to_ints
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,6 @@ def log_choice(native: bool, reason: str) -> None:
         logger.info("autobyte scheduler: Python hot path: %s", reason)
 
 
-def _bytes(value: int | None) -> int:
-    return -1 if value is None else int(value)
-
-
 class NativeDispatcher:
     """The dispatch side on the native path: same calls as `dispatch.Dispatcher`."""
 
@@ -104,14 +100,12 @@ class NativeDispatcher:
     def start(self, start_step: int, spawn: Callable[[str, Callable, tuple], None]) -> None:
         if self.is_leader:
             config, decision_id = self.steps.config_at(start_step)
-            self.engine.start_leader(start_step, _bytes(config.partition_bytes),
-                                     _bytes(config.credit_bytes), decision_id)
+            self.engine.start_leader(start_step, *config_to_ints(config), decision_id)
         else:
             self.engine.start_follower()
 
     def step_boundary(self, step: int, config: Config, decision_id: int) -> None:
-        self.engine.step_boundary(step, _bytes(config.partition_bytes), _bytes(config.credit_bytes),
-                                  decision_id)
+        self.engine.step_boundary(step, *config_to_ints(config), decision_id)
 
     def stop(self) -> None:
         self.closed = True
@@ -166,8 +160,7 @@ class NativeUpdater(Updater):
                     self._snapshots[posted.step] = posted.groups
             elif kind == config_kind:
                 _, step, partition_bytes, credit_bytes, decision_id = event
-                self.steps.log_config(step, Config(None if partition_bytes < 0 else partition_bytes,
-                                                   None if credit_bytes < 0 else credit_bytes), decision_id)
+                self.steps.log_config(step, config_from_ints(partition_bytes, credit_bytes), decision_id)
             elif kind == error_kind:
                 raise SchedulerError(event[1])
         return True

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autobyte.types import Config
+from autobyte.types import Config, config_from_ints, config_to_ints
 
 logger = logging.getLogger(__name__)
 
@@ -126,13 +126,11 @@ def _connect_leader(addresses: list[str], port: int, token: int) -> socket.socke
 
 
 def config_message(step: int, config: Config, decision_id: int) -> list[int]:
-    return [MSG_CONFIG, step, 0, decision_id,
-            -1 if config.partition_bytes is None else config.partition_bytes,
-            -1 if config.credit_bytes is None else config.credit_bytes]
+    return [MSG_CONFIG, step, 0, decision_id, *config_to_ints(config)]
 
 
 def config_of(message: Sequence[int]) -> Config:
-    return Config(None if message[4] < 0 else message[4], None if message[5] < 0 else message[5])
+    return config_from_ints(message[4], message[5])
 
 
 class OrderChannel:

@@ -1,0 +1,117 @@
+"""Frozen values of what the protocol carries about jobs: a rank's registration, decisions, tuner
+states, job status, history steps and the best configuration. autobyte.convert turns them into
+messages and back; the daemon's storage returns them (autobyted.storage.records re-exports them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autobyte.types import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    parameter_count: int = 0
+    parameter_bytes: int = 0
+    tensor_count: int = 0
+    largest_tensor_bytes: int = 0
+    median_tensor_bytes: int = 0
+    digest: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    job: str
+    rank: int
+    world_size: int
+    backend: str
+    instance_id: str
+    fingerprint: Fingerprint = Fingerprint()
+    config: Config = Config()
+    hostname: str = ""
+    pid: int = 0
+    tuning_disabled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionRecord:
+    decision_id: int
+    job: str
+    config: Config
+    apply_at_step: int
+    reason: str
+    created_at_s: float
+    state: str
+    predicted_step_time_s: float | None = None
+    measured_step_time_s: float | None = None
+    applied_at_step: int | None = None
+    source: str = "operator"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    job: str
+    state: str
+    world_size: int
+    backend: str
+    steps: int
+    config: Config
+    ranks: tuple[int, ...]
+    recent_step_time_s: float
+    last_seen_s: float
+    dropped_total: int
+    last_decision: DecisionRecord | None
+    tuner: "TunerStatusRecord | None" = None
+    tuning_disabled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryStep:
+    """One rank's step as the Query service's History answers it (the proto's StepRecord)."""
+
+    step: int
+    rank: int
+    wall_time_s: float
+    step_time_s: float
+    exposed_comm_s: float
+    bytes_reduced: int
+    config: Config
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateRecord:
+    """One configuration measured on a job: median rank-0 step time over its steps past warm-up."""
+
+    config: Config
+    median_step_time_s: float
+    samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BestRecord:
+    job: str
+    found: bool
+    config: Config = Config()
+    median_step_time_s: float = 0.0
+    samples: int = 0
+    baseline_step_time_s: float = 0.0
+    evidence: str = ""
+    candidates: tuple[CandidateRecord, ...] = ()  # every configuration compared, fastest first
+
+
+@dataclasses.dataclass(frozen=True)
+class TunerStatusRecord:
+    """What the tuner is doing for a job (see autobyted/tuner/search.py for the states)."""
+
+    mode: str
+    state: str
+    detail: str
+    config: Config = Config()
+    baseline_step_time_s: float = 0.0
+    measured_step_time_s: float = 0.0
+    predicted_step_time_s: float = 0.0
+    trials_done: int = 0
+    trials_planned: int = 0
+    paused: bool = False
+    updated_at_s: float = 0.0
+
