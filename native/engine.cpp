@@ -2,7 +2,7 @@
 //
 // One Engine per ScheduledOptimizer on the native path. It owns what happens once per partition:
 //   * rank 0: the ready heap (earliest forward use first, older steps first), the credit window, the
-//     partition plans, the decision frames to the followers (same wire format as decisions.py), and
+//     partition plans, the collective-order frames to the followers (same wire format as order_channel.py), and
 //     the all-reduce launch — on a C++ thread that never takes the GIL;
 //   * followers: a C++ receiver thread reading rank 0's frames from the socket, and a C++ dispatch
 //     thread that issues rank 0's log strictly in order as local gradients become ready;
@@ -51,8 +51,12 @@ namespace {
 // Bumped whenever the Python <-> C++ interface changes: a stale build is refused, not misused.
 constexpr int kInterfaceVersion = 1;
 
-// Decision frames: int64 little-endian, as decisions.py's struct "<196q".
-constexpr int64_t kMsgDecisions = 1, kMsgConfig = 2, kMsgStop = 3;
+// Configurations cross the Python <-> C++ boundary as int64 with any negative value meaning None
+// (no partitioning / unlimited credit): autobyte.types.config_to_ints / NO_LIMIT_BYTES. Read only here.
+inline bool is_unlimited(int64_t bytes) { return bytes < 0; }
+
+// Collective-order frames: int64 little-endian, as order_channel.py's struct "<196q".
+constexpr int64_t kMsgOrder = 1, kMsgConfig = 2, kMsgStop = 3;
 constexpr int kMsgHeader = 4, kMsgMaxEntries = 64, kMsgLen = kMsgHeader + 3 * kMsgMaxEntries;
 
 // Events handed to the Python update thread (wait_updates).
@@ -200,7 +204,7 @@ struct State : std::enable_shared_from_this<State> {
     auto t = std::make_shared<PlanTemplate>();
     t->first_part.assign(n, 0);
     t->last_part.assign(n, 0);
-    if (partition_bytes < 0) {  // one partition per parameter
+    if (is_unlimited(partition_bytes)) {  // one partition per parameter
       for (int64_t pos = 0; pos < n; ++pos) {
         int64_t i = by_offset[pos];
         t->starts.push_back(sorted_offsets[pos]);
@@ -292,11 +296,11 @@ struct State : std::enable_shared_from_this<State> {
     write_frame(frame);
   }
 
-  void send_decisions(const std::vector<Ready>& batch) {
+  void send_order(const std::vector<Ready>& batch) {
     for (size_t b = 0; b < batch.size(); b += kMsgMaxEntries) {
       int64_t frame[kMsgLen] = {0};
       size_t count = std::min<size_t>(kMsgMaxEntries, batch.size() - b);
-      frame[0] = kMsgDecisions;
+      frame[0] = kMsgOrder;
       frame[1] = int64_t(count);
       for (size_t k = 0; k < count; ++k) {
         frame[kMsgHeader + 3 * k] = batch[b + k].step;
@@ -414,7 +418,7 @@ struct State : std::enable_shared_from_this<State> {
     bool followers = !follower_fds.empty();
     std::map<int64_t, Plan> plans;
     plans[start_step] = new_plan(pb);
-    int64_t credit = cb;  // < 0: unlimited
+    int64_t credit = cb;  // is_unlimited(credit): no credit window
     if (followers) send_config(start_step, pb, cb, decision_id);
     std::vector<Ready> heap;
     ReadyOrder order;
@@ -473,9 +477,9 @@ struct State : std::enable_shared_from_this<State> {
         if (followers) send_stop();
         return;
       }
-      if (!heap.empty() && (credit < 0 || inflight < credit)) {
+      if (!heap.empty() && (is_unlimited(credit) || inflight < credit)) {
         batch.clear();
-        while (!heap.empty() && (credit < 0 || inflight < credit)) {
+        while (!heap.empty() && (is_unlimited(credit) || inflight < credit)) {
           std::pop_heap(heap.begin(), heap.end(), order);
           batch.push_back(heap.back());
           heap.pop_back();
@@ -483,7 +487,7 @@ struct State : std::enable_shared_from_this<State> {
         }
         if (followers) {
           int64_t c0 = cpu_ns();
-          send_decisions(batch);
+          send_order(batch);
           backend += cpu_ns() - c0;
         }
         for (auto& r : batch) {
@@ -524,7 +528,7 @@ struct State : std::enable_shared_from_this<State> {
       latency_ns += std::max<int64_t>(0, wall_ns() - frame[2]);
       latency_n += 1;
       int64_t kind = frame[0];
-      if (kind == kMsgDecisions) {
+      if (kind == kMsgOrder) {
         int64_t count = frame[1];
         if (count < 0 || count > kMsgMaxEntries) {
           fail("malformed decision frame");

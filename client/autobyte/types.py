@@ -49,8 +49,8 @@ class Config:
 
 
 # The one integer encoding of a configuration (rank 0's order-channel frames, the native engine's
-# calls and events; native/engine.cpp reads any negative value as None): NO_LIMIT_BYTES stands for
-# None, i.e. no partitioning / unlimited credit.
+# calls and events; native/engine.cpp reads any negative value as None in its is_unlimited()):
+# NO_LIMIT_BYTES stands for None, i.e. no partitioning / unlimited credit.
 NO_LIMIT_BYTES = -1
 
 
