@@ -187,8 +187,10 @@ def test_matches_ddp(equivalence, case):
     """Parameters and optimizer state equal DDP's (find_unused_parameters=True) on both ranks."""
     for rank, results in enumerate(equivalence):
         got = results[case]
-        assert got["params"] <= TOL, (rank, case, got)
-        assert got["state"] <= TOL, (rank, case, got)
+        # clipping sums the norm in clip_grad_norm_'s order: exact, not within reduction noise
+        tol = 0.0 if case == "clip_grad_norm" else TOL
+        assert got["params"] <= tol, (rank, case, got)
+        assert got["state"] <= tol, (rank, case, got)
         assert got["never_moved"], "a parameter no rank used must not be updated (as in DDP)"
     if case == "clip_grad_norm":
         assert equivalence[0][case]["norm"] is not None

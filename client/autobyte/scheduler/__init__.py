@@ -69,8 +69,8 @@ Semantics that differ from a plain optimizer, on purpose
 * One backward per step: gradient accumulation over several backward passes raises.
 * Global-norm gradient clipping (`clip_grad_norm=`) and loss scaling (`grad_scaler=`, see `amp`) need
   every gradient: the update thread waits for all of a step's all-reduces, unscales (skipping the
-  step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` and then
-  updates. Overlap with the next forward is lost for that tail.
+  step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` (the norm
+  summed in `model.parameters()` order, `clipping`, so DDP's bits on every rank) and then updates. Overlap with the next forward is lost for that tail.
 * Buffers (e.g. BatchNorm statistics) are broadcast once at construction, not every forward
   (DDP's `broadcast_buffers=False`).
 * Construction is collective over the data-parallel group (it creates two groups), so its members
