@@ -25,7 +25,7 @@ from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import groups, native, tracking
+from autobyte.scheduler import groups, health, native, tracking
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
@@ -195,6 +195,10 @@ class ScheduledOptimizer:
 
         # Training-thread state.
         self._progress = Progress(self._n, self._rank, self._timeout_s)
+        # ranks that disagree on the step count, or die, raise within seconds (`health`)
+        self._health = None if self._world == 1 else health.watchdog_for(
+            self._decision_group, self._leader_global, self._is_leader, self._rank, self._world,
+            self._progress, lambda: self._step_index, self._timeout_s)
         self._step_index = 0
         self._closed = False
         self._order: list[int] | None = []  # first-use order while recording
@@ -466,12 +470,20 @@ class ScheduledOptimizer:
             return
         failed = self._progress.error is not None
         stop_error: BaseException | None = None
+        watchdog = self._health if self._threads else None
+        if watchdog is not None:
+            watchdog.closing(self._step_index)
         if self._threads and not failed:
             try:
                 self.synchronize()
+                if watchdog is not None:  # every rank closes at our step count, or all raise
+                    watchdog.agree_on_close(min(self._timeout_s, 60.0))
             except BaseException as error:  # still stop the threads below
                 stop_error = error
+                self._progress.fail(error)
         self._closed = True
+        if watchdog is not None:
+            watchdog.stop(closed=stop_error is None and not failed)
         if self._dispatcher is not None:
             self._dispatcher.stop()
         if self._updater is not None:
@@ -578,6 +590,8 @@ class ScheduledOptimizer:
 
         self._dispatcher.start(start_step, spawn)
         spawn("update", self._updater.main, ())
+        if self._health is not None:
+            self._health.start(spawn)
 
     # ------------------------------------------------------------------ hooks (training thread)
 
