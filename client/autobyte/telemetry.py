@@ -19,12 +19,13 @@ import statistics
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
 import grpc
 
-from autobyte import __version__
+from autobyte import __version__, jobid
 from autobyte.channel import (RETRY_AFTER_KEY, auth_metadata, daemon_address, daemon_addresses, daemon_token,
                               open_channel)
 from autobyte.convert import config_from_proto, config_to_proto, metrics_to_proto
@@ -43,6 +44,8 @@ BACKOFF_MAX_S = 10.0
 # A registration refused for a reason that retrying will not fix soon (wrong token, another model or
 # world size under this job id, a rank held by a live process) is tried again this rarely.
 REFUSED_RETRY_S = 30.0
+# No daemon reached for this long: the user is warned once (warnings.warn, shown by default).
+UNREACHABLE_WARN_S = 120.0
 # Bounds of the wait a daemon may ask for with RESOURCE_EXHAUSTED.
 RETRY_AFTER_MAX_S = 60.0
 
@@ -62,6 +65,12 @@ PERMANENT_REFUSALS = {
 
 _lock = threading.Lock()
 _reporter: "Reporter | None" = None
+
+
+def warn_user(message: str) -> None:
+    """What a user must act on and would otherwise never see (STYLE 7): a warning, beside the log."""
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    log.debug("warned: %s", message)
 _atexit_registered = False
 
 
@@ -70,19 +79,16 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
          tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
-    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
+    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else torchrun's --rdzv-id, else an id derived from the torchrun
+    launch, the same on every rank: `autobyte.jobid`), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
     without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
     `daemon` may list several daemons that share one database ("host1:7077,host2:7077"): a rank
     starts with the (rank mod N)-th and moves on to the next whenever the one it uses fails.
     `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
     operator's `autobyte propose` still applies)."""
     global _reporter
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
-    job = job or os.environ.get("AUTOBYTE_JOB") or (run_id if run_id and run_id != "none" else None)
-    if not job:
-        raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
-                         "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
+    # torchrun's run id is "none" unless --rdzv-id is given: then one is derived from the launch
+    job = jobid.job_id_for(job, os.environ)
     if rank is None and "RANK" in os.environ:
         rank = int(os.environ["RANK"])
     if world_size is None and "WORLD_SIZE" in os.environ:
@@ -240,6 +246,8 @@ class Reporter:
         self._final_at: int | None = None  # the final batch's number in the current stream
         self._final_acked = False
         self._warned_refusals: set[grpc.StatusCode] = set()
+        self._unreachable_since: float | None = None
+        self._warned_unreachable = False
         self._refused = False
         self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
@@ -444,10 +452,12 @@ class Reporter:
                 if self._closed.is_set():
                     break
                 if error.code() in PERMANENT_REFUSALS:
+                    self._unreachable_since = None  # a daemon answered: a refusal warns itself
                     self._refusal(error)
                     self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
                     continue
                 log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                self._unreachable_for(error)
                 failed_in_a_row += 1
                 if self._fail_over(error.code().name) and failed_in_a_row < len(self.addresses):
                     continue  # the next daemon at once; a back-off once every one of them failed
@@ -456,6 +466,7 @@ class Reporter:
                 self._backoff(attempt)
                 continue
             failed_in_a_row = 0
+            self._unreachable_since = None
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
@@ -500,6 +511,19 @@ class Reporter:
             attempt += 1
             self._backoff(attempt)
 
+    def _unreachable_for(self, error: grpc.RpcError) -> None:
+        """A failed registration: once no daemon was reached for UNREACHABLE_WARN_S, warn the user
+        once (a warning Python shows without any logging configured)."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        elif not self._warned_unreachable and now - self._unreachable_since >= UNREACHABLE_WARN_S:
+            self._warned_unreachable = True
+            warn_user(f"autobyte metrics are not reaching a daemon: no autobyted at "
+                      f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
+                      f"(last: {error.code().name}). Start one (autobyted start) or point "
+                      "AUTOBYTE_DAEMON at it; training goes on and retries.")
+
     def _refusal(self, error: grpc.RpcError) -> None:
         """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
         code = error.code()
@@ -509,6 +533,9 @@ class Reporter:
                       code.name)
             return
         self._warned_refusals.add(code)
+        warn_user(f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
+                  f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
+                  f"{PERMANENT_REFUSALS[code]}. Training goes on.")
         log.warning("autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
                     "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
                     "registration is retried every %.0fs.", self.address, self.job, self.rank, error.details(),
