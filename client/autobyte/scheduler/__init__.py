@@ -83,7 +83,8 @@ CUDA (`device`): credit returns when a polled `work.is_completed()` says the col
 completes futures at enqueue), the update thread runs on a stream of its own, gradient copies and
 parameter reads are ordered with events — no host synchronisation per update batch (the "used" flag
 is read back only for parameters this rank did not use). Written for NCCL/CUDA but untested here (no
-GPU): tests/test_scheduler_cuda.py runs where one is. Untested: `torch.compile`d models.
+GPU): tests/test_scheduler_cuda.py runs where one is. `torch.compile`d models compile once
+(`compiled`: the compiled forward waits for every update at its start).
 
 Where each concern lives: `optimizer` (the public API, setup checks, training-thread hooks),
 `tracking` (parameter reads), `layout` (the flat buffer and partition plans), `groups` (the scheduler's

@@ -25,7 +25,7 @@ from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import groups, health, native, tracking
+from autobyte.scheduler import compiled, groups, health, native, tracking
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
@@ -225,7 +225,9 @@ class ScheduledOptimizer:
         self._bridge = ScalerBridge(grad_scaler, self) if grad_scaler is not None and grad_scaler.is_enabled() \
             else None
 
-        self._handles = [model.register_forward_pre_hook(tracking.CopySafeHook(self._root_pre_hook), prepend=True)]
+        # eager even inside a torch.compile'd forward (a graph break there: `compiled`)
+        self._handles = [model.register_forward_pre_hook(
+            tracking.CopySafeHook(compiled.run_eagerly(self._root_pre_hook)), prepend=True)]
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
         for module in model.modules():
@@ -600,6 +602,14 @@ class ScheduledOptimizer:
         if self._forward_seen != s:
             self._forward_seen = s
             self._check_frozen()
+        if compiled.called_from_compiled_code():
+            # the compiled graph reads parameters without our hooks: every update first
+            everything = tuple(range(self._n))
+            for i in everything:
+                self._read_step[i] = s
+            self._wait_params(everything, s)
+            if self._device_sync.cuda:
+                self._device_sync.before_read(everything, s)
         rec = self._steps.records.get(s)
         if rec is None or rec.t_forward is None:
             self._steps.record(s).t_forward = time.perf_counter()
@@ -623,6 +633,8 @@ class ScheduledOptimizer:
     def _on_read(self, idxs: tuple[int, ...], iterating: bool) -> None:
         """A read of managed parameters (tracking, module pre-hooks): record the first-use order,
         mark them read in this step, and wait for their pending updates."""
+        if torch.compiler.is_compiling():
+            return  # traced by torch.compile: the root pre-hook waited, eagerly (`compiled`)
         s = self._step_index
         if self._recording:
             seen = self._seen
