@@ -34,6 +34,7 @@ class Progress:
         self.reduced_step = [0] * n  # parameters handed back in .grad: slices reduced for steps < this
         self.cond = threading.Condition()
         self.error: BaseException | None = None
+        self.waiting_since: float | None = None  # the training thread waits in the scheduler since
 
     def fail(self, error: BaseException) -> None:
         with self.cond:
@@ -57,12 +58,16 @@ class Progress:
         """Wait on `cond` until done() (checked under the lock), a thread's error, or the timeout."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
-            while not done():
-                self.raise_if_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SchedulerError(f"timed out after {timeout_s}s waiting for {what}")
-                self.cond.wait(min(remaining, 1.0))
+            self.waiting_since = time.monotonic()
+            try:
+                while not done():
+                    self.raise_if_failed()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise SchedulerError(f"timed out after {timeout_s}s waiting for {what}")
+                    self.cond.wait(min(remaining, 1.0))
+            finally:
+                self.waiting_since = None
 
     def wait_params(self, idxs: Sequence[int], s: int) -> float:
         """Wait until the parameters have their updates of steps < s; returns the seconds blocked."""

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from typing import TYPE_CHECKING
 
 import grpc
@@ -42,6 +43,8 @@ BACKOFF_MAX_S = 10.0
 # A registration refused for a reason that retrying will not fix soon (wrong token, another model or
 # world size under this job id, a rank held by a live process) is tried again this rarely.
 REFUSED_RETRY_S = 30.0
+# No daemon reached for this long: the user is warned once (warnings.warn, shown by default).
+UNREACHABLE_WARN_S = 120.0
 # Bounds of the wait a daemon may ask for with RESOURCE_EXHAUSTED.
 RETRY_AFTER_MAX_S = 60.0
 
@@ -58,6 +61,13 @@ PERMANENT_REFUSALS = {
     grpc.StatusCode.INVALID_ARGUMENT: "fix the registration as the reason says",
     grpc.StatusCode.UNIMPLEMENTED: "point AUTOBYTE_DAEMON at an autobyted of a matching version",
 }
+
+
+def warn_user(message: str) -> None:
+    """What a user must act on and would otherwise never see (STYLE 7): a warning, beside the log."""
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    log.debug("warned: %s", message)
+
 
 def _retry_after_s(error: grpc.RpcError) -> float | None:
     """The wait a RESOURCE_EXHAUSTED answer asks for (trailing metadata `retry-after-ms`), else None."""
@@ -114,6 +124,8 @@ class Reporter:
         self._final_at: int | None = None  # the final batch's number in the current stream
         self._final_acked = False
         self._warned_refusals: set[grpc.StatusCode] = set()
+        self._unreachable_since: float | None = None
+        self._warned_unreachable = False
         self._refused = False
         self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
@@ -315,10 +327,12 @@ class Reporter:
                 if self._closed.is_set():
                     break
                 if error.code() in PERMANENT_REFUSALS:
+                    self._unreachable_since = None  # a daemon answered: a refusal warns itself
                     self._refusal(error)
                     self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
                     continue
                 log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                self._unreachable_for(error)
                 failed_in_a_row += 1
                 if self._fail_over(error.code().name) and failed_in_a_row < len(self.addresses):
                     continue  # the next daemon at once; a back-off once every one of them failed
@@ -327,6 +341,7 @@ class Reporter:
                 self.backoff(attempt)
                 continue
             failed_in_a_row = 0
+            self._unreachable_since = None
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
@@ -371,6 +386,19 @@ class Reporter:
             attempt += 1
             self.backoff(attempt)
 
+    def _unreachable_for(self, error: grpc.RpcError) -> None:
+        """A failed registration: once no daemon was reached for UNREACHABLE_WARN_S, warn the user
+        once (a warning Python shows without any logging configured)."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        elif not self._warned_unreachable and now - self._unreachable_since >= UNREACHABLE_WARN_S:
+            self._warned_unreachable = True
+            warn_user(f"autobyte metrics are not reaching a daemon: no autobyted at "
+                      f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
+                      f"(last: {error.code().name}). Start one (autobyted start) or point "
+                      "AUTOBYTE_DAEMON at it; training goes on and retries.")
+
     def _refusal(self, error: grpc.RpcError) -> None:
         """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
         code = error.code()
@@ -380,6 +408,9 @@ class Reporter:
                       code.name)
             return
         self._warned_refusals.add(code)
+        warn_user(f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
+                  f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
+                  f"{PERMANENT_REFUSALS[code]}. Training goes on.")
         log.warning("autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
                     "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
                     "registration is retried every %.0fs.", self.address, self.job, self.rank, error.details(),

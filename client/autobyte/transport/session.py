@@ -10,7 +10,7 @@ import threading
 import weakref
 from typing import Any, NamedTuple
 
-from autobyte import hooks
+from autobyte import hooks, jobid
 from autobyte.channel import daemon_address, daemon_addresses, daemon_token
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.transport.reporter import Reporter
@@ -26,19 +26,16 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
          tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
-    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else TORCHELASTIC_RUN_ID), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
+    AUTOBYTE_DAEMON, AUTOBYTE_JOB (else torchrun's --rdzv-id, else an id derived from the torchrun
+    launch, the same on every rank: `autobyte.jobid`), AUTOBYTE_TOKEN, RANK and WORLD_SIZE;
     without RANK/WORLD_SIZE they come from the optimizer's process group. Never blocks on the network.
     `daemon` may list several daemons that share one database ("host1:7077,host2:7077"): a rank
     starts with the (rank mod N)-th and moves on to the next whenever the one it uses fails.
     `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
     operator's `autobyte propose` still applies)."""
     global _reporter
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    # torchrun's run id is "none" unless --rdzv-id is given: not an id that tells jobs apart.
-    job = job or os.environ.get("AUTOBYTE_JOB") or (run_id if run_id and run_id != "none" else None)
-    if not job:
-        raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB "
-                         "(torchrun's TORCHELASTIC_RUN_ID is used when present)")
+    # torchrun's run id is "none" unless --rdzv-id is given: then one is derived from the launch
+    job = jobid.job_id_for(job, os.environ)
     if rank is None and "RANK" in os.environ:
         rank = int(os.environ["RANK"])
     if world_size is None and "WORLD_SIZE" in os.environ:
