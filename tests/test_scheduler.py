@@ -187,8 +187,10 @@ def test_matches_ddp(equivalence, case):
     """Parameters and optimizer state equal DDP's (find_unused_parameters=True) on both ranks."""
     for rank, results in enumerate(equivalence):
         got = results[case]
-        assert got["params"] <= TOL, (rank, case, got)
-        assert got["state"] <= TOL, (rank, case, got)
+        # clipping sums the norm in clip_grad_norm_'s order: exact, not within reduction noise
+        tol = 0.0 if case == "clip_grad_norm" else TOL
+        assert got["params"] <= tol, (rank, case, got)
+        assert got["state"] <= tol, (rank, case, got)
         assert got["never_moved"], "a parameter no rank used must not be updated (as in DDP)"
     if case == "clip_grad_norm":
         assert equivalence[0][case]["norm"] is not None
@@ -471,16 +473,16 @@ def _errors_worker(rank: int, world: int) -> dict:
         out["hook_error"] = str(error.__cause__)
     sched.close()
 
-    # Two backward passes in one step (gradient accumulation) are refused loudly.
+    # Two synchronising backward passes in one step are refused loudly, at the second backward
+    # (gradient accumulation goes through no_sync(): tests/test_scheduler_recipes.py).
     model = lin()
     sched = ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     model(x).sum().backward()
-    model(x).sum().backward()
     try:
-        sched.step()
+        model(x).sum().backward()
         out["accumulation"] = "not raised"
     except SchedulerError as error:
-        out["accumulation"] = str(error.__cause__)
+        out["accumulation"] = str(error)
     sched.close()
 
     # zero_grad() of the model or of the optimizer never touches the scheduler's gradients,
@@ -522,7 +524,7 @@ def test_reconfigure_bad_values_change_nothing(errors):
 def test_errors_surface_in_training_thread(errors):
     assert errors["update_error"] == "ArithmeticError"
     assert "vanished" in errors["hook_error"]
-    assert "accumulation" in errors["accumulation"]
+    assert "accumulation" in errors["accumulation"] and "no_sync()" in errors["accumulation"]
     assert errors["zero_grad_harmless"]
     assert errors["closed"] == "refused"
     assert errors["threads_left"] == []

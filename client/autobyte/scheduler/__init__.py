@@ -66,11 +66,14 @@ Semantics that differ from a plain optimizer, on purpose
   `find_unused_parameters=True` does the same); one used by some ranks gets the average over all. A
   parameter frozen during training is such a parameter. One frozen at construction and unfrozen later
   raises at that step: build a new ScheduledOptimizer, as DDP must be re-wrapped.
-* One backward per step: gradient accumulation over several backward passes raises.
+* Gradient accumulation goes through `with opt.no_sync():`, as with DDP's `model.no_sync()`
+  (`accumulation`): micro-batch gradients stay in `param.grad`, the last backward (outside it) sends
+  their sum by priority as it appears; a second synchronising backward in one step raises at that
+  backward, naming the parameter. The user scales each micro-batch's loss, as with DDP.
 * Global-norm gradient clipping (`clip_grad_norm=`) and loss scaling (`grad_scaler=`, see `amp`) need
   every gradient: the update thread waits for all of a step's all-reduces, unscales (skipping the
-  step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` and then
-  updates. Overlap with the next forward is lost for that tail.
+  step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` (the norm
+  summed in `model.parameters()` order, `clipping`, so DDP's bits on every rank) and then updates. Overlap with the next forward is lost for that tail.
 * Buffers (e.g. BatchNorm statistics) are broadcast once at construction, not every forward
   (DDP's `broadcast_buffers=False`).
 * Construction is collective over the data-parallel group (it creates two groups), so its members

@@ -6,17 +6,19 @@ flat buffer in `layout`; rank 0's collective-order channel in `order_channel`; m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from autobyte.scheduler.accumulation import Accumulation
 from autobyte.scheduler.order_channel import OrderChannel
 from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import StepHyperParameters, Stop
@@ -125,6 +127,7 @@ class ScheduledOptimizer:
         self._local_used = [-1] * self._n  # last step in which this rank produced a gradient
         self._backward_end_queued = -1  # step whose end-of-backward callback is queued
         self._forward_seen = -1  # step whose first forward has been checked
+        self._accumulation = Accumulation(self._n)
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
         self._channel: OrderChannel | None = None
@@ -269,6 +272,22 @@ class ScheduledOptimizer:
         for opt in self._optimizers:
             opt._opt_called = True  # what the LR scheduler's step tracker would set
         self._steps.drain()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation, as DDP's `model.no_sync()`: backward passes inside keep their
+        gradients in `param.grad` (summed over micro-batches); the next backward outside it sends
+        the sum, partitioned and by priority as it appears, then `step()`:
+
+            for k, micro in enumerate(micro_batches):
+                with opt.no_sync() if k < len(micro_batches) - 1 else contextlib.nullcontext():
+                    (loss_fn(model(micro)) / len(micro_batches)).backward()
+            opt.step()
+
+        The loss scaling stays the user's (the scheduler never rescales). If every backward of a
+        step ran inside it, `step()` sends the accumulated gradients."""
+        with self._accumulation.no_sync():
+            yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients of parameters the scheduler does not manage; managed ones are never touched."""
@@ -534,15 +553,16 @@ class ScheduledOptimizer:
 
     def _grad_hook(self, i: int, param: torch.Tensor) -> None:
         progress = self._progress
+        if not self._closed and progress.produced[i] >= self._step_index:
+            # a misuse: raised at the backward that reveals it (and kept for step()); this
+            # parameter's gradient of the step is already sent, so the collectives are unaffected
+            error = self._accumulation.second_gradient(self._names[i], self._step_index)
+            progress.fail(error)
+            raise error
         try:
             if self._closed:
                 return
-            if self._layout is None:
-                self._finalize_layout()
             s = self._step_index
-            if progress.produced[i] >= s:
-                raise SchedulerError("a parameter received a second gradient in one step: gradient "
-                                     "accumulation over several backward() calls is not supported")
             if self._read_step[i] != s:
                 raise SchedulerError(
                     f"parameter {self._names[i]!r} received a gradient in step {s} but was never read "
@@ -551,33 +571,46 @@ class ScheduledOptimizer:
                     "its module (e.g. self.layer.weight) inside the forward pass")
             if progress.param_step[i] < s:
                 self._wait_params((i,), s)
+            if self._accumulation.keep_local(i, s):
+                return  # inside no_sync(): autograd sums the micro-batches in param.grad
+            if self._layout is None:
+                self._finalize_layout()
             if self._backward_end_queued != s and self._uncovered_idx:
                 self._backward_end_queued = s
                 torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             grad = param.grad
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
-            if grad.layout != torch.strided:
-                raise SchedulerError("sparse gradients are not supported")
-            layout = self._layout
-            with torch.no_grad():
-                if self._world == 1:
-                    layout.grad_views[i].copy_(grad)
-                else:
-                    torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
-                layout.flag_views[i].fill_(1.0)
-            if self._device_sync.cuda:
-                self._device_sync.after_grad_copy(i)
-            self._local_used[i] = s
-            param.grad = None
-            self._post_grad(i, s)
+            self._hand_off(i, grad, s)
         except BaseException as error:  # surfaced at the next step()/synchronize()
-            progress.fail(error)
-            if self._layout is not None and progress.produced[i] < self._step_index:
-                # keep the collective sequence going for the other ranks: a zero contribution
-                self._layout.ext_views[i].zero_()
-                param.grad = None
-                self._post_grad(i, self._step_index)
+            self._keep_sequence(i, error)
+
+    def _hand_off(self, i: int, grad: torch.Tensor, s: int) -> None:
+        """Copy parameter i's gradient of step s into the flat buffer and hand it to dispatch."""
+        if grad.layout != torch.strided:
+            raise SchedulerError("sparse gradients are not supported")
+        layout = self._layout
+        with torch.no_grad():
+            if self._world == 1:
+                layout.grad_views[i].copy_(grad)
+            else:
+                torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
+            layout.flag_views[i].fill_(1.0)
+        if self._device_sync.cuda:
+            self._device_sync.after_grad_copy(i)
+        self._local_used[i] = s
+        self._params[i].grad = None
+        self._post_grad(i, s)
+
+    def _keep_sequence(self, i: int, error: BaseException) -> None:
+        """A failed gradient hook: keep the error for step() and the collectives going."""
+        progress = self._progress
+        progress.fail(error)
+        if self._layout is not None and progress.produced[i] < self._step_index:
+            # keep the collective sequence going for the other ranks: a zero contribution
+            self._layout.ext_views[i].zero_()
+            self._params[i].grad = None
+            self._post_grad(i, self._step_index)
 
     def _post_grad(self, i: int, s: int) -> None:
         progress = self._progress
@@ -592,12 +625,18 @@ class ScheduledOptimizer:
         self._grad_ready(i, s)
 
     def _flush_unused(self, s: int) -> None:
-        """Parameters without a gradient this step contribute zeros (flag 0)."""
+        """Parameters without a gradient this step contribute zeros (flag 0); those holding
+        no_sync() micro-batch gradients that no later backward reached send them."""
         progress = self._progress
+        accumulation = self._accumulation
         for i in range(self._n):
             if progress.produced[i] < s:
                 if progress.param_step[i] < s:
                     self._wait_params((i,), s)
+                grad = self._params[i].grad
+                if accumulation.holds(i, s) and grad is not None:
+                    self._hand_off(i, grad, s)
+                    continue
                 self._layout.ext_views[i].zero_()
                 if self._device_sync.cuda:
                     self._device_sync.after_grad_copy(i)

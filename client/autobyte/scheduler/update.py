@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from autobyte.scheduler.clipping import clip_in_parameter_order
 from autobyte.scheduler.device import DeviceSync
 from autobyte.scheduler.events import SliceReduced, StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
@@ -205,12 +206,9 @@ class Updater:
             self.skipped_steps += 1
             return
         if self.clip is not None:
-            views = [layout.grad_views[i] for i in used]
-            if views:
-                norms = torch._foreach_norm(views, self.clip_norm_type)
-                total = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
-                coef = torch.clamp(self.clip / (total + 1e-6), max=1.0)
-                torch._foreach_mul_(views, coef)
+            total = clip_in_parameter_order([(i, layout.grad_views[i]) for i in used], self.clip,
+                                            self.clip_norm_type)
+            if total is not None:
                 self.last_grad_norm = total
         by_group: dict[tuple[int, int], list[torch.Tensor]] = {}
         for i in used:
