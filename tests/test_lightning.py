@@ -165,10 +165,13 @@ def test_fit_equals_ddp_strategy_with_clipping_lr_schedule_and_validation():
     assert max(ours["norms"]) > 0.5, "the test must clip for real"
 
 
-def test_bf16_and_fp16_mixed_precision_equal_ddp_strategy():
+def test_bf16_mixed_precision_equals_ddp_strategy():
     results = run_ranks(_fit_both, 2, {"max_steps": 5, "precision": "bf16-mixed", "clip": 1.0,
                                        "optimizer": "adamw", "with_validation": False}, timeout_s=240)
     _assert_equal_to_ddp(results)
+
+
+def test_fp16_mixed_precision_with_grad_scaler_equals_ddp_strategy():
     results = run_ranks(_fit_both, 2, {"max_steps": 6, "fp16_scaler": True, "clip": 1.0,
                                        "with_validation": False}, timeout_s=240)
     _assert_equal_to_ddp(results)
