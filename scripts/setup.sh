@@ -42,9 +42,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # the scheduler's native hot path (autobyte._native) against it; without a C++ compiler the
     # package installs anyway and runs the Python path (autobyte check-build says why).
     .venv/bin/python -m pip install 'torch==2.13.0' 'setuptools>=68' wheel ninja
-    .venv/bin/python -m pip install --no-build-isolation -e '.[all,postgres,test,bench]'
+    # torch pinned again in the same command: the lightning extra must never pull another torch.
+    .venv/bin/python -m pip install --no-build-isolation -e '.[all,postgres,test,bench,lightning]' 'torch==2.13.0'
   } > .venv/setup.log 2>&1 || { tail -30 .venv/setup.log >&2; echo "setup: installation failed" >&2; exit 1; }
-  .venv/bin/python -c 'import torch, grpc, grpc_health, sqlalchemy, xgboost, psycopg, autobyte, autobyted' \
+  .venv/bin/python -c 'import torch, grpc, grpc_health, sqlalchemy, xgboost, psycopg, lightning, autobyte, autobyted' \
     || { echo "setup: installation failed" >&2; exit 1; }
   .venv/bin/autobyte check-build | sed -n 's/^native hot path: */setup: native hot path: /p; s/^ *why not/setup: why not/p' 
   echo "$want" > "$stamp"
