@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -100,6 +101,16 @@ def tuner_status_to_proto(record: TunerStatusRecord, daemon_mode: str) -> pb.Tun
                           predicted_step_time_s=record.predicted_step_time_s, paused=record.paused,
                           trials_done=record.trials_done, trials_planned=record.trials_planned,
                           updated_at_s=record.updated_at_s, known=bool(record.mode))
+
+
+def resumed_status(record: TunerStatusRecord) -> TunerStatusRecord:
+    """What a resume answers before the tuner has acted on it: the stored state is still the
+    pause's, whose reason must not be repeated as if it held."""
+    if record.state != "paused" and not record.detail.startswith("paused"):
+        return record
+    return dataclasses.replace(record, state="resuming",
+                               detail="resuming: the tuner measures the configuration in effect, then "
+                                      "searches from it")
 
 
 class DecisionHub:
@@ -248,7 +259,8 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         status = await self._call(self._storage.set_tuning_paused, request.job, request.paused)
         self._wake_tuner([request.job])
         log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
-        return tuner_status_to_proto(status, self._settings.tuner)
+        return tuner_status_to_proto(resumed_status(status) if not request.paused else status,
+                                     self._settings.tuner)
 
     async def decide(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, *, source: str = "tuner",

@@ -234,6 +234,8 @@ class SqlStorage(BaseStorage):
             job_row = self._job(session, job, lock=True)
             if lease_holder is not None:
                 self._check_lease(session, tuner_lease(job), lease_holder)
+            if source == "operator":
+                self._refuse_if_finished(session, job_row)
             tuner = session.get(m.TunerState, job_row.id)
             if source == "operator":
                 tuner.paused = True
@@ -252,6 +254,20 @@ class SqlStorage(BaseStorage):
             session.add(row)
             session.flush()
             return _decision(row, job)
+
+    @staticmethod
+    def _refuse_if_finished(session, job_row: m.Job) -> None:
+        """FailedPrecondition when every rank of the job said goodbye: no process would ever apply a
+        decision (a new run of the job expires what is pending anyway)."""
+        finished = session.execute(sa.select(sa.func.count(), sa.func.count(m.Rank.finished_at),
+                                             sa.func.max(m.Rank.finished_at))
+                                   .where(m.Rank.job_id == job_row.id)).one()
+        ranks, done, last = finished
+        if ranks and ranks == done:
+            when = time.strftime("%H:%M:%S", time.gmtime(last))
+            raise FailedPrecondition(f"job {job_row.name!r} finished (every rank sent its last steps, the last "
+                                     f"at {when} UTC): no process would apply the decision; propose it to "
+                                     "a running job")
 
     def close_decision(self, decision_id: int, measured_step_time_s: float | None,
                        state: str | None = None) -> None:

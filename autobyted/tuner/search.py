@@ -334,7 +334,10 @@ class JobTuner:
         self.trials_planned = 0
         phase = "re-tuning" if reason else "baseline"
         prefix = f"{reason}: " if reason else ""
-        self._set(phase, f"{prefix}measuring {describe(self.config or Config())}")
+        # Before the job's next step the tuner may not know what is in effect (a tuner opened on a
+        # running job reads from its newest step): say so rather than print none/inf.
+        in_effect = describe(self.config) if self.config is not None else "the configuration in effect"
+        self._set(phase, f"{prefix}measuring {in_effect}")
 
     def _on_baseline(self, m: StepMetrics) -> None:
         self.window.append(m)

@@ -17,8 +17,8 @@ from autobyte.channel import auth_metadata, daemon_addresses, daemon_token, open
 from autobyte.convert import config_dict
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import (MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES,
-                            Config, format_bytes, parse_bytes)
+from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES,
+                            MIN_PARTITION_BYTES, Config, format_bytes, parse_bytes)
 
 RPC_TIMEOUT_S = 10.0
 # Exit codes (README "Exit codes").
@@ -91,14 +91,10 @@ def tuner_dict(t: pb.TunerStatus) -> dict:
 
 
 def tuner_line(t: pb.TunerStatus) -> str:
-    """One line under a job in `autobyte status`: what the tuner does, the predicted gain."""
-    text = f"  tuner: {t.detail or t.state or 'unknown'}"
-    gain = ""
-    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error", "idle"):
-        gain = f" (best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x)"
-    if len(text) + len(gain) > 80:
-        text = text[:78 - len(gain)] + ".."
-    return text + gain
+    """The lines under a job in `autobyte status`: what the tuner does, wrapped at 80 columns (never
+    cut: the configuration and the figures sit at the end of the text)."""
+    return "\n".join(textwrap.wrap(f"tuner: {t.detail or t.state or 'unknown'}", WIDTH, initial_indent="  ",
+                                    subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -109,7 +105,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 class ByteSize(click.ParamType):
-    """A size as the CLI spells it (4096, 256KiB, 4MiB, none/unlimited), checked against the safe range."""
+    """A size as the CLI spells it (4096, 256KiB, 4MiB, 4MB, none/unlimited; autobyte.types.BYTE_UNITS),
+    checked against the safe range."""
 
     name = "SIZE"
 
@@ -223,33 +220,36 @@ HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "ex
 @click.argument("job")
 @connection_options
 @click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
-@click.option("--rank", type=click.IntRange(0), default=None, help="only this rank's steps")
+@click.option("--steps", "with_steps", is_flag=True,
+              help="also list the step records (after the decisions); --rank and --limit choose them")
+@click.option("--rank", type=click.IntRange(0), default=None, help="with --steps: only this rank's steps")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="latest N step records")
+              help="with --steps: the latest N step records")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
-    """Steps and decisions of JOB over time.
+def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> None:
+    """Decisions of JOB (who, why, predicted and measured step time), then with --steps its steps.
 
     A decision ASKED for a step (next: as soon as possible); APPLIED is the step at which every rank
     switched (the next step boundary when the asked step had already passed)."""
-    request = pb.HistoryRequest(job=job, since_s=since, limit=limit)
+    # Without --steps one step record is asked for (the request has no "none"), and not shown.
+    request = pb.HistoryRequest(job=job, since_s=since, limit=limit if with_steps else 1)
     if rank is not None:
         request.rank = rank
     response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "History", request)
+    step_messages = list(response.steps) if with_steps else []
     steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
               "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": config_dict(s.config)}
-             for s in response.steps]
+             for s in step_messages]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
-        click.echo(json.dumps({"job": job, "steps": steps, "decisions": decisions}, indent=2))
+        out = {"job": job, "decisions": decisions}
+        if with_steps:
+            out["steps"] = steps
+        click.echo(json.dumps(out, indent=2))
     elif fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(HISTORY_CSV_COLUMNS)
-        for s in steps:
-            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
-                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", "", "", "", ""])
         for d in decisions:
             # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
             writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
@@ -257,15 +257,24 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
                              d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
                              d["source"], *("" if d[k] is None else d[k]
                                             for k in ("predicted_step_time_s", "measured_step_time_s"))])
+        for s in steps:
+            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
+                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
+                             "", "", "", "", "", "", ""])
         click.echo(out.getvalue(), nl=False)
     else:
-        rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
-                 f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(response.steps[i].config)] for i, s in enumerate(steps)]
-        click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
-                   else "no steps recorded")
+        steps_hint = "" if with_steps else f"; its steps: `autobyte history {job} --steps`"
+        click.echo(textwrap.fill(f"{job}: {len(decisions) or 'no'} decision(s)"
+                                 f"{', oldest first' if decisions else ''}{steps_hint}", WIDTH,
+                                 break_long_words=False, break_on_hyphens=False))
         if decisions:
-            click.echo("")
             click.echo(decision_table(response.decisions))
+        if with_steps:
+            rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
+                     f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(m.config)] for s, m in zip(steps, step_messages)]
+            click.echo("")
+            click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
+                       else "no steps recorded")
 
 
 def _ms(value: float | None) -> str:
@@ -299,7 +308,14 @@ def tune(job, daemon, token, tls_ca, paused) -> None:
     """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
     t = Connection(daemon, token, tls_ca).call(pb_grpc.ControlStub, "SetTuning",
                                                 pb.SetTuningRequest(job=job, paused=paused))
-    click.echo(f"{job}: tuner {'paused' if paused else 'resumed'} ({t.detail or t.state})")
+    if paused:
+        click.echo(f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
+                   f"until `autobyte tune {job} --resume`")
+    else:
+        # The tuner acts on a resume at its next look at the job: what it did before (the pause's
+        # reason) is not news, what it will do is.
+        click.echo(f"{job}: tuner resumed; it measures the configuration in effect, then searches from it "
+                   "(`autobyte status` shows its progress)")
 
 
 @main.command()
@@ -341,9 +357,9 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
 @click.argument("job")
 @connection_options
 @click.option("--partition", "partition", type=ByteSize("partition"), required=True,
-              help="partition size, e.g. 4MiB, or none")
+              help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})")
 @click.option("--credit", "credit", type=ByteSize("credit"), required=True,
-              help="credit window, e.g. 16MiB, or unlimited")
+              help="credit window, e.g. 16MiB, or unlimited (units as for --partition)")
 @click.option("--at-step", type=click.IntRange(0), default=0,
               help="step at which every rank switches (0: the next step; a step already passed: the next too)")
 @click.option("--reason", default="operator request", show_default=True)
