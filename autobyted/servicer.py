@@ -345,7 +345,10 @@ def history_to_proto(request: pb.HistoryRequest, steps, decisions) -> pb.History
     for record in steps:
         response.steps.add(step=record.step, rank=record.rank, wall_time_s=record.wall_time_s,
                            step_time_s=record.step_time_s, exposed_comm_s=record.exposed_comm_s,
-                           bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config))
+                           bytes_reduced=record.bytes_reduced, config=config_to_proto(record.config),
+                           forward_s=record.forward_s, backward_s=record.backward_s,
+                           bandwidth_bytes_per_s=record.bandwidth_bytes_per_s, host_load=record.host_load,
+                           decision_id=record.decision_id)
     response.decisions.extend(decision_to_proto(d) for d in decisions if d.created_at_s >= request.since_s)
     return response
 

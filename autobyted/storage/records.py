@@ -90,6 +90,11 @@ class StepRecord:
     exposed_comm_s: float
     bytes_reduced: int
     config: Config
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    bandwidth_bytes_per_s: float = 0.0
+    host_load: float = 0.0
+    decision_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

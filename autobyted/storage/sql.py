@@ -404,7 +404,10 @@ class SqlStorage(BaseStorage):
             rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
                                    .limit(limit)).all()
             return [StepRecord(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
-                               exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r))
+                               exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r),
+                               forward_s=r.forward_s, backward_s=r.backward_s,
+                               bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, host_load=r.host_load,
+                               decision_id=r.decision_id)
                     for r in reversed(rows)]
 
     def best(self, job: str, min_samples: int = 5) -> BestRecord:

@@ -302,6 +302,42 @@ def decision_table(decisions) -> str:
 @main.command()
 @click.argument("job")
 @connection_options
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG to write [default: JOB.png]")
+@click.option("--since", type=float, default=0.0, help="only steps and decisions after this unix time (s)")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100_000, show_default=True,
+              help="the latest N step records (of every rank)")
+def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
+    """A picture of JOB (1200x600 PNG): step time over time (rolling median per rank), the
+    configuration in effect as bands, each decision with its reason and predicted vs measured
+    step time, and the bandwidth estimate and host load below. Needs the `plot` extra."""
+    try:
+        from autobyte import plot as job_plot
+        import matplotlib  # noqa: F401  (said before asking the daemon)
+    except ImportError:
+        fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
+    response = Connection(daemon, token, tls_ca).call(
+        pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
+    steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s, *config_dict(s.config).values(),
+                                s.bandwidth_bytes_per_s, s.host_load, s.decision_id) for s in response.steps]
+    decisions = [job_plot.DecisionMark(d["decision_id"], d["created_at_s"], d["state"], d["reason"], d["source"],
+                                       d["config"]["partition_bytes"], d["config"]["credit_bytes"],
+                                       d["predicted_step_time_s"], d["measured_step_time_s"])
+                 for d in map(decision_dict, response.decisions)]
+    path = out_path or f"{job}.png"
+    try:
+        job_plot.draw_job(job, steps, decisions, path)
+    except ValueError as error:
+        fail(str(error), EXIT_ERROR)
+    except OSError as error:
+        fail(f"cannot write {path}: {error.strerror or error}", EXIT_ERROR)
+    click.echo(f"{path}: {len(steps)} steps, {len(decisions)} decision(s) of {job} "
+               f"({job_plot.WIDTH_PX}x{job_plot.HEIGHT_PX})")
+
+
+@main.command()
+@click.argument("job")
+@connection_options
 @click.option("--pause/--resume", "paused", required=True,
               help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
 def tune(job, daemon, token, tls_ca, paused) -> None:
