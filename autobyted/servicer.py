@@ -333,10 +333,12 @@ class Services(pb_grpc.TelemetryServicer, pb_grpc.ControlServicer, pb_grpc.Query
         best = await self._call(self._storage.best, request.job)
         response = pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
                                    median_step_time_s=best.median_step_time_s, samples=best.samples,
-                                   baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
+                                   baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence,
+                                   context=best.context, reference=config_to_proto(best.reference),
+                                   reference_step_time_s=best.reference_step_time_s, contexts=best.contexts)
         for candidate in best.candidates:
             response.candidates.add(config=config_to_proto(candidate.config), samples=candidate.samples,
-                                    median_step_time_s=candidate.median_step_time_s)
+                                    median_step_time_s=candidate.median_step_time_s, speedup=candidate.speedup)
         return response
 
 

@@ -18,7 +18,7 @@ from autobyte.convert import config_dict
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES,
-                            MIN_PARTITION_BYTES, Config, format_bytes, parse_bytes)
+                            MIN_PARTITION_BYTES, Config, describe_speedup, format_bytes, parse_bytes, speedup)
 
 RPC_TIMEOUT_S = 10.0
 # Exit codes (README "Exit codes").
@@ -85,7 +85,8 @@ def tuner_dict(t: pb.TunerStatus) -> dict:
             "baseline_step_time_s": t.baseline_step_time_s or None,
             "measured_step_time_s": t.measured_step_time_s or None,
             "predicted_step_time_s": t.predicted_step_time_s or None,
-            "predicted_gain": (t.measured_step_time_s / t.predicted_step_time_s
+            # autobyte.types.speedup: the best candidate's predicted speed-up over the held one
+            "predicted_gain": (speedup(t.measured_step_time_s, t.predicted_step_time_s)
                                if t.measured_step_time_s and t.predicted_step_time_s else None),
             "trials_done": t.trials_done, "trials_planned": t.trials_planned, "paused": t.paused}
 
@@ -359,34 +360,41 @@ def tune(job, daemon, token, tls_ca, paused) -> None:
 @connection_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def best(job, daemon, token, tls_ca, fmt) -> None:
-    """The best configuration measured on JOB, every configuration it was compared with, and the
-    no-scheduling baseline when that was measured."""
+    """The best configuration measured on JOB in its latest context (conditions: run, bandwidth,
+    host load), every configuration measured in that same context, the steps of each, and each
+    one's speed-up: x faster than the no-scheduling baseline (or, when that did not run there, the
+    configuration the context began with)."""
     r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
         click.echo(json.dumps({"job": r.job, "found": r.found, "config": config_dict(r.config) if r.found else None,
                                "median_step_time_s": r.median_step_time_s, "samples": r.samples,
                                "baseline_step_time_s": r.baseline_step_time_s or None,
-                               "evidence": r.evidence,
+                               "evidence": r.evidence, "context": r.context, "contexts": r.contexts,
+                               "reference": config_dict(r.reference) if r.found else None,
+                               "reference_step_time_s": r.reference_step_time_s or None,
                                "candidates": [{"config": config_dict(c.config), "samples": c.samples,
-                                               "median_step_time_s": c.median_step_time_s}
+                                               "median_step_time_s": c.median_step_time_s,
+                                               "speedup": c.speedup or None}
                                               for c in r.candidates]}, indent=2))
         return
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
+    reference = _cfg(r.reference)
     click.echo(f"{job}: {Config(**config_dict(r.config)).describe()}")
-    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps")
+    click.echo(textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    "))
+    gain = ("the context's reference" if r.config == r.reference else
+            describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference))
+    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}")
     if r.baseline_step_time_s:
-        click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms "
-                   f"({r.baseline_step_time_s / r.median_step_time_s:.2f}x the best's step time)")
+        click.echo(f"  no-scheduling baseline (none/inf) {r.baseline_step_time_s * 1e3:.1f} ms in this context")
     else:
-        click.echo("  no-scheduling baseline: not measured (no steps with partition none, credit unlimited)")
-    if r.candidates:
-        click.echo(f"  compared ({len(r.candidates)}):")
-        rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples),
-                 f"{c.median_step_time_s / r.median_step_time_s:.2f}x"] for c in r.candidates]
-        click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "VS_BEST"], rows), "    "))
-    click.echo(f"  evidence: {r.evidence}")
+        click.echo("  no-scheduling baseline: not measured in this context (none/inf)")
+    click.echo(f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:")
+    rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
+            for c in r.candidates]
+    click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "SPEED-UP"], rows), "    "))
+    click.echo(textwrap.fill(f"evidence: {r.evidence}", WIDTH, initial_indent="  ", subsequent_indent="    "))
 
 
 @main.command()

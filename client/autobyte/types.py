@@ -87,6 +87,22 @@ def check_metrics(metrics: StepMetrics, now_s: float) -> None:
         raise ValueError(f"wall_time_s={metrics.wall_time_s} is not a plausible unix time")
 
 
+def speedup(reference_step_time_s: float, step_time_s: float) -> float:
+    """The one speed-up figure autobyte shows (status, decision reasons, `autobyte best`): how many
+    times faster a configuration runs than a reference, the reference's median step time over the
+    configuration's, both measured (or predicted) in the same context. 2.0 = twice the steps per
+    second; below 1 = slower. ValueError for a time that is not positive."""
+    if not (reference_step_time_s > 0 and step_time_s > 0):
+        raise ValueError(f"a speed-up needs two positive step times, got {reference_step_time_s!r} "
+                         f"and {step_time_s!r}")
+    return reference_step_time_s / step_time_s
+
+
+def describe_speedup(value: float, reference: str) -> str:
+    """'1.31x faster than 4MiB/16MiB'; a value below 1 reads '0.85x as fast as ...' (same figure)."""
+    return f"{value:.2f}x {'faster than' if value >= 1 else 'as fast as'} {reference}"
+
+
 def format_bytes(value: int | None, none: str = "-") -> str:
     """1048576 -> '1MiB', 4000000 -> '4MB' (a size given in powers of 10 reads back as given);
     None -> `none`."""
