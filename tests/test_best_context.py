@@ -103,3 +103,22 @@ def test_a_new_run_and_a_host_load_rise_are_new_contexts(thread_daemon):
     assert best["contexts"] == 3, best
     assert "run 2" in best["context"] and "a host load rise at step 30" in best["context"], best["context"]
     assert {c["config"]["partition_bytes"] for c in best["candidates"]} == {16 << 20, 64 << 10}
+
+
+def test_the_holding_line_and_its_switch_decision_show_the_same_figure():
+    """The tuner's status and the decision that switched give one speed-up, worded one way."""
+    import re
+
+    from autobyted.tuner.search import JobTuner
+    from benchmarks.autobyte_policy import MemorySink
+    from _tuner_util import BEST, SHAPE, ScriptedJob, better, predictor_for
+
+    sink = MemorySink("job")
+    tuner = JobTuner("job", SHAPE, predictor_for(BEST, 0.3), sink)
+    ScriptedJob(better(BEST, 0.3)).run(tuner, sink, 400)
+    (switch,) = [d for d in sink.decisions if d.kind == "switch"]
+    figure = re.compile(r"measured (\d+\.\d\dx faster than 4MiB/16MiB)")
+    assert tuner.phase == "holding" and figure.search(tuner.detail), tuner.detail
+    assert figure.search(switch.reason).group(1) == figure.search(tuner.detail).group(1)
+    trial = next(d for d in sink.decisions if d.kind == "trial")
+    assert re.search(r"predicted \d+\.\d\dx faster than 4MiB/16MiB", trial.reason), trial.reason
