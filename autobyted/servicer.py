@@ -93,6 +93,16 @@ def tuner_status_for(record: TunerStatusRecord, daemon_mode: str) -> pb.TunerSta
         detail=record.detail or ("paused by an operator" if record.paused else "")), known=bool(record.mode))
 
 
+def resumed_status(record: TunerStatusRecord) -> TunerStatusRecord:
+    """What a resume answers before the tuner has acted on it: the stored state is still the
+    pause's, whose reason must not be repeated as if it held."""
+    if record.state != "paused" and not record.detail.startswith("paused"):
+        return record
+    return dataclasses.replace(record, state="resuming",
+                               detail="resuming: the tuner measures the configuration in effect, then "
+                                      "searches from it")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServiceContext:
     """What the three servicers and the decider share; one per daemon."""
@@ -271,7 +281,7 @@ class ControlService(_Servicer, pb_grpc.ControlServicer):
         status = await self._call(self._storage.set_tuning_paused, request.job, request.paused)
         self._wake_tuner([request.job])
         log.info("tuning paused" if request.paused else "tuning resumed", extra={"job": request.job})
-        return tuner_status_for(status, self._settings.tuner)
+        return tuner_status_for(resumed_status(status) if not request.paused else status, self._settings.tuner)
 
 
 class QueryService(_Servicer, pb_grpc.QueryServicer):

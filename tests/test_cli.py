@@ -90,7 +90,7 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     assert shown_reason == reason.strip()
 
     rows = list(csv.DictReader(io.StringIO(run_cli("history", "job", "--daemon", thread_daemon.address,
-                                                   "--format", "csv").stdout)))
+                                                   "--format", "csv", "--steps").stdout)))
     (decision_row,) = [row for row in rows if row["kind"] == "decision"]
     assert decision_row["applied_at_step"] == "51" and decision_row["reason"] == reason.strip()
     assert all(row["applied_at_step"] == "" for row in rows if row["kind"] == "step")

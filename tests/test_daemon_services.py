@@ -279,8 +279,10 @@ def test_status_json_shape(client, thread_daemon):
     for args in (["status"], ["history", long_job]):
         table = run_cli(*args, "--daemon", thread_daemon.address)
         assert table.returncode == 0 and all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
-    history = json.loads(run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
+    history = json.loads(run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "json",
+                                 "--steps").stdout)
     assert set(history) == {"job", "steps", "decisions"}
     assert {"step", "rank", "step_time_s", "config"} <= set(history["steps"][0])
-    csv_out = run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "csv").stdout.splitlines()
+    csv_out = run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "csv",
+                      "--steps").stdout.splitlines()
     assert csv_out[0].startswith("kind,step,rank") and len(csv_out) == 6

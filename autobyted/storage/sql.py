@@ -10,7 +10,8 @@ from typing import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from autobyte.types import Config, StepMetrics
+from autobyte.types import Config, StepMetrics, describe_speedup, format_bytes, speedup
+from autobyted.contexts import StepPoint, split_contexts
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
@@ -27,6 +28,50 @@ RETENTION_CHUNK_ROWS = 20_000
 
 def _config(row) -> Config:
     return Config(row.partition_bytes, row.credit_bytes)
+
+
+def _config_of(partition_bytes: int | None, credit_bytes: int | None) -> Config:
+    return Config(partition_bytes, credit_bytes)
+
+
+def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) -> BestRecord:
+    """The fastest configuration among those measured (min_samples steps past a run's warm-up) in
+    the job's latest context that has one (autobyted.contexts), with the speed-up of each over the
+    context's reference: the no-scheduling baseline when it ran there, else the configuration the
+    context began with."""
+    contexts = split_contexts(points)
+    for context in reversed(contexts):
+        by_config: dict[Config, list[StepPoint]] = {}
+        for point in context.steps:
+            if point.step >= WARMUP_STEPS:
+                by_config.setdefault(point.config, []).append(point)
+        medians = {config: statistics.median(p.step_time_s for p in measured)
+                   for config, measured in by_config.items() if len(measured) >= min_samples}
+        if medians:
+            break
+    else:
+        return BestRecord(job=job, found=False, contexts=len(contexts),
+                          evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
+    best = min(medians, key=medians.get)
+    baseline = medians.get(Config(), 0.0)
+    reference = Config() if baseline else context.steps[0].config
+    reference_s = medians.get(reference, 0.0)
+    steps = sorted(p.step for p in by_config[best])
+    evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; {len(medians)} configuration(s) "
+                f"compared in context {context.index} of {len(contexts)}")
+    if reference_s and best != reference:
+        name = (f"{format_bytes(reference.partition_bytes, 'none')}/{format_bytes(reference.credit_bytes, 'inf')}"
+                + (" (the no-scheduling baseline)" if baseline else " (the context's first configuration)"))
+        evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
+    if len(contexts) > 1:
+        evidence += "; configurations measured only in other contexts are not compared"
+    compared = tuple(CandidateRecord(config, medians[config], len(by_config[config]),
+                                     speedup(reference_s, medians[config]) if reference_s else 0.0)
+                     for config in sorted(medians, key=medians.get))
+    return BestRecord(job=job, found=True, config=best, median_step_time_s=medians[best], samples=len(steps),
+                      baseline_step_time_s=baseline, evidence=evidence, candidates=compared,
+                      context=context.describe(len(contexts)), reference=reference,
+                      reference_step_time_s=reference_s, contexts=len(contexts))
 
 
 def _decision(row: m.Decision, job: str) -> DecisionRecord:
@@ -234,6 +279,8 @@ class SqlStorage(BaseStorage):
             job_row = self._job(session, job, lock=True)
             if lease_holder is not None:
                 self._check_lease(session, tuner_lease(job), lease_holder)
+            if source == "operator":
+                self._refuse_if_finished(session, job_row)
             tuner = session.get(m.TunerState, job_row.id)
             if source == "operator":
                 tuner.paused = True
@@ -252,6 +299,20 @@ class SqlStorage(BaseStorage):
             session.add(row)
             session.flush()
             return _decision(row, job)
+
+    @staticmethod
+    def _refuse_if_finished(session, job_row: m.Job) -> None:
+        """FailedPrecondition when every rank of the job said goodbye: no process would ever apply a
+        decision (a new run of the job expires what is pending anyway)."""
+        finished = session.execute(sa.select(sa.func.count(), sa.func.count(m.Rank.finished_at),
+                                             sa.func.max(m.Rank.finished_at))
+                                   .where(m.Rank.job_id == job_row.id)).one()
+        ranks, done, last = finished
+        if ranks and ranks == done:
+            when = time.strftime("%H:%M:%S", time.gmtime(last))
+            raise FailedPrecondition(f"job {job_row.name!r} finished (every rank sent its last steps, the last "
+                                     f"at {when} UTC): no process would apply the decision; propose it to "
+                                     "a running job")
 
     def close_decision(self, decision_id: int, measured_step_time_s: float | None,
                        state: str | None = None) -> None:
@@ -388,38 +449,22 @@ class SqlStorage(BaseStorage):
             rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
                                    .limit(limit)).all()
             return [HistoryStep(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
-                               exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r))
+                                exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r),
+                                forward_s=r.forward_s, backward_s=r.backward_s,
+                                bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, host_load=r.host_load,
+                                decision_id=r.decision_id)
                     for r in reversed(rows)]
 
     def best(self, job: str, min_samples: int = 5) -> BestRecord:
         with self._scope() as session:
             job_row = self._job(session, job)
-            rows = session.execute(sa.select(m.StepSample.partition_bytes, m.StepSample.credit_bytes,
-                                             m.StepSample.step_time_s, m.StepSample.step)
-                                   .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0,
-                                          m.StepSample.step >= WARMUP_STEPS)).all()
-        by_config: dict[tuple, list[tuple[float, int]]] = {}
-        for partition, credit, step_time, step in rows:
-            by_config.setdefault((partition, credit), []).append((step_time, step))
-        candidates = {key: vals for key, vals in by_config.items() if len(vals) >= min_samples}
-        if not candidates:
-            return BestRecord(job=job, found=False,
-                              evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
-        medians = {key: statistics.median(v for v, _ in vals) for key, vals in candidates.items()}
-        key = min(medians, key=medians.get)
-        steps = sorted(s for _, s in candidates[key])
-        baseline = medians.get((None, None), 0.0)
-        evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; "
-                    f"{len(candidates)} configuration(s) compared")
-        if baseline:
-            evidence += f"; {baseline / medians[key]:.2f}x the no-scheduling baseline"
-        else:
-            evidence += "; the no-scheduling baseline (partition none, credit unlimited) was not measured"
-        compared = tuple(CandidateRecord(Config(*k), medians[k], len(candidates[k]))
-                         for k in sorted(medians, key=medians.get))
-        return BestRecord(job=job, found=True, config=Config(*key), median_step_time_s=medians[key],
-                          samples=len(steps), baseline_step_time_s=baseline, evidence=evidence,
-                          candidates=compared)
+            rows = session.execute(sa.select(m.StepSample.step, m.StepSample.wall_time_s, m.StepSample.step_time_s,
+                                             m.StepSample.partition_bytes, m.StepSample.credit_bytes,
+                                             m.StepSample.bandwidth_bytes_per_s, m.StepSample.host_load)
+                                   .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
+                                   .order_by(m.StepSample.wall_time_s, m.StepSample.id)).all()
+        return best_in_latest_context(job, [StepPoint(r[0], r[1], r[2], _config_of(r[3], r[4]), r[5], r[6])
+                                            for r in rows], min_samples)
 
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:

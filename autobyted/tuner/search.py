@@ -46,7 +46,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from autobyte.types import Config, StepMetrics
+from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
 from autobyted.tuner.features import JobShape, summarize
@@ -244,7 +244,10 @@ class JobTuner:
         self.trials_planned = 0
         phase = "re-tuning" if reason else "baseline"
         prefix = f"{reason}: " if reason else ""
-        self._set(phase, f"{prefix}measuring {describe(self.config or Config())}")
+        # Before the job's next step the tuner may not know what is in effect (a tuner opened on a
+        # running job reads from its newest step): say so rather than print none/inf.
+        in_effect = describe(self.config) if self.config is not None else "the configuration in effect"
+        self._set(phase, f"{prefix}measuring {in_effect}")
 
     def _on_baseline(self, m: StepMetrics) -> None:
         self.window.append(m)
@@ -284,11 +287,12 @@ class JobTuner:
             return
         mu, best = min(confident, key=lambda t: t[0])
         predicted = incumbent.median_s * math.exp(mu)
-        reason = (f"observe: recommend {describe(best)}, predicted {math.exp(-mu):.2f}x "
-                  f"{describe(incumbent.config)}{self._context_note()}")
+        reason = (f"observe: recommend {describe(best)}, predicted "
+                  f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}")
         self.sink.decide(best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend")
         self.recommended = best
-        self._set("observing", f"observe: recommends {describe(best)} (predicted {math.exp(-mu):.2f}x)")
+        self._set("observing", f"observe: recommends {describe(best)} (predicted "
+                               f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})")
 
     def _context_note(self) -> str:
         return f" ({self.retune_reason})" if self.retune_reason else ""
@@ -329,7 +333,8 @@ class JobTuner:
         self.trials_planned = max(self.trials_planned, number)
         predicted = reference.median_s * math.exp(mu)
         reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
-                  f"{incumbent.median_s / predicted:.2f}x {describe(incumbent.config)}{self._context_note()}")
+                  f"{describe_speedup(speedup(incumbent.median_s, predicted), describe(incumbent.config))}"
+                  f"{self._context_note()}")
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
@@ -454,8 +459,8 @@ class JobTuner:
             return
         returning = winner is incumbent
         reason = (f"return to {describe(winner.config)}: no trial beat it{self._context_note()}" if returning else
-                  f"hold best: {describe(winner.config)} measured {incumbent.median_s / winner.median_s:.2f}x "
-                  f"{describe(incumbent.config)}{self._context_note()}")
+                  f"hold best: {describe(winner.config)} measured {self._measured_gain(winner)}"
+                  f"{self._context_note()}")
         decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
         if decision is None:
             return
@@ -576,9 +581,16 @@ class JobTuner:
         if held.config == incumbent.config:
             gain = "no candidate beat it"
         else:
-            gain = f"measured {incumbent.median_s / held.median_s:.2f}x {describe(incumbent.config)}"
+            # The figure of the decision that switched (the same two windows), not a second one.
+            gain = f"measured {self._measured_gain(winner)}"
         after = f" ({self.retune_reason.removeprefix('re-tuning ')})" if self.retune_reason else ""
         self._set("holding", f"holding {describe(held.config)}: {gain}{after}")
+
+    def _measured_gain(self, winner: _Measured) -> str:
+        """The speed-up of a search's winner over its incumbent (autobyte.types.speedup), from their
+        windows in this search's context: the figure its decision, the status and history show."""
+        assert self.incumbent is not None
+        return describe_speedup(speedup(self.incumbent.median_s, winner.median_s), describe(self.incumbent.config))
 
     # ------------------------------------------------------------------ holding and drift
     def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
@@ -630,7 +642,8 @@ class JobTuner:
         if best is None:
             return
         self.stats["retunes"] += 1
-        self._rebaseline(f"re-tuning: {describe(best[0])} predicted {math.exp(-best[1]):.2f}x faster now",
+        self._rebaseline(f"re-tuning: {describe(best[0])} predicted "
+                         f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
                          new_segment=True, steps=self.p.rebaseline_steps)
 
     def _not_applied(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import datetime
 import io
 import json
@@ -19,8 +18,8 @@ from autobyte.convert import (best_from_proto, config_dict, config_from_proto, d
                               history_step_from_proto, tuner_status_from_proto)
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import (MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES,
-                            Config, format_bytes, parse_bytes)
+from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES,
+                            MIN_PARTITION_BYTES, Config, describe_speedup, format_bytes, parse_bytes, speedup)
 
 RPC_TIMEOUT_S = 10.0
 # Exit codes (README "Exit codes").
@@ -87,20 +86,17 @@ def tuner_dict(t: pb.TunerStatus) -> dict:
             "baseline_step_time_s": r.baseline_step_time_s or None,
             "measured_step_time_s": r.measured_step_time_s or None,
             "predicted_step_time_s": r.predicted_step_time_s or None,
-            "predicted_gain": (r.measured_step_time_s / r.predicted_step_time_s
+            # autobyte.types.speedup: the best candidate's predicted speed-up over the held one
+            "predicted_gain": (speedup(r.measured_step_time_s, r.predicted_step_time_s)
                                if r.measured_step_time_s and r.predicted_step_time_s else None),
             "trials_done": r.trials_done, "trials_planned": r.trials_planned, "paused": r.paused}
 
 
 def tuner_line(t: pb.TunerStatus) -> str:
-    """One line under a job in `autobyte status`: what the tuner does, the predicted gain."""
-    text = f"  tuner: {t.detail or t.state or 'unknown'}"
-    gain = ""
-    if t.measured_step_time_s and t.predicted_step_time_s and t.state not in ("off", "paused", "error", "idle"):
-        gain = f" (best predicted {t.measured_step_time_s / t.predicted_step_time_s:.2f}x)"
-    if len(text) + len(gain) > 80:
-        text = text[:78 - len(gain)] + ".."
-    return text + gain
+    """The lines under a job in `autobyte status`: what the tuner does, wrapped at 80 columns (never
+    cut: the configuration and the figures sit at the end of the text)."""
+    return "\n".join(textwrap.wrap(f"tuner: {t.detail or t.state or 'unknown'}", WIDTH, initial_indent="  ",
+                                    subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -111,7 +107,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 class ByteSize(click.ParamType):
-    """A size as the CLI spells it (4096, 256KiB, 4MiB, none/unlimited), checked against the safe range."""
+    """A size as the CLI spells it (4096, 256KiB, 4MiB, 4MB, none/unlimited; autobyte.types.BYTE_UNITS),
+    checked against the safe range."""
 
     name = "SIZE"
 
@@ -246,31 +243,36 @@ HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "ex
 @click.argument("job")
 @connection_options
 @click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
-@click.option("--rank", type=click.IntRange(0), default=None, help="only this rank's steps")
+@click.option("--steps", "with_steps", is_flag=True,
+              help="also list the step records (after the decisions); --rank and --limit choose them")
+@click.option("--rank", type=click.IntRange(0), default=None, help="with --steps: only this rank's steps")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="latest N step records")
+              help="with --steps: the latest N step records")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
-    """Steps and decisions of JOB over time.
+def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> None:
+    """Decisions of JOB (who, why, predicted and measured step time), then with --steps its steps.
 
     A decision ASKED for a step (next: as soon as possible); APPLIED is the step at which every rank
     switched (the next step boundary when the asked step had already passed)."""
-    request = pb.HistoryRequest(job=job, since_s=since, limit=limit)
+    # Without --steps one step record is asked for (the request has no "none"), and not shown.
+    request = pb.HistoryRequest(job=job, since_s=since, limit=limit if with_steps else 1)
     if rank is not None:
         request.rank = rank
     response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "History", request)
-    steps = [dataclasses.asdict(history_step_from_proto(s)) for s in response.steps]
+    step_records = [history_step_from_proto(s) for s in response.steps] if with_steps else []
+    steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
+              "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": s.config.to_dict()}
+             for s in step_records]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
-        click.echo(json.dumps({"job": job, "steps": steps, "decisions": decisions}, indent=2))
+        out = {"job": job, "decisions": decisions}
+        if with_steps:
+            out["steps"] = steps
+        click.echo(json.dumps(out, indent=2))
     elif fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(HISTORY_CSV_COLUMNS)
-        for s in steps:
-            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
-                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", "", "", "", ""])
         for d in decisions:
             # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
             writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
@@ -278,15 +280,24 @@ def history(job, daemon, token, tls_ca, since, rank, limit, fmt) -> None:
                              d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
                              d["source"], *("" if d[k] is None else d[k]
                                             for k in ("predicted_step_time_s", "measured_step_time_s"))])
+        for s in steps:
+            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
+                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
+                             "", "", "", "", "", "", ""])
         click.echo(out.getvalue(), nl=False)
     else:
-        rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
-                 f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(response.steps[i].config)] for i, s in enumerate(steps)]
-        click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
-                   else "no steps recorded")
+        steps_hint = "" if with_steps else f"; its steps: `autobyte history {job} --steps`"
+        click.echo(textwrap.fill(f"{job}: {len(decisions) or 'no'} decision(s)"
+                                 f"{', oldest first' if decisions else ''}{steps_hint}", WIDTH,
+                                 break_long_words=False, break_on_hyphens=False))
         if decisions:
-            click.echo("")
             click.echo(decision_table(response.decisions))
+        if with_steps:
+            rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
+                     f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(m.config)] for s, m in zip(steps, response.steps)]
+            click.echo("")
+            click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
+                       else "no steps recorded")
 
 
 def _ms(value: float | None) -> str:
@@ -314,13 +325,56 @@ def decision_table(decisions) -> str:
 @main.command()
 @click.argument("job")
 @connection_options
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG to write [default: JOB.png]")
+@click.option("--since", type=float, default=0.0, help="only steps and decisions after this unix time (s)")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100_000, show_default=True,
+              help="the latest N step records (of every rank)")
+def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
+    """A picture of JOB (1200x600 PNG): step time over time (rolling median per rank), the
+    configuration in effect as bands, each decision with its reason and predicted vs measured
+    step time, and the bandwidth estimate and host load below. Needs the `plot` extra."""
+    try:
+        from autobyte import plot as job_plot
+        import matplotlib  # noqa: F401  (said before asking the daemon)
+    except ImportError:
+        fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
+    response = Connection(daemon, token, tls_ca).call(
+        pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
+    steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s, *config_dict(s.config).values(),
+                                s.bandwidth_bytes_per_s, s.host_load, s.decision_id) for s in response.steps]
+    decisions = [job_plot.DecisionMark(d["decision_id"], d["created_at_s"], d["state"], d["reason"], d["source"],
+                                       d["config"]["partition_bytes"], d["config"]["credit_bytes"],
+                                       d["predicted_step_time_s"], d["measured_step_time_s"])
+                 for d in map(decision_dict, response.decisions)]
+    path = out_path or f"{job}.png"
+    try:
+        job_plot.draw_job(job, steps, decisions, path)
+    except ValueError as error:
+        fail(str(error), EXIT_ERROR)
+    except OSError as error:
+        fail(f"cannot write {path}: {error.strerror or error}", EXIT_ERROR)
+    click.echo(f"{path}: {len(steps)} steps, {len(decisions)} decision(s) of {job} "
+               f"({job_plot.WIDTH_PX}x{job_plot.HEIGHT_PX})")
+
+
+@main.command()
+@click.argument("job")
+@connection_options
 @click.option("--pause/--resume", "paused", required=True,
               help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
 def tune(job, daemon, token, tls_ca, paused) -> None:
     """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
     t = Connection(daemon, token, tls_ca).call(pb_grpc.ControlStub, "SetTuning",
                                                 pb.SetTuningRequest(job=job, paused=paused))
-    click.echo(f"{job}: tuner {'paused' if paused else 'resumed'} ({t.detail or t.state})")
+    if paused:
+        click.echo(f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
+                   f"until `autobyte tune {job} --resume`")
+    else:
+        # The tuner acts on a resume at its next look at the job: what it did before (the pause's
+        # reason) is not news, what it will do is.
+        click.echo(f"{job}: tuner resumed; it measures the configuration in effect, then searches from it "
+                   "(`autobyte status` shows its progress)")
 
 
 @main.command()
@@ -328,44 +382,51 @@ def tune(job, daemon, token, tls_ca, paused) -> None:
 @connection_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def best(job, daemon, token, tls_ca, fmt) -> None:
-    """The best configuration measured on JOB, every configuration it was compared with, and the
-    no-scheduling baseline when that was measured."""
+    """The best configuration measured on JOB in its latest context (conditions: run, bandwidth,
+    host load), every configuration measured in that same context, the steps of each, and each
+    one's speed-up: x faster than the no-scheduling baseline (or, when that did not run there, the
+    configuration the context began with)."""
     r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
         b = best_from_proto(r)
         click.echo(json.dumps({"job": b.job, "found": b.found, "config": b.config.to_dict() if b.found else None,
                                "median_step_time_s": b.median_step_time_s, "samples": b.samples,
                                "baseline_step_time_s": b.baseline_step_time_s or None,
-                               "evidence": b.evidence,
+                               "evidence": b.evidence, "context": b.context, "contexts": b.contexts,
+                               "reference": b.reference.to_dict() if b.found else None,
+                               "reference_step_time_s": b.reference_step_time_s or None,
                                "candidates": [{"config": c.config.to_dict(), "samples": c.samples,
-                                               "median_step_time_s": c.median_step_time_s}
+                                               "median_step_time_s": c.median_step_time_s,
+                                               "speedup": c.speedup or None}
                                               for c in b.candidates]}, indent=2))
         return
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
+    reference = _cfg(r.reference)
     click.echo(f"{job}: {config_from_proto(r.config).describe()}")
-    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps")
+    click.echo(textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    "))
+    gain = ("the context's reference" if r.config == r.reference else
+            describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference))
+    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}")
     if r.baseline_step_time_s:
-        click.echo(f"  no-scheduling baseline {r.baseline_step_time_s * 1e3:.1f} ms "
-                   f"({r.baseline_step_time_s / r.median_step_time_s:.2f}x the best's step time)")
+        click.echo(f"  no-scheduling baseline (none/inf) {r.baseline_step_time_s * 1e3:.1f} ms in this context")
     else:
-        click.echo("  no-scheduling baseline: not measured (no steps with partition none, credit unlimited)")
-    if r.candidates:
-        click.echo(f"  compared ({len(r.candidates)}):")
-        rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples),
-                 f"{c.median_step_time_s / r.median_step_time_s:.2f}x"] for c in r.candidates]
-        click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "VS_BEST"], rows), "    "))
-    click.echo(f"  evidence: {r.evidence}")
+        click.echo("  no-scheduling baseline: not measured in this context (none/inf)")
+    click.echo(f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:")
+    rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
+            for c in r.candidates]
+    click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "SPEED-UP"], rows), "    "))
+    click.echo(textwrap.fill(f"evidence: {r.evidence}", WIDTH, initial_indent="  ", subsequent_indent="    "))
 
 
 @main.command()
 @click.argument("job")
 @connection_options
 @click.option("--partition", "partition", type=ByteSize("partition"), required=True,
-              help="partition size, e.g. 4MiB, or none")
+              help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})")
 @click.option("--credit", "credit", type=ByteSize("credit"), required=True,
-              help="credit window, e.g. 16MiB, or unlimited")
+              help="credit window, e.g. 16MiB, or unlimited (units as for --partition)")
 @click.option("--at-step", type=click.IntRange(0), default=0,
               help="step at which every rank switches (0: the next step; a step already passed: the next too)")
 @click.option("--reason", default="operator request", show_default=True)

@@ -155,13 +155,18 @@ def job_status_from_proto(message: pb.JobStatus) -> JobRecord:
 def history_step_to_proto(step: HistoryStep) -> pb.StepRecord:
     return pb.StepRecord(step=step.step, rank=step.rank, wall_time_s=step.wall_time_s, step_time_s=step.step_time_s,
                          exposed_comm_s=step.exposed_comm_s, bytes_reduced=step.bytes_reduced,
-                         config=config_to_proto(step.config))
+                         config=config_to_proto(step.config), forward_s=step.forward_s,
+                         backward_s=step.backward_s, bandwidth_bytes_per_s=step.bandwidth_bytes_per_s,
+                         host_load=step.host_load, decision_id=step.decision_id)
 
 
 def history_step_from_proto(message: pb.StepRecord) -> HistoryStep:
     return HistoryStep(step=message.step, rank=message.rank, wall_time_s=message.wall_time_s,
                        step_time_s=message.step_time_s, exposed_comm_s=message.exposed_comm_s,
-                       bytes_reduced=message.bytes_reduced, config=config_from_proto(message.config))
+                       bytes_reduced=message.bytes_reduced, config=config_from_proto(message.config),
+                       forward_s=message.forward_s, backward_s=message.backward_s,
+                       bandwidth_bytes_per_s=message.bandwidth_bytes_per_s, host_load=message.host_load,
+                       decision_id=message.decision_id)
 
 
 def history_to_proto(job: str, steps: Iterable[HistoryStep], decisions: Iterable[DecisionRecord]) -> pb.HistoryResponse:
@@ -174,10 +179,12 @@ def history_to_proto(job: str, steps: Iterable[HistoryStep], decisions: Iterable
 def best_to_proto(best: BestRecord) -> pb.BestResponse:
     response = pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
                                median_step_time_s=best.median_step_time_s, samples=best.samples,
-                               baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence)
+                               baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence,
+                               context=best.context, reference=config_to_proto(best.reference),
+                               reference_step_time_s=best.reference_step_time_s, contexts=best.contexts)
     for candidate in best.candidates:
         response.candidates.add(config=config_to_proto(candidate.config), samples=candidate.samples,
-                                median_step_time_s=candidate.median_step_time_s)
+                                median_step_time_s=candidate.median_step_time_s, speedup=candidate.speedup)
     return response
 
 
@@ -186,5 +193,8 @@ def best_from_proto(message: pb.BestResponse) -> BestRecord:
                       median_step_time_s=message.median_step_time_s, samples=message.samples,
                       baseline_step_time_s=message.baseline_step_time_s, evidence=message.evidence,
                       candidates=tuple(CandidateRecord(config=config_from_proto(c.config),
-                                                       median_step_time_s=c.median_step_time_s, samples=c.samples)
-                                       for c in message.candidates))
+                                                       median_step_time_s=c.median_step_time_s, samples=c.samples,
+                                                       speedup=c.speedup)
+                                       for c in message.candidates),
+                      context=message.context, reference=config_from_proto(message.reference),
+                      reference_step_time_s=message.reference_step_time_s, contexts=message.contexts)

@@ -76,6 +76,11 @@ class HistoryStep:
     exposed_comm_s: float
     bytes_reduced: int
     config: Config
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    bandwidth_bytes_per_s: float = 0.0
+    host_load: float = 0.0
+    decision_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +90,7 @@ class CandidateRecord:
     config: Config
     median_step_time_s: float
     samples: int
+    speedup: float = 0.0  # autobyte.types.speedup over the context's reference; 0: not measured there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +103,10 @@ class BestRecord:
     baseline_step_time_s: float = 0.0
     evidence: str = ""
     candidates: tuple[CandidateRecord, ...] = ()  # every configuration compared, fastest first
+    context: str = ""  # which context (autobyted.contexts) the comparison is made in
+    reference: Config = Config()  # the configuration the speed-ups are relative to
+    reference_step_time_s: float = 0.0
+    contexts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

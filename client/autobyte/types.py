@@ -107,36 +107,64 @@ def check_metrics(metrics: StepMetrics, now_s: float) -> None:
         raise ValueError(f"wall_time_s={metrics.wall_time_s} is not a plausible unix time")
 
 
+def speedup(reference_step_time_s: float, step_time_s: float) -> float:
+    """The one speed-up figure autobyte shows (status, decision reasons, `autobyte best`): how many
+    times faster a configuration runs than a reference, the reference's median step time over the
+    configuration's, both measured (or predicted) in the same context. 2.0 = twice the steps per
+    second; below 1 = slower. ValueError for a time that is not positive."""
+    if not (reference_step_time_s > 0 and step_time_s > 0):
+        raise ValueError(f"a speed-up needs two positive step times, got {reference_step_time_s!r} "
+                         f"and {step_time_s!r}")
+    return reference_step_time_s / step_time_s
+
+
+def describe_speedup(value: float, reference: str) -> str:
+    """'1.31x faster than 4MiB/16MiB'; a value below 1 reads '0.85x as fast as ...' (same figure)."""
+    return f"{value:.2f}x {'faster than' if value >= 1 else 'as fast as'} {reference}"
+
+
 def format_bytes(value: int | None, none: str = "-") -> str:
-    """1048576 -> '1MiB'; None -> `none`."""
+    """1048576 -> '1MiB', 4000000 -> '4MB' (a size given in powers of 10 reads back as given);
+    None -> `none`."""
     if value is None:
         return none
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if value >= 1 << shift and value % (1 << shift) == 0:
             return f"{value >> shift}{unit}"
+    for unit, scale in (("GB", 10**9), ("MB", 10**6)):
+        if value >= scale and value % scale == 0:
+            return f"{value // scale}{unit}"
     if value >= 1 << 20:
         return f"{value / (1 << 20):.1f}MiB"
+    if value >= 1000 and value % 1000 == 0:
+        return f"{value // 1000}KB"
     return f"{value}B"
 
 
+# What a size's unit means (`autobyte propose --help` and the README say the same): the IEC units
+# and the bare letters are powers of 2, the SI units powers of 10, as GNU coreutils reads them.
+BYTE_UNITS = {"b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
+              "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+BYTE_UNITS_HELP = "KiB/MiB/GiB (or K/M/G) are powers of 2, KB/MB/GB powers of 10: 4MB = 4000000 bytes"
+
+
 def parse_bytes(text: str) -> int | None:
-    """'4MiB', '4m', '4096', 'none', 'unlimited' -> bytes (None for none/unlimited)."""
+    """'4MiB', '4m', '4MB', '4096', 'none', 'unlimited' -> bytes (None for none/unlimited); see
+    BYTE_UNITS for what each unit means (4MiB = 4194304, 4MB = 4000000)."""
     raw = text.strip().lower()
     if raw in ("none", "unlimited", "inf", "null"):
         return None
-    units = {"kib": 1 << 10, "k": 1 << 10, "kb": 1 << 10, "mib": 1 << 20, "m": 1 << 20, "mb": 1 << 20,
-             "gib": 1 << 30, "g": 1 << 30, "gb": 1 << 30, "b": 1}
-    for suffix in sorted(units, key=len, reverse=True):
+    for suffix in sorted(BYTE_UNITS, key=len, reverse=True):
         if raw.endswith(suffix):
             number = raw[: -len(suffix)]
-            scale = units[suffix]
+            scale = BYTE_UNITS[suffix]
             break
     else:
         number, scale = raw, 1
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"not a byte size: {text!r} (examples: 4096, 256KiB, 4MiB, none)") from None
+        raise ValueError(f"not a byte size: {text!r} (examples: 4096, 256KiB, 4MiB, 4MB, none)") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"not a positive byte size: {text!r}")
     return int(value * scale)

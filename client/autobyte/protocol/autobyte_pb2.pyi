@@ -298,7 +298,7 @@ class HistoryRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., since_s: _Optional[float] = ..., rank: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced", "config")
+    __slots__ = ("step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced", "config", "forward_s", "backward_s", "bandwidth_bytes_per_s", "host_load", "decision_id")
     STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +306,11 @@ class StepRecord(_message.Message):
     EXPOSED_COMM_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_REDUCED_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOAD_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     step: int
     rank: int
     wall_time_s: float
@@ -313,7 +318,12 @@ class StepRecord(_message.Message):
     exposed_comm_s: float
     bytes_reduced: int
     config: Config
-    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ...) -> None: ...
+    forward_s: float
+    backward_s: float
+    bandwidth_bytes_per_s: float
+    host_load: float
+    decision_id: int
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., host_load: _Optional[float] = ..., decision_id: _Optional[int] = ...) -> None: ...
 
 class HistoryResponse(_message.Message):
     __slots__ = ("job", "steps", "decisions")
@@ -332,17 +342,19 @@ class BestRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("config", "median_step_time_s", "samples")
+    __slots__ = ("config", "median_step_time_s", "samples", "speedup")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
     config: Config
     median_step_time_s: float
     samples: int
-    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    speedup: float
+    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., speedup: _Optional[float] = ...) -> None: ...
 
 class BestResponse(_message.Message):
-    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found", "candidates")
+    __slots__ = ("job", "config", "median_step_time_s", "samples", "baseline_step_time_s", "evidence", "found", "candidates", "context", "reference", "reference_step_time_s", "contexts")
     JOB_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -351,6 +363,10 @@ class BestResponse(_message.Message):
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     job: str
     config: Config
     median_step_time_s: float
@@ -359,4 +375,8 @@ class BestResponse(_message.Message):
     evidence: str
     found: bool
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
-    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ...) -> None: ...
+    context: str
+    reference: Config
+    reference_step_time_s: float
+    contexts: int
+    def __init__(self, job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., median_step_time_s: _Optional[float] = ..., samples: _Optional[int] = ..., baseline_step_time_s: _Optional[float] = ..., evidence: _Optional[str] = ..., found: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., context: _Optional[str] = ..., reference: _Optional[_Union[Config, _Mapping]] = ..., reference_step_time_s: _Optional[float] = ..., contexts: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,152 @@
+"""Which stored steps of a job ran in the same context: the comparisons `autobyte best` may make.
+
+A configuration's step time is comparable with another's only if both ran under the same
+conditions. What the stored steps carry says when those moved:
+
+- a new run of the job (its step numbering starts again);
+- the host load (others' CPU share, a property of the host, not of the configuration) moved by
+  at least drift.py's minimum relevant shift (0.2);
+- the scheduler's bandwidth estimate of a configuration moved against what *the same*
+  configuration measured earlier in the context (the estimate depends on the configuration) by a
+  factor of 2 or more (BANDWIDTH_SHIFT, log units).
+
+A move counts when CONFIRM_BLOCKS blocks in a row show it; blocks are BLOCK_STEPS consecutive
+steps of one configuration (block medians: one slow step is not a change). Why 2x and 3 blocks,
+not the drift detector's 25% (which watches for a re-tune, with a CUSUM over a known noise level):
+on two real 400-step 2-rank gloo jobs on a shared 2-core host, 25% and 2 blocks cut them into 7
+and 17 contexts (the estimate of a steady configuration wanders by up to 2x for 10-20 steps there),
+2x and 3 blocks into 1 and 6 (a new run and host-load moves of neighbours' processes). The changes
+that move the best configuration on the testbed (2 Gbit/s -> 300 Mbit/s: 6.7x) are far beyond it.
+A change that falls exactly on a switch to a configuration not yet seen in the context
+shows only when a configuration seen before returns (the tuner measures its incumbent again for
+that reason); the steps in between count to the earlier context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from autobyte.types import Config
+from autobyted.tuner.drift import SIGNALS
+
+BLOCK_STEPS = 10
+CONFIRM_BLOCKS = 3  # blocks in a row that must show a move before it counts (>= 2)
+BANDWIDTH_SHIFT = math.log(2.0)
+MIN_SHIFT = {**{signal.name: signal.min_shift for signal in SIGNALS}, "bandwidth": BANDWIDTH_SHIFT}
+
+
+class StepPoint(NamedTuple):
+    """One rank-0 step as the segmentation reads it."""
+
+    step: int
+    wall_time_s: float
+    step_time_s: float
+    config: Config
+    bandwidth_bytes_per_s: float
+    host_load: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """A span of a job's steps under the same conditions."""
+
+    index: int  # 1-based, in time order
+    run: int  # 1-based
+    first_step: int
+    last_step: int
+    started_by: str  # "the job's start", "a new run", "a bandwidth drop at step 812", ...
+    steps: tuple[StepPoint, ...]
+
+    def describe(self, of: int) -> str:
+        return (f"context {self.index} of {of}: run {self.run}, steps {self.first_step}..{self.last_step}, "
+                f"since {self.started_by}")
+
+
+def _median(values: Sequence[float]) -> float:
+    values = [v for v in values if v > 0]
+    return statistics.median(values) if values else math.nan
+
+
+def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
+    """The job's steps (rank 0, in wall-time order) cut into contexts (see the module docstring)."""
+    contexts: list[Context] = []
+    current: list[StepPoint] = []
+    started_by = "the job's start"
+    run = 1
+    load_ref = math.nan
+    bandwidth_ref: dict[Config, float] = {}
+    # (signal, direction, index in current where the move began, blocks that showed it so far)
+    suspect: tuple[str, int, int, int] | None = None
+    block: list[StepPoint] = []
+
+    def close(reason: str, at: int) -> None:
+        nonlocal current, started_by, load_ref, bandwidth_ref, suspect
+        if current[:at]:
+            part = current[:at]
+            contexts.append(Context(len(contexts) + 1, run, part[0].step, part[-1].step, started_by, tuple(part)))
+        current = current[at:]
+        started_by, load_ref, bandwidth_ref, suspect = reason, math.nan, {}, None
+
+    def judge(block: list[StepPoint]) -> None:
+        """Compare a finished block with the context's references; two in a row open a new context."""
+        nonlocal load_ref, suspect
+        start = len(current) - len(block)
+        load = _median([p.host_load for p in block])
+        bandwidth = _median([p.bandwidth_bytes_per_s for p in block])
+        config = block[0].config
+        moved = None
+        if not math.isnan(load):
+            if math.isnan(load_ref):
+                load_ref = load
+            elif abs(load - load_ref) >= MIN_SHIFT["host_load"]:
+                moved = ("host load", 1 if load > load_ref else -1)
+        if moved is None and not math.isnan(bandwidth):
+            reference = bandwidth_ref.setdefault(config, bandwidth)
+            shift = math.log(bandwidth / reference)
+            if abs(shift) >= MIN_SHIFT["bandwidth"]:
+                moved = ("bandwidth", 1 if shift > 0 else -1)
+        if moved is None:
+            suspect = None
+            return
+        if suspect is not None and suspect[:2] == moved and suspect[3] + 1 < CONFIRM_BLOCKS:
+            suspect = (*suspect[:3], suspect[3] + 1)
+            return
+        if suspect is not None and suspect[:2] == moved:
+            kind, direction, at, _blocks = suspect
+            word = {("host load", 1): "a host load rise", ("host load", -1): "a host load drop",
+                    ("bandwidth", 1): "a bandwidth rise", ("bandwidth", -1): "a bandwidth drop"}[(kind, direction)]
+            close(f"{word} at step {current[at].step}", at)
+            # The new context's references come from the two blocks that showed the move.
+            for p in (current[i:i + BLOCK_STEPS] for i in range(0, len(current), BLOCK_STEPS)):
+                load_now = _median([q.host_load for q in p])
+                if not math.isnan(load_now) and math.isnan(load_ref):
+                    load_ref = load_now
+                bandwidth_now = _median([q.bandwidth_bytes_per_s for q in p])
+                if not math.isnan(bandwidth_now):
+                    bandwidth_ref.setdefault(p[0].config, bandwidth_now)
+            return
+        suspect = (*moved, start, 1)
+
+    previous: StepPoint | None = None
+    for point in points:
+        if previous is not None and point.step < previous.step:
+            if block:
+                judge(block)
+            block = []
+            close("a new run", len(current))
+            run += 1
+        if block and point.config != block[0].config:
+            judge(block)
+            block = []
+        current.append(point)
+        block.append(point)
+        if len(block) == BLOCK_STEPS:
+            judge(block)
+            block = []
+        previous = point
+    close("", len(current))
+    return contexts

@@ -1,0 +1,186 @@
+"""`autobyte plot`: one picture of a job: step time, configurations, decisions and context."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from autobyte.types import format_bytes
+
+WIDTH_PX, HEIGHT_PX, DPI = 1200, 600, 100
+PLOT_EXTRA = "plot"  # setup.cfg's extra that brings matplotlib
+# The configurations' band colours (pale, so that the step-time lines stay readable on them).
+BAND_COLOURS = ("#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf3", "#f9d6d5", "#f3efc9", "#d4f0f0", "#e8e8e8")
+RANK_COLOURS = ("#1f4e9c", "#c2410c", "#15803d", "#7e22ce")
+
+
+class StepPoint(NamedTuple):
+    """One stored step, as the picture needs it."""
+
+    rank: int
+    step: int
+    wall_time_s: float
+    step_time_s: float
+    partition_bytes: int | None
+    credit_bytes: int | None
+    bandwidth_bytes_per_s: float
+    host_load: float
+    decision_id: int
+
+
+class DecisionMark(NamedTuple):
+    decision_id: int
+    created_at_s: float
+    state: str
+    reason: str
+    source: str
+    partition_bytes: int | None
+    credit_bytes: int | None
+    predicted_step_time_s: float | None
+    measured_step_time_s: float | None
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed: the message says which extra brings it."""
+
+
+def config_label(partition_bytes: int | None, credit_bytes: int | None) -> str:
+    return f"{format_bytes(partition_bytes, 'none')}/{format_bytes(credit_bytes, 'inf')}"
+
+
+def short_reason(reason: str, limit: int = 28) -> str:
+    """The head of a decision's reason ('trial 2/4', 'hold best', 'rollback', 'operator request'),
+    cut at a word: the whole text is in `autobyte history`."""
+    head = reason.split(":", 1)[0].strip() or "decision"
+    if len(head) <= limit:
+        return head
+    return head[:limit].rsplit(" ", 1)[0] + "…"
+
+
+def rolling_median(values: Sequence[float], window: int) -> list[float]:
+    """Median of the last `window` values at each point (fewer at the start)."""
+    out, recent = [], []
+    for value in values:
+        recent.append(value)
+        if len(recent) > window:
+            recent.pop(0)
+        out.append(statistics.median(recent))
+    return out
+
+
+def _stints(points: Sequence[StepPoint]) -> list[tuple[float, float, str]]:
+    """(start, end, configuration) of each run of consecutive steps under one configuration."""
+    stints: list[list] = []
+    for point in points:
+        label = config_label(point.partition_bytes, point.credit_bytes)
+        if stints and stints[-1][2] == label:
+            stints[-1][1] = point.wall_time_s
+        else:
+            start = stints[-1][1] if stints else point.wall_time_s - point.step_time_s
+            stints.append([start, point.wall_time_s, label])
+    return [(a, b, c) for a, b, c in stints]
+
+
+def _mark_time(decision: DecisionMark, leader: Sequence[StepPoint]) -> float:
+    """When a decision took effect: the first leader step under it; else when it was made."""
+    for point in leader:
+        if point.decision_id == decision.decision_id:
+            return point.wall_time_s - point.step_time_s
+    return decision.created_at_s
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:.0f}" if value else "-"
+
+
+def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionMark], path: str) -> None:
+    """Write the picture of a job as a PNG of WIDTH_PX x HEIGHT_PX. ValueError when there are no
+    steps; PlotUnavailable without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("autobyte plot needs matplotlib: pip install 'autobyte[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not steps:
+        raise ValueError(f"job {job!r} has no steps to plot yet")
+    ordered = sorted(steps, key=lambda p: (p.wall_time_s, p.rank))
+    origin = min(p.wall_time_s - p.step_time_s for p in ordered)
+    ranks = sorted({p.rank for p in ordered})
+    leader_rank = ranks[0]
+    leader = [p for p in ordered if p.rank == leader_rank]
+    per_rank = {rank: [p for p in ordered if p.rank == rank] for rank in ranks}
+    window = max(5, min(51, len(leader) // 60))
+
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI,
+                                      gridspec_kw={"height_ratios": [3, 1.25]})
+    # The configuration in effect (the leader's: every rank switches at the same step) as bands.
+    colours: dict[str, str] = {}
+    stints = _stints(leader)
+    span = max(1e-9, leader[-1].wall_time_s - origin)
+    for start, end, label in stints:
+        colour = colours.setdefault(label, BAND_COLOURS[len(colours) % len(BAND_COLOURS)])
+        for axis in (top, bottom):
+            axis.axvspan(start - origin, end - origin, color=colour, zorder=0, linewidth=0)
+        if (end - start) / span >= 0.07:  # name the bands wide enough to hold a label
+            top.annotate(label, (start - origin, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 4),
+                         textcoords="offset points", fontsize=8, color="0.3")
+    # Step time: a rolling median per rank, rank by rank.
+    all_medians = []
+    for index, (rank, points) in enumerate(per_rank.items()):
+        medians = [m * 1e3 for m in rolling_median([p.step_time_s for p in points], window)]
+        all_medians.extend(medians)
+        top.plot([p.wall_time_s - origin for p in points], medians, color=RANK_COLOURS[index % len(RANK_COLOURS)],
+                 linewidth=1.4, label=f"rank {rank}", zorder=3)
+    high = sorted(all_medians)[int(0.99 * (len(all_medians) - 1))] if all_medians else 1.0
+    top.set_ylim(0, high * 1.45)  # headroom above the lines for the decision labels
+    top.set_ylabel(f"step time (ms)\nrolling median of {window}")
+    # Each decision: where it took effect, its reason (short), predicted vs measured step time.
+    times = [p.wall_time_s for p in leader]
+    for number, decision in enumerate(sorted(decisions, key=lambda d: d.created_at_s)):
+        at = _mark_time(decision, leader)
+        if at < origin - 1 or at > leader[-1].wall_time_s + 1:
+            continue  # outside the steps shown (--since, --limit)
+        x = at - origin
+        top.axvline(x, color="0.25", linestyle="--", linewidth=0.8, zorder=2)
+        i = min(len(leader) - 1, bisect.bisect_left(times, at))
+        measured_here = leader[i].step_time_s * 1e3
+        label = (f"#{decision.decision_id} {short_reason(decision.reason)}\n"
+                 f"pred {_ms(decision.predicted_step_time_s)} / meas {_ms(decision.measured_step_time_s)} ms")
+        level = 0.97 - 0.11 * (number % 3)  # three rows, so that neighbours do not overlap
+        top.annotate(label, (x, min(measured_here, high * 1.4)), xytext=(x, high * 1.45 * level),
+                     textcoords="data", fontsize=7, ha="left", va="top", zorder=4,
+                     color="#7f1d1d" if decision.state == "rolled_back" else "black",
+                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.85},
+                     arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.6})
+    handles, labels = top.get_legend_handles_labels()
+    top.legend(handles, labels, fontsize=8, loc="lower right", framealpha=0.9)
+    top.set_title(f"{job}: step time, configuration in effect (bands) and decisions "
+                  f"({len(leader)} steps of rank {leader_rank}, {len(ranks)} rank(s))", fontsize=10)
+    # Context on a second axis: the scheduler's bandwidth estimate and the host's load.
+    xs = [p.wall_time_s - origin for p in leader]
+    bandwidth = [p.bandwidth_bytes_per_s * 8 / 1e6 for p in leader]
+    if any(b > 0 for b in bandwidth):
+        bottom.plot(xs, rolling_median(bandwidth, window), color="#0f766e", linewidth=1.3,
+                    label="bandwidth estimate (Mbit/s)")
+    bottom.set_ylabel("bandwidth\n(Mbit/s)", color="#0f766e")
+    bottom.set_ylim(bottom=0)
+    load_axis = bottom.twinx()
+    loads = [p.host_load for p in leader]
+    if any(value > 0 for value in loads):
+        load_axis.plot(xs, rolling_median(loads, window), color="#b45309", linewidth=1.1, linestyle="-",
+                       label="host load (others' CPU share)")
+    load_axis.set_ylim(0, max(1.0, max(loads, default=0.0) * 1.1))
+    load_axis.set_ylabel("host load", color="#b45309")
+    lines = bottom.get_legend_handles_labels()[0] + load_axis.get_legend_handles_labels()[0]
+    if lines:
+        bottom.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper right", framealpha=0.9)
+    bottom.set_xlabel("time since the first step (s)")
+    bottom.set_xlim(0, math.ceil(span))
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)

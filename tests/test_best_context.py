@@ -1,0 +1,124 @@
+"""Issue 19 item 5: `autobyte best` compares only configurations measured in the same context, says
+which context and how many steps each, and gives one speed-up figure (x faster than a reference)."""
+
+import json
+
+import pytest
+
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.types import describe_speedup, speedup
+from _grpc_util import Client, sample
+from test_daemon_process import run_cli
+
+SMALL = pb.Config(partition_bytes=64 << 10, credit_bytes=64 << 10)
+MEDIUM = pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)
+LARGE = pb.Config(partition_bytes=16 << 20, credit_bytes=64 << 20)
+BASELINE = pb.Config()
+
+
+def stream(address: str, job: str, phases, first_seq: int = 1, instance: str = "i-0") -> int:
+    """phases: (steps, config, step_time_s, bandwidth_bytes_per_s, host_load) in order."""
+    client = Client(address)
+    session = client.register(job=job, instance=instance).session_id
+    samples, seq, wall = [], first_seq, 1_764_500_000.0 + first_seq
+    for steps, config, step_time_s, bandwidth, load in phases:
+        for _ in range(steps):
+            wall += step_time_s
+            samples.append(sample(seq, step=seq - first_seq, wall_time_s=wall, step_time_s=step_time_s,
+                                  bandwidth_bytes_per_s=bandwidth, host_load=load, config=config))
+            seq += 1
+    # final: this process is done (a later run's process may take rank 0 over at once)
+    client.stream([pb.MetricsBatch(job=job, rank=0, session_id=session, samples=samples, final=True)])
+    client.close()
+    return seq
+
+
+def best_json(address: str, job: str) -> dict:
+    result = run_cli("best", job, "--format", "json", "--daemon", address)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_best_compares_only_within_the_latest_context(thread_daemon):
+    """SMALL ran only before a bandwidth drop (fast link: 200 ms); MEDIUM before and after; LARGE only
+    after, as fast as MEDIUM there. Across contexts LARGE would look 1.33x slower than MEDIUM's
+    early steps and SMALL would be compared with configurations it never ran beside."""
+    stream(thread_daemon.address, "drop", [
+        (40, SMALL, 0.200, 2.5e8, 0.05),
+        (40, MEDIUM, 0.050, 2.5e8, 0.05),
+        (40, MEDIUM, 0.150, 3.5e7, 0.05),   # the link drops 7x: MEDIUM measured again
+        (40, LARGE, 0.150, 3.6e7, 0.05),
+    ])
+    best = best_json(thread_daemon.address, "drop")
+    assert best["contexts"] == 2
+    assert best["context"].startswith("context 2 of 2: run 1, steps ") and "a bandwidth drop at step 8" in \
+        best["context"], best["context"]
+    compared = {(c["config"]["partition_bytes"], c["config"]["credit_bytes"]): c for c in best["candidates"]}
+    assert set(compared) == {(4 << 20, 16 << 20), (16 << 20, 64 << 20)}  # SMALL is not compared
+    assert all(c["median_step_time_s"] == pytest.approx(0.150) for c in compared.values())
+    # The context began with MEDIUM (the baseline never ran in it): the speed-ups are over MEDIUM.
+    assert best["reference"] == {"partition_bytes": 4 << 20, "credit_bytes": 16 << 20}
+    assert best["baseline_step_time_s"] is None
+    assert [c["speedup"] for c in best["candidates"]] == pytest.approx([1.0, 1.0])
+    assert compared[(4 << 20, 16 << 20)]["samples"] == 40 and compared[(16 << 20, 64 << 20)]["samples"] == 40
+
+    table = run_cli("best", "drop", "--daemon", thread_daemon.address)
+    assert table.returncode == 0, table.stderr
+    assert all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
+    text = " ".join(table.stdout.split())
+    assert "in context 2 of 2" in text and "since a bandwidth drop at step" in text
+    assert "SPEED-UP = x faster than 4MiB/16MiB" in text and "64KiB/64KiB" not in text, table.stdout
+    assert "not measured in this context" in text
+
+
+def test_one_speedup_figure_over_the_baseline_in_its_context(thread_daemon):
+    """With the no-scheduling baseline measured in the context, every speed-up is over it, and the
+    table, the JSON and the headline give the same figure (baseline median / candidate median)."""
+    stream(thread_daemon.address, "steady", [
+        (30, BASELINE, 0.100, 1e8, 0.1),
+        (30, MEDIUM, 0.080, 1e8, 0.1),
+        (30, SMALL, 0.125, 1e8, 0.1),
+    ])
+    best = best_json(thread_daemon.address, "steady")
+    assert best["contexts"] == 1 and best["reference"] == {"partition_bytes": None, "credit_bytes": None}
+    speedups = {c["config"]["partition_bytes"]: c["speedup"] for c in best["candidates"]}
+    assert speedups == pytest.approx({4 << 20: 1.25, None: 1.0, 64 << 10: 0.8})
+    assert speedup(0.100, 0.080) == pytest.approx(1.25)
+    table = run_cli("best", "steady", "--daemon", thread_daemon.address).stdout
+    assert describe_speedup(1.25, "none/inf") in table  # the headline: "1.25x faster than none/inf"
+    assert "0.80x" in table and "1.25x" in table
+    assert describe_speedup(0.8, "none/inf") == "0.80x as fast as none/inf"
+    with pytest.raises(ValueError, match="two positive step times"):
+        speedup(0.0, 0.1)
+
+
+def test_a_new_run_and_a_host_load_rise_are_new_contexts(thread_daemon):
+    seq = stream(thread_daemon.address, "runs", [(30, SMALL, 0.1, 1e8, 0.05), (30, MEDIUM, 0.05, 1e8, 0.05)])
+    after_restart = best_json(thread_daemon.address, "runs")
+    assert after_restart["contexts"] == 1 and len(after_restart["candidates"]) == 2
+    # A new process on rank 0 starts a new run (steps from 0), then a neighbour takes half the host.
+    stream(thread_daemon.address, "runs", [(30, LARGE, 0.07, 1e8, 0.05), (30, LARGE, 0.12, 1e8, 0.6),
+                                           (30, SMALL, 0.2, 1e8, 0.6)], first_seq=seq, instance="i-1")
+    best = best_json(thread_daemon.address, "runs")
+    assert best["contexts"] == 3, best
+    assert "run 2" in best["context"] and "a host load rise at step 30" in best["context"], best["context"]
+    assert {c["config"]["partition_bytes"] for c in best["candidates"]} == {16 << 20, 64 << 10}
+
+
+def test_the_holding_line_and_its_switch_decision_show_the_same_figure():
+    """The tuner's status and the decision that switched give one speed-up, worded one way."""
+    import re
+
+    from autobyted.tuner.search import JobTuner
+    from benchmarks.autobyte_policy import MemorySink
+    from _tuner_util import BEST, SHAPE, ScriptedJob, better, predictor_for
+
+    sink = MemorySink("job")
+    tuner = JobTuner("job", SHAPE, predictor_for(BEST, 0.3), sink)
+    ScriptedJob(better(BEST, 0.3)).run(tuner, sink, 400)
+    (switch,) = [d for d in sink.decisions if d.kind == "switch"]
+    figure = re.compile(r"measured (\d+\.\d\dx faster than 4MiB/16MiB)")
+    assert tuner.phase == "holding" and figure.search(tuner.detail), tuner.detail
+    assert figure.search(switch.reason).group(1) == figure.search(tuner.detail).group(1)
+    trial = next(d for d in sink.decisions if d.kind == "trial")
+    assert re.search(r"predicted \d+\.\d\dx faster than 4MiB/16MiB", trial.reason), trial.reason

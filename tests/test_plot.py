@@ -1,0 +1,56 @@
+"""`autobyte plot JOB`: a PNG of a real job (a real daemon, a real 2-rank gloo run), a clean error
+for an unknown job, and the extra to install when matplotlib is missing (issue 21 item 3)."""
+
+import os
+import struct
+
+from conftest import ROOT, ThreadDaemon, start_mlp_trainer
+from test_daemon_process import run_cli
+
+
+def png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk; AssertionError when it is not a PNG."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:16]
+    assert data[-12:-4] == b"\x00\x00\x00\x00IEND", "truncated PNG (no IEND chunk at its end)"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_of_a_real_job_and_of_an_unknown_one(db_url, tmp_path):
+    daemon = ThreadDaemon(db_url, tuner="auto").start()
+    try:
+        trainer = start_mlp_trainer(daemon.address, "pictured", 250, tmp_path)
+        output, _ = trainer.communicate(timeout=280)
+        assert trainer.returncode == 0, output[-3000:]
+        png = tmp_path / "job.png"
+        result = run_cli("plot", "pictured", "--out", str(png), "--daemon", daemon.address)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"{png}: 500 steps") and "(1200x600)" in result.stdout, result.stdout
+        assert png_size(png) == (1200, 600)
+        assert png.stat().st_size > 20_000  # lines, bands and labels, not an empty canvas
+
+        missing = tmp_path / "nope.png"
+        unknown = run_cli("plot", "nope", "--out", str(missing), "--daemon", daemon.address)
+        assert unknown.returncode == 1 and unknown.stdout == ""
+        assert "unknown job 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
+        assert not missing.exists()
+
+        unwritable = run_cli("plot", "pictured", "--out", str(tmp_path / "no-such-dir" / "x.png"),
+                             "--daemon", daemon.address)
+        assert unwritable.returncode in (1, 2) and "Traceback" not in unwritable.stderr, unwritable.stderr
+    finally:
+        daemon.stop()
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path):
+    """matplotlib made unimportable (a package of that name that raises ImportError, first on the
+    path): the command says which extra to install, before asking any daemon."""
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    path = os.pathsep.join([str(shadow.parent), str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = run_cli("plot", "any-job", "--out", str(tmp_path / "x.png"), "--daemon", "127.0.0.1:1",
+                     env={"PYTHONPATH": path})
+    assert result.returncode == 1, result.stderr
+    assert "pip install 'autobyte[plot]'" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "x.png").exists()
