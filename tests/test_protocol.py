@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from autobyte.convert import config_from_proto, config_to_proto, metrics_from_proto, metrics_to_proto
 from autobyte.types import MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES
 from autobyte.types import Config, StepMetrics
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def test_generated_code_is_fresh():
