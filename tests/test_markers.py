@@ -25,6 +25,10 @@ def _spawns_ranks():
     return run_ranks(_pure, 2)
 
 
+def _spawns_ranks_too():
+    return run_ranks(_pure, 2)
+
+
 def _in_a_lambda():
     return (lambda: subprocess.run(["true"]))
 
@@ -49,8 +53,9 @@ def _imports_torch_multiprocessing():
 
 # Reached through a dict, which the walk does not enter: these tests themselves stay unmarked.
 SAMPLE = {function.__name__.lstrip("_"): function for function in (
-    _pure, _starts_a_process, _through_a_local_helper, _spawns_ranks, _in_a_lambda,
-    _imports_the_testbed_inside, _imports_only_pure_testbed_parts, _imports_torch_multiprocessing)}
+    _pure, _starts_a_process, _through_a_local_helper, _spawns_ranks, _spawns_ranks_too,
+    _in_a_lambda, _imports_the_testbed_inside, _imports_only_pure_testbed_parts,
+    _imports_torch_multiprocessing)}
 
 
 def test_each_kind_is_found_where_the_code_reaches_it():
@@ -59,6 +64,7 @@ def test_each_kind_is_found_where_the_code_reaches_it():
     assert reach.kinds_of(SAMPLE["starts_a_process"]) == {"multiprocess"}
     assert reach.kinds_of(SAMPLE["through_a_local_helper"]) == {"multiprocess"}
     assert reach.kinds_of(SAMPLE["spawns_ranks"]) == {"multiprocess"}
+    assert reach.kinds_of(SAMPLE["spawns_ranks_too"]) == {"multiprocess"}  # run_ranks seen before
     assert reach.kinds_of(SAMPLE["in_a_lambda"]) == {"multiprocess"}
     assert reach.kinds_of(SAMPLE["imports_the_testbed_inside"]) == {"netns"}
     assert reach.kinds_of(SAMPLE["imports_only_pure_testbed_parts"]) == frozenset()

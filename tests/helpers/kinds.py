@@ -73,19 +73,19 @@ class Reach:
     def kinds_of(self, obj: object) -> frozenset[str]:
         """The kinds reached by a function, a method, a class (its methods) or a module."""
         found: set[str] = set()
-        self._visit_object(obj, found, seen=set())
+        self._visit_object(obj, found)
         return frozenset(found)
 
-    def _visit_object(self, obj: object, found: set[str], seen: set[int]) -> None:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
+    def _visit_object(self, obj: object, found: set[str]) -> None:
         if isinstance(obj, types.ModuleType):
             kind = kind_of_module_name(obj.__name__)
             if kind:
                 found.add(kind)
             return
-        module_name = getattr(obj, "__module__", None)
+        try:
+            module_name = getattr(obj, "__module__", None)
+        except Exception:  # noqa: BLE001 - a lazy proxy that fails on attribute access
+            return
         if isinstance(module_name, str):
             kind = kind_of_module_name(module_name)
             if kind:
@@ -100,23 +100,24 @@ class Reach:
                 elif isinstance(member, property):
                     member = member.fget
                 if inspect.isfunction(member):
-                    self._visit_object(member, found, seen)
+                    self._visit_object(member, found)
             return
         function = _plain_function(obj)
         if function is not None:
-            self._visit_code(function.__code__, function.__globals__, found, seen)
+            self._visit_code(function.__code__, function.__globals__, found)
 
-    def _visit_code(self, code: types.CodeType, namespace: dict, found: set[str],
-                    seen: set[int]) -> None:
+    def _visit_code(self, code: types.CodeType, namespace: dict, found: set[str]) -> None:
         cached = self._kinds_of_code.get(code)
         if cached is not None:
             found |= cached
             return
         own: set[str] = set()
-        self._kinds_of_code[code] = frozenset()  # a recursive function reaches itself: nothing new
+        # In progress: a function that reaches itself adds nothing (mutual recursion between two
+        # helpers leaves the inner one's cached kinds short of the outer one's).
+        self._kinds_of_code[code] = frozenset()
         for name in code.co_names:
             if name in namespace:
-                self._visit_object(namespace[name], own, seen)
+                self._visit_object(namespace[name], own)
         for module_name, names in _imports_in(code):
             kind = kind_of_module_name(module_name)
             if kind:
@@ -125,10 +126,10 @@ class Reach:
             module = _importable(module_name)
             for name in names:
                 if module is not None and hasattr(module, name):
-                    self._visit_object(getattr(module, name), own, seen)
+                    self._visit_object(getattr(module, name), own)
         for const in code.co_consts:
             if isinstance(const, types.CodeType):  # nested functions, lambdas, comprehensions
-                self._visit_code(const, namespace, own, seen)
+                self._visit_code(const, namespace, own)
         self._kinds_of_code[code] = frozenset(own)
         found |= own
 
