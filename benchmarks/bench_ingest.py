@@ -109,7 +109,7 @@ class Database:
     def __init__(self, kind: str, work: pathlib.Path) -> None:
         self.kind, self.work, self.cluster, self._count = kind, work, None, 0
         if kind == "postgresql":
-            from benchmarks.pgcluster import PgCluster
+            from devtools.pgcluster import PgCluster
 
             self.cluster = PgCluster.start(durable=True, settings=("max_connections=400",))
 

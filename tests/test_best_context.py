@@ -7,8 +7,8 @@ import pytest
 
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import describe_speedup, speedup
-from _grpc_util import Client, sample
-from test_daemon_process import run_cli
+from tests.helpers.rpc import Client, sample
+from tests.helpers.cli import run_cli
 
 SMALL = pb.Config(partition_bytes=64 << 10, credit_bytes=64 << 10)
 MEDIUM = pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)
@@ -111,7 +111,7 @@ def test_the_holding_line_and_its_switch_decision_show_the_same_figure():
 
     from autobyted.tuner.search import JobTuner
     from benchmarks.autobyte_policy import MemorySink
-    from _tuner_util import BEST, SHAPE, ScriptedJob, better, predictor_for
+    from tests.helpers.tuner import BEST, SHAPE, ScriptedJob, better, predictor_for
 
     sink = MemorySink("job")
     tuner = JobTuner("job", SHAPE, predictor_for(BEST, 0.3), sink)

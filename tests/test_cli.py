@@ -8,9 +8,9 @@ import re
 import pytest
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import free_port
-from _grpc_util import Client, batch, sample
-from test_daemon_process import run_cli
+from devtools.ports import free_port
+from tests.helpers.cli import run_cli
+from tests.helpers.rpc import Client, batch, sample
 
 
 @pytest.mark.parametrize("command", [["status"], ["history", "job-1"], ["best", "job-1"]])
@@ -127,8 +127,8 @@ def test_status_history_and_tune_show_the_tuner(db_url):
     import time
 
     from autobyte.protocol import autobyte_pb2 as pb
-    from conftest import ThreadDaemon
-    from _grpc_util import Client, sample
+    from tests.helpers.daemon import ThreadDaemon
+    from tests.helpers.rpc import Client, sample
 
     daemon = ThreadDaemon(db_url, tuner="auto").start()
     try:

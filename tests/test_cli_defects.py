@@ -13,9 +13,9 @@ from autobyte.cli import tuner_line
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import format_bytes, parse_bytes
 from autobyted.storage.records import tuner_lease
-from conftest import ThreadDaemon
-from _grpc_util import Client, batch, sample
-from test_daemon_process import run_cli
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.rpc import Client, batch, sample
+from tests.helpers.cli import run_cli
 
 
 def test_sizes_say_which_unit_is_which():

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from conftest import ThreadDaemon
-from _dist_util import run_ranks
-from _grpc_util import Client
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.dist import run_ranks
+from tests.helpers.rpc import Client
 from autobyte.protocol import autobyte_pb2 as pb
 
 
@@ -105,7 +105,7 @@ def test_without_init_nothing_is_sent_or_started():
 
 
 def test_absent_daemon_never_stops_training_and_overflow_is_counted(tmp_path):
-    from conftest import free_port
+    from devtools.ports import free_port
 
     port = free_port()  # nothing listens here while the job runs
     results = run_ranks(_train_then_daemon, 2, port, str(tmp_path / "late.db"), timeout_s=150)
@@ -138,7 +138,7 @@ def _train_then_daemon(rank, world, port, db_path):
     if rank == 0:
         from autobyted.settings import Settings
 
-        from conftest import ThreadDaemon
+        from tests.helpers.daemon import ThreadDaemon
 
         daemon = ThreadDaemon(f"sqlite:///{db_path}")
         daemon.settings = Settings(listen=f"127.0.0.1:{port}", db=f"sqlite:///{db_path}")
@@ -235,7 +235,7 @@ def test_quick_daemon_restarts_lose_and_duplicate_nothing(tmp_path):
 
     from autobyted.app import Daemon
     from autobyted.settings import Settings
-    from conftest import free_port
+    from devtools.ports import free_port
 
     port, db = free_port(), f"sqlite:///{tmp_path / 'restarts.db'}"
 

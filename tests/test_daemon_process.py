@@ -11,12 +11,10 @@ import time
 
 import pytest
 
-from conftest import BIN, free_port, start_daemon_process, stop_process
-
-
-def run_cli(*args, env=None, timeout=60):
-    return subprocess.run([str(BIN / "autobyte"), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+from devtools.ports import free_port
+from tests.helpers.cli import run_cli
+from tests.helpers.daemon import start_daemon_process, stop_process
+from tests.helpers.paths import BIN
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import DATABASES, ThreadDaemon, database_url, free_port
-from _grpc_util import Client, batch, sample
+from devtools.ports import free_port
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.databases import DATABASES, database_url
+from tests.helpers.rpc import Client, batch, sample
 
 
 @pytest.fixture(params=DATABASES)
@@ -258,7 +260,7 @@ def test_prometheus_endpoint(db_url):
 
 
 def test_status_json_shape(client, thread_daemon):
-    from test_daemon_process import run_cli
+    from tests.helpers.cli import run_cli
 
     session = client.register().session_id
     client.stream([batch(session, range(1, 6))])

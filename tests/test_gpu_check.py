@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from _dist_util import run_ranks
-from conftest import ROOT, ThreadDaemon, free_port
+from tests.helpers.dist import run_ranks
+from devtools.ports import free_port
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

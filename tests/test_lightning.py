@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("lightning", reason="the Lightning strategy is an optional extra: "
                                         "pip install 'autobyte[lightning]' (scripts/setup.sh installs it)")
 
-from _dist_util import run_ranks
-from _grpc_util import Client
+from tests.helpers.dist import run_ranks
+from tests.helpers.rpc import Client
 from autobyte.protocol import autobyte_pb2 as pb
 
 SAMPLES_PER_RANK = 24  # 6 steps of 4 samples per rank and epoch

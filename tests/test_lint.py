@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def test_pyflakes_rules_are_clean():

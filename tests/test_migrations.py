@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from autobyted.errors import ForeignDatabase
 from autobyted.storage.db import head_revision, make_engine, migrate
 from autobyted.storage.models import Base
-from conftest import DATABASES, database_url
+from tests.helpers.databases import DATABASES, database_url
 
 
 @pytest.fixture(params=DATABASES)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
+from tests.helpers.dist import run_ranks
 
 AUTOBYTE = str(Path(sys.executable).parent / "autobyte")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import ThreadDaemon
-from _grpc_util import Client, batch
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.rpc import Client, batch
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -132,6 +132,7 @@ def client(thread_daemon):
     c.close()
 
 
+@pytest.mark.slow  # heavy in-process work: 100k-sample batches, inline and through the daemon
 def test_large_requests_do_not_block_the_event_loop(db_url, caplog):
     """Validating a batch of 100k samples and building a History of 100k steps happen on worker threads:
     asyncio (debug mode) reports every loop callback that took long, and none may come near the time
@@ -220,7 +221,7 @@ def test_prometheus_binds_loopback_by_default(db_url):
 
     import psutil
 
-    from conftest import free_port
+    from devtools.ports import free_port
 
     port = free_port()
     daemon = ThreadDaemon(db_url, metrics_listen=str(port)).start()

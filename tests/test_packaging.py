@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, stop_process, wait_until_serving
+from devtools.ports import free_port
+from tests.helpers.daemon import stop_process, wait_until_serving
+from tests.helpers.paths import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,8 @@ def test_wheel_contents(wheel):
     assert any(n.startswith("autobyted/migrations/versions/0001") for n in names)
     assert "autobyted/migrations/script.py.mako" in names
     assert {"autobyted/storage/sql.py", "autobyted/tuner/search.py", "autobyted/tuner/prior.model"} <= names
-    assert not any(n.startswith(("tests/", "benchmarks/", "simulator/", "client/", "native/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "simulator/", "devtools/", "client/", "native/"))
+                   for n in names)
     assert not any("_native" in n for n in names), "built without a compiler: no native extension"
     assert "autobyte/native_status.py" in names and "autobyte/scheduler/native.py" in names
     assert "autobyte/csrc/engine.cpp" in names  # compiled on first use where a compiler is (native_build)

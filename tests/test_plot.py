@@ -4,8 +4,10 @@ for an unknown job, and the extra to install when matplotlib is missing (issue 2
 import os
 import struct
 
-from conftest import ROOT, ThreadDaemon, start_mlp_trainer
-from test_daemon_process import run_cli
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.paths import ROOT
+from tests.helpers.trainer import start_mlp_trainer
+from tests.helpers.cli import run_cli
 
 
 def png_size(path) -> tuple[int, int]:

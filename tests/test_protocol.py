@@ -17,7 +17,7 @@ from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Finge
                               Registration, TunerStatusRecord)
 from autobyte.types import MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES
 from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics, config_from_ints, config_to_ints
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def test_generated_code_is_fresh():

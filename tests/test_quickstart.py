@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 @pytest.mark.slow

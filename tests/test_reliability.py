@@ -8,8 +8,11 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from conftest import DATABASES, database_url, free_port, start_daemon_process, start_mlp_trainer, stop_process
-from _grpc_util import Client
+from devtools.ports import free_port
+from tests.helpers.daemon import start_daemon_process, stop_process
+from tests.helpers.databases import DATABASES, database_url
+from tests.helpers.rpc import Client
+from tests.helpers.trainer import start_mlp_trainer
 from autobyte.protocol import autobyte_pb2 as pb
 
 STEPS = 400

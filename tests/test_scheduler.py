@@ -11,7 +11,7 @@ import torch  # the test environment always has the torch extra: a missing torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks, run_ranks_on
+from tests.helpers.dist import run_ranks, run_ranks_on
 
 pytestmark = pytest.mark.slow
 

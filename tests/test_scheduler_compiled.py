@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from _dist_util import run_ranks_on
+from tests.helpers.dist import run_ranks_on
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ def _compiled_worker(rank: int, world: int, steps: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from autobyte import ScheduledOptimizer
-    from test_scheduler_recipes import (lm_loss, make_lm, max_param_diff, param_digests,
+    from tests.test_scheduler_recipes import (lm_loss, make_lm, max_param_diff, param_digests,
                                         token_batches)
 
     batches = token_batches(rank, steps)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks
-from _equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.dist import run_ranks
+from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks_on
+from tests.helpers.dist import run_ranks_on
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks_on
-from _equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.dist import run_ranks_on
+from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from _dist_util import run_ranks_on
-from _equiv import jitter, max_param_diff
+from tests.helpers.dist import run_ranks_on
+from tests.helpers.equiv import jitter, max_param_diff
 
 pytestmark = pytest.mark.slow
 

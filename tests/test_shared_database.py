@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import ThreadDaemon
-from _grpc_util import Client, batch
-from test_tuner_daemon import SyntheticJob, wait_for
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.rpc import Client, SyntheticJob, batch
+from tests.helpers.wait import wait_for
 
 POLL_S = 0.2
 LEASE_S = 3.0

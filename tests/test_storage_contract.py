@@ -10,7 +10,7 @@ from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
 from autobyted.storage.sql import SqlStorage
-from conftest import DATABASES, database_url
+from tests.helpers.databases import DATABASES, database_url
 
 
 @pytest.fixture(params=DATABASES)

@@ -10,8 +10,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from conftest import BIN, free_port, stop_process
-from test_daemon_process import run_cli
+from devtools.ports import free_port
+from tests.helpers.cli import run_cli
+from tests.helpers.daemon import stop_process
+from tests.helpers.paths import BIN
 
 
 def self_signed(tmp_path):

@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import ThreadDaemon
-from _grpc_util import Client, sample
+from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.rpc import Client, SyntheticJob
+from tests.helpers.wait import wait_for
 
 MIB = 1 << 20
 
@@ -35,45 +36,6 @@ def daemon(db_url):
     d = ThreadDaemon(db_url, tuner="auto", tuner_idle_s=3.0).start()
     yield d
     d.stop()
-
-
-class SyntheticJob:
-    """Streams rank 0's samples of a job over gRPC; step times do not depend on the configuration
-    and the job never applies a decision unless told to (`applied`)."""
-
-    def __init__(self, client: Client, job: str = "job", **register) -> None:
-        self.client, self.job = client, job
-        self.session = client.register(job=job, rank=0, world_size=2, **register).session_id
-        self.seq = 0
-        self.config = pb.Config(partition_bytes=4 * MIB, credit_bytes=16 * MIB)
-        self.decision_id = 0
-        self.wall = time.time()
-
-    def steps(self, n: int, step_time_s: float = 0.1, **fields) -> None:
-        samples = []
-        for _ in range(n):
-            self.seq += 1
-            self.wall += step_time_s
-            samples.append(sample(self.seq, wall_time_s=min(self.wall, time.time() + 3600), step_time_s=step_time_s,
-                                  config=self.config, decision_id=self.decision_id, **fields))
-        self.client.stream([pb.MetricsBatch(job=self.job, rank=0, session_id=self.session, samples=samples)])
-
-    def history(self):
-        return self.client.query.History(pb.HistoryRequest(job=self.job, limit=1), timeout=10)
-
-    def tuner(self):
-        (status,) = [j for j in self.client.query.Status(pb.StatusRequest(), timeout=10).jobs if j.job == self.job]
-        return status.tuner
-
-
-def wait_for(predicate, timeout_s=20.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_operator_proposal_pauses_the_tuner_until_resumed(daemon):
@@ -175,7 +137,7 @@ def test_the_predictor_is_retrained_from_every_job_and_survives_a_restart(db_url
     from autobyted.storage.sql import SqlStorage
     from autobyted.tuner.features import summarize
     from autobyted.tuner.manager import TunerManager
-    from _tuner_util import SHAPE, sample as tuner_sample
+    from tests.helpers.tuner import SHAPE, sample as tuner_sample
 
     engine = make_engine(db_url)
     migrate(engine)

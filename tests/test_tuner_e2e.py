@@ -12,8 +12,10 @@ import sys
 import pytest
 
 from autobyte.protocol import autobyte_pb2 as pb
-from conftest import ROOT, free_port, start_daemon_process, stop_process
-from _grpc_util import Client
+from devtools.ports import free_port
+from tests.helpers.daemon import start_daemon_process, stop_process
+from tests.helpers.paths import ROOT
+from tests.helpers.rpc import Client
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,10 @@ from autobyte.types import Config
 from autobyted.tuner.features import FEATURE_NAMES, summarize
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.grid import candidate_grid
-from _tuner_util import SHAPE, START, sample
+from tests.helpers.tuner import SHAPE, START, sample
 
 
+@pytest.mark.slow  # heavy in-process work: retrains the shipped prior from the simulator (~25 s)
 def test_the_shipped_prior_is_what_its_script_makes():
     """Regenerates the prior with simulator/train_prior.py (fixed seeds, ~10-20 s here): the
     simulated training data is identical and so are the predictions."""

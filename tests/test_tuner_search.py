@@ -10,7 +10,7 @@ from autobyte.types import Config
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.search import JobTuner
-from _tuner_util import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
+from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20
 

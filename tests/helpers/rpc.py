@@ -1,4 +1,4 @@
-"""Small helpers to talk to a real daemon from tests."""
+"""Talking to a real daemon from tests: a raw client, metric samples and batches, a synthetic job."""
 
 from __future__ import annotations
 
@@ -42,3 +42,35 @@ def sample(seq: int, step: int | None = None, **fields) -> pb.StepMetrics:
 
 def batch(session_id: str, seqs, job="job", rank=0, **fields) -> pb.MetricsBatch:
     return pb.MetricsBatch(job=job, rank=rank, session_id=session_id, samples=[sample(s, **fields) for s in seqs])
+
+
+MIB = 1 << 20
+
+
+class SyntheticJob:
+    """Streams rank 0's samples of a job over gRPC; step times do not depend on the configuration
+    and the job never applies a decision unless told to (`applied`)."""
+
+    def __init__(self, client: Client, job: str = "job", **register) -> None:
+        self.client, self.job = client, job
+        self.session = client.register(job=job, rank=0, world_size=2, **register).session_id
+        self.seq = 0
+        self.config = pb.Config(partition_bytes=4 * MIB, credit_bytes=16 * MIB)
+        self.decision_id = 0
+        self.wall = time.time()
+
+    def steps(self, n: int, step_time_s: float = 0.1, **fields) -> None:
+        samples = []
+        for _ in range(n):
+            self.seq += 1
+            self.wall += step_time_s
+            samples.append(sample(self.seq, wall_time_s=min(self.wall, time.time() + 3600), step_time_s=step_time_s,
+                                  config=self.config, decision_id=self.decision_id, **fields))
+        self.client.stream([pb.MetricsBatch(job=self.job, rank=0, session_id=self.session, samples=samples)])
+
+    def history(self):
+        return self.client.query.History(pb.HistoryRequest(job=self.job, limit=1), timeout=10)
+
+    def tuner(self):
+        (status,) = [j for j in self.client.query.Status(pb.StatusRequest(), timeout=10).jobs if j.job == self.job]
+        return status.tuner

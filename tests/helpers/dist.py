@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from devtools.ports import free_port
 
 
 def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any,

@@ -22,7 +22,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from benchmarks.host import free_port
+
+from devtools.ports import free_port
 
 SERVER_USER = "postgres"
 # fsync=off and friends make a test cluster several times faster to write; a benchmark passes
