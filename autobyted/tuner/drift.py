@@ -38,7 +38,8 @@ are true:
   estimate of any rank (a straggler lowers only its peers' estimates; a true bandwidth drop
   lowers every rank's), host load the busiest host's;
 - among the context signals at least half way to their threshold, the label is the one whose
-  shift is the largest multiple of its min_shift (a bandwidth drop of 300/2000 moves log bandwidth
+  shift (the median of the blocks since its statistic was last 0, the CUSUM's own estimate of when
+  the change began: not lagged by blocks from before it) is the largest multiple of its min_shift (a bandwidth drop of 300/2000 moves log bandwidth
   by 7.6 of its min_shift while compute stays; a 50% CPU quota on one rank moves compute by 4.6
   while the best bandwidth estimate moves little; a neighbour's competing flow moves bandwidth
   most). Host load names a change only when it moved more than compute and bandwidth did: the
@@ -98,12 +99,23 @@ class Cusum:
         self.clip = self.k + self.h / 3
         self.up = 0.0
         self.down = 0.0
+        # The blocks since each statistic was last 0: the change began after that (the CUSUM's own
+        # change-point estimate), so their median is the size of the change, not lagged by blocks
+        # from before it.
+        self.run_up: list[float] = []
+        self.run_down: list[float] = []
 
     def update(self, x: float) -> int:
         """+1 / -1 on an alarm upward / downward, else 0."""
         d = min(self.clip, max(-self.clip, x - self.mu))
         self.up = max(0.0, self.up + d - self.k)
         self.down = max(0.0, self.down - d - self.k)
+        for statistic, run in ((self.up, self.run_up), (self.down, self.run_down)):
+            if statistic == 0.0:
+                run.clear()
+            else:
+                run.append(x)
+                del run[:-64]
         if self.up > self.h:
             return 1
         if self.down > self.h:
@@ -200,8 +212,12 @@ class DriftDetector:
             return max(item[1].up, item[1].down) / item[1].h
 
         def shift_of(item) -> float:
-            recent = self._recent[item[0].name]
-            return statistics.median(recent) - item[1].mu if recent else 0.0
+            """The change since the CUSUM's change point in the direction it moved most."""
+            test = item[1]
+            run = test.run_up if test.up / test.h >= test.down / test.h else test.run_down
+            if not run:
+                run = self._recent[item[0].name]
+            return statistics.median(run) - test.mu if run else 0.0
 
         context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
         if context:
