@@ -173,6 +173,7 @@ class Trainer:
             import autobyte
 
             autobyte.init()
+        self.host_load: Any = None  # autobyte.hostload.HostLoadSampler under --full-metrics
         self.replicas: dict[str, tuple[Any, Any, list]] = {}  # kind -> (model, optimizer, metrics)
         for kind, wanted in (("sched", need_sched), ("shared", need_shared), ("py", need_py)):
             if not wanted:
@@ -185,12 +186,22 @@ class Trainer:
                                        partition_bytes=None, credit_bytes=None,
                                        process_group=group, own_communicator=kind != "shared",
                                        native=kind != "py")
-            # Every completed step's metrics (last_step_metrics() lags and may skip steps).
+            # Every completed step's metrics (last_step_metrics() lags and may skip steps), with
+            # the host load the real client's reporter would add (--full-metrics).
             metrics: list[Any] = []
-            sched.add_step_callback(metrics.append)
+            sched.add_step_callback(self._with_host_load(metrics) if args.full_metrics else metrics.append)
             self.replicas[kind] = (sched_model, sched, metrics)
         if "sched" in self.replicas:
             self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
+
+    def _with_host_load(self, metrics: list[Any]) -> Any:
+        from autobyte.hostload import HostLoadSampler
+
+        if self.host_load is None:
+            self.host_load = HostLoadSampler()
+            self.host_load.start()
+        sampler = self.host_load
+        return lambda m: metrics.append(dataclasses.replace(m, host_load=sampler.value))
 
     def _use(self, kind: str) -> None:
         """Make the replica of a scheduler kind the current one."""

@@ -25,6 +25,26 @@ shifts: step time 10% (below that a re-tune rarely pays for its trials), bandwid
 15% (changes of the communication/computation balance that move the best partition/credit in the
 simulator's and the testbed's maps), host load 0.2 (a fifth of the host's cores taken by others).
 `python -m benchmarks.bench_tuner drift` measures the false alarms on stationary runs.
+
+Which change it was (the label of a re-tune) is decided from *which* signal moved, by how much in
+units of its own minimum relevant shift, never by which CUSUM crossed first (several saturate at
+the clipped rate together, so "first" is a coin toss), and on the signals measured where they
+are true:
+- compute is forward_s + backward_s, which the client measures *without* the waits for
+  parameters (those are exposed communication): counted in, a bandwidth drop lengthens the
+  forward pass's waits and reads as a "compute slowdown";
+- the samples are the job's, merged over its ranks (tuner.ranks): compute is the straggler's (a
+  CPU quota on rank 1 raises rank 1's compute; rank 0's does not move), bandwidth the best
+  estimate of any rank (a straggler lowers only its peers' estimates; a true bandwidth drop
+  lowers every rank's), host load the busiest host's;
+- among the context signals at least half way to their threshold, the label is the one whose
+  shift (the median of the blocks since its statistic was last 0, the CUSUM's own estimate of when
+  the change began: not lagged by blocks from before it) is the largest multiple of its min_shift (a bandwidth drop of 300/2000 moves log bandwidth
+  by 7.6 of its min_shift while compute stays; a 50% CPU quota on one rank moves compute by 4.6
+  while the best bandwidth estimate moves little; a neighbour's competing flow moves bandwidth
+  most). Host load names a change only when it moved more than compute and bandwidth did: the
+  other ranks of the job on the same host count as "others" in it (autobyte.hostload), so a
+  change of the job's own CPU use moves it too.
 """
 
 from __future__ import annotations
@@ -79,12 +99,23 @@ class Cusum:
         self.clip = self.k + self.h / 3
         self.up = 0.0
         self.down = 0.0
+        # The blocks since each statistic was last 0: the change began after that (the CUSUM's own
+        # change-point estimate), so their median is the size of the change, not lagged by blocks
+        # from before it.
+        self.run_up: list[float] = []
+        self.run_down: list[float] = []
 
     def update(self, x: float) -> int:
         """+1 / -1 on an alarm upward / downward, else 0."""
         d = min(self.clip, max(-self.clip, x - self.mu))
         self.up = max(0.0, self.up + d - self.k)
         self.down = max(0.0, self.down - d - self.k)
+        for statistic, run in ((self.up, self.run_up), (self.down, self.run_down)):
+            if statistic == 0.0:
+                run.clear()
+            else:
+                run.append(x)
+                del run[:-64]
         if self.up > self.h:
             return 1
         if self.down > self.h:
@@ -175,22 +206,35 @@ class DriftDetector:
             alarmed |= bool(test.update(x))
         if not alarmed:
             return None
-        # Name the cause: the context signal furthest towards its threshold (at least half way),
-        # else the step-time residual.
+        # Name the cause (module docstring): among the context signals at least half way to their
+        # threshold, the one that moved most in units of its min_shift; else the step-time residual.
         def progress(item):
             return max(item[1].up, item[1].down) / item[1].h
 
+        def shift_of(item) -> float:
+            """The change since the CUSUM's change point in the direction it moved most."""
+            test = item[1]
+            run = test.run_up if test.up / test.h >= test.down / test.h else test.run_down
+            if not run:
+                run = self._recent[item[0].name]
+            return statistics.median(run) - test.mu if run else 0.0
+
         context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
-        signal, test = max(context, key=progress) if context else max(self._tests, key=progress)
-        direction = 1 if test.up >= test.down else -1
-        shift = statistics.median(self._recent[signal.name]) - test.mu if self._recent[signal.name] else 0.0
+        if context:
+            signal, test = max(context, key=lambda t: abs(shift_of(t)) / t[0].min_shift)
+        else:
+            signal, test = max(self._tests, key=progress)
+        shift = shift_of((signal, test))
+        direction = (1 if shift > 0 else -1) if shift else (1 if test.up >= test.down else -1)
         return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
 
 
 def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],
                  signals: Sequence[Signal] = SIGNALS) -> Alarm | None:
-    """Two windows of the same configuration: the first context signal whose medians differ by more
-    than max(min_shift, 3 standard errors) — a change that happened between them."""
+    """Two windows of the same configuration: among the context signals whose medians differ by
+    more than max(min_shift, 3 standard errors), the one that moved most in units of its min_shift
+    (module docstring) — a change that happened between them."""
+    moved = []
     for signal in signals:
         if signal.name == "step_time":
             continue
@@ -201,8 +245,12 @@ def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
         sigma = max(signal.sigma_floor, robust_sigma(a), robust_sigma(b))
         shift = statistics.median(b) - statistics.median(a)
         if abs(shift) > max(signal.min_shift, 3 * 1.253 * sigma * math.sqrt(1 / len(a) + 1 / len(b))):
-            return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
-    return None
+            moved.append((abs(shift) / signal.min_shift, _alarm(signal, shift)))
+    return max(moved, key=lambda t: t[0])[1] if moved else None
+
+
+def _alarm(signal: Signal, shift: float) -> Alarm:
+    return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
 
 
 # How far a context signal may differ between two windows of *different* configurations before the
@@ -215,7 +263,9 @@ JUMP_LIMITS = {"bandwidth": math.log(3.0), "compute": 0.3, "host_load": 0.3}
 
 def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> Alarm | None:
     """A change of context between two windows of different configurations (a search's incumbent
-    and a trial): a jump larger than any configuration explains."""
+    and a trial): a jump larger than any configuration explains; of several, the largest multiple
+    of its limit."""
+    jumps = []
     for signal in SIGNALS:
         limit = JUMP_LIMITS.get(signal.name)
         if limit is None:
@@ -226,5 +276,5 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
             continue
         shift = statistics.median(b) - statistics.median(a)
         if abs(shift) > limit:
-            return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
-    return None
+            jumps.append((abs(shift) / limit, _alarm(signal, shift)))
+    return max(jumps, key=lambda t: t[0])[1] if jumps else None

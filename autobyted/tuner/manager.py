@@ -1,7 +1,8 @@
 """The daemon's side of the tuner: every job's search on one worker thread, retraining on another.
 
-- Samples come from storage, read incrementally by row id (rank 0's), never from the ingest path
-  itself: the ingest writer only *wakes* the worker with the names of the jobs it just wrote, and a
+- Samples come from storage, read incrementally by row id (every rank's, merged per step into one
+  job-level sample by tuner.ranks: the straggler's compute, the best bandwidth estimate), never
+  from the ingest path itself: the ingest writer only *wakes* the worker with the names of the jobs it just wrote, and a
   slow poll catches jobs written by another daemon sharing the database. Nothing here runs on the
   asyncio event loop; decisions go out through the daemon's own decision path (`decide`, the
   coroutine that stores a decision and wakes the job's control streams, run on the loop via
@@ -35,6 +36,7 @@ from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
 from autobyted.tuner.features import Context, JobShape
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
+from autobyted.tuner.ranks import RankMerger
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.search import JobTuner, TunerSink
 
@@ -81,6 +83,7 @@ class StorageSink(TunerSink):
 class _JobState:
     tuner: JobTuner
     sink: StorageSink
+    ranks: RankMerger
     last_row: int = 0
     last_sample_s: float = 0.0
     written: TunerStatusRecord | None = None
@@ -258,12 +261,14 @@ class TunerManager:
                 state.tuner.pause("an operator decided or paused it")
             elif stored is not None and not stored.paused and state.tuner.paused:
                 state.tuner.resume()
-            rows = self.storage.samples_after(job, state.last_row, rank=0, limit=5_000)
+            rows = self.storage.samples_after(job, state.last_row, rank=None, limit=5_000 * state.ranks.world_size)
             decisions_before = len(state.tuner.mine)
             if rows:
                 state.last_row = rows[-1].row_id
                 state.last_sample_s = now
-                state.tuner.observe([row.metrics for row in rows])
+                for row in rows:
+                    state.ranks.add(row.rank, row.metrics)
+                state.tuner.observe(state.ranks.pop_ready())
             elif now - state.last_sample_s > self.idle_after_s:
                 self._write(job, state, dataclasses.replace(state.tuner.status, state="idle",
                                                             detail=f"idle: no steps for {self.idle_after_s:.0f} s "
@@ -340,7 +345,8 @@ class TunerManager:
         # not replayed from its history.
         previous = self.storage.tuner_status(job)
         fresh = info.created_at_s >= self._started_wall_s and (previous is None or not previous.mode)
-        state = _JobState(tuner, sink, last_row=0 if fresh else self.storage.last_sample_row(job),
+        state = _JobState(tuner, sink, RankMerger(max(1, info.world_size)),
+                          last_row=0 if fresh else self.storage.last_sample_row(job, rank=None),
                           last_sample_s=self._clock())
         self._jobs[job] = state
         return state

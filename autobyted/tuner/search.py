@@ -1,4 +1,4 @@
-"""The per-job search, an explicit state machine fed with a job's step metrics (rank 0):
+"""The per-job search, an explicit state machine fed with a job's step metrics (tuner.ranks):
 
     warm-up -> baseline -> exploring k/N -> (verifying) -> holding | no headroom
                   ^                                            |  drift (drift.py)
@@ -105,7 +105,8 @@ class _Expect:
 
 
 class JobTuner:
-    """The search for one job. Feed it rank 0's samples in step order with `observe`."""
+    """The search for one job. Feed it the job's samples (rank 0's, or every rank's merged per step
+    by tuner.ranks.merge_ranks) in step order with `observe`."""
 
     def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
                  params: TunerParams = TunerParams()) -> None:

@@ -67,7 +67,8 @@ def config_from_ints(partition_bytes: int, credit_bytes: int) -> Config:
 
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
-    """What one rank measured in one optimizer step (DESIGN §3). Times in seconds."""
+    """What one rank measured in one optimizer step (DESIGN §3). Times in seconds. forward_s and
+    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted."""
 
     step: int
     wall_time_s: float

@@ -17,17 +17,31 @@ logger = logging.getLogger(__name__)
 class StepRecord:
     """Raw measurements of one step, written by the thread that sees each event."""
 
-    __slots__ = ("t_forward", "t_backward", "t_step", "blocked_s", "bytes", "parts", "queue_s",
-                 "t_first_issue", "t_last_done")
+    __slots__ = ("t_forward", "t_backward", "t_step", "blocked_s", "blocked_forward_s", "bytes", "parts",
+                 "queue_s", "t_first_issue", "t_last_done")
 
     def __init__(self) -> None:
         self.t_forward = self.t_backward = self.t_step = None
-        self.blocked_s = 0.0
+        self.blocked_s = 0.0  # every wait for parameters in this step (exposed communication)
+        self.blocked_forward_s = 0.0  # the part of it before the first gradient (the forward pass)
         self.bytes = 0
         self.parts = 0
         self.queue_s = 0.0
         self.t_first_issue = None
         self.t_last_done = 0.0
+
+
+def compute_times(rec: StepRecord, t_step: float) -> tuple[float, float]:
+    """(forward_s, backward_s) of a step: the spans from the first forward to the first gradient
+    and from there to step(), each *without* the time it waited for parameters. Waits are
+    communication (they are exposed_comm_s): counted in the compute figures, a bandwidth drop would
+    read as a compute slowdown (the drift detector's compute signal is forward_s + backward_s)."""
+    if rec.t_backward is None:
+        return 0.0, 0.0
+    forward_s = (max(0.0, rec.t_backward - rec.t_forward - rec.blocked_forward_s)
+                 if rec.t_forward is not None else 0.0)
+    backward_s = max(0.0, t_step - rec.t_backward - (rec.blocked_s - rec.blocked_forward_s))
+    return forward_s, backward_s
 
 
 class StepLog:
@@ -81,11 +95,10 @@ class StepLog:
             config, decision_id = self.config_at(s)
             t_step = rec.t_step or time.perf_counter()
             span = rec.t_last_done - rec.t_first_issue if rec.t_first_issue is not None else 0.0
+            forward_s, backward_s = compute_times(rec, t_step)
             metrics = StepMetrics(
                 step=s, wall_time_s=time.time(), step_time_s=t_step - self.last_step_t,
-                forward_s=(rec.t_backward - rec.t_forward
-                           if rec.t_forward is not None and rec.t_backward is not None else 0.0),
-                backward_s=t_step - rec.t_backward if rec.t_backward is not None else 0.0,
+                forward_s=forward_s, backward_s=backward_s,
                 exposed_comm_s=rec.blocked_s,
                 queueing_delay_s=rec.queue_s / rec.parts if rec.parts else 0.0,
                 bytes_reduced=rec.bytes, partitions=rec.parts,

@@ -575,7 +575,10 @@ class ScheduledOptimizer:
     def _wait_params(self, idxs: tuple[int, ...], s: int) -> None:
         blocked = self._progress.wait_params(idxs, s)
         if blocked:
-            self._steps.record(s).blocked_s += blocked
+            rec = self._steps.record(s)
+            rec.blocked_s += blocked
+            if rec.t_backward is None:  # still in the forward pass (no gradient yet)
+                rec.blocked_forward_s += blocked
 
     def _grad_hook(self, i: int, param: torch.Tensor) -> None:
         progress = self._progress

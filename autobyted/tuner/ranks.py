@@ -1,0 +1,86 @@
+"""Every rank's samples of a step merged into the one job-level sample the tuner reads.
+
+Rank 0 alone misreads two of the three changes a job meets on a real cluster:
+
+- a rank slowed down (a CPU quota, a busy neighbour on its host) shows on rank 0 as a longer step
+  and a *lower bandwidth estimate* (rank 0's collectives wait for the slow peer, which stretches
+  its communication span), while rank 0's own compute does not move: rank 0 alone reads a
+  straggler as a bandwidth drop;
+- a bandwidth drop shows on every rank.
+
+So the job's sample for a step is rank 0's (step time, configuration, decision: the step
+boundary is rank 0's) with the *straggler's* compute (the rank with the largest forward_s +
+backward_s: the slowest rank sets the pace) and the *best* bandwidth estimate of any rank (a rank
+that does not wait for a peer measures the link; a true bandwidth drop lowers every rank's
+estimate, so the best one drops too; a straggler lowers only the others'). host_load is the
+largest over the ranks (the busiest host is the one that slows the job). A job with one rank, or
+a sample whose peers never arrive, passes through unchanged.
+
+`RankMerger` buffers samples until every rank that streams (that has sent a sample) is in for a
+step, or rank 0 is `max_lag_steps` ahead of it (a rank whose stream is late or gone never stalls
+the tuner: its step is merged from the ranks that are in; a job whose other ranks never stream is
+read from rank 0 alone, at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autobyte.types import StepMetrics
+
+MAX_LAG_STEPS = 64  # ~2 s of 30 ms steps; the client sends every second, so a live rank is in by then
+
+
+def merge_ranks(leader: StepMetrics, peers: Sequence[StepMetrics]) -> StepMetrics:
+    """The job-level sample of one step (see the module docstring); `peers` excludes rank 0."""
+    if not peers:
+        return leader
+    everyone = (leader, *peers)
+    straggler = max(everyone, key=lambda m: m.forward_s + m.backward_s)
+    return dataclasses.replace(
+        leader, forward_s=straggler.forward_s, backward_s=straggler.backward_s,
+        bandwidth_bytes_per_s=max(m.bandwidth_bytes_per_s for m in everyone),
+        host_load=max(m.host_load for m in everyone))
+
+
+class RankMerger:
+    """Feed (rank, sample) in any order; `pop_ready` returns merged samples in step order."""
+
+    def __init__(self, world_size: int, max_lag_steps: int = MAX_LAG_STEPS) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} must be at least 1")
+        self.world_size, self.max_lag_steps = world_size, max_lag_steps
+        self._leader: dict[int, StepMetrics] = {}
+        self._peers: dict[int, dict[int, StepMetrics]] = {}
+        self._newest_leader_step = -1
+        self._streaming: set[int] = set()  # the ranks other than 0 that have sent a sample
+
+    def add(self, rank: int, sample: StepMetrics) -> None:
+        if rank == 0:
+            self._leader[sample.step] = sample
+            self._newest_leader_step = max(self._newest_leader_step, sample.step)
+        elif 0 < rank < self.world_size:
+            self._streaming.add(rank)
+            self._peers.setdefault(sample.step, {})[rank] = sample
+            if len(self._peers) > 4 * self.max_lag_steps:  # rank 0 silent: bounded memory
+                del self._peers[min(self._peers)]
+
+    def pop_ready(self) -> list[StepMetrics]:
+        out = []
+        for step in sorted(self._leader):
+            peers = self._peers.get(step, {})
+            if (not self._streaming.issubset(peers)
+                    and step > self._newest_leader_step - self.max_lag_steps):
+                break  # wait for the peers of this step (and keep the order)
+            out.append(merge_ranks(self._leader.pop(step), [peers[r] for r in sorted(peers)]))
+            self._peers.pop(step, None)
+        if out:  # peers of steps rank 0 has passed (its own sample was dropped or resent) go too
+            done = out[-1].step
+            for step in [s for s in self._peers if s <= done]:
+                del self._peers[step]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._leader) + sum(len(p) for p in self._peers.values())

@@ -1,0 +1,136 @@
+"""True labels: synthetic two-rank sample streams shaped like the testbed's three changes (a
+bandwidth drop, a CPU quota on one rank, a competing flow), merged over the ranks as the daemon
+does, are each named by the signal that really moved; the client's compute excludes its waits.
+(`python -m benchmarks.bench_labels` counts the labels of injected changes on the real testbed.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from autobyte.scheduler.metrics import StepRecord, compute_times
+from autobyte.types import StepMetrics
+
+from autobyted.tuner.drift import DriftDetector, context_jump, window_shift
+from autobyted.tuner.ranks import RankMerger, merge_ranks
+
+GRADIENT_BYTES = 27_000_000  # the testbed's 6.8M-parameter MLP
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    link_bytes_per_s: float = 2.5e8  # 2 Gbit/s
+    compute_s: tuple[float, float] = (0.075, 0.075)  # per rank, waits excluded
+    neighbour_load: float = 0.0  # CPU share of the host taken by processes outside the job
+
+
+def two_ranks(n, rng, condition, start=0, noise=0.03):
+    """Per step, rank 0's and rank 1's samples on one 2-core host: the step is paced by the slower
+    rank's compute and the wire; a rank's bandwidth estimate (bytes / its communication span) is
+    stretched by the time it waits for a slower peer; its host load counts the other rank."""
+    out = []
+    wire_s = 2 * GRADIENT_BYTES / condition.link_bytes_per_s / 2  # ring all-reduce of 2 ranks
+    slowest = max(condition.compute_s)
+    for i in range(n):
+        jitter = [math.exp(rng.gauss(0, noise)) for _ in range(4)]
+        step_s = (max(slowest, wire_s) + 0.3 * min(slowest, wire_s)) * jitter[0]
+        ranks = []
+        for rank, compute in enumerate(condition.compute_s):
+            peer = condition.compute_s[1 - rank]
+            span = wire_s + 0.8 * max(0.0, peer - compute)
+            peer_cpu = (peer + 0.02) / step_s / 2
+            ranks.append(StepMetrics(
+                step=start + i, wall_time_s=1.7e9 + (start + i) * step_s, step_time_s=step_s,
+                forward_s=compute / 3 * jitter[1], backward_s=2 * compute / 3 * jitter[2],
+                exposed_comm_s=max(0.0, step_s - compute),
+                bandwidth_bytes_per_s=GRADIENT_BYTES / span * jitter[3], bytes_reduced=GRADIENT_BYTES,
+                host_load=min(1.0, max(1e-3, peer_cpu + condition.neighbour_load))))
+        out.append(ranks)
+    return out
+
+
+def merged(streams):
+    return [merge_ranks(r0, [r1]) for r0, r1 in streams]
+
+
+CHANGES = {
+    "bandwidth drop (tc 2 Gbit/s -> 300 Mbit/s)": (Condition(link_bytes_per_s=3.75e7), "bandwidth drop"),
+    "CPU quota of half a core on rank 1": (Condition(compute_s=(0.075, 0.16)), "compute slowdown"),
+    "a competing flow takes half the link": (Condition(link_bytes_per_s=1.25e8, compute_s=(0.08, 0.08),
+                                                       neighbour_load=0.08), "bandwidth drop"),
+}
+
+
+@pytest.mark.parametrize("name", list(CHANGES))
+@pytest.mark.parametrize("seed", range(3))
+def test_each_change_is_labelled_by_the_signal_that_moved(name, seed):
+    after, label = CHANGES[name]
+    rng = random.Random(seed)
+    before = merged(two_ranks(80, rng, Condition()))
+    detector = DriftDetector(before[:40])
+    assert [a for a in map(detector.update, before[40:]) if a] == []
+    found = [a for a in map(detector.update, merged(two_ranks(200, rng, after, start=80))) if a]
+    assert found, name
+    assert found[0].reason == label, (name, found[0])
+    # The same change seen between two windows of one configuration, and as a jump in a trial.
+    changed = merged(two_ranks(20, rng, after, start=300))
+    assert window_shift(before[-20:], changed).reason == label
+    if name.startswith("bandwidth"):
+        assert context_jump(before[-20:], changed).reason == label
+
+
+def test_rank_0_alone_cannot_see_a_straggler_but_the_merged_job_can():
+    rng = random.Random(5)
+    quota = Condition(compute_s=(0.075, 0.16))
+    before, after = two_ranks(20, rng, Condition()), two_ranks(20, rng, quota, start=20)
+    rank0 = window_shift([r0 for r0, _ in before], [r0 for r0, _ in after])
+    assert rank0 is not None and rank0.signal == "bandwidth"  # what rank 0 alone measures
+    assert window_shift(merged(before), merged(after)).signal == "compute"
+
+
+def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():
+    leader = StepMetrics(step=3, wall_time_s=1.7e9, step_time_s=0.3, forward_s=0.02, backward_s=0.05,
+                         bandwidth_bytes_per_s=1e8, host_load=0.1, decision_id=7)
+    peer = dataclasses.replace(leader, step_time_s=0.31, forward_s=0.05, backward_s=0.1,
+                               bandwidth_bytes_per_s=2e8, host_load=0.4, decision_id=6)
+    job = merge_ranks(leader, [peer])
+    assert (job.step_time_s, job.decision_id) == (0.3, 7)  # the step boundary is rank 0's
+    assert (job.forward_s, job.backward_s) == (0.05, 0.1)
+    assert (job.bandwidth_bytes_per_s, job.host_load) == (2e8, 0.4)
+    assert merge_ranks(leader, []) is leader
+
+
+def test_rank_merger_waits_for_every_rank_in_step_order_but_never_for_ever():
+    def sample(step):
+        return StepMetrics(step=step, wall_time_s=1.7e9 + step, step_time_s=0.1, forward_s=0.01,
+                           backward_s=0.02)
+
+    merger = RankMerger(world_size=2, max_lag_steps=4)
+    for step in range(3):
+        merger.add(0, sample(step))
+    merger.add(1, sample(0))
+    assert [m.step for m in merger.pop_ready()] == [0]  # step 1 waits for rank 1
+    merger.add(1, dataclasses.replace(sample(1), backward_s=0.5))
+    ready = merger.pop_ready()
+    assert [m.step for m in ready] == [1] and ready[0].backward_s == 0.5
+    for step in range(3, 9):  # rank 1's stream stops: rank 0 runs 4 steps ahead, then goes on
+        merger.add(0, sample(step))
+    assert [m.step for m in merger.pop_ready()] == [2, 3, 4]
+    assert merger.buffered == 4
+    assert [m.step for m in RankMerger(1).pop_ready()] == []
+    alone = RankMerger(world_size=2)  # only rank 0 streams: nothing to wait for
+    alone.add(0, sample(0))
+    assert [m.step for m in alone.pop_ready()] == [0]
+    with pytest.raises(ValueError, match="world_size=0"):
+        RankMerger(0)
+
+
+def test_client_compute_times_exclude_the_waits_for_parameters():
+    record = StepRecord()
+    record.t_forward, record.t_backward = 10.0, 10.5  # forward span 0.5 s, of which 0.3 s waited
+    record.blocked_s, record.blocked_forward_s = 0.4, 0.3  # 0.1 s waited in the backward
+    forward_s, backward_s = compute_times(record, t_step=11.0)
+    assert forward_s == pytest.approx(0.2) and backward_s == pytest.approx(0.4)
+    assert compute_times(StepRecord(), t_step=11.0) == (0.0, 0.0)
