@@ -10,7 +10,7 @@ import math
 import random
 
 import pytest
-from autobyte.scheduler.metrics import StepRecord, compute_times
+from autobyte.scheduler.metrics import StepTimings, compute_times
 from autobyte.types import StepMetrics
 
 from autobyted.tuner.drift import DriftDetector, context_jump, window_shift
@@ -128,9 +128,9 @@ def test_rank_merger_waits_for_every_rank_in_step_order_but_never_for_ever():
 
 
 def test_client_compute_times_exclude_the_waits_for_parameters():
-    record = StepRecord()
+    record = StepTimings()
     record.t_forward, record.t_backward = 10.0, 10.5  # forward span 0.5 s, of which 0.3 s waited
     record.blocked_s, record.blocked_forward_s = 0.4, 0.3  # 0.1 s waited in the backward
     forward_s, backward_s = compute_times(record, t_step=11.0)
     assert forward_s == pytest.approx(0.2) and backward_s == pytest.approx(0.4)
-    assert compute_times(StepRecord(), t_step=11.0) == (0.0, 0.0)
+    assert compute_times(StepTimings(), t_step=11.0) == (0.0, 0.0)

@@ -14,7 +14,7 @@ from autobyte.types import Config, StepMetrics
 logger = logging.getLogger(__name__)
 
 
-class StepRecord:
+class StepTimings:
     """Raw measurements of one step, written by the thread that sees each event."""
 
     __slots__ = ("t_forward", "t_backward", "t_step", "blocked_s", "blocked_forward_s", "bytes", "parts",
@@ -31,7 +31,7 @@ class StepRecord:
         self.t_last_done = 0.0
 
 
-def compute_times(rec: StepRecord, t_step: float) -> tuple[float, float]:
+def compute_times(rec: StepTimings, t_step: float) -> tuple[float, float]:
     """(forward_s, backward_s) of a step: the spans from the first forward to the first gradient
     and from there to step(), each *without* the time it waited for parameters. Waits are
     communication (they are exposed_comm_s): counted in the compute figures, a bandwidth drop would
@@ -52,7 +52,7 @@ class StepLog:
     """
 
     def __init__(self, initial: Config) -> None:
-        self.records: dict[int, StepRecord] = {}
+        self.records: dict[int, StepTimings] = {}
         self.completed: collections.deque[int] = collections.deque()  # steps whose updates all landed
         self.initial = (initial, 0)
         self.config_log: list[tuple[int, Config, int]] = []
@@ -61,10 +61,10 @@ class StepLog:
         self.last_step_t = time.perf_counter()
         self.callbacks: list[Callable[[StepMetrics], Any]] = []
 
-    def record(self, step: int) -> StepRecord:
+    def record(self, step: int) -> StepTimings:
         rec = self.records.get(step)
         if rec is None:
-            rec = self.records.setdefault(step, StepRecord())
+            rec = self.records.setdefault(step, StepTimings())
         return rec
 
     def log_config(self, step: int, config: Config, decision_id: int) -> None:
