@@ -125,7 +125,7 @@ def training(steps: int, repeats: int) -> None:
                 env = {**os.environ, "AUTOBYTE_DAEMON": absent if mode == "absent" else f"127.0.0.1:{port}",
                        "AUTOBYTE_JOB": f"{mode}-{repeat}", "OMP_NUM_THREADS": "1", "AUTOBYTE_FLUSH_TIMEOUT_S": "0.5"}
                 command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", str(steps),
+                           str(free_port()), str(ROOT / "devtools" / "mlp_job.py"), "--steps", str(steps),
                            "--width", "512", "--depth", "3", "--out", str(out)]
                 if mode == "offline":
                     command.append("--offline")

@@ -456,7 +456,7 @@ def drift_loopback(args) -> None:
             env = {**os.environ, "AUTOBYTE_DAEMON": f"127.0.0.1:{port}", "AUTOBYTE_JOB": "drift"}
             steps = int(args.minutes * 60 / args.step_estimate_s)
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                            str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", str(steps),
+                            str(free_port()), str(ROOT / "devtools" / "mlp_job.py"), "--steps", str(steps),
                             "--partition", partition, "--credit", credit], env=env, check=True,
                            capture_output=True)
         finally:

@@ -1,84 +1,27 @@
-"""A small data-parallel training job on gloo using autobyte's scheduler and streaming to autobyted.
+"""A data-parallel training script with autobyte: the README's pattern, nothing more.
 
-    torchrun --nproc-per-node 2 examples/train_mlp.py --steps 200
-    # AUTOBYTE_DAEMON / AUTOBYTE_JOB select the daemon and the job id; --offline disables streaming.
+    torchrun --nproc-per-node 2 examples/train_mlp.py                 # streams to autobyted if one runs
+    AUTOBYTE_DAEMON=host:7077 AUTOBYTE_JOB=my-run torchrun --nproc-per-node 2 examples/train_mlp.py
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import time
 
 import torch
 import torch.distributed as dist
 
 import autobyte
-from autobyte.types import parse_bytes
 
-
-def build_model(width: int, depth: int) -> torch.nn.Module:
-    layers: list[torch.nn.Module] = [torch.nn.Linear(256, width), torch.nn.ReLU()]
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    layers.append(torch.nn.Linear(width, 10))
-    return torch.nn.Sequential(*layers)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--partition", default="4MiB")
-    parser.add_argument("--credit", default="16MiB")
-    parser.add_argument("--step-sleep-s", type=float, default=0.0, help="extra work per step (simulated compute)")
-    parser.add_argument("--offline", action="store_true", help="do not stream to autobyted")
-    parser.add_argument("--out", help="write per-step timings of this rank as JSON here (a {rank} is filled in)")
-    args = parser.parse_args()
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    if not args.offline:
-        autobyte.init()
-    model = build_model(args.width, args.depth)
-    optimizer = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                            partition_bytes=parse_bytes(args.partition),
-                                            credit_bytes=parse_bytes(args.credit))
-    generator = torch.Generator().manual_seed(rank)
-    step_ends = []
-    for _ in range(args.steps):
-        x = torch.randn(args.batch, 256, generator=generator)
-        y = torch.randint(0, 10, (args.batch,), generator=generator)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        if args.step_sleep_s:
-            time.sleep(args.step_sleep_s)
-        optimizer.step()
-        optimizer.zero_grad()
-        step_ends.append(time.monotonic())
-    optimizer.synchronize()
-    reporter_state = {}
-    if not args.offline:
-        from autobyte.transport import session
-
-        reporter = session._reporter
-        flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))
-        reporter_state = {"flushed": flushed, "acked_seq": reporter.acked_seq, "dropped": reporter.dropped_total,
-                          "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s,
-                          "daemon": reporter.address, "failovers": reporter.failovers}
-        autobyte.shutdown()
-    if args.out:
-        with open(args.out.format(rank=rank), "w") as handle:
-            json.dump({"rank": rank, "step_ends": step_ends, "config": optimizer.config.to_dict(),
-                       **reporter_state}, handle)
-    optimizer.close()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+dist.init_process_group("gloo")                 # or "nccl", as for DDP
+torch.manual_seed(0)                            # the scheduler broadcasts rank 0's parameters anyway
+autobyte.init()                                 # job id from AUTOBYTE_JOB or torchrun; daemon 127.0.0.1:7077
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                            torch.nn.ReLU(), torch.nn.Linear(1024, 10))   # the bare module: no DDP wrapper
+data = torch.Generator().manual_seed(dist.get_rank())                  # each rank its own shard
+with autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)) as opt:
+    for step in range(200):
+        x, y = torch.randn(64, 256, generator=data), torch.randint(0, 10, (64,), generator=data)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()                              # returns at once: the update lands during the next forward
+        opt.zero_grad()
+if dist.get_rank() == 0:
+    torch.save(model.state_dict(), "mlp.pt")    # after the block every update has landed
+autobyte.shutdown()                             # the last steps reach the daemon (bounded wait)
+dist.destroy_process_group()

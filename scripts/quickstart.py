@@ -40,7 +40,7 @@ START = "sched:64KiB,64KiB"
 NEXT = """
 What to look at next:
   - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
-  - examples/train_mlp.py                       how a training script uses autobyte (20 lines)
+  - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
   - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
   - benchmarks/README.md                        what the scheduler and the tuner gain, measured
 To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."""
@@ -95,10 +95,16 @@ def testbed_demo(work: pathlib.Path) -> bool:
 
         def watch() -> None:
             started = time.monotonic()
+            header_shown = False
             while not stop.wait(10.0):
-                lines = [line for line in cli("status").splitlines()[1:] if line.strip()]
-                say(f"[{time.monotonic() - started:5.0f} s] step {progress['steps']:5d}  "
-                    + ("\n" + " " * 20).join(lines))
+                lines = [line for line in cli("status").splitlines() if line.strip()]
+                if not lines or not lines[0].startswith("JOB"):
+                    continue  # no job yet (or the daemon's answer is not a table)
+                if not header_shown:  # `autobyte status`'s header once; the tuner's line under each row
+                    say(f"{'TIME':>7}  {'STEP':>5}  " + lines[0])
+                    header_shown = True
+                say(f"{time.monotonic() - started:5.0f} s  {progress['steps']:5d}  "
+                    + ("\n" + " " * 16).join(lines[1:]))
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -114,8 +120,8 @@ def testbed_demo(work: pathlib.Path) -> bool:
             watcher.join()
         say("\n$ autobyte status")
         say(cli("status"))
-        say(f"$ autobyte history {JOB} --rank 0 --limit 3   (the tuner's decisions: predicted vs measured)")
-        say(cli("history", JOB, "--rank", "0", "--limit", "3"))
+        say(f"$ autobyte history {JOB}   (the tuner's decisions: who, why, predicted vs measured)")
+        say(cli("history", JOB))
         say(f"$ autobyte best {JOB}")
         say(cli("best", JOB))
         hub.stop()
@@ -139,13 +145,13 @@ def loopback_demo(work: pathlib.Path) -> bool:
         steps = os.environ.get("QUICKSTART_STEPS", "1500")
         say(f"training a 2-rank gloo job ({steps} steps) starting with 4 KiB partitions (a poor configuration)")
         trainer = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                  "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
+                                  "--master-port", str(free_port()), str(ROOT / "devtools" / "mlp_job.py"),
                                   "--steps", steps, "--width", "128", "--depth", "2", "--partition", "4KiB",
                                   "--credit", "none"])
         if trainer.returncode != 0:
             say("training failed")
             return False
-        for args in (("status",), ("history", JOB, "--rank", "0", "--limit", "3"), ("best", JOB)):
+        for args in (("status",), ("history", JOB), ("best", JOB)):
             say(f"\n$ autobyte {' '.join(args)}")
             subprocess.run([str(BIN / "autobyte"), *args], check=False)
         return True

@@ -31,7 +31,7 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
                "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
         job = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-             str(free_port()), str(ROOT / "examples" / "train_mlp.py"), "--steps", "3000", "--width", "128",
+             str(free_port()), str(ROOT / "devtools" / "mlp_job.py"), "--steps", "3000", "--width", "128",
              "--depth", "2", "--partition", "4KiB", "--credit", "none", "--out", str(tmp_path / "r{rank}.json")],
             env=env, capture_output=True, text=True, timeout=300)
         assert job.returncode == 0, job.stderr[-3000:]

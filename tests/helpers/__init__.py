@@ -7,7 +7,7 @@
     daemon     a real autobyted in a thread (ThreadDaemon) or as a process, and stopping processes
     cli        the `autobyte` CLI run as a process (run_cli)
     wait       wait_for: poll a condition until it holds
-    trainer    a 2-rank torchrun of examples/train_mlp.py streaming to a daemon
+    trainer    a 2-rank torchrun of devtools/mlp_job.py streaming to a daemon
     databases  the DATABASES a storage test runs on (SQLite, PostgreSQL) and their URLs
     paths      ROOT (the checkout) and BIN (the interpreter's scripts folder)
     kinds      what a test needs beyond its process -> the markers tests/conftest.py applies

@@ -12,7 +12,8 @@ from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 
 class Client:
     def __init__(self, address: str, token: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20),
+                                                             ("grpc.max_receive_message_length", 64 << 20)])
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.telemetry = pb_grpc.TelemetryStub(self.channel)
         self.control = pb_grpc.ControlStub(self.channel)

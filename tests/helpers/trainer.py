@@ -17,7 +17,7 @@ def start_mlp_trainer(daemon: str, job: str, steps: int, tmp_path) -> subprocess
            "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(free_port()), str(ROOT / "examples" / "train_mlp.py"),
+                             "--master-port", str(free_port()), str(ROOT / "devtools" / "mlp_job.py"),
                              "--steps", str(steps), "--width", "256", "--depth", "2", "--partition", "64KiB",
                              "--credit", "256KiB", "--step-sleep-s", "0.02", "--out", str(tmp_path / "r{rank}.json")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
