@@ -4,7 +4,6 @@ history and the tuner's status text (real daemons on real SQLite files)."""
 import csv
 import io
 import json
-import time
 
 import grpc
 import pytest
@@ -16,6 +15,7 @@ from autobyted.storage.records import tuner_lease
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.rpc import Client, batch, sample
 from tests.helpers.cli import run_cli
+from tests.helpers.wait import wait_for
 
 
 def test_sizes_say_which_unit_is_which():
@@ -75,13 +75,7 @@ def _tuner_status(address: str, job: str) -> dict:
 
 
 def _wait_for(predicate, timeout_s: float = 60.0, show=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"condition not reached in {timeout_s:.0f} s: {show()}")
+    return wait_for(predicate, timeout_s, "the tuner's state", show)
 
 
 def test_resume_says_what_comes_next_not_the_old_pause(db_url):
