@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +69,21 @@ def test_a_rank_killed_mid_step_makes_the_other_raise_within_seconds(tmp_path, h
 
 
 def _torchrun(tmp_path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """One launch, in a session of its own: on a timeout the whole group goes (torchrun's workers
+    would outlive a kill of torchrun alone)."""
     out.mkdir()
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--max-restarts", "1", "--monitor-interval", "0.5", "--master-port", str(free_port()),
-         str(JOB), "--out", str(out), "--steps", "20", "--checkpoint-every", "5", *extra],
-        env=_env(tmp_path, "native"), capture_output=True, text=True, timeout=240, check=False)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--max-restarts", "1", "--monitor-interval", "0.5", "--master-port", str(free_port()),
+            str(JOB), "--out", str(out), "--steps", "20", "--checkpoint-every", "5", *extra]
+    proc = subprocess.Popen(argv, env=_env(tmp_path, "native"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.timeout(290)
