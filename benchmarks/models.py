@@ -1,4 +1,5 @@
-"""Benchmark workloads in plain torch (no downloads): MLP, VGG-style, ResNet-50, BERT-style encoders.
+"""Benchmark workloads in plain torch (no downloads): MLP, VGG-style, ResNet-50, BERT-style encoders,
+a GPT-style decoder.
 
 Each builder returns a `Workload`: the model, a function that makes a synthetic batch, and the loss.
 The shapes of VGG, ResNet-50 and BERT-base are their public layer shapes; `width`, `image_size`,
@@ -212,13 +213,66 @@ def transformer(hidden: int = 256, layers: int = 4, heads: int = 4, vocab: int =
     return Workload("transformer", workload.model, workload.make_batch, workload.loss_fn, 16)
 
 
+class GptBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.down(nn.functional.gelu(self.up(self.ln2(x))))
+
+
+class TinyGpt(nn.Module):
+    """A GPT-2-style decoder: token + position embeddings, pre-norm blocks, an LM head tied to the
+    token embedding (the habits of GPT2LMHeadModel, torch only)."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, context: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(context, hidden)
+        self.blocks = nn.ModuleList([GptBlock(hidden, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf"), device=tokens.device), diagonal=1)
+        x = self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+def tiny_gpt(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
+             context: int = 32) -> Workload:
+    """A tiny GPT-2-style LM (≈0.13M parameters at the defaults, 28 tensors): next-token loss."""
+    model = TinyGpt(vocab, hidden, layers, heads, context)
+
+    def make(batch_size: int, generator: torch.Generator) -> Batch:
+        tokens = torch.randint(0, vocab, (batch_size, context + 1), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return Workload("tiny_gpt", model, make, loss, 8)
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {"mlp": mlp, "vgg": vgg, "resnet50": resnet50,
-                                                "bert": bert, "transformer": transformer}
+                                                "bert": bert, "transformer": transformer,
+                                                "tiny_gpt": tiny_gpt}
 
 
 def build(name: str, **overrides: Any) -> Workload:
-    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert', 'transformer') with keyword
-    overrides."""
+    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert', 'transformer', 'tiny_gpt')
+    with keyword overrides."""
     try:
         builder = BUILDERS[name]
     except KeyError:

@@ -13,7 +13,14 @@ at once, wherever it waits) when the hang is certain:
   the ranks called `step()` a different number of times (a rank skipped a batch or left its loop
   early);
 * this rank waits in the scheduler and a peer's heartbeat stopped `dead_s` ago (killed, or its
-  process hung outside Python), or the store itself is gone (the launcher or rank 0 died).
+  process hung outside Python), or the peer's scheduler failed (it says so: FAILED), or the store
+  itself is gone (the launcher or rank 0 died).
+
+When this rank fails first — mostly a backend error such as gloo's "connection reset by peer",
+which names an address, not a rank — the watchdog publishes FAILED, keeps beating (so that its
+peers know it is alive) and explains the failure (`Progress.explain`, which the raise waits for):
+a peer whose heartbeat has been silent for `silence_s` is named as killed or crashed; a silent store
+means the launcher or rank 0 died; peers that still beat, closed or failed themselves are alive.
 
 Healthy ranks are never judged by timing alone: a peer that is only slow (a long evaluation, data
 loading) keeps its heartbeat and is waited for, as DDP waits. `close()` waits (bounded) until
@@ -29,12 +36,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.scheduler.progress import PeerError, Progress, SchedulerError
 
 logger = logging.getLogger(__name__)
 
-TRAINING, CLOSING, CLOSED = 0, 1, 2
-_STATE_NAMES = {TRAINING: "training", CLOSING: "closing", CLOSED: "closed"}
+TRAINING, CLOSING, CLOSED, FAILED = 0, 1, 2, 3
+_STATE_NAMES = {TRAINING: "training", CLOSING: "closing", CLOSED: "closed", FAILED: "failed"}
 
 
 class RankPosition(NamedTuple):
@@ -59,7 +66,7 @@ def _decode(rank: int, value: int) -> RankPosition:
 def mismatch(positions: list[RankPosition]) -> bool:
     """True when some rank closes after n steps while another has called step() more often, or
     closes after another number: a certain hang."""
-    closing = [p for p in positions if p.state != TRAINING]
+    closing = [p for p in positions if p.state in (CLOSING, CLOSED)]
     if not closing:
         return False
     counts = {p.step for p in closing}
@@ -84,7 +91,7 @@ class PeerHealth:
 
     def __init__(self, store: Any, rank: int, world: int, progress: Progress,
                  step_count: Callable[[], int], *, period_s: float = 0.5,
-                 dead_s: float = 6.0) -> None:
+                 dead_s: float = 6.0, silence_s: float = 3.0) -> None:
         self.store = store
         self.rank = rank
         self.world = world
@@ -92,12 +99,14 @@ class PeerHealth:
         self.step_count = step_count
         self.period_s = period_s
         self.dead_s = dead_s
+        self.silence_s = silence_s  # after a failure: a peer this silent is named as dead
         self._published = 0  # our `where` counter's value
         self._beats = [-1] * world
         self._beat_changed = [time.monotonic()] * world
         self._stop = threading.Event()
         self._lock = threading.Lock()  # our `where` counter: the watchdog and close() update it
         self._store_failed_since: float | None = None
+        self._beats_at_failure: list[int] | None = None
 
     @classmethod
     def for_group(cls, instance_id: int, rank: int, world: int, progress: Progress,
@@ -122,6 +131,7 @@ class PeerHealth:
 
     def start(self, spawn: Callable[[str, Callable, tuple], None]) -> None:
         self._publish(TRAINING)
+        self.progress.set_diagnosing(True)
         spawn("health", self._main, ())
 
     def closing(self, step: int) -> None:
@@ -142,7 +152,11 @@ class PeerHealth:
                 logger.debug("rendezvous store gone while closing: %s", error)
                 return
             if mismatch(positions):
-                raise SchedulerError(mismatch_message(positions))
+                raise PeerError(mismatch_message(positions))
+            failed = [p for p in positions if p.state == FAILED]
+            if failed:
+                raise PeerError(f"{failed_message(failed)} while rank {self.rank} closes at step "
+                                f"{self.step_count()}")
             if all(p.state != TRAINING for p in positions):
                 return
             if time.monotonic() > deadline:
@@ -153,11 +167,14 @@ class PeerHealth:
 
     def stop(self, closed: bool) -> None:
         self._stop.set()
-        if closed:
-            try:
+        self.progress.set_diagnosing(False)
+        try:
+            if closed:
                 self._publish(CLOSED)
-            except Exception as error:  # noqa: BLE001
-                logger.debug("could not publish closed: %s", error)
+            elif self._published % 4 == TRAINING:  # a CLOSING count stays: peers see a mismatch
+                self._publish(FAILED)
+        except Exception as error:  # noqa: BLE001
+            logger.debug("could not publish the end: %s", error)
 
     # ------------------------------------------------------------------ the store
 
@@ -176,7 +193,9 @@ class PeerHealth:
     # ------------------------------------------------------------------ the watchdog thread
 
     def _main(self) -> None:
-        while not self._stop.wait(self.period_s):
+        while True:  # a beat at once, then every period: a rank killed early has beaten
+            if self._stop.is_set():
+                return
             try:
                 self._beat()
             except Exception as error:  # noqa: BLE001 - the store's trouble, not training's
@@ -184,51 +203,97 @@ class PeerHealth:
                 if self._store_failed_since is None:
                     self._store_failed_since = now
                     logger.debug("rendezvous store unreachable: %s", error)
-                if self._stuck(now) and now - self._store_failed_since > self.dead_s / 2:
+                if self.progress.error is not None:
+                    self.progress.explain(
+                        f"the job's rendezvous store does not answer either ({error}): the "
+                        "launcher or rank 0 (whichever hosts it) was likely killed or crashed; "
+                        "restart the job from its last checkpoint")
+                elif self._stuck(now) and now - self._store_failed_since > self.dead_s / 2:
                     silent_s = now - self._store_failed_since
-                    self.progress.fail(SchedulerError(
+                    self.progress.fail(PeerError(
                         f"rank {self.rank} waits at step {self.step_count()} and the job's "
                         f"rendezvous store has not answered for {silent_s:.0f}s ({error}): the "
                         "launcher or rank 0 likely died"))
                     return
-                continue
-            self._store_failed_since = None
-            if self.progress.error is not None:
-                return
+            else:
+                self._store_failed_since = None
+            self._stop.wait(self.period_s)
 
     def _stuck(self, now: float) -> bool:
         since = self.progress.waiting_since
         return since is not None and now - since > self.dead_s / 2
 
     def _beat(self) -> None:
+        failed = self.progress.error is not None
         with self._lock:
             if self._published % 4 == TRAINING:
-                value = _encode(self.step_count(), TRAINING)
+                value = _encode(self.step_count(), FAILED if failed else TRAINING)
                 if value != self._published:
                     self.store.add(f"where{self.rank}", value - self._published)
                     self._published = value
-        self.store.add(f"beat{self.rank}", 1)
+        self.store.add(f"beat{self.rank}", 1)  # also after a failure: we are alive
         now = time.monotonic()
         positions = self.positions()
+        self._read_beats(now)
+        if failed:
+            if self.progress.diagnosis is None:
+                self._diagnose(now, positions)
+            return
         if mismatch(positions):
-            self.progress.fail(SchedulerError(mismatch_message(positions)))
+            self.progress.fail(PeerError(mismatch_message(positions)))
             return
         stuck = self._stuck(now)
         for r in range(self.world):
             if r == self.rank:
                 continue
-            beat = self.store.add(f"beat{r}", 0)
-            if beat != self._beats[r]:
-                self._beats[r], self._beat_changed[r] = beat, now
-                continue
+            if stuck and positions[r].state == FAILED:
+                self.progress.fail(PeerError(
+                    f"{failed_message([positions[r]])} while rank {self.rank} waits at step "
+                    f"{self.step_count()}"))
+                return
             silent_s = now - self._beat_changed[r]
             if stuck and positions[r].state != CLOSED and silent_s > self.dead_s:
-                self.progress.fail(SchedulerError(
+                self.progress.fail(PeerError(
                     f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
                     f"{positions[r].describe()}) while rank {self.rank} waits at step "
                     f"{self.step_count()}: it was likely killed or crashed; restart the job from "
                     "its last checkpoint"))
                 return
+
+    def _read_beats(self, now: float) -> None:
+        for r in range(self.world):
+            if r != self.rank:
+                beat = self.store.add(f"beat{r}", 0)
+                if beat != self._beats[r]:
+                    self._beats[r], self._beat_changed[r] = beat, now
+
+    def _diagnose(self, now: float, positions: list[RankPosition]) -> None:
+        """After this rank failed: name the peers whose heartbeat stopped (explain() once every
+        peer is judged, or after `silence_s` + 1 s; "" when every peer is alive)."""
+        failed_at = self.progress.failed_at or now
+        if self._beats_at_failure is None:  # a count read after the failure: a later one is alive
+            self._beats_at_failure = list(self._beats)
+        dead, undecided = [], False
+        for r in range(self.world):
+            if r == self.rank or positions[r].state in (CLOSED, FAILED):
+                continue  # it closed, or raised itself: alive
+            if self._beats[r] > self._beats_at_failure[r]:
+                continue  # beat since our failure: alive
+            silent_s = now - self._beat_changed[r]
+            if self._beats[r] > 0 and silent_s > self.silence_s:
+                dead.append(f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
+                            f"{positions[r].describe()})")
+            else:
+                undecided = True
+        if undecided and now - failed_at < self.silence_s + 1.0:
+            return
+        self.progress.explain(f"{', '.join(dead)}: it was likely killed or crashed; restart the "
+                              "job from its last checkpoint" if dead else "")
+
+
+def failed_message(failed: list[RankPosition]) -> str:
+    where = ", ".join(p.describe() for p in failed)
+    return f"the scheduler of another rank failed ({where}; its log says why)"
 
 
 def watchdog_for(group: Any, leader_global: int, is_leader: bool, rank: int, world: int,

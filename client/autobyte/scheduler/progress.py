@@ -3,7 +3,8 @@
 `produced[i]` is the last step whose gradient of parameter i is in the flat buffer (written by the
 training/autograd thread); `param_step[i]` the number of updates applied to it (written by the update
 thread under `cond`). A parameter may be read in step s once `param_step[i] >= s`. The first error of
-any thread is kept here and raised in the training thread.
+any thread is kept here and raised in the training thread; while a watchdog runs (`health`), the
+raise waits (bounded) for its diagnosis of the failure: which rank died, or that every rank answers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ from collections.abc import Callable, Sequence
 
 class SchedulerError(RuntimeError):
     """A failure in the scheduler's hooks or threads, raised in the training thread."""
+
+
+class PeerError(SchedulerError):
+    """Another rank disagrees on the step count, failed or died: the watchdog's finding, which
+    names the ranks itself (no diagnosis is waited for)."""
+
+
+DIAGNOSIS_WAIT_S = 6.0  # the longest a raise waits for the watchdog's diagnosis
 
 
 logger = logging.getLogger(__name__)
@@ -35,17 +44,46 @@ class Progress:
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.waiting_since: float | None = None  # the training thread waits in the scheduler since
+        self.failed_at: float | None = None  # time.monotonic() of the first error
+        self.diagnosing = False  # a watchdog runs and will explain a failure (`health`)
+        self.diagnosis: str | None = None  # its explanation ("": every rank still answers)
 
     def fail(self, error: BaseException) -> None:
         with self.cond:
             if self.error is None:
                 self.error = error
+                self.failed_at = time.monotonic()
                 logger.error("autobyte scheduler failed on rank %d: %r", self.rank, error)
             self.cond.notify_all()
 
+    def set_diagnosing(self, diagnosing: bool) -> None:
+        with self.cond:
+            self.diagnosing = diagnosing
+            self.cond.notify_all()
+
+    def explain(self, diagnosis: str) -> None:
+        """The watchdog's account of the failure (once): who died, or "" when every rank answers."""
+        with self.cond:
+            if self.diagnosis is None:
+                self.diagnosis = diagnosis
+                self.cond.notify_all()
+
     def raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise SchedulerError(f"the gradient scheduler failed: {self.error!r}") from self.error
+        error = self.error
+        if error is None:
+            return
+        if self.diagnosing and self.diagnosis is None and not isinstance(error, PeerError):
+            # a backend error ("connection reset by peer") says nothing of who died: the watchdog
+            # tells within seconds (a peer whose heartbeat stopped), bounded
+            deadline = time.monotonic() + DIAGNOSIS_WAIT_S
+            with self.cond:
+                while self.diagnosis is None and self.diagnosing:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self.cond.wait(remaining)
+        diagnosis = f"{self.diagnosis}; " if self.diagnosis else ""
+        raise SchedulerError(f"the gradient scheduler failed: {diagnosis}{error!r}") from error
 
     def ready(self, idxs: Sequence[int], s: int) -> bool:
         ps = self.param_step
