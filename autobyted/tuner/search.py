@@ -7,19 +7,39 @@
 - warm-up: the first `warmup_steps` steps are ignored (allocation, first-use order recording).
 - baseline: a window of the configuration in effect (the job's starting configuration the first
   time) gives the context, the noise level and the incumbent's step time.
-- exploring: the predictor scores the whole candidate grid; the candidate whose optimistic bound
-  (mean - kappa x spread of the predicted log ratio) beats the best measured configuration by
-  more than `min_gain`, and whose mean predicts a gain at all, is tried, at most `max_trials` in a
-  search (a candidate predicted slower is not tried on its spread alone: such trials rarely win and
-  each costs steps). Before each trial the untried
-  candidates are scored again from the best configuration measured so far, with the spread widened
-  by the predictor's error on this search's measurements (a job the predictor does not know gets
-  explored more). A trial: switch (a decision applied a few steps ahead), discard
+- exploring: the predictor scores the whole candidate grid, and a candidate is tried only when the
+  trial pays (`trial_value`, below), at most `max_trials` in a search. Before each trial the
+  untried candidates are scored again from the best configuration measured so far, with the spread
+  widened by the predictor's error on this search's measurements (a job the predictor does not
+  know gets wider spreads, so fewer candidates are *likely* winners and each trial's expected
+  loss grows). A trial: switch (a decision applied a few steps ahead), discard
   `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
   step times cuts a trial that is clearly (`clearly_worse`) slower than the best measured so far as
   soon as `min_trial_steps` are in. A trial whose context figures jumped more than a configuration
   explains (drift.context_jump) is checked: the incumbent is measured again, and if it moved too,
   the search restarts in the new context.
+- when a trial pays: the predicted log ratio X of a candidate to the best measured configuration
+  is taken as Normal(mean, spread) (the ensemble's mean and spread, widened as above). From the
+  costs of the search itself, not from any scenario:
+  - it *wins* when X < -log(1 + min_gain) (only then does the search switch); the probability of
+    that, p_win, must be at least 1/2: a trial more likely to be rolled back than kept is
+    exploration the job pays for in steps, and the share of trials that measure a gain is p_win
+    on average when the spread is calibrated (the issue's goal: at least half of them);
+  - its expected net value in steps, H x E[(1 - e^X) 1{win}] - E[(e^X - 1) n(X)] - s, must be
+    positive: the gain per step of a winner over the steps H it is expected to be held, against
+    the excess of the trial's own n steps (transition + window; only transition +
+    min_trial_steps when the sequential test cuts it, X > log(1 + clearly_worse)) and the s = 2
+    steps its two switches cost (the first step after a switch waits for the previous step's
+    all-reduces without overlap: at most a step each). Because the sequential test bounds a
+    losing trial's cost, a likely winner nearly always pays over a horizon of a few dozen steps;
+    the value decides where contexts are shorter than that, and ranks the candidates. H is the
+    context's expected remaining lifetime: context changes are taken as a memoryless (Poisson)
+    process, whose expected remaining time is its mean, estimated from this job's own changes
+    (observed time + `context_prior_s`) / (changes + 1): a job whose context changes every
+    minute gets a horizon of about a minute and stops paying for trials that need more to win
+    back their steps. Of the candidates that pay, the one with the largest value is tried.
+  When none pays the job is told at once: "no headroom" (after a re-tune: "no headroom after
+  bandwidth drop: ..."), instead of searching to the end.
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
   by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
   the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
@@ -58,6 +78,55 @@ log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
+
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialValue:
+    """What trying one candidate is expected to bring (module docstring: "when a trial pays")."""
+
+    win_probability: float  # P(X < -log(1 + min_gain))
+    value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
+
+    @property
+    def pays(self) -> bool:
+        return self.win_probability >= 0.5 and self.value_steps > 0
+
+
+SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
+
+
+def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: float,
+                cut_steps: float, min_gain: float, clearly_worse: float,
+                switch_steps: float = SWITCH_STEPS) -> TrialValue:
+    """The value of trying a candidate whose log step-time ratio X to the best measured
+    configuration is Normal(mean, spread); E[e^X 1{X < g}] = e^(mean + spread^2 / 2) x
+    Phi((g - mean - spread^2) / spread)."""
+    sd = max(spread, 1e-6)
+    gate = -math.log1p(min_gain)
+    cut = math.log1p(clearly_worse)
+    lognormal_mean = math.exp(mean + sd * sd / 2)
+
+    def below(g: float) -> tuple[float, float]:
+        """(P(X < g), E[e^X 1{X < g}])."""
+        return _normal_cdf((g - mean) / sd), lognormal_mean * _normal_cdf((g - mean - sd * sd) / sd)
+
+    p_win, e_win = below(gate)
+    p_kept, e_kept = below(cut)  # not cut by the sequential test: the whole window is run
+    gain_per_step = p_win - e_win  # E[(1 - e^X) 1{X < gate}]
+    excess_kept = e_kept - p_kept  # E[(e^X - 1) 1{X < cut}]
+    excess_cut = (lognormal_mean - e_kept) - (1 - p_kept)  # E[(e^X - 1) 1{X >= cut}]
+    value = (horizon_steps * gain_per_step - trial_steps * excess_kept - cut_steps * excess_cut
+             - switch_steps)
+    return TrialValue(p_win, value)
+
+
+_Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
+
 
 class TunerSink(abc.ABC):
     """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
@@ -120,6 +189,7 @@ class JobTuner:
         self.decision_in_effect: int | None = None
         self.newest_step = -1
         self.newest_wall_s = 0.0
+        self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
         self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
         self.mine: set[int] = set()
         self.expect: _Expect | None = None
@@ -198,6 +268,8 @@ class JobTuner:
             return  # not a measurement (the daemon's checks allow 0)
         self.newest_step = m.step
         self.newest_wall_s = m.wall_time_s
+        if self.first_wall_s is None:
+            self.first_wall_s = m.wall_time_s
         self.step_s = m.step_time_s if not self.step_s else 0.9 * self.step_s + 0.1 * m.step_time_s
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
@@ -268,16 +340,46 @@ class JobTuner:
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
-        hopeful = sum(1 for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                      if c != incumbent.config and mu < 0 and mu - self.p.kappa * sd < gate)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
-        self.trials_planned = min(self.p.max_trials, hopeful)
-        if not hopeful:
-            self._finish("no candidate is predicted to beat it")
+        paying, _best = self._paying(incumbent, [(c, float(mu), float(sd)) for c, mu, sd in zip(
+            prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config])
+        self.trials_planned = min(self.p.max_trials, len(paying))
+        if not paying:
+            self._finish(self._none_pays(_best))
             return
         self._next_trial()
+
+    def _horizon_steps(self, step_s: float) -> float:
+        """Steps the winner of a search is expected to be held: the context's expected remaining
+        lifetime (memoryless changes: the mean lifetime, from this job's own changes and
+        `context_prior_s`), in steps of `step_s`."""
+        elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
+        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment + 1)
+        return lifetime_s / max(step_s, 1e-6)
+
+    def _paying(self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
+                ) -> tuple[list[_Valued], _Valued | None]:
+        """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
+        (trial_value), best value first; and the best of all (for the reason when none pays)."""
+        horizon = self._horizon_steps(reference.median_s)
+        trial = self.p.transition_steps + self._window(self.p.trial_steps, self.p.trial_window_s)
+        cut = self.p.transition_steps + self.p.min_trial_steps
+        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.p.min_gain,
+                                             self.p.clearly_worse)) for c, mu, sd in scored),
+                        key=lambda t: -t[2].value_steps)
+        paying = [t for t in valued if t[2].pays]
+        best = max(valued, key=lambda t: t[2].win_probability, default=None)
+        return paying, best
+
+    def _none_pays(self, best: _Valued | None) -> str:
+        if best is None:
+            return "no candidate left to try"
+        config, mu, value = best
+        return (f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
+                f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
+                f"{100 * value.win_probability:.0f}% likely to win")
 
     def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
         confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
@@ -322,14 +424,13 @@ class JobTuner:
         residuals = [(t.log_median - reference.log_median) - float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        gate = -math.log1p(self.p.min_gain)
-        scored = sorted(((c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])
-                         if mu < 0), key=lambda t: t[1] - self.p.kappa * t[2])
-        if not scored or scored[0][1] - self.p.kappa * scored[0][2] >= gate:
-            self._finish("")
+        paying, best = self._paying(reference, [
+            (c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+            zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])])
+        if not paying:
+            self._finish("" if self.trials else self._none_pays(best))
             return
-        config, mu, _sd = scored[0]
+        config, mu, _value = paying[0]
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
         predicted = reference.median_s * math.exp(mu)
@@ -579,6 +680,14 @@ class JobTuner:
             return
         held, incumbent = self.held, self.incumbent
         assert held is not None and incumbent is not None
+        if held.config == incumbent.config and self.retune_reason:
+            # A new context in which nothing is worth switching to: say so, and why, at once.
+            reason = self.retune_reason
+            head = (f"no headroom after {reason.removeprefix('re-tuning after ')}"
+                    if reason.startswith("re-tuning after ") else f"no headroom ({reason})")
+            self._set("no headroom", f"{head}: {describe(held.config)} stays"
+                                     f"{f' ({why})' if why else ': no trial beat it'}")
+            return
         if held.config == incumbent.config:
             gain = "no candidate beat it"
         else:
