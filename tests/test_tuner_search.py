@@ -306,3 +306,30 @@ def test_a_job_whose_context_changes_fast_gets_a_short_horizon():
     assert 6000 < long_lived < 6100
     tuner.segment = 9  # ten contexts in the job's 5 s
     assert tuner._horizon_steps(0.1) < long_lived / 9
+
+
+def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_context():
+    predictor = predictor_for(Config(16 * MIB, 64 * MIB), 0.3)  # wrong for this job: nothing wins
+    first, first_sink = make(predictor)
+    ScriptedJob(better(BEST, 0.0), seed=1).run(first, first_sink, 400)
+    assert first.stats["trials"] == 1 and first.phase == "no headroom"
+    # a second job of the same shape on the same daemon: the first one's measurement outweighs the
+    # model that was wrong about it
+    second_sink = MemorySink("second")
+    second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
+    ScriptedJob(better(BEST, 0.0), seed=2).run(second, second_sink, 400)
+    assert second.stats["trials"] == 0 and second.phase == "no headroom"
+    assert "no trial is likely to win more than it costs" in second.detail, second.detail
+    # in another context (a 4x slower link) the first job's windows say nothing: the search runs
+    # as it would on a daemon that never saw the first job
+    runs = []
+    for known in (first_sink.windows, ()):
+        sink = MemorySink("other")
+        other = JobTuner("other", SHAPE, predictor, sink, known=known)
+        ScriptedJob(better(BEST, 0.0, bandwidth=2.5e7), seed=3).run(other, sink, 400)
+        assert other._known_ratios(other.incumbent) == {}
+        runs.append([(d.kind, d.config, d.reason) for d in sink.decisions])
+    assert runs[0] == runs[1]
+    # a job of another shape never reads them
+    assert JobTuner("x", dataclasses.replace(SHAPE, world_size=4), predictor, MemorySink("x"),
+                    known=first_sink.windows).known == {}

@@ -40,6 +40,16 @@
     back their steps. Of the candidates that pay, the one with the largest value is tried.
   When none pays the job is told at once: "no headroom" (after a re-tune: "no headroom after
   bandwidth drop: ..."), instead of searching to the end.
+- what earlier jobs of this shape measured (`known`: their windows, the job's fingerprint, world
+  size and backend equal): where one of them measured the search's reference configuration in
+  the same context (bandwidth estimate, compute and host load within the drift test's minimum
+  relevant shifts of what the reference measures now) and a candidate in the same context segment,
+  that measured ratio is combined with the model's prediction, precision-weighted (the model's
+  spread, widened by its squared error on the ratios those jobs measured, against the
+  measurement's standard error). A model trained on many jobs predicts *this*
+  job's landscape only roughly; its own earlier measurement in the same context predicts it to a
+  few percent: so the second job of a model tries the configuration that won for the first one
+  (and not those that lost), and needs fewer trials than the first.
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
   by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
   the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
@@ -68,8 +78,9 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
-from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, robust_sigma,
+                                   window_shift)
+from autobyted.tuner.features import Context, JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
@@ -78,6 +89,8 @@ log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
+MIN_SHIFTS = {signal.name: signal.min_shift for signal in SIGNALS}  # the drift test's "same context"
+KNOWN_SE_FLOOR = 0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
 
 
 
@@ -123,6 +136,20 @@ def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: f
     value = (horizon_steps * gain_per_step - trial_steps * excess_kept - cut_steps * excess_cut
              - switch_steps)
     return TrialValue(p_win, value)
+
+
+def _same_context(past: Context, now: Context) -> bool:
+    """Two contexts of one configuration that the drift test would not tell apart: bandwidth
+    estimate, compute and host load (when both know it) within their minimum relevant shifts."""
+    def log_shift(a: float, b: float) -> float:
+        return abs(math.log(a / b)) if a > 0 and b > 0 else math.inf
+
+    if log_shift(past.bandwidth_bytes_per_s, now.bandwidth_bytes_per_s) > MIN_SHIFTS["bandwidth"]:
+        return False
+    if log_shift(past.compute_s, now.compute_s) > MIN_SHIFTS["compute"]:
+        return False
+    return not (past.host_load > 0 and now.host_load > 0
+                and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"])
 
 
 _Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
@@ -178,9 +205,14 @@ class JobTuner:
     by tuner.ranks.merge_ranks) in step order with `observe`."""
 
     def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams()) -> None:
+                 params: TunerParams = TunerParams(), known: Sequence[Window] = ()) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
+        # Earlier jobs' windows of this shape, by (job, segment) (module docstring).
+        self.known: dict[tuple[str, int], dict[Config, Window]] = {}
+        for window in known:
+            if window.context.shape == shape and window.job != job and window.step_time_s > 0:
+                self.known.setdefault((window.job, window.segment), {})[window.config] = window
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
@@ -335,8 +367,8 @@ class JobTuner:
         self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self._corrected(self.predictor.predict(context, incumbent.config, self.candidates),
-                                     incumbent.config)
+        prediction = self._with_known(self._corrected(
+            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent)
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
@@ -421,6 +453,7 @@ class JobTuner:
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
         prediction = self._corrected(self.predictor.predict(context, reference.config,
                                                             untried + [t.config for t in others]), reference.config)
+        prediction = self._with_known(prediction, reference, len(untried))
         residuals = [(t.log_median - reference.log_median) - float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
@@ -804,6 +837,54 @@ class JobTuner:
             if candidate != reference:
                 mean[i] += correction(candidate) - base
         return Prediction(prediction.candidates, mean, prediction.std)
+
+    def _with_known(self, prediction: Prediction, reference: _Measured, first: int | None = None) -> Prediction:
+        """The predictions of the first `first` candidates (all by default) combined with what
+        earlier jobs of this shape measured in the same context (module docstring)."""
+        measured = self._known_ratios(reference)
+        if not measured:
+            return prediction
+        mean, std = prediction.mean.copy(), prediction.std.copy()
+        # The model's error on this shape, where the earlier jobs measured what it predicts: its
+        # spread alone would let a model that is wrong here outweigh a measurement.
+        residuals = [(measured[c][0] - float(mu)) ** 2 for c, mu in zip(prediction.candidates, prediction.mean)
+                     if c in measured and c != reference.config]
+        error2 = statistics.mean(residuals) if residuals else 0.0
+        for i, candidate in enumerate(prediction.candidates[:first]):
+            if candidate == reference.config:
+                continue
+            std[i] = math.sqrt(float(std[i]) ** 2 + error2)
+            if candidate not in measured:
+                continue
+            ratio, se = measured[candidate]
+            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se ** 2
+            mean[i] = (w_model * float(mean[i]) + w_known * ratio) / (w_model + w_known)
+            std[i] = math.sqrt(1 / (w_model + w_known))
+        return Prediction(prediction.candidates, mean, std)
+
+    def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
+        """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
+        over the earlier jobs' context segments that measured the reference in this context."""
+        if not self.known:
+            return {}
+        now = summarize(reference.samples, self.shape)
+        ratios: dict[Config, list[tuple[float, float]]] = {}
+        for windows in self.known.values():
+            past = windows.get(reference.config)
+            if past is None or not _same_context(past.context, now):
+                continue
+            for config, window in windows.items():
+                if config == reference.config:
+                    continue
+                se = 1.253 * self.sigma * math.sqrt(1 / max(1, window.samples) + 1 / max(1, past.samples))
+                ratios.setdefault(config, []).append((math.log(window.step_time_s / past.step_time_s), se))
+        out = {}
+        for config, values in ratios.items():
+            logs = [v for v, _ in values]
+            spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+            se = math.sqrt(statistics.mean(e * e for _, e in values) / len(values) + spread ** 2)
+            out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
+        return out
 
     def _window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
