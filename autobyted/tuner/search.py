@@ -43,13 +43,20 @@
 - what earlier jobs of this shape measured (`known`: their windows, the job's fingerprint, world
   size and backend equal): where one of them measured the search's reference configuration in
   the same context (bandwidth estimate, compute and host load within the drift test's minimum
-  relevant shifts of what the reference measures now) and a candidate in the same context segment,
-  that measured ratio is combined with the model's prediction, precision-weighted (the model's
-  spread, widened by its squared error on the ratios those jobs measured, against the
-  measurement's standard error). A model trained on many jobs predicts *this*
+  relevant shifts of what the reference measures now; or another configuration this search
+  measured, the ratio chained through it) and a candidate in the same context segment, that
+  measured ratio is combined with the model's prediction, precision-weighted (the model's spread,
+  widened by its error on the ratios those jobs measured, against the measurement's standard
+  error); the model's mean error there (its bias for this job, shrunk) corrects the candidates
+  nobody measured. A model trained on many jobs predicts *this*
   job's landscape only roughly; its own earlier measurement in the same context predicts it to a
   few percent: so the second job of a model tries the configuration that won for the first one
-  (and not those that lost), and needs fewer trials than the first.
+  (and not those that lost), and needs fewer trials than the first. When a trial's winner is the
+  configuration an earlier job held after its search in the same context (tried first when its
+  trial pays), the search ends there:
+  that search already paid for the trials from it (without this, a model retrained on the first
+  job's windows extrapolated its measured gain to the winner's neighbours, and the second job
+  tried them: more trials than the first, none of them a gain).
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
   by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
   the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
@@ -210,9 +217,16 @@ class JobTuner:
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         # Earlier jobs' windows of this shape, by (job, segment) (module docstring).
         self.known: dict[tuple[str, int], dict[Config, Window]] = {}
+        self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
+        self.known_winners: set[Config] = set()  # those of segments in this context (_known_ratios)
         for window in known:
             if window.context.shape == shape and window.job != job and window.step_time_s > 0:
-                self.known.setdefault((window.job, window.segment), {})[window.config] = window
+                key = (window.job, window.segment)
+                if window.config in self.known.get(key, {}):
+                    # A second window of a configuration in one segment is the verification of a
+                    # search's winner (a trial's window, then the switch's; baselines open segments).
+                    self.known_held.add((*key, window.config))
+                self.known.setdefault(key, {})[window.config] = window
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
@@ -449,6 +463,11 @@ class JobTuner:
         if not untried or len(self.trials) >= self.p.max_trials:
             self._finish("")
             return
+        if reference is not incumbent and self._held_before(reference):
+            # An earlier job of this shape searched this context and held this configuration:
+            # what it tried from here is in its windows, and this job measured the same winner.
+            self._finish("")
+            return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
         prediction = self._corrected(self.predictor.predict(context, reference.config,
@@ -463,7 +482,9 @@ class JobTuner:
         if not paying:
             self._finish("" if self.trials else self._none_pays(best))
             return
-        config, mu, _value = paying[0]
+        # What an earlier search in this context ended holding is tried first (its measurement is
+        # the surest gain; if it wins again, that search's trials from it need not be repeated).
+        config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
         predicted = reference.median_s * math.exp(mu)
@@ -846,15 +867,19 @@ class JobTuner:
             return prediction
         mean, std = prediction.mean.copy(), prediction.std.copy()
         # The model's error on this shape, where the earlier jobs measured what it predicts: its
-        # spread alone would let a model that is wrong here outweigh a measurement.
-        residuals = [(measured[c][0] - float(mu)) ** 2 for c, mu in zip(prediction.candidates, prediction.mean)
+        # bias (the mean residual, shrunk by one pseudo-observation of 0) moves the candidates
+        # nobody measured, and what is left of the residuals widens its spread (alone, the spread
+        # would let a model that is wrong here outweigh a measurement).
+        residuals = [measured[c][0] - float(mu) for c, mu in zip(prediction.candidates, prediction.mean)
                      if c in measured and c != reference.config]
-        error2 = statistics.mean(residuals) if residuals else 0.0
+        bias = sum(residuals) / (len(residuals) + 1)
+        error2 = statistics.mean((r - bias) ** 2 for r in residuals) if residuals else 0.0
         for i, candidate in enumerate(prediction.candidates[:first]):
             if candidate == reference.config:
                 continue
             std[i] = math.sqrt(float(std[i]) ** 2 + error2)
             if candidate not in measured:
+                mean[i] += bias
                 continue
             ratio, se = measured[candidate]
             w_model, w_known = 1 / float(std[i]) ** 2, 1 / se ** 2
@@ -862,27 +887,50 @@ class JobTuner:
             std[i] = math.sqrt(1 / (w_model + w_known))
         return Prediction(prediction.candidates, mean, std)
 
+    def _held_before(self, reference: _Measured) -> bool:
+        """An earlier job of this shape held `reference`'s configuration after a search in the same
+        context (module docstring)."""
+        if not self.known_held:
+            return False
+        now = summarize(reference.samples, self.shape)
+        return any((job, segment, reference.config) in self.known_held
+                   and _same_context(windows[reference.config].context, now)
+                   for (job, segment), windows in self.known.items())
+
     def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
         """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
-        over the earlier jobs' context segments that measured the reference in this context."""
+        over the earlier jobs' context segments that measured, in this context, the reference or
+        another configuration this search measured (an anchor: the ratio is chained through it,
+        past candidate/anchor + this job's anchor/reference)."""
         if not self.known:
             return {}
-        now = summarize(reference.samples, self.shape)
+        anchors = [reference] + [m for m in [self.incumbent, *self.trials]
+                                 if m is not None and not m.cut and m.config != reference.config]
+        contexts = {id(m): summarize(m.samples, self.shape) for m in anchors}
         ratios: dict[Config, list[tuple[float, float]]] = {}
-        for windows in self.known.values():
-            past = windows.get(reference.config)
-            if past is None or not _same_context(past.context, now):
+        self.known_winners = set()
+        for (job, segment), windows in self.known.items():
+            anchor = next((m for m in anchors if m.config in windows
+                           and _same_context(windows[m.config].context, contexts[id(m)])), None)
+            if anchor is None:
                 continue
+            self.known_winners |= {c for c in windows if (job, segment, c) in self.known_held}
+            past = windows[anchor.config]
+            # this job's anchor against its reference (0 when the anchor is the reference)
+            offset = anchor.log_median - reference.log_median
+            offset_se2 = 0.0 if anchor is reference else (1.253 * self.sigma) ** 2 * (
+                1 / len(anchor.samples) + 1 / len(reference.samples))
             for config, window in windows.items():
-                if config == reference.config:
+                if config in (anchor.config, reference.config):
                     continue
-                se = 1.253 * self.sigma * math.sqrt(1 / max(1, window.samples) + 1 / max(1, past.samples))
-                ratios.setdefault(config, []).append((math.log(window.step_time_s / past.step_time_s), se))
+                se2 = (1.253 * self.sigma) ** 2 * (1 / max(1, window.samples) + 1 / max(1, past.samples))
+                ratios.setdefault(config, []).append(
+                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2))
         out = {}
         for config, values in ratios.items():
             logs = [v for v, _ in values]
             spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
-            se = math.sqrt(statistics.mean(e * e for _, e in values) / len(values) + spread ** 2)
+            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread ** 2)
             out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
         return out
 
