@@ -333,3 +333,17 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
     # a job of another shape never reads them
     assert JobTuner("x", dataclasses.replace(SHAPE, world_size=4), predictor, MemorySink("x"),
                     known=first_sink.windows).known == {}
+
+
+def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_wins_again():
+    predictor = predictor_for(BEST, 0.3)
+    first, first_sink = make(predictor)
+    ScriptedJob(better(BEST, 0.3), seed=1).run(first, first_sink, 400)
+    assert first.phase == "holding" and first.held.config == BEST
+    second_sink = MemorySink("second")
+    second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
+    assert ("job", 0, BEST) in second.known_held  # the trial's window, then the verification's
+    ScriptedJob(better(BEST, 0.3), seed=2).run(second, second_sink, 400)
+    trials = [d for d in second_sink.decisions if d.kind == "trial"]
+    assert [d.config for d in trials] == [BEST] and second.phase == "holding" and second.held.config == BEST
+    assert second.known_winners == {BEST}
