@@ -27,16 +27,20 @@ from simulator.engine import DDPConfig, RunConfig, SimulatedStep
 class AutobytePolicy(Policy):
     """The daemon's tuner (autobyted.tuner.search.JobTuner) on simulated steps.
 
-    `history`: windows of other jobs (a warm database); `prior`: the ensemble to start from (the
-    shipped prior by default); retraining on top of it happens every `retrain_interval_s` of
-    simulated time when new windows came in, as the daemon's trainer thread does."""
+    `history`: windows of other jobs (a warm database: the retraining's data, and the windows of
+    this job's shape that the search reads); `prior`: the ensemble to start from (the shipped
+    prior by default); retraining on top of it happens every `retrain_interval_s` of simulated
+    time when new windows came in, as the daemon's trainer thread does. `job`: the job's id, unique
+    as the daemon's are (default sim-<model>; runs whose windows meet in one history need their
+    own: the training pairs and the search's memory are per job)."""
 
     name = "autobyte"
 
     def __init__(self, prior: Ensemble | None = None, history: Sequence[Window] = (), mode: str = "auto",
                  params: TunerParams = TunerParams(), seed: int = 0, flush_interval_s: float = 1.0,
                  retrain_interval_s: float = 60.0, initial: Config = SCHEDULER_DEFAULT,
-                 noise: float = 0.03) -> None:
+                 noise: float = 0.03, job: str | None = None) -> None:
+        self.job = job
         self.prior = prior
         self.history = list(history)
         self.mode, self.params, self.seed = mode, params, seed
@@ -62,7 +66,8 @@ class AutobytePolicy(Policy):
         forward_share = profile.forward_s / profile.compute_s if profile.compute_s > 0 else 0.5
         self.adapter = MetricsAdapter(forward_share, seed=context.seed, noise=self.noise)
         self.sink = MemorySink(profile.name)
-        self.tuner = JobTuner(f"sim-{profile.name}", shape, self.predictor, self.sink, self.mode, self.params)
+        self.tuner = JobTuner(self.job or f"sim-{profile.name}", shape, self.predictor, self.sink, self.mode, self.params,
+                              known=self.history)
         self.buffer: list[StepMetrics] = []
         self.next_flush_s = self.flush_interval_s
         self.next_retrain_s = self.retrain_interval_s

@@ -199,34 +199,44 @@ def warmstart_sim(args) -> None:
         name, text = scenario_text(rng, index, stationary=True)
         (tmp / f"{name}.toml").write_text(text.replace("duration_s = 3600", "duration_s = 600"))
         paths.append(tmp / f"{name}.toml")
+    from autobyte.types import Config, parse_bytes
+    from simulator.adapter import SCHEDULER_DEFAULT
+
+    initial = SCHEDULER_DEFAULT
+    if args.sim_start:
+        partition, credit = args.sim_start.split(",")
+        initial = Config(parse_bytes(partition), parse_bytes(credit))
     priors = {"shipped prior": None}
     if args.left_out:
         priors[f"prior without {args.left_out}"] = train_prior.train(exclude=[args.left_out])
 
-    def run(path, prior, history):
+    def run(path, prior, history, job):
         scenario = load_scenario(path)
         sim = scenario.make_simulator()
         lower = lower_bound_run(scenario, sim)
         context = policy_context(scenario, sim, scenario.duration_s or lower.elapsed_s * 4)
-        policy = AutobytePolicy(prior=prior, history=history, seed=0)
+        policy = AutobytePolicy(prior=prior, history=history, seed=0, job=job, initial=initial)
         policy.prepare(context)
         records = _run_until_done(scenario, sim, policy)
         oracle = min(sim.steady_step_s(c, scenario.bandwidth.at(0), 1.0) for c in context.candidates)
         end = records[-1].step_time_s
         return policy, records, end / oracle
 
-    print(f"load {load()}; {len(paths)} stationary scenarios (600 s), "
+    print(f"load {load()}; {len(paths)} stationary scenarios (600 s), start {initial}, "
           f"models {sorted({load_scenario(p).model for p in paths})}")
     print(f"{'prior':<28} {'start':<6} {'trials median':>13} {'mean':>6} {'steps to settle median':>23} "
           f"{'final/oracle median':>20}")
     for label, prior in priors.items():
-        cold = [run(p, prior, ()) for p in paths]
-        # warm: the history of every *other* scenario's job (the windows its run measured)
-        warm = []
+        cold = [run(p, prior, (), f"{p.stem}-cold") for p in paths]
+        # warm: the history of every *other* scenario's job (the windows its run measured);
+        # second: the same, plus the first (cold) job of this very scenario: a second job of a
+        # model and conditions the daemon has seen (issue 19.6)
+        warm, second = [], []
         for index, path in enumerate(paths):
             history = [w for j, (policy, _r, _x) in enumerate(cold) if j != index for w in policy.sink.windows]
-            warm.append(run(path, prior, history))
-        for start, results in (("cold", cold), ("warm", warm)):
+            warm.append(run(path, prior, history, f"{path.stem}-warm"))
+            second.append(run(path, prior, history + list(cold[index][0].sink.windows), f"{path.stem}-second"))
+        for start, results in (("cold", cold), ("warm", warm), ("second", second)):
             searches = [_first_search(policy, records) for policy, records, _x in results]
             trials = [t for t, _s in searches]
             steps = [s for _t, s in searches]
@@ -580,6 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--rate", default="1gbit")
     w.add_argument("--seconds", type=float, default=60.0)
     w.add_argument("--start", default="sched:64KiB,64KiB")
+    w.add_argument("--sim-start", default="", help="the simulated jobs' starting configuration P,C "
+                   "(default: the scheduler's default)")
     c = sub.add_parser("cpu")
     c.add_argument("scenarios", nargs="*", default=sorted(str(p) for p in (ROOT / "benchmarks" / "scenarios")
                                                           .glob("*.toml") if "testbed" not in p.name))

@@ -12,7 +12,11 @@ reports, from the simulator's true step times:
   next change);
 - the share of steps run under a trial configuration more than 10% slower than the incumbent (the
   configuration held before the trial) would have been at that moment;
-- trials, cut trials, re-tunes, rollbacks.
+- trials, cut trials, re-tunes, rollbacks;
+- trials that paid (issue 19.3): a trial *measured a gain* when the median true step time of its
+  steps after the transition (`TunerParams.transition_steps`) is below the median of what the
+  incumbent (the configuration held before it) would have taken at those moments; the share of
+  trials that did, and the steps spent in trials that did not (every step of such a trial).
 Scenarios whose conditions never change (`--stationary`-generated) also give re-tunes per simulated
 hour: every re-tune there is a false one.
 """
@@ -40,6 +44,36 @@ def _steady(sim, cache: dict, config, bandwidth: float, factor: float) -> float:
     if key not in cache:
         cache[key] = sim.steady_step_s(config, bandwidth, factor)
     return cache[key]
+
+
+def _trial_payoff(policy, records, sim, cache) -> tuple[int, int, int]:
+    """(trials that measured a gain, trials that did not, steps spent in the latter), from the
+    simulator's true step times: each trial's steps after its transition against the incumbent's
+    steady step time under the same conditions, medians of both."""
+    log = policy.config_log
+    skip = policy.params.transition_steps
+    by_step = {r.step: r for r in records}
+    won = lost = lost_steps = 0
+    held = policy.initial
+    for index, (first, config, kind) in enumerate(log):
+        last = records[-1].step + 1 if records else first
+        end = log[index + 1][0] if index + 1 < len(log) else last
+        if kind != "trial":
+            held = config
+            continue
+        steps = [by_step[s] for s in range(first, end) if s in by_step]
+        measured = steps[skip:] or steps
+        if not measured:
+            continue
+        trial_s = statistics.median(r.step_time_s for r in measured)
+        incumbent_s = statistics.median(_steady(sim, cache, held, r.bandwidth_bytes_per_s, r.compute_factor)
+                                        for r in measured)
+        if trial_s < incumbent_s:
+            won += 1
+        else:
+            lost += 1
+            lost_steps += len(steps)
+    return won, lost, lost_steps
 
 
 def evaluate_one(path: str) -> dict[str, Any]:
@@ -87,6 +121,7 @@ def evaluate_one(path: str) -> dict[str, Any]:
             incumbent = _steady(sim, cache, held, record.bandwidth_bytes_per_s, record.compute_factor)
             if record.step_time_s > 1.10 * incumbent:
                 slow += 1
+    won, lost, lost_steps = _trial_payoff(policy, records, sim, cache)
     stats = policy.tuner.stats if policy.tuner else {}
     elapsed_h = records[-1].end_s / 3600 if records else 0.0
 
@@ -98,6 +133,7 @@ def evaluate_one(path: str) -> dict[str, Any]:
             "vs_grid": ratio("grid-best"), "headroom": result["headroom_oracle_over_grid_best"],
             "convergence": convergence, "slow_trial_share": slow / max(1, len(records)),
             "trial_steps": len(trial_steps), "retunes_per_hour": stats.get("retunes", 0) / elapsed_h if elapsed_h else 0,
+            "trials_won": won, "trials_lost": lost, "lost_trial_steps": lost_steps,
             "stats": stats, "retrains": policy.retrains, "chose": rows["autobyte"]["chose"],
             "decisions": [{"id": d.decision_id, "kind": d.kind, "at": d.apply_at_step, "reason": d.reason,
                            "predicted_s": d.predicted_step_time_s, "measured_s": d.measured_step_time_s,
@@ -137,6 +173,10 @@ def summarise(results: Sequence[dict[str, Any]]) -> str:
         f"{100 * statistics.median(col('slow_trial_share')):.2f}%, max {100 * max(col('slow_trial_share')):.2f}% "
         "(goal <= 5%)",
     ]
+    won, lost = sum(col("trials_won")), sum(col("trials_lost"))
+    lines.append(f"trials that measured a gain: {won}/{won + lost} "
+                 f"({100 * won / max(1, won + lost):.0f}%, goal >= 50%); steps in trials that lost: "
+                 f"{sum(col('lost_trial_steps'))} of {sum(r['steps'] for r in results)}")
     flat = [r for r in results if r["changes"] == 0]
     if flat:
         lines.append(f"stationary scenarios: {len(flat)}, re-tunes per simulated hour: median "

@@ -39,8 +39,12 @@ def test_the_policy_tunes_a_simulated_job(tmp_path):
     keep: dict = {}
     result = simulate_scenario(load_scenario(path), ["autobyte"], keep)
     policy, records = keep["autobyte"]
-    assert policy.sink.decisions and all(d.reason for d in policy.sink.decisions)
+    assert all(d.reason for d in policy.sink.decisions)
     assert policy.tuner.stats["retunes"] >= 1  # the drop at 120 s was noticed
-    assert {r.config for r in records} > {Config(4 << 20, 16 << 20)}  # it moved
+    details = [s.detail for s in policy.sink.statuses]
+    assert any(d.startswith("re-tuning after bandwidth drop") for d in details), details
+    # it moved, or (the oracle gains <1% here) the job was told at once that there is no headroom
+    moved = {r.config for r in records} > {Config(4 << 20, 16 << 20)}
+    assert moved or any(d.startswith("no headroom after bandwidth drop") for d in details), details
     (row,) = result["rows"]
     assert row["ratio_to_oracle"] > 0.9

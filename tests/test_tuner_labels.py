@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 
 import pytest
 from autobyte.scheduler.metrics import StepTimings, compute_times
@@ -57,7 +58,7 @@ def merged(streams):
 
 CHANGES = {
     "bandwidth drop (tc 2 Gbit/s -> 300 Mbit/s)": (Condition(link_bytes_per_s=3.75e7), "bandwidth drop"),
-    "CPU quota of half a core on rank 1": (Condition(compute_s=(0.075, 0.16)), "compute slowdown"),
+    "CPU quota of half a core on rank 1": (Condition(compute_s=(0.075, 0.16)), "compute slowdown on rank 1"),
     "a competing flow takes half the link": (Condition(link_bytes_per_s=1.25e8, compute_s=(0.08, 0.08),
                                                        neighbour_load=0.08), "bandwidth drop"),
 }
@@ -87,7 +88,44 @@ def test_rank_0_alone_cannot_see_a_straggler_but_the_merged_job_can():
     before, after = two_ranks(20, rng, Condition()), two_ranks(20, rng, quota, start=20)
     rank0 = window_shift([r0 for r0, _ in before], [r0 for r0, _ in after])
     assert rank0 is not None and rank0.signal == "bandwidth"  # what rank 0 alone measures
-    assert window_shift(merged(before), merged(after)).signal == "compute"
+    assert window_shift(merged(before), merged(after)).reason == "compute slowdown on rank 1"
+
+
+def test_a_straggler_is_seen_on_its_own_rank_when_another_ranks_compute_swings():
+    """The testbed's CPU quota on rank 1 under other users' load: rank 0's compute swings 75-250 ms
+    from step to step, rank 1's doubles (80 -> 160 ms). The per-step max of the two barely moves
+    (it is mostly rank 0's swing); rank 1's own CUSUM sees it at once."""
+    rng = random.Random(11)
+
+    def steps(n, start, rank1_s):
+        out = []
+        for i in range(n):
+            condition = Condition(compute_s=(rng.uniform(0.075, 0.25), rank1_s))
+            out += two_ranks(1, rng, condition, start=start + i)
+        return out
+
+    before, after = merged(steps(120, 0, 0.08)), merged(steps(200, 120, 0.16))
+
+    def median_log(stream, extract):
+        return statistics.median(math.log(extract(m)) for m in stream)
+
+    def straggler(m):
+        return m.forward_s + m.backward_s
+
+    def rank1(m):
+        return dict(m.rank_compute_s)[1]
+
+    assert abs(median_log(after, straggler) - median_log(before, straggler)) < 0.25  # the max: < 25%
+    assert median_log(after, rank1) - median_log(before, rank1) > 0.6  # rank 1 itself: ~2x
+    detector = DriftDetector(before[:60])
+    assert "compute@1" in detector.watched and "compute@0" in detector.watched
+    assert [a for a in map(detector.update, before[60:]) if a] == []
+    found = [a for a in map(detector.update, after) if a]
+    assert found and found[0].reason == "compute slowdown on rank 1", found[:1]
+    assert found[0].signal == "compute"  # the kind of signal, as drift.JUMP_LIMITS knows it
+    # one rank alone (no peers' compute in its samples) is watched as before
+    alone = DriftDetector([r0 for r0, _ in two_ranks(60, rng, Condition())])
+    assert "compute" in alone.watched and not any("@" in name for name in alone.watched)
 
 
 def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():
@@ -99,6 +137,8 @@ def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():
     assert (job.step_time_s, job.decision_id) == (0.3, 7)  # the step boundary is rank 0's
     assert (job.forward_s, job.backward_s) == (0.05, 0.1)
     assert (job.bandwidth_bytes_per_s, job.host_load) == (2e8, 0.4)
+    assert job.rank_compute_s == (pytest.approx((0, 0.07)), pytest.approx((1, 0.15)))
+    assert merge_ranks(leader, {3: peer}).rank_compute_s[1][0] == 3  # ranks by number, not position
     assert merge_ranks(leader, []) is leader
 
 

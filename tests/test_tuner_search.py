@@ -9,7 +9,7 @@ import math
 from autobyte.types import Config
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
-from autobyted.tuner.search import JobTuner
+from autobyted.tuner.search import JobTuner, trial_value
 from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20
@@ -111,10 +111,12 @@ def test_a_bandwidth_drop_reopens_the_search_and_noise_does_not():
     assert tuner.stats["retunes"] >= 1
     retune = next(s for s in sink.statuses[:] if s.state == "re-tuning")
     assert retune.detail.startswith("re-tuning after bandwidth drop")
-    # a new context segment, measured afresh; BEST is still best there, so it is held again
+    # a new context segment, measured afresh; BEST is still best there, so it is held again, and
+    # the job is told at once that the new context has no headroom
     assert tuner.segment >= 1 and any(w.segment == tuner.segment for w in sink.windows)
     assert len(sink.decisions) >= before
-    assert tuner.phase == "holding" and job.config == BEST
+    assert tuner.phase == "no headroom" and job.config == BEST
+    assert tuner.detail.startswith("no headroom after bandwidth drop: 1MiB/4MiB stays"), tuner.detail
     assert abs(tuner.status.measured_step_time_s - 0.2) < 0.02
 
 
@@ -279,3 +281,69 @@ def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
     assert "1MiB/4MiB predicted 1.2" in best[0].reason  # the predictor alone: 20+% faster
     assert len(best) == 1 and any(config == BEST for config, _error in tuner.errors)
     assert job.config == START
+
+
+def test_a_trial_pays_only_when_it_is_likely_to_win_by_more_than_it_costs():
+    # trial_value(mean, spread, horizon steps, trial steps, cut steps, min_gain, clearly_worse)
+    sure = trial_value(-0.2, 0.02, 1000, 18, 7, 0.02, 0.10)
+    assert sure.win_probability > 0.99 and sure.value_steps > 150 and sure.pays
+    # predicted 1% faster: below min_gain, more likely rolled back than kept, however long the horizon
+    marginal = trial_value(-0.01, 0.02, 1e6, 18, 7, 0.02, 0.10)
+    assert marginal.win_probability < 0.5 and not marginal.pays
+    # an uncertain coin flip pays over a long horizon, not when the context is about to move on
+    coin = [trial_value(-0.021, 0.4, horizon, 18, 7, 0.02, 0.10) for horizon in (0, 1000)]
+    assert all(c.win_probability >= 0.5 for c in coin)
+    assert not coin[0].pays and coin[1].pays and coin[1].value_steps > coin[0].value_steps
+    # predicted slower: never tried on its spread alone
+    assert not trial_value(0.05, 0.3, 1e6, 18, 7, 0.02, 0.10).pays
+
+
+def test_a_job_whose_context_changes_fast_gets_a_short_horizon():
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    job = ScriptedJob(better(BEST, 0.3))
+    job.run(tuner, sink, 50)
+    long_lived = tuner._horizon_steps(0.1)  # 5 s of job time, no change yet: the 600 s prior
+    assert 6000 < long_lived < 6100
+    tuner.segment = 9  # ten contexts in the job's 5 s
+    assert tuner._horizon_steps(0.1) < long_lived / 9
+
+
+def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_context():
+    predictor = predictor_for(Config(16 * MIB, 64 * MIB), 0.3)  # wrong for this job: nothing wins
+    first, first_sink = make(predictor)
+    ScriptedJob(better(BEST, 0.0), seed=1).run(first, first_sink, 400)
+    assert first.stats["trials"] == 1 and first.phase == "no headroom"
+    # a second job of the same shape on the same daemon: the first one's measurement outweighs the
+    # model that was wrong about it
+    second_sink = MemorySink("second")
+    second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
+    ScriptedJob(better(BEST, 0.0), seed=2).run(second, second_sink, 400)
+    assert second.stats["trials"] == 0 and second.phase == "no headroom"
+    assert "no trial is likely to win more than it costs" in second.detail, second.detail
+    # in another context (a 4x slower link) the first job's windows say nothing: the search runs
+    # as it would on a daemon that never saw the first job
+    runs = []
+    for known in (first_sink.windows, ()):
+        sink = MemorySink("other")
+        other = JobTuner("other", SHAPE, predictor, sink, known=known)
+        ScriptedJob(better(BEST, 0.0, bandwidth=2.5e7), seed=3).run(other, sink, 400)
+        assert other._known_ratios(other.incumbent) == {}
+        runs.append([(d.kind, d.config, d.reason) for d in sink.decisions])
+    assert runs[0] == runs[1]
+    # a job of another shape never reads them
+    assert JobTuner("x", dataclasses.replace(SHAPE, world_size=4), predictor, MemorySink("x"),
+                    known=first_sink.windows).known == {}
+
+
+def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_wins_again():
+    predictor = predictor_for(BEST, 0.3)
+    first, first_sink = make(predictor)
+    ScriptedJob(better(BEST, 0.3), seed=1).run(first, first_sink, 400)
+    assert first.phase == "holding" and first.held.config == BEST
+    second_sink = MemorySink("second")
+    second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
+    assert ("job", 0, BEST) in second.known_held  # the trial's window, then the verification's
+    ScriptedJob(better(BEST, 0.3), seed=2).run(second, second_sink, 400)
+    trials = [d for d in second_sink.decisions if d.kind == "trial"]
+    assert [d.config for d in trials] == [BEST] and second.phase == "holding" and second.held.config == BEST
+    assert second.known_winners == {BEST}

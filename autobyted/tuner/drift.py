@@ -33,8 +33,11 @@ are true:
 - compute is forward_s + backward_s, which the client measures *without* the waits for
   parameters (those are exposed communication): counted in, a bandwidth drop lengthens the
   forward pass's waits and reads as a "compute slowdown";
-- the samples are the job's, merged over its ranks (tuner.ranks): compute is the straggler's (a
-  CPU quota on rank 1 raises rank 1's compute; rank 0's does not move), bandwidth the best
+- the samples are the job's, merged over its ranks (tuner.ranks): compute is watched *per rank*
+  (`job_signals`: one CUSUM on each rank's own compute, each against its own reference and
+  noise, named "compute slowdown on rank r"): a CPU quota on rank 1 raises rank 1's compute while
+  rank 0's does not move, and the straggler's per-step max would take the swings of the noisiest
+  rank (rank 0's 75-220 ms under a neighbour's load hid rank 1's 2.3x), bandwidth the best
   estimate of any rank (a straggler lowers only its peers' estimates; a true bandwidth drop
   lowers every rank's), host load the busiest host's;
 - among the context signals at least half way to their threshold, the label is the one whose
@@ -59,12 +62,17 @@ from autobyte.types import StepMetrics
 
 @dataclasses.dataclass(frozen=True)
 class Signal:
-    name: str
+    name: str  # what is measured: bandwidth, compute, host_load, step_time
     extract: Callable[[StepMetrics], float]  # NaN: not measured in this sample
     min_shift: float
     sigma_floor: float
     rise: str  # how an upward shift reads in a reason ("re-tuning after bandwidth rise")
     fall: str
+    rank: int | None = None  # one rank's own value (compute per rank); None: the job's
+
+    @property
+    def key(self) -> str:
+        return self.name if self.rank is None else f"{self.name}@{self.rank}"
 
 
 def _log(value: float) -> float:
@@ -79,6 +87,32 @@ SIGNALS = (
     Signal("step_time", lambda m: _log(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
 )
 MIN_REFERENCE = 5
+
+
+def _rank_compute(rank: int) -> Callable[[StepMetrics], float]:
+    def extract(m: StepMetrics) -> float:
+        for r, seconds in getattr(m, "rank_compute_s", ()):
+            if r == rank:
+                return _log(seconds)
+        return math.nan
+    return extract
+
+
+def job_signals(samples: Sequence[StepMetrics], signals: Sequence[Signal] = SIGNALS) -> tuple[Signal, ...]:
+    """The signals to watch on a job's samples: `signals`, with the job's compute replaced by one
+    signal per rank when the samples carry every rank's compute (tuner.ranks.JobStep, 2+ ranks)."""
+    ranks = sorted({r for m in samples for r, _ in getattr(m, "rank_compute_s", ())})
+    if len(ranks) < 2:
+        return tuple(signals)
+    out: list[Signal] = []
+    for signal in signals:
+        if signal.name != "compute" or signal.rank is not None:
+            out.append(signal)
+            continue
+        out += [dataclasses.replace(signal, extract=_rank_compute(r), rank=r,
+                                    rise=f"{signal.rise} on rank {r}", fall=f"{signal.fall} on rank {r}")
+                for r in ranks]
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +175,9 @@ class DriftDetector:
 
     def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
                  block_s: float = 0.5, reference_blocks: int = 8, shift_scale: float = 1.0) -> None:
-        self._signals = tuple(signals)
+        self._base_signals = tuple(signals)
+        self._signals = self._base_signals  # per rank once the reference shows the ranks (_start)
+        self._reference_samples: list[list[StepMetrics]] = []
         self._shift_scale = shift_scale  # > 1 after fruitless re-tunes (JobTuner's back-off)
         self._block_s = block_s
         self._reference_blocks = reference_blocks
@@ -159,25 +195,29 @@ class DriftDetector:
 
     @property
     def watched(self) -> tuple[str, ...]:
-        return tuple(signal.name for signal, _ in self._tests or ())
+        return tuple(signal.key for signal, _ in self._tests or ())
 
     def _block_medians(self, block: Sequence[StepMetrics]) -> dict[str, float]:
         out = {}
         for signal in self._signals:
             values = [v for v in map(signal.extract, block) if math.isfinite(v)]
-            out[signal.name] = statistics.median(values) if values else math.nan
+            out[signal.key] = statistics.median(values) if values else math.nan
         return out
 
     def _start(self) -> None:
         self._tests = []
+        self._signals = job_signals([m for block in self._reference_samples for m in block],
+                                    self._base_signals)
+        self._reference = [self._block_medians(block) for block in self._reference_samples]
+        self._reference_samples = []
         for signal in self._signals:
-            values = [b[signal.name] for b in self._reference if math.isfinite(b[signal.name])]
+            values = [b[signal.key] for b in self._reference if math.isfinite(b[signal.key])]
             if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
                 continue  # not measured (e.g. host load from an older client): not watched
             sigma = max(signal.sigma_floor, robust_sigma(values))
             self._tests.append((signal, Cusum(statistics.median(values), sigma,
                                               signal.min_shift * self._shift_scale)))
-            self._recent[signal.name] = []
+            self._recent[signal.key] = []
 
     def update(self, sample: StepMetrics) -> Alarm | None:
         """Feed one step; an alarm when a block completes with a signal out of control, named after
@@ -188,19 +228,20 @@ class DriftDetector:
         self._pending.append(sample)
         if len(self._pending) < self._block_steps:
             return None
-        block = self._block_medians(self._pending)
-        self._pending = []
         if self._tests is None:
-            self._reference.append(block)
-            if len(self._reference) >= self._reference_blocks:
+            self._reference_samples.append(self._pending)
+            self._pending = []
+            if len(self._reference_samples) >= self._reference_blocks:
                 self._start()
             return None
+        block = self._block_medians(self._pending)
+        self._pending = []
         alarmed = False
         for signal, test in self._tests:
-            x = block[signal.name]
+            x = block[signal.key]
             if not math.isfinite(x):
                 continue
-            recent = self._recent[signal.name]
+            recent = self._recent[signal.key]
             recent.append(x)
             del recent[:-5]
             alarmed |= bool(test.update(x))
@@ -216,7 +257,7 @@ class DriftDetector:
             test = item[1]
             run = test.run_up if test.up / test.h >= test.down / test.h else test.run_down
             if not run:
-                run = self._recent[item[0].name]
+                run = self._recent[item[0].key]
             return statistics.median(run) - test.mu if run else 0.0
 
         context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
@@ -235,7 +276,7 @@ def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
     more than max(min_shift, 3 standard errors), the one that moved most in units of its min_shift
     (module docstring) — a change that happened between them."""
     moved = []
-    for signal in signals:
+    for signal in job_signals([*reference, *window], signals):
         if signal.name == "step_time":
             continue
         a = [v for v in map(signal.extract, reference) if math.isfinite(v)]
@@ -266,7 +307,7 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
     and a trial): a jump larger than any configuration explains; of several, the largest multiple
     of its limit."""
     jumps = []
-    for signal in SIGNALS:
+    for signal in job_signals([*reference, *window]):
         limit = JUMP_LIMITS.get(signal.name)
         if limit is None:
             continue

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 DecideFn = Callable[..., DecisionRecord]
 MODES = ("auto", "observe", "off")
 MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows (bounded cost)
+MAX_KNOWN_WINDOWS = 5_000  # a job's tuner opens with the earlier jobs' windows of its shape among these
 
 
 class StorageSink(TunerSink):
@@ -174,14 +175,7 @@ class TunerManager:
         benchmarks). True when a new model was stored."""
         assert self.base is not None and self.predictor is not None
         self.new_windows = 0
-        windows = []
-        for record in self.storage.windows(limit=MAX_WINDOWS, newest=True):
-            try:
-                windows.append(Window(record.job, record.segment, record.config, Context.from_json(record.context),
-                                      record.step_time_s, record.samples, record.created_at_s))
-            except (ValueError, TypeError, KeyError) as error:
-                log.warning("skipping an unreadable window %d: %s", record.window_id, error)
-        trained = train_online(self.base, windows)
+        trained = train_online(self.base, self._stored_windows(MAX_WINDOWS))
         if trained is None:
             return False
         self.predictor.swap(trained)
@@ -203,6 +197,17 @@ class TunerManager:
                 self.retrain_now()
             except Exception:
                 log.exception("retraining the predictor failed; keeping the current one")
+
+    def _stored_windows(self, limit: int) -> list[Window]:
+        """The newest `limit` stored windows (unreadable ones skipped, logged)."""
+        windows = []
+        for record in self.storage.windows(limit=limit, newest=True):
+            try:
+                windows.append(Window(record.job, record.segment, record.config, Context.from_json(record.context),
+                                      record.step_time_s, record.samples, record.created_at_s))
+            except (ValueError, TypeError, KeyError) as error:
+                log.warning("skipping an unreadable window %d: %s", record.window_id, error)
+        return windows
 
     def _window_recorded(self) -> None:
         self.new_windows += 1
@@ -338,7 +343,10 @@ class TunerManager:
             return None
         assert self.predictor is not None
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
-        tuner = JobTuner(job, JobShape.from_info(info), self.predictor, sink, self.mode, self.params)
+        shape = JobShape.from_info(info)
+        # What earlier jobs of this shape measured (the search uses it where the context matches).
+        known = [w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape == shape]
+        tuner = JobTuner(job, shape, self.predictor, sink, self.mode, self.params, known=known)
         # A job that registered while this tuner runs and that no tuner has looked at yet is read
         # from its first sample; one that was running before (a daemon restart, a job the tuner let
         # go as idle, a job taken over from another daemon) from its newest: it is measured afresh,

@@ -21,7 +21,14 @@ class TunerParams:
     - min_gain 2%: below that a switch does not pay for its transition steps within a few minutes,
       and it is the testbed's run-to-run spread of a configuration's median.
     - z_switch 2.5: a switch needs a difference of 2.5 standard errors (~0.6% one-sided error).
-    - kappa 1: optimism of the bound that picks trials (one spread of the ensemble).
+    - kappa 1: optimism of the bound of observe mode's recommendations and of the re-scoring while
+      holding (one spread of the ensemble); trials are chosen by their value (search.trial_value).
+    - context_prior_s 600: the prior mean lifetime of a context (one pseudo-change) in the
+      estimate of how long a search's winner will be held (search.py, "when a trial pays"): until
+      a job shows its own changes, a context is taken to last ten minutes, about three times what
+      a full search takes (baseline + 4 trials + confirm + verify at 60/30 s windows), so that a
+      job's own first minutes decide, and a prior an order of magnitude off moves the horizon by
+      only a few times its own error after the first change.
     - clearly_worse 10%, sprt_alpha 1%, sprt_beta 10%: the early cut's alternative hypothesis and
       error rates (Wald's thresholds log((1 - beta) / alpha)).
     - max_trials 4: the issue's "never more than a few"; each costs ~20 steps.
@@ -59,6 +66,7 @@ class TunerParams:
     sigma_floor: float = 0.01
     rescore_s: float = 60.0
     max_aborts: int = 2
+    context_prior_s: float = 600.0
     fruitless_backoff: float = 1.5
     fruitless_max: int = 4
     apply_lead_steps: int = 2

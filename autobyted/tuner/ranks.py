@@ -13,8 +13,11 @@ boundary is rank 0's) with the *straggler's* compute (the rank with the largest 
 backward_s: the slowest rank sets the pace) and the *best* bandwidth estimate of any rank (a rank
 that does not wait for a peer measures the link; a true bandwidth drop lowers every rank's
 estimate, so the best one drops too; a straggler lowers only the others'). host_load is the
-largest over the ranks (the busiest host is the one that slows the job). A job with one rank, or
-a sample whose peers never arrive, passes through unchanged.
+largest over the ranks (the busiest host is the one that slows the job). Every rank's own compute
+is kept too (`JobStep.rank_compute_s`): the drift test watches each rank's compute, not only the
+straggler's, because the per-step max takes the swings of whichever rank is noisiest (a CPU quota
+on rank 1 barely moves it while rank 0's compute swings 75-220 ms under a neighbour's load). A job
+with one rank, or a sample whose peers never arrive, passes through unchanged.
 
 `RankMerger` buffers samples until every rank that streams (that has sent a sample) is in for a
 step, or rank 0 is `max_lag_steps` ahead of it (a rank whose stream is late or gone never stalls
@@ -25,23 +28,38 @@ read from rank 0 alone, at once).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from autobyte.types import StepMetrics
 
 MAX_LAG_STEPS = 64  # ~2 s of 30 ms steps; the client sends every second, so a live rank is in by then
 
 
-def merge_ranks(leader: StepMetrics, peers: Sequence[StepMetrics]) -> StepMetrics:
-    """The job-level sample of one step (see the module docstring); `peers` excludes rank 0."""
-    if not peers:
+@dataclasses.dataclass(frozen=True)
+class JobStep(StepMetrics):
+    """One step of a job with several ranks streaming: rank 0's sample merged with its peers'
+    (module docstring), plus each rank's own compute, forward_s + backward_s, as (rank, seconds)
+    in rank order (the ranks whose sample of this step is in)."""
+
+    rank_compute_s: tuple[tuple[int, float], ...] = ()
+
+
+def merge_ranks(leader: StepMetrics, peers: Sequence[StepMetrics] | Mapping[int, StepMetrics]
+                ) -> StepMetrics:
+    """The job-level sample of one step (see the module docstring); `peers` excludes rank 0: a
+    mapping rank -> sample, or the samples of ranks 1, 2, ... in order."""
+    by_rank = dict(peers) if isinstance(peers, Mapping) else dict(enumerate(peers, start=1))
+    if not by_rank:
         return leader
-    everyone = (leader, *peers)
+    everyone = (leader, *by_rank.values())
     straggler = max(everyone, key=lambda m: m.forward_s + m.backward_s)
-    return dataclasses.replace(
-        leader, forward_s=straggler.forward_s, backward_s=straggler.backward_s,
-        bandwidth_bytes_per_s=max(m.bandwidth_bytes_per_s for m in everyone),
-        host_load=max(m.host_load for m in everyone))
+    ranks = {0: leader, **by_rank}
+    fields = {field.name: getattr(leader, field.name) for field in dataclasses.fields(StepMetrics)}
+    fields.update(forward_s=straggler.forward_s, backward_s=straggler.backward_s,
+                  bandwidth_bytes_per_s=max(m.bandwidth_bytes_per_s for m in everyone),
+                  host_load=max(m.host_load for m in everyone))
+    return JobStep(**fields, rank_compute_s=tuple((r, ranks[r].forward_s + ranks[r].backward_s)
+                                                  for r in sorted(ranks)))
 
 
 class RankMerger:
@@ -73,7 +91,7 @@ class RankMerger:
             if (not self._streaming.issubset(peers)
                     and step > self._newest_leader_step - self.max_lag_steps):
                 break  # wait for the peers of this step (and keep the order)
-            out.append(merge_ranks(self._leader.pop(step), [peers[r] for r in sorted(peers)]))
+            out.append(merge_ranks(self._leader.pop(step), {r: peers[r] for r in sorted(peers)}))
             self._peers.pop(step, None)
         if out:  # peers of steps rank 0 has passed (its own sample was dropped or resent) go too
             done = out[-1].step

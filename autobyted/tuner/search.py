@@ -7,19 +7,56 @@
 - warm-up: the first `warmup_steps` steps are ignored (allocation, first-use order recording).
 - baseline: a window of the configuration in effect (the job's starting configuration the first
   time) gives the context, the noise level and the incumbent's step time.
-- exploring: the predictor scores the whole candidate grid; the candidate whose optimistic bound
-  (mean - kappa x spread of the predicted log ratio) beats the best measured configuration by
-  more than `min_gain`, and whose mean predicts a gain at all, is tried, at most `max_trials` in a
-  search (a candidate predicted slower is not tried on its spread alone: such trials rarely win and
-  each costs steps). Before each trial the untried
-  candidates are scored again from the best configuration measured so far, with the spread widened
-  by the predictor's error on this search's measurements (a job the predictor does not know gets
-  explored more). A trial: switch (a decision applied a few steps ahead), discard
+- exploring: the predictor scores the whole candidate grid, and a candidate is tried only when the
+  trial pays (`trial_value`, below), at most `max_trials` in a search. Before each trial the
+  untried candidates are scored again from the best configuration measured so far, with the spread
+  widened by the predictor's error on this search's measurements (a job the predictor does not
+  know gets wider spreads, so fewer candidates are *likely* winners and each trial's expected
+  loss grows). A trial: switch (a decision applied a few steps ahead), discard
   `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
   step times cuts a trial that is clearly (`clearly_worse`) slower than the best measured so far as
   soon as `min_trial_steps` are in. A trial whose context figures jumped more than a configuration
   explains (drift.context_jump) is checked: the incumbent is measured again, and if it moved too,
   the search restarts in the new context.
+- when a trial pays: the predicted log ratio X of a candidate to the best measured configuration
+  is taken as Normal(mean, spread) (the ensemble's mean and spread, widened as above). From the
+  costs of the search itself, not from any scenario:
+  - it *wins* when X < -log(1 + min_gain) (only then does the search switch); the probability of
+    that, p_win, must be at least 1/2: a trial more likely to be rolled back than kept is
+    exploration the job pays for in steps, and the share of trials that measure a gain is p_win
+    on average when the spread is calibrated (the issue's goal: at least half of them);
+  - its expected net value in steps, H x E[(1 - e^X) 1{win}] - E[(e^X - 1) n(X)] - s, must be
+    positive: the gain per step of a winner over the steps H it is expected to be held, against
+    the excess of the trial's own n steps (transition + window; only transition +
+    min_trial_steps when the sequential test cuts it, X > log(1 + clearly_worse)) and the s = 2
+    steps its two switches cost (the first step after a switch waits for the previous step's
+    all-reduces without overlap: at most a step each). Because the sequential test bounds a
+    losing trial's cost, a likely winner nearly always pays over a horizon of a few dozen steps;
+    the value decides where contexts are shorter than that, and ranks the candidates. H is the
+    context's expected remaining lifetime: context changes are taken as a memoryless (Poisson)
+    process, whose expected remaining time is its mean, estimated from this job's own changes
+    (observed time + `context_prior_s`) / (changes + 1): a job whose context changes every
+    minute gets a horizon of about a minute and stops paying for trials that need more to win
+    back their steps. Of the candidates that pay, the one with the largest value is tried.
+  When none pays the job is told at once: "no headroom" (after a re-tune: "no headroom after
+  bandwidth drop: ..."), instead of searching to the end.
+- what earlier jobs of this shape measured (`known`: their windows, the job's fingerprint, world
+  size and backend equal): where one of them measured the search's reference configuration in
+  the same context (bandwidth estimate, compute and host load within the drift test's minimum
+  relevant shifts of what the reference measures now; or another configuration this search
+  measured, the ratio chained through it) and a candidate in the same context segment, that
+  measured ratio is combined with the model's prediction, precision-weighted (the model's spread,
+  widened by its error on the ratios those jobs measured, against the measurement's standard
+  error); the model's mean error there (its bias for this job, shrunk) corrects the candidates
+  nobody measured. A model trained on many jobs predicts *this*
+  job's landscape only roughly; its own earlier measurement in the same context predicts it to a
+  few percent: so the second job of a model tries the configuration that won for the first one
+  (and not those that lost), and needs fewer trials than the first. When a trial's winner is the
+  configuration an earlier job held after its search in the same context (tried first when its
+  trial pays), the search ends there:
+  that search already paid for the trials from it (without this, a model retrained on the first
+  job's windows extrapolated its measured gain to the winner's neighbours, and the second job
+  tried them: more trials than the first, none of them a gain).
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
   by `z_switch` standard errors (hysteresis); otherwise the incumbent stays. The first time, when
   the incumbent is the job's starting configuration, that is "no headroom" and the job is told so.
@@ -48,8 +85,9 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, robust_sigma, window_shift
-from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, robust_sigma,
+                                   window_shift)
+from autobyted.tuner.features import Context, JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
@@ -58,6 +96,71 @@ log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
+MIN_SHIFTS = {signal.name: signal.min_shift for signal in SIGNALS}  # the drift test's "same context"
+KNOWN_SE_FLOOR = 0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
+
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialValue:
+    """What trying one candidate is expected to bring (module docstring: "when a trial pays")."""
+
+    win_probability: float  # P(X < -log(1 + min_gain))
+    value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
+
+    @property
+    def pays(self) -> bool:
+        return self.win_probability >= 0.5 and self.value_steps > 0
+
+
+SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
+
+
+def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: float,
+                cut_steps: float, min_gain: float, clearly_worse: float,
+                switch_steps: float = SWITCH_STEPS) -> TrialValue:
+    """The value of trying a candidate whose log step-time ratio X to the best measured
+    configuration is Normal(mean, spread); E[e^X 1{X < g}] = e^(mean + spread^2 / 2) x
+    Phi((g - mean - spread^2) / spread)."""
+    sd = max(spread, 1e-6)
+    gate = -math.log1p(min_gain)
+    cut = math.log1p(clearly_worse)
+    lognormal_mean = math.exp(mean + sd * sd / 2)
+
+    def below(g: float) -> tuple[float, float]:
+        """(P(X < g), E[e^X 1{X < g}])."""
+        return _normal_cdf((g - mean) / sd), lognormal_mean * _normal_cdf((g - mean - sd * sd) / sd)
+
+    p_win, e_win = below(gate)
+    p_kept, e_kept = below(cut)  # not cut by the sequential test: the whole window is run
+    gain_per_step = p_win - e_win  # E[(1 - e^X) 1{X < gate}]
+    excess_kept = e_kept - p_kept  # E[(e^X - 1) 1{X < cut}]
+    excess_cut = (lognormal_mean - e_kept) - (1 - p_kept)  # E[(e^X - 1) 1{X >= cut}]
+    value = (horizon_steps * gain_per_step - trial_steps * excess_kept - cut_steps * excess_cut
+             - switch_steps)
+    return TrialValue(p_win, value)
+
+
+def _same_context(past: Context, now: Context) -> bool:
+    """Two contexts of one configuration that the drift test would not tell apart: bandwidth
+    estimate, compute and host load (when both know it) within their minimum relevant shifts."""
+    def log_shift(a: float, b: float) -> float:
+        return abs(math.log(a / b)) if a > 0 and b > 0 else math.inf
+
+    if log_shift(past.bandwidth_bytes_per_s, now.bandwidth_bytes_per_s) > MIN_SHIFTS["bandwidth"]:
+        return False
+    if log_shift(past.compute_s, now.compute_s) > MIN_SHIFTS["compute"]:
+        return False
+    return not (past.host_load > 0 and now.host_load > 0
+                and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"])
+
+
+_Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
+
 
 class TunerSink(abc.ABC):
     """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
@@ -109,9 +212,21 @@ class JobTuner:
     by tuner.ranks.merge_ranks) in step order with `observe`."""
 
     def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams()) -> None:
+                 params: TunerParams = TunerParams(), known: Sequence[Window] = ()) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
+        # Earlier jobs' windows of this shape, by (job, segment) (module docstring).
+        self.known: dict[tuple[str, int], dict[Config, Window]] = {}
+        self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
+        self.known_winners: set[Config] = set()  # those of segments in this context (_known_ratios)
+        for window in known:
+            if window.context.shape == shape and window.job != job and window.step_time_s > 0:
+                key = (window.job, window.segment)
+                if window.config in self.known.get(key, {}):
+                    # A second window of a configuration in one segment is the verification of a
+                    # search's winner (a trial's window, then the switch's; baselines open segments).
+                    self.known_held.add((*key, window.config))
+                self.known.setdefault(key, {})[window.config] = window
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
@@ -120,6 +235,7 @@ class JobTuner:
         self.decision_in_effect: int | None = None
         self.newest_step = -1
         self.newest_wall_s = 0.0
+        self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
         self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
         self.mine: set[int] = set()
         self.expect: _Expect | None = None
@@ -198,6 +314,8 @@ class JobTuner:
             return  # not a measurement (the daemon's checks allow 0)
         self.newest_step = m.step
         self.newest_wall_s = m.wall_time_s
+        if self.first_wall_s is None:
+            self.first_wall_s = m.wall_time_s
         self.step_s = m.step_time_s if not self.step_s else 0.9 * self.step_s + 0.1 * m.step_time_s
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
@@ -263,21 +381,51 @@ class JobTuner:
         self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self._corrected(self.predictor.predict(context, incumbent.config, self.candidates),
-                                     incumbent.config)
+        prediction = self._with_known(self._corrected(
+            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent)
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
-        hopeful = sum(1 for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                      if c != incumbent.config and mu < 0 and mu - self.p.kappa * sd < gate)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
-        self.trials_planned = min(self.p.max_trials, hopeful)
-        if not hopeful:
-            self._finish("no candidate is predicted to beat it")
+        paying, _best = self._paying(incumbent, [(c, float(mu), float(sd)) for c, mu, sd in zip(
+            prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config])
+        self.trials_planned = min(self.p.max_trials, len(paying))
+        if not paying:
+            self._finish(self._none_pays(_best))
             return
         self._next_trial()
+
+    def _horizon_steps(self, step_s: float) -> float:
+        """Steps the winner of a search is expected to be held: the context's expected remaining
+        lifetime (memoryless changes: the mean lifetime, from this job's own changes and
+        `context_prior_s`), in steps of `step_s`."""
+        elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
+        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment + 1)
+        return lifetime_s / max(step_s, 1e-6)
+
+    def _paying(self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
+                ) -> tuple[list[_Valued], _Valued | None]:
+        """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
+        (trial_value), best value first; and the best of all (for the reason when none pays)."""
+        horizon = self._horizon_steps(reference.median_s)
+        trial = self.p.transition_steps + self._window(self.p.trial_steps, self.p.trial_window_s)
+        cut = self.p.transition_steps + self.p.min_trial_steps
+        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.p.min_gain,
+                                             self.p.clearly_worse)) for c, mu, sd in scored),
+                        key=lambda t: -t[2].value_steps)
+        paying = [t for t in valued if t[2].pays]
+        best = max(valued, key=lambda t: t[2].win_probability, default=None)
+        return paying, best
+
+    def _none_pays(self, best: _Valued | None) -> str:
+        if best is None:
+            return "no candidate left to try"
+        config, mu, value = best
+        return (f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
+                f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
+                f"{100 * value.win_probability:.0f}% likely to win")
 
     def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
         confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
@@ -315,21 +463,28 @@ class JobTuner:
         if not untried or len(self.trials) >= self.p.max_trials:
             self._finish("")
             return
+        if reference is not incumbent and self._held_before(reference):
+            # An earlier job of this shape searched this context and held this configuration:
+            # what it tried from here is in its windows, and this job measured the same winner.
+            self._finish("")
+            return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
         prediction = self._corrected(self.predictor.predict(context, reference.config,
                                                             untried + [t.config for t in others]), reference.config)
+        prediction = self._with_known(prediction, reference, len(untried))
         residuals = [(t.log_median - reference.log_median) - float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        gate = -math.log1p(self.p.min_gain)
-        scored = sorted(((c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-                         zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])
-                         if mu < 0), key=lambda t: t[1] - self.p.kappa * t[2])
-        if not scored or scored[0][1] - self.p.kappa * scored[0][2] >= gate:
-            self._finish("")
+        paying, best = self._paying(reference, [
+            (c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+            zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])])
+        if not paying:
+            self._finish("" if self.trials else self._none_pays(best))
             return
-        config, mu, _sd = scored[0]
+        # What an earlier search in this context ended holding is tried first (its measurement is
+        # the surest gain; if it wins again, that search's trials from it need not be repeated).
+        config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
         predicted = reference.median_s * math.exp(mu)
@@ -579,6 +734,14 @@ class JobTuner:
             return
         held, incumbent = self.held, self.incumbent
         assert held is not None and incumbent is not None
+        if held.config == incumbent.config and self.retune_reason:
+            # A new context in which nothing is worth switching to: say so, and why, at once.
+            reason = self.retune_reason
+            head = (f"no headroom after {reason.removeprefix('re-tuning after ')}"
+                    if reason.startswith("re-tuning after ") else f"no headroom ({reason})")
+            self._set("no headroom", f"{head}: {describe(held.config)} stays"
+                                     f"{f' ({why})' if why else ': no trial beat it'}")
+            return
         if held.config == incumbent.config:
             gain = "no candidate beat it"
         else:
@@ -695,6 +858,81 @@ class JobTuner:
             if candidate != reference:
                 mean[i] += correction(candidate) - base
         return Prediction(prediction.candidates, mean, prediction.std)
+
+    def _with_known(self, prediction: Prediction, reference: _Measured, first: int | None = None) -> Prediction:
+        """The predictions of the first `first` candidates (all by default) combined with what
+        earlier jobs of this shape measured in the same context (module docstring)."""
+        measured = self._known_ratios(reference)
+        if not measured:
+            return prediction
+        mean, std = prediction.mean.copy(), prediction.std.copy()
+        # The model's error on this shape, where the earlier jobs measured what it predicts: its
+        # bias (the mean residual, shrunk by one pseudo-observation of 0) moves the candidates
+        # nobody measured, and what is left of the residuals widens its spread (alone, the spread
+        # would let a model that is wrong here outweigh a measurement).
+        residuals = [measured[c][0] - float(mu) for c, mu in zip(prediction.candidates, prediction.mean)
+                     if c in measured and c != reference.config]
+        bias = sum(residuals) / (len(residuals) + 1)
+        error2 = statistics.mean((r - bias) ** 2 for r in residuals) if residuals else 0.0
+        for i, candidate in enumerate(prediction.candidates[:first]):
+            if candidate == reference.config:
+                continue
+            std[i] = math.sqrt(float(std[i]) ** 2 + error2)
+            if candidate not in measured:
+                mean[i] += bias
+                continue
+            ratio, se = measured[candidate]
+            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se ** 2
+            mean[i] = (w_model * float(mean[i]) + w_known * ratio) / (w_model + w_known)
+            std[i] = math.sqrt(1 / (w_model + w_known))
+        return Prediction(prediction.candidates, mean, std)
+
+    def _held_before(self, reference: _Measured) -> bool:
+        """An earlier job of this shape held `reference`'s configuration after a search in the same
+        context (module docstring)."""
+        if not self.known_held:
+            return False
+        now = summarize(reference.samples, self.shape)
+        return any((job, segment, reference.config) in self.known_held
+                   and _same_context(windows[reference.config].context, now)
+                   for (job, segment), windows in self.known.items())
+
+    def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
+        """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
+        over the earlier jobs' context segments that measured, in this context, the reference or
+        another configuration this search measured (an anchor: the ratio is chained through it,
+        past candidate/anchor + this job's anchor/reference)."""
+        if not self.known:
+            return {}
+        anchors = [reference] + [m for m in [self.incumbent, *self.trials]
+                                 if m is not None and not m.cut and m.config != reference.config]
+        contexts = {id(m): summarize(m.samples, self.shape) for m in anchors}
+        ratios: dict[Config, list[tuple[float, float]]] = {}
+        self.known_winners = set()
+        for (job, segment), windows in self.known.items():
+            anchor = next((m for m in anchors if m.config in windows
+                           and _same_context(windows[m.config].context, contexts[id(m)])), None)
+            if anchor is None:
+                continue
+            self.known_winners |= {c for c in windows if (job, segment, c) in self.known_held}
+            past = windows[anchor.config]
+            # this job's anchor against its reference (0 when the anchor is the reference)
+            offset = anchor.log_median - reference.log_median
+            offset_se2 = 0.0 if anchor is reference else (1.253 * self.sigma) ** 2 * (
+                1 / len(anchor.samples) + 1 / len(reference.samples))
+            for config, window in windows.items():
+                if config in (anchor.config, reference.config):
+                    continue
+                se2 = (1.253 * self.sigma) ** 2 * (1 / max(1, window.samples) + 1 / max(1, past.samples))
+                ratios.setdefault(config, []).append(
+                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2))
+        out = {}
+        for config, values in ratios.items():
+            logs = [v for v, _ in values]
+            spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread ** 2)
+            out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
+        return out
 
     def _window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
