@@ -46,6 +46,7 @@ from benchmarks.step_breakdown import (
     Wait,
     first_partitions,
     issue_skew,
+    last_ready_skew,
     link_steps,
     median_of,
     merge_ranks,
@@ -55,7 +56,7 @@ from benchmarks.step_breakdown import (
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BATCH = {"mlp": 512, "vgg": 64, "resnet50": 16, "transformer": 16}
-PROBES = ("ddp", "compute", "comm")
+PROBES = ("ddp", "compute", "comm", "lat:1MiB", "lat:4MiB")  # lat: back-to-back all-reduces
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -160,7 +161,7 @@ class Profiler:
         if kind == "sched":
             sched.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
         for _ in range(args.warmup):
-            if kind == "comm":
+            if kind in ("comm", "lat"):
                 trainer._step(config)
             else:
                 self._marked_step(kind)
@@ -174,12 +175,13 @@ class Profiler:
             engine.take_trace()
         self.waits.clear()
         self.applies.clear()
+        trainer.collective_spans.clear()
         times_before = thread_times()
         marks: list[StepMarks] = []
         starts = []
         for _ in range(args.steps):
             starts.append(time.perf_counter())
-            if kind == "comm":
+            if kind in ("comm", "lat"):
                 trainer._step(config)
             else:
                 marks.append(self._marked_step(kind))
@@ -198,6 +200,8 @@ class Profiler:
             "marks": marks}
         if kind == "comm":
             result["buckets"] = len(trainer.comm_buffers)
+        if kind == "lat":
+            result["collective_s"] = statistics.median(trainer.collective_spans)
         if kind != "sched":
             return result
         result["hot_path"] = sched.hot_path
@@ -243,9 +247,20 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def fixed_cost(span_a: float, span_b: float, size_a: int, size_b: int) -> float:
+    """The size-independent part of one collective: the intercept of the line through two
+    (size, seconds per collective) points."""
+    slope = (span_b - span_a) / (size_b - size_a)
+    return span_a - slope * size_a
+
+
 def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
     """One segment's breakdown from both ranks' raw records (rank 0's view, rank 1's CPU)."""
     out: dict[str, Any] = {"step_s": r0["step_s"]}
+    mean_step = sum(r0["step_times_s"]) / len(r0["step_times_s"])
+    # the training thread's wall time per step = on a CPU + runnable but waiting + asleep (waits)
+    out["slept_training"] = (mean_step - r0["cpu_per_step_s"]["training"]
+                             - r0["runqueue_per_step_s"]["training"])
     for prefix, rec in (("cpu_", r0), ("cpu1_", r1)):
         if rec is None:
             continue
@@ -253,14 +268,18 @@ def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
             out[prefix + k] = v
         for k, v in rec["runqueue_per_step_s"].items():
             out[prefix.replace("cpu", "runq") + k] = v
-    if "buckets" in r0:
-        out["buckets"] = r0["buckets"]
+    for key in ("buckets", "collective_s"):
+        if key in r0:
+            out[key] = r0[key]
     marks = [StepMarks(*m) for m in r0["marks"]]
     waits = [Wait(*w) for w in r0.get("waits", [])]
-    if marks:
-        rows = training_steps(marks, waits)
+    for prefix, rec in (("", r0), ("r1_", r1)):
+        if rec is None or not rec["marks"]:
+            continue
+        rows = training_steps([StepMarks(*m) for m in rec["marks"]],
+                              [Wait(*w) for w in rec.get("waits", [])])
         for field in ("forward_s", "forward_wait_s", "backward_s", "step_call_s", "between_s"):
-            out[field] = median_of(rows, field)
+            out[prefix + field] = median_of(rows, field)
     if r0["kind"] != "sched":
         return out
     busy: dict[int, float] = {}
@@ -274,6 +293,8 @@ def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
     both = merge_ranks(t0, t1) if t1 else t0
     skew = issue_skew(t0, t1)
     out["issue_skew_s"] = statistics.median(skew) if skew else 0.0
+    skew = last_ready_skew(t0, t1)
+    out["last_ready_skew_s"] = statistics.median(skew) if skew else 0.0
     for name, transfers in (("link_", both), ("link0_", t0)):
         link = link_steps(transfers, marks)
         for field in ("collectives", "nbytes", "busy_s", "idle_inside_s", "boundary_stall_s",
@@ -304,6 +325,9 @@ def summarize(rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]) -> dict[
     bound = max(compute, comm)
     summary["bound"] = {"step_s": bound, "x_ddp": summary["ddp"]["step_s"] / bound,
                         "compute_s": compute, "comm_s": comm}
+    if "lat:1MiB" in summary and "lat:4MiB" in summary:
+        one, four = summary["lat:1MiB"]["collective_s"], summary["lat:4MiB"]["collective_s"]
+        summary["bound"]["collective_fixed_s"] = fixed_cost(one, four, 1 << 20, 4 << 20)
     return summary
 
 
@@ -313,27 +337,31 @@ def format_block(model: str, rate: str, summary: dict[str, Any], loads: tuple[st
         return f"{entry.get(key, 0.0) * 1e3:{width}.1f}"
 
     compute, comm = summary["compute"], summary["comm"]
-    rows = [(label, e) for label, e in summary.items() if label != "bound"]
+    rows = [(label, e) for label, e in summary.items() if label != "bound" and "lat:" not in label]
     lines = [(f"{model} @ {rate}  (load before {loads[0]}, after {loads[1]}; medians over rounds, "
              "ms per step)"),
              (f"{'configuration':<18} {'step':>6} {'xDDP':>5} {'fwd':>6} {'fwdwait':>7} {'bwd':>6} "
              f"{'step()':>6} {'updbusy':>7} | r0 CPU: {'train':>6} {'upd':>5} {'disp':>5} "
-             f"{'gloo':>5} {'total':>6} | r0 runq {'train':>5} | r1 CPU {'total':>6}")]
+             f"{'gloo':>5} {'total':>6} | r0 train {'runq':>5} {'slept':>5} | r1 CPU {'total':>6}")]
     for label, e in rows:
         lines.append(
             f"{label:<18} {ms(e, 'step_s', 6)} {e['x_ddp']:5.2f} {ms(e, 'forward_s', 6)} "
             f"{ms(e, 'forward_wait_s', 7)} {ms(e, 'backward_s', 6)} {ms(e, 'step_call_s', 6)} "
             f"{ms(e, 'update_busy_s', 7)} |         {ms(e, 'cpu_training', 6)} {ms(e, 'cpu_update', 5)} "
             f"{ms(e, 'cpu_dispatch', 5)} {ms(e, 'cpu_backend', 5)} {ms(e, 'cpu_total', 6)} |         "
-            f"{ms(e, 'runq_training', 5)} |        {ms(e, 'cpu1_total', 6)}")
+            f"   {ms(e, 'runq_training', 5)} {ms(e, 'slept_training', 5)} |        {ms(e, 'cpu1_total', 6)}")
     b = summary["bound"]
     lines.append(f"{'bound':<18} {b['step_s'] * 1e3:6.1f} {b['x_ddp']:5.2f}  (compute "
                  f"{b['compute_s'] * 1e3:.1f}, comm {b['comm_s'] * 1e3:.1f} in "
                  f"{comm.get('buckets', 0):.0f} buckets)")
+    if "collective_fixed_s" in b:
+        lat = [f"{label} {summary[label]['collective_s'] * 1e3:.2f}" for label in ("lat:1MiB", "lat:4MiB")]
+        lines.append(f"one collective alone, ms: {', '.join(lat)}; fixed (size-independent) part "
+                     f"{b['collective_fixed_s'] * 1e3:.2f}")
     lines += ["", "link (both ranks merged: a collective moves once both issued it)",
               (f"{'configuration':<18} {'colls':>5} {'busy':>6} {'busy-comm':>9} {'idle in':>7} "
               f"{'stall':>6} {'in fwd':>6} {'in bwd':>6} {'cycle':>6} {'r1-r0 issue':>11} "
-              f"{'busy r0 only':>12}")]
+              f"{'busy r0 only':>12} {'r1-r0 last ready':>16}")]
     for label, e in rows:
         if "link_busy_s" not in e:
             continue
@@ -342,7 +370,8 @@ def format_block(model: str, rate: str, summary: dict[str, Any], loads: tuple[st
             f"{label:<18} {e['link_collectives']:5.0f} {ms(e, 'link_busy_s', 6)} {ms(extra, 'x', 9)} "
             f"{ms(e, 'link_idle_inside_s', 7)} {ms(e, 'link_boundary_stall_s', 6)} "
             f"{ms(e, 'link_stall_in_forward_s', 6)} {ms(e, 'link_stall_in_backward_s', 6)} "
-            f"{ms(e, 'link_cycle_s', 6)} {ms(e, 'issue_skew_s', 11)} {ms(e, 'link0_busy_s', 12)}")
+            f"{ms(e, 'link_cycle_s', 6)} {ms(e, 'issue_skew_s', 11)} {ms(e, 'link0_busy_s', 12)} "
+            f"{ms(e, 'last_ready_skew_s', 16)}")
     lines += ["", "first partitions (those the next forward needs first)",
               (f"{'configuration':<18} {'queued':>6} {'flight':>6} {'after bwd':>9} {'1st wait':>8} "
               f"{'fwd wait':>8}")]
@@ -353,6 +382,12 @@ def format_block(model: str, rate: str, summary: dict[str, Any], loads: tuple[st
             f"{label:<18} {ms(e, 'first_ready_to_issue_s', 6)} {ms(e, 'first_issue_to_done_s', 6)} "
             f"{ms(e, 'first_done_after_backward_s', 9)} {ms(e, 'first_next_first_wait_s', 8)} "
             f"{ms(e, 'first_next_forward_wait_s', 8)}")
+    lines += ["", "rank 1's training thread",
+              f"{'configuration':<18} {'fwd':>6} {'fwdwait':>7} {'bwd':>6}"]
+    for label, e in rows:
+        if "r1_forward_s" in e:
+            lines.append(f"{label:<18} {ms(e, 'r1_forward_s', 6)} {ms(e, 'r1_forward_wait_s', 7)} "
+                         f"{ms(e, 'r1_backward_s', 6)}")
     lines.append(f"(compute probe: fwd {compute['forward_s'] * 1e3:.1f}, bwd "
                  f"{compute['backward_s'] * 1e3:.1f}, opt.step {compute['step_call_s'] * 1e3:.1f})")
     return "\n".join(lines)

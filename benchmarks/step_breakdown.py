@@ -99,6 +99,18 @@ def issue_skew(rank0: Sequence[Transfer], rank1: Sequence[Transfer]) -> list[flo
     return [t.t_issue - first[k] for t in rank1 if (k := (t.step, t.start, t.length)) in first]
 
 
+def last_ready_skew(rank0: Sequence[Transfer], rank1: Sequence[Transfer]) -> list[float]:
+    """Per step, rank 1's last gradient ready minus rank 0's (> 0: rank 1's backward ended later);
+    a collective moves only once both ranks have it, so this is how long rank 0 waits for rank 1."""
+    def last(transfers: Sequence[Transfer]) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for t in transfers:
+            out[t.step] = max(out.get(t.step, t.t_ready), t.t_ready)
+        return out
+    a, b = last(rank0), last(rank1)
+    return [b[s] - a[s] for s in sorted(a) if s in b]
+
+
 def overlap(a: float, b: float, c: float, d: float) -> float:
     """Length of [a, b] ∩ [c, d]."""
     return max(0.0, min(b, d) - max(a, c))

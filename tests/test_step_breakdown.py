@@ -9,6 +9,7 @@ from benchmarks.step_breakdown import (
     Wait,
     first_partitions,
     issue_skew,
+    last_ready_skew,
     link_steps,
     merge,
     merge_ranks,
@@ -58,6 +59,8 @@ def test_merged_ranks_move_at_the_later_issue_and_done():
     assert [(t.step, t.start, t.t_issue, t.t_done) for t in merged] == [(0, 0, 1.4, 2.1),
                                                                           (0, 10, 1.1, 2.5)]
     assert issue_skew(rank0, rank1) == pytest.approx([0.4, -0.1])
+    late1 = [_t(0, 0, 1.0, 2.0, t_ready=0.9), _t(0, 10, 1.3, 2.0, t_ready=1.25)]
+    assert last_ready_skew(rank0, late1) == pytest.approx([0.15])  # rank 0's last ready: 1.1
 
 
 def test_first_partitions_are_those_reaching_the_first_parameter():
@@ -105,3 +108,10 @@ def test_thread_kinds_and_times_per_step():
     assert cpu == pytest.approx({"training": 2.5e-3, "update": 1e-3, "dispatch": 0.5e-3,
                                  "backend": 0.5e-3, "total": 4.5e-3})
     assert time_by_kind(before, after, 2, "runqueue_ns")["training"] == pytest.approx(1e-3)
+
+
+def test_fixed_cost_is_the_intercept_of_two_sizes():
+    from benchmarks.profile_step import fixed_cost
+
+    # 0.4 ms fixed + 8 ms per MiB
+    assert fixed_cost(0.0084, 0.0324, 1 << 20, 4 << 20) == pytest.approx(0.0004)
