@@ -229,7 +229,7 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
     job.run(tuner, sink, 400)
     assert not [d for d in sink.decisions if d.kind == "switch"]
     confirms = [d for d in sink.decisions if d.reason.startswith("confirm")]
-    assert confirms and any(s.detail.endswith("(during the search): measuring 4MiB/16MiB") for s in sink.statuses
+    assert confirms and any(s.detail.endswith(", during the search: measuring 4MiB/16MiB") for s in sink.statuses
                             if s.state == "re-tuning")
 
 

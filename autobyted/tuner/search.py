@@ -665,7 +665,7 @@ class JobTuner:
             self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
         self.search_errors = []
         if self.aborts < self.p.max_aborts:
-            self._rebaseline(f"re-tuning after {moved.reason} (during the search)", new_segment=True,
+            self._rebaseline(f"re-tuning after {moved.reason}, during the search", new_segment=True,
                              steps=self.p.rebaseline_steps)
             return
         self._hold(in_effect, watch_reference=in_effect.samples)
