@@ -121,7 +121,17 @@ def test_resume_says_what_comes_next_not_the_old_pause(db_url):
         second.stop()
 
 
-def test_history_shows_decisions_first_and_steps_on_request(thread_daemon):
+def test_history_shows_decisions_first_and_steps_on_request(db_url):
+    # the tuner off: with 30 steps stored it may decide a trial of its own before the operator's
+    # proposal pauses it, and this test counts the decisions it made itself
+    thread_daemon = ThreadDaemon(db_url, tuner="off").start()
+    try:
+        _history_shows_decisions_first(thread_daemon)
+    finally:
+        thread_daemon.stop()
+
+
+def _history_shows_decisions_first(thread_daemon) -> None:
     client = Client(thread_daemon.address)
     session = client.register(job="h").session_id
     client.stream([batch(session, range(1, 31), job="h")])
