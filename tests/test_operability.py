@@ -153,15 +153,21 @@ def test_large_requests_do_not_block_the_event_loop(db_url, caplog):
         caplog.clear()
         # and only the daemon's own objects: everything earlier tests left in this process (torch,
         # xgboost, their objects) is moved out of the collector's reach, or a full collection that
-        # happens to fall on the loop thread walks the whole test session's heap (0.4-0.5 s seen)
+        # happens to fall on the loop thread walks the whole test session's heap (0.4-0.5 s seen).
+        # The collector stays off while the requests run: this process also holds the test's own
+        # 100k-object copies (the inline validation, the client's History), and a collection they
+        # trigger on any thread holds the GIL and stalls the loop (0.475 s seen in a decision poll's
+        # return from sleep, in a clean-clone CI run) without the daemon doing any work inline
         gc.collect()
         gc.freeze()
+        gc.disable()
         with caplog.at_level(logging.WARNING, logger="asyncio"):
             assert client.stream([big]) == [100_000]
             history = client.query.History(pb.HistoryRequest(job="job", limit=100_000), timeout=60)
         assert len(history.steps) == 100_000
         del validated
     finally:
+        gc.enable()
         gc.unfreeze()
         client.close()
         daemon.stop()
