@@ -209,6 +209,8 @@ def test_windows_and_models(store):
     assert [(w.job, w.segment, w.samples) for w in store.windows()] == [("a", 0, 20), ("b", 2, 15)]
     assert [w.job for w in store.windows(after_window_id=first)] == ["b"]
     assert [w.job for w in store.windows(limit=1, newest=True)] == ["b"]
+    # a new tuner of a job numbers its segments past the stored ones (two runs of one job name)
+    assert (store.next_window_segment("a"), store.next_window_segment("b"), store.next_window_segment("c")) == (1, 3, 0)
     assert store.latest_model() is None
     for index in range(5):
         store.save_model("online", bytes([index]) * 10, examples=index, keep=3)

@@ -335,6 +335,25 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
                     known=first_sink.windows).known == {}
 
 
+def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
+    """A script run twice under one job name: the second run's tuner numbers its segments past the
+    first run's (the manager passes storage.next_window_segment), so the predictor never pairs a
+    window of one run with one of the other, and the first run counts as an earlier job."""
+    predictor = predictor_for(BEST, 0.3)
+    first, first_sink = make(predictor)
+    ScriptedJob(better(BEST, 0.3), seed=1).run(first, first_sink, 400)
+    segments = {w.segment for w in first_sink.windows}
+    assert first.phase == "holding" and segments
+    as_before = JobTuner("job", SHAPE, predictor, MemorySink("job"), known=first_sink.windows)
+    assert as_before.known == {}  # the same segments: its own, not an earlier run's
+    again_sink = MemorySink("job")
+    again = JobTuner("job", SHAPE, predictor, again_sink, known=first_sink.windows, first_segment=max(segments) + 1)
+    assert ("job", 0, BEST) in again.known_held
+    ScriptedJob(better(BEST, 0.3), seed=2).run(again, again_sink, 400)
+    assert again_sink.windows and {w.segment for w in again_sink.windows}.isdisjoint(segments)
+    assert [d.config for d in again_sink.decisions if d.kind == "trial"] == [BEST]
+
+
 def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_wins_again():
     predictor = predictor_for(BEST, 0.3)
     first, first_sink = make(predictor)

@@ -107,6 +107,12 @@ class BaseStorage(abc.ABC):
         or (newest=True) the last `limit`."""
 
     @abc.abstractmethod
+    def next_window_segment(self, job: str) -> int:
+        """One past the highest context segment of the job's stored windows (0 when it has none):
+        where a new tuner of the job starts numbering, so that two runs of one job name never share
+        a segment."""
+
+    @abc.abstractmethod
     def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
         """Store a trained predictor; only the newest `keep` are kept."""
 

@@ -581,6 +581,12 @@ class SqlStorage(BaseStorage):
                                  samples=w.samples, context=w.context, created_at_s=w.created_at, window_id=w.id)
                     for w, name in rows]
 
+    def next_window_segment(self, job: str) -> int:
+        with self._scope() as session:
+            top = session.scalar(sa.select(sa.func.max(m.TunerWindow.segment))
+                                 .join(m.Job, m.Job.id == m.TunerWindow.job_id).where(m.Job.name == job))
+            return 0 if top is None else int(top) + 1
+
     def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
         with self._scope() as session:
             row = m.PredictorModel(created_at=time.time(), kind=kind, examples=examples, model=model, note=note)

@@ -346,7 +346,8 @@ class TunerManager:
         shape = JobShape.from_info(info)
         # What earlier jobs of this shape measured (the search uses it where the context matches).
         known = [w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape == shape]
-        tuner = JobTuner(job, shape, self.predictor, sink, self.mode, self.params, known=known)
+        tuner = JobTuner(job, shape, self.predictor, sink, self.mode, self.params, known=known,
+                         first_segment=self.storage.next_window_segment(job))
         # A job that registered while this tuner runs and that no tuner has looked at yet is read
         # from its first sample; one that was running before (a daemon restart, a job the tuner let
         # go as idle, a job taken over from another daemon) from its newest: it is measured afresh,

@@ -212,15 +212,19 @@ class JobTuner:
     by tuner.ranks.merge_ranks) in step order with `observe`."""
 
     def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams(), known: Sequence[Window] = ()) -> None:
+                 params: TunerParams = TunerParams(), known: Sequence[Window] = (), first_segment: int = 0) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
-        # Earlier jobs' windows of this shape, by (job, segment) (module docstring).
+        # Earlier jobs' windows of this shape, by (job, segment) (module docstring). The segments of
+        # this run are numbered from `first_segment` on (the manager passes one past the job's stored
+        # ones): a job name used again (a script run twice) keeps its runs apart, in the predictor's
+        # pairs and here, where its earlier runs count as earlier jobs.
         self.known: dict[tuple[str, int], dict[Config, Window]] = {}
         self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
         self.known_winners: set[Config] = set()  # those of segments in this context (_known_ratios)
         for window in known:
-            if window.context.shape == shape and window.job != job and window.step_time_s > 0:
+            earlier = window.job != job or window.segment < first_segment
+            if window.context.shape == shape and earlier and window.step_time_s > 0:
                 key = (window.job, window.segment)
                 if window.config in self.known.get(key, {}):
                     # A second window of a configuration in one segment is the verification of a
@@ -230,7 +234,7 @@ class JobTuner:
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
-        self.segment = 0
+        self.first_segment = self.segment = first_segment
         self.config: Config | None = None  # in effect, from the newest sample
         self.decision_in_effect: int | None = None
         self.newest_step = -1
@@ -402,7 +406,7 @@ class JobTuner:
         lifetime (memoryless changes: the mean lifetime, from this job's own changes and
         `context_prior_s`), in steps of `step_s`."""
         elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
-        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment + 1)
+        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment - self.first_segment + 1)
         return lifetime_s / max(step_s, 1e-6)
 
     def _paying(self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
