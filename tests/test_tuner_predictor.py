@@ -19,7 +19,8 @@ from tests.helpers.tuner import SHAPE, START, sample
 @pytest.mark.slow  # heavy in-process work: retrains the shipped prior from the simulator (~25 s)
 def test_the_shipped_prior_is_what_its_script_makes():
     """Regenerates the prior with simulator/train_prior.py (fixed seeds, ~10-20 s here): the
-    simulated training data is identical and so are the predictions."""
+    training data (simulated, plus the checked-in real windows) is identical and so are the
+    predictions."""
     from simulator import train_prior
 
     shipped = load_prior()
@@ -27,7 +28,9 @@ def test_the_shipped_prior_is_what_its_script_makes():
     assert regenerated.meta["data_digest"] == shipped.meta["data_digest"]
     rows = train_prior.probe_rows()
     assert np.max(np.abs(regenerated.predict(rows)[0] - shipped.predict(rows)[0])) < 1e-6
-    assert shipped.meta["kind"] == "prior" and shipped.meta["jobs"] == train_prior.CONTEXTS
+    real_blocks = {w.job for w in train_prior.default_real_windows()}
+    assert real_blocks, "the prior is trained on the checked-in testbed windows too"
+    assert shipped.meta["kind"] == "prior" and shipped.meta["jobs"] == train_prior.CONTEXTS + len(real_blocks)
 
 
 def test_file_format_round_trip_and_refusals():

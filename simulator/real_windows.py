@@ -1,0 +1,69 @@
+"""Windows measured on real processes (the testbed), read from the dataset
+`benchmarks/calibration/real-windows.json` that `benchmarks/record_windows.py` records: one block
+per (model, condition), every candidate configuration of the tuner's grid in every round, with rank
+0's own StepMetrics of every measured step (what its reporter streams and the daemon stores).
+
+`real_windows()` turns the dataset into the predictor's `Window`s: one per (block, round,
+configuration); the job is the block (the bootstrap unit of the ensemble) and the segment is the
+round, so training pairs are formed only between configurations measured in the same round
+(closest in time, same condition).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from autobyte.types import Config, StepMetrics
+
+from autobyted.tuner.features import JobShape, summarize
+from autobyted.tuner.predictor import Window
+
+FORMAT = "autobyte real windows v1"
+DATASET_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "calibration" / "real-windows.json"
+_FIELDS = {f.name for f in dataclasses.fields(StepMetrics)} - {"config"}
+
+
+def metrics_from_dict(record: dict[str, Any]) -> StepMetrics:
+    config = record.get("config") or {}
+    return StepMetrics(**{k: v for k, v in record.items() if k in _FIELDS},
+                       config=Config(config.get("partition_bytes"), config.get("credit_bytes")))
+
+
+def block_job(block: dict[str, Any]) -> str:
+    return f"real:{block['model']}:{block['condition']}:{block.get('commit', '')}"
+
+
+def block_windows(block: dict[str, Any]) -> list[Window]:
+    shape = JobShape(**block["shape"])
+    job = block_job(block)
+    out = []
+    for item in block["windows"]:
+        samples = [metrics_from_dict(m) for m in item["metrics"]]
+        if not samples:
+            continue
+        step = statistics.median(s.step_time_s for s in samples)
+        out.append(Window(job, int(item["round"]), Config(*item["config"]), summarize(samples, shape), step,
+                          len(samples), 0.0))
+    return out
+
+
+def load_dataset(path: pathlib.Path = DATASET_PATH) -> dict[str, Any]:
+    data = json.loads(pathlib.Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a real-windows dataset (format {data.get('format')!r})")
+    return data
+
+
+def real_windows(path: pathlib.Path = DATASET_PATH,
+                 exclude: Callable[[dict[str, Any]], bool] | None = None) -> list[Window]:
+    """Every block's Windows; `exclude(block)` leaves blocks out (a held-out model or condition)."""
+    windows: list[Window] = []
+    for block in load_dataset(path)["blocks"]:
+        if exclude is None or not exclude(block):
+            windows += block_windows(block)
+    return windows
