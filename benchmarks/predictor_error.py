@@ -43,10 +43,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def kendall(a: Sequence[float], b: Sequence[float]) -> float:
-    from scipy.stats import kendalltau
+    from benchmarks.calibrate_map import kendall_tau
 
-    value = kendalltau(a, b).statistic
-    return float(value) if value == value else 0.0
+    return kendall_tau(dict(enumerate(a)), dict(enumerate(b)))
 
 
 def _groups(windows: Sequence[Any]) -> dict[tuple[str, int], dict[Config, Any]]:
@@ -134,7 +133,8 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
     before_priors: dict[tuple[str, ...], Any] = {}
     results: dict[str, Any] = {"dataset": str(dataset), "blocks": len(blocks),
                                "chunks": data.get("chunks", []), "shares": list(shares), "folds": []}
-    all_windows = [w for b in blocks for w in block_windows(b)]
+    per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
+    all_windows = [w for windows in per_block for w in windows]
     results["noise_floor"] = noise_floor(all_windows)
     for kind, name, held_out in folds(blocks):
         started = time.perf_counter()
@@ -142,8 +142,8 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
         if exclude not in simulated:
             simulated[exclude] = train_prior.generate_windows(train_prior.SEED, exclude=exclude)
             before_priors[exclude] = train_prior.train(exclude=exclude, real=[], simulated=simulated[exclude])
-        test = [w for b in blocks if held_out(b) for w in block_windows(b)]
-        train = [w for b in blocks if not held_out(b) for w in block_windows(b)]
+        test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
+        train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
         fold = {"kind": kind, "left_out": name, "test_windows": len(test), "train_windows": len(train),
                 "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT), "after": {}}
         for share in shares:

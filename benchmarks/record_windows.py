@@ -3,7 +3,7 @@ testbed through the real scheduler, with each rank's own StepMetrics (what its r
 the daemon stores), per (model, condition) block.
 
     python -m benchmarks.record_windows --models mlp,vgg,resnet,transformer \\
-        --conditions quiet rate=10gbit rate=300mbit --rounds 2 --steps 6 --warmup 2 \\
+        --conditions quiet rate=10gbit rate=300mbit cpu1=0.5 --rounds 2 --steps 5 --warmup 2 \\
         --out benchmarks/calibration/real-windows.json          # appends its blocks
 
 A block runs, in one training process per rank on a fresh testbed with the condition applied
@@ -29,13 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autobyte.types import Config
-
-from benchmarks.bench_conditions import MODELS, REPO, Condition, _commit, _load, _save, model_spec, worker_command
+from benchmarks.bench_conditions import MODELS, REPO, Condition, _commit, _save, model_spec, worker_command
 from benchmarks.host import load_average
+from benchmarks.train_worker import RunConfig
 from simulator.real_windows import DATASET_PATH as DEFAULT_OUT
-from simulator.real_windows import FORMAT
-
+from simulator.real_windows import FORMAT, load_dataset
 
 
 def model_shape(builder: str, model_args: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -51,17 +49,11 @@ def model_shape(builder: str, model_args: dict[str, Any], world_size: int) -> di
     return dataclasses.asdict(JobShape.from_fingerprint(world_size, "gloo", fingerprint))
 
 
-def config_label(config: Config) -> str:
-    def size(value: int | None) -> str:
-        return "none" if value is None else f"{value}"
-    return f"sched:{size(config.partition_bytes)},{size(config.credit_bytes)}"
-
-
 def grid_labels(shape: dict[str, Any]) -> list[str]:
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.grid import candidate_grid
 
-    return [config_label(c) for c in candidate_grid(JobShape(**shape))]
+    return [RunConfig("sched", c.partition_bytes, c.credit_bytes).label for c in candidate_grid(JobShape(**shape))]
 
 
 def measure_block(model: str, condition: Condition, args: argparse.Namespace) -> dict[str, Any]:
@@ -136,12 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load_or_new(path: Path) -> dict[str, Any]:
-    if path.exists():
-        data = _load(path)
-        if data.get("format") != FORMAT:
-            raise SystemExit(f"{path}: not a real-windows dataset")
-        return data
-    return {"format": FORMAT, "chunks": [], "blocks": []}
+    try:
+        return load_dataset(path) if path.exists() else {"format": FORMAT, "chunks": [], "blocks": []}
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 if __name__ == "__main__":

@@ -28,14 +28,14 @@ _INCUMBENT = re.compile(r"faster than (\S+)")
 
 
 def _label(config: str) -> str:
-    """'sched:4194304,16777216' or '4MiB/16MiB' -> '4MiB/16MiB' (the decisions' spelling)."""
+    """'sched:4MiB,16MiB' (the worker's spelling) or '4MiB/16MiB' -> '4MiB/16MiB' (the decisions')."""
     from autobyte.types import Config
     from autobyted.tuner.grid import describe
-    from benchmarks.testbed import parse_size
+    from benchmarks.train_worker import RunConfig
 
     if config.startswith("sched:"):
-        p, c = config.split(":", 1)[1].split(",")
-        return describe(Config(None if p == "none" else parse_size(p), None if c == "none" else parse_size(c)))
+        run = RunConfig.parse(config)
+        return describe(Config(run.partition_bytes, run.credit_bytes))
     return config
 
 
