@@ -173,8 +173,8 @@ def _testbed_label(config: RunConfig) -> str:
     from simulator.engine import DDPConfig
     if isinstance(config, DDPConfig):
         return "ddp"
-    from autobyte.types import format_bytes
-    return f"sched:{format_bytes(config.partition_bytes, 'none')},{format_bytes(config.credit_bytes, 'none')}"
+    from benchmarks.train_worker import RunConfig as WorkerConfig
+    return WorkerConfig("sched", config.partition_bytes, config.credit_bytes, config.tail_bytes).label
 
 
 @dataclasses.dataclass

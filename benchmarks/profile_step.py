@@ -176,7 +176,8 @@ class Profiler:
         sched = trainer.sched
         trainer._quiesce()
         if kind == "sched":
-            sched.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+            sched.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
+                              tail_bytes=config.tail_bytes)
         for _ in range(args.warmup):
             if kind in ("comm", "lat"):
                 trainer._step(config)

@@ -6,6 +6,7 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
     ddp              DistributedDataParallel with default buckets (25 MiB)
     sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
+    sched:P,C,T      the same with tail_bytes=T (the tail window, issue 20)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -87,6 +88,7 @@ class RunConfig:
     kind: str  # ddp | sched | shared | compute | comm | lat | latc (partition: the probe's size)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
+    tail_bytes: int | None = None  # sched:P,C,T: the tail window (issue 20); absent = none
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
@@ -103,9 +105,9 @@ class RunConfig:
         if kind in SCHED_KINDS:
             from autobyte.types import parse_bytes
             parts = rest.split(",")
-            if len(parts) != 2:
-                raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT")
-            return cls(kind, parse_bytes(parts[0]), parse_bytes(parts[1]))
+            if len(parts) not in (2, 3):
+                raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT[,TAIL]")
+            return cls(kind, *(parse_bytes(part) for part in parts))
         raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm, lat or sched:P,C "
                          "(or shared:P,C / py:P,C)")
 
@@ -119,7 +121,8 @@ class RunConfig:
             return self.kind
         from autobyte.types import format_bytes
         partition = format_bytes(self.partition_bytes, "none")
-        return f"{self.kind}:{partition},{format_bytes(self.credit_bytes, 'none')}"
+        tail = "" if self.tail_bytes is None else f",{format_bytes(self.tail_bytes)}"
+        return f"{self.kind}:{partition},{format_bytes(self.credit_bytes, 'none')}{tail}"
 
 
 @dataclasses.dataclass
@@ -279,14 +282,15 @@ class Trainer:
                 request = json.loads(line)
                 # An omitted key keeps its value; null means none / unlimited.
                 config = self.sched.reconfigure(**{k: request[k] for k in
-                                                   ("partition_bytes", "credit_bytes")
+                                                   ("partition_bytes", "credit_bytes", "tail_bytes")
                                                    if k in request})
             except (ValueError, TypeError, AttributeError) as error:  # training goes on
                 emit({"event": "reconfigure_rejected", "step": self.global_step,
                       "request": line, "error": str(error)})
                 continue
             emit({"event": "reconfigure", "step": self.global_step,
-                  "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes})
+                  "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes,
+                  "tail_bytes": config.tail_bytes})
 
     def _should_stop(self) -> bool:
         """Collective: whether rank 0's --max-seconds deadline has passed (False without one)."""
@@ -313,7 +317,7 @@ class Trainer:
                 raise RuntimeError(f"a {config.kind}: configuration needs autobyte.scheduler")
             self._use(config.kind)
             self.sched.reconfigure(partition_bytes=config.partition_bytes,
-                                   credit_bytes=config.credit_bytes)
+                                   credit_bytes=config.credit_bytes, tail_bytes=config.tail_bytes)
         for _ in range(segment.warmup):
             self._step(config)
             self.global_step += 1
@@ -338,7 +342,7 @@ class Trainer:
                 label = config.label
                 if scheduled:  # the configuration in effect, under --control too
                     label = RunConfig(config.kind, self.sched.config.partition_bytes,
-                                      self.sched.config.credit_bytes).label
+                                      self.sched.config.credit_bytes, self.sched.config.tail_bytes).label
                 emit({"event": "step", "step": self.global_step, "config": label,
                       "step_time_s": marks[-1] - marks[-2], "t": time.time()})
         if self.stopped and scheduled:
@@ -357,7 +361,7 @@ class Trainer:
             "event": "result", "rank": self.rank, "segment": index, "round": segment.round,
             "config": config.label, "kind": config.kind,
             "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes,
-            "steps": segment.steps, "step_times_s": step_times,
+            "tail_bytes": config.tail_bytes, "steps": segment.steps, "step_times_s": step_times,
             "median_step_s": statistics.median(step_times) if step_times else None,
             "exposed_comm_s": statistics.median(exposed) if exposed else None,
             "first_step": self.global_step - len(step_times),

@@ -49,10 +49,11 @@ namespace py = pybind11;
 namespace {
 
 // Bumped whenever the Python <-> C++ interface changes: a stale build is refused, not misused.
-constexpr int kInterfaceVersion = 1;
+constexpr int kInterfaceVersion = 2;
 
 // Configurations cross the Python <-> C++ boundary as int64 with any negative value meaning None
-// (no partitioning / unlimited credit): autobyte.types.config_to_ints / NO_LIMIT_BYTES. Read only here.
+// (no partitioning / unlimited credit / no tail window): autobyte.types.config_to_ints / NO_LIMIT_BYTES.
+// Read only here.
 inline bool is_unlimited(int64_t bytes) { return bytes < 0; }
 
 // Collective-order frames: int64 little-endian, as order_channel.py's struct "<196q".
@@ -100,6 +101,8 @@ struct Plan {
   std::shared_ptr<PlanTemplate> tpl;
   std::vector<int32_t> remaining;
   int64_t left = 0;
+  int64_t unready = 0;  // elements whose gradient of this step is not yet ready
+  int64_t tail = 0;     // the tail window in elements (0: none): autobyte.types.Config.tail_bytes
 };
 
 struct Ready {
@@ -121,7 +124,7 @@ struct Issue {
 
 struct DispatchEvent {
   enum Kind { Grad, Credit, Boundary, Stop } kind;
-  int64_t step = 0, a = 0, b = 0, c = 0;  // Grad: a=param; Credit: a=nbytes; Boundary: a,b,c=pb,cb,id
+  int64_t step = 0, a = 0, b = 0, c = 0, d = 0;  // Grad: a=param; Credit: a=nbytes; Boundary: a,b,c,d=pb,cb,id,tb
 };
 
 struct StepStat {
@@ -131,7 +134,7 @@ struct StepStat {
 
 struct UpdateEvent {
   int kind;
-  int64_t step = 0, a = 0, b = 0, c = 0;
+  int64_t step = 0, a = 0, b = 0, c = 0, d = 0;
   std::vector<int64_t> params;
   std::string message;
 };
@@ -232,11 +235,13 @@ struct State : std::enable_shared_from_this<State> {
     return t;
   }
 
-  Plan new_plan(int64_t partition_bytes) {
+  Plan new_plan(int64_t partition_bytes, int64_t tail_bytes) {
     Plan p;
     p.tpl = plan_template(partition_bytes);
     p.remaining = p.tpl->counts;
     p.left = int64_t(p.tpl->starts.size());
+    p.unready = total;
+    p.tail = is_unlimited(tail_bytes) ? 0 : std::max<int64_t>(1, tail_bytes / elem);
     return p;
   }
 
@@ -286,13 +291,14 @@ struct State : std::enable_shared_from_this<State> {
     send_ns += mono_ns() - t0;
   }
 
-  void send_config(int64_t step, int64_t pb, int64_t cb, int64_t decision_id) {
+  void send_config(int64_t step, int64_t pb, int64_t cb, int64_t decision_id, int64_t tb) {
     int64_t frame[kMsgLen] = {0};
     frame[0] = kMsgConfig;
     frame[1] = step;
     frame[3] = decision_id;
     frame[4] = pb;
     frame[5] = cb;
+    frame[6] = tb;
     write_frame(frame);
   }
 
@@ -414,12 +420,13 @@ struct State : std::enable_shared_from_this<State> {
     tcv.notify_all();
   }
 
-  void leader_loop(int64_t start_step, int64_t pb, int64_t cb, int64_t decision_id) {
+  void leader_loop(int64_t start_step, int64_t pb, int64_t cb, int64_t decision_id, int64_t tb) {
     bool followers = !follower_fds.empty();
     std::map<int64_t, Plan> plans;
-    plans[start_step] = new_plan(pb);
+    plans[start_step] = new_plan(pb, tb);
     int64_t credit = cb;  // is_unlimited(credit): no credit window
-    if (followers) send_config(start_step, pb, cb, decision_id);
+    bool in_tail = false;  // the newest step's backward is in its tail window: one collective at a time
+    if (followers) send_config(start_step, pb, cb, decision_id, tb);
     std::vector<Ready> heap;
     ReadyOrder order;
     int64_t inflight = 0;
@@ -441,6 +448,8 @@ struct State : std::enable_shared_from_this<State> {
               throw std::runtime_error("a gradient of step " + std::to_string(ev.step) + " arrived before its plan");
             Plan& plan = it->second;
             const PlanTemplate& t = *plan.tpl;
+            plan.unready -= ext_len[ev.a];
+            in_tail = plan.unready > 0 && plan.unready <= plan.tail;
             double now = now_s();
             for (int32_t k = t.first_part[ev.a]; k <= t.last_part[ev.a]; ++k) {
               if (--plan.remaining[k] == 0) {
@@ -454,15 +463,16 @@ struct State : std::enable_shared_from_this<State> {
             inflight -= ev.a;
             break;
           case DispatchEvent::Boundary: {
-            plans[ev.step] = new_plan(ev.a);
-            if ((ev.a != pb || ev.b != cb || ev.c != decision_id) && followers) {
+            plans[ev.step] = new_plan(ev.a, ev.d);
+            if ((ev.a != pb || ev.b != cb || ev.c != decision_id || ev.d != tb) && followers) {
               int64_t c0 = cpu_ns();
-              send_config(ev.step, ev.a, ev.b, ev.c);
+              send_config(ev.step, ev.a, ev.b, ev.c, ev.d);
               backend += cpu_ns() - c0;
             }
             pb = ev.a;
             cb = ev.b;
             decision_id = ev.c;
+            tb = ev.d;
             credit = cb;
             break;
           }
@@ -477,9 +487,10 @@ struct State : std::enable_shared_from_this<State> {
         if (followers) send_stop();
         return;
       }
-      if (!heap.empty() && (is_unlimited(credit) || inflight < credit)) {
+      int64_t window = in_tail ? 1 : credit;  // in the tail: only while nothing is in flight
+      if (!heap.empty() && (is_unlimited(window) || inflight < window)) {
         batch.clear();
-        while (!heap.empty() && (is_unlimited(credit) || inflight < credit)) {
+        while (!heap.empty() && (is_unlimited(window) || inflight < window)) {
           std::pop_heap(heap.begin(), heap.end(), order);
           batch.push_back(heap.back());
           heap.pop_back();
@@ -561,6 +572,7 @@ struct State : std::enable_shared_from_this<State> {
           ev.a = frame[4];
           ev.b = frame[5];
           ev.c = frame[3];
+          ev.d = frame[6];
           updates.push_back(std::move(ev));
         }
         ucv.notify_one();
@@ -676,10 +688,10 @@ class Engine {
     s_->follower_fds.clear();
   }
 
-  void start_leader(int64_t start_step, int64_t pb, int64_t cb, int64_t decision_id) {
+  void start_leader(int64_t start_step, int64_t pb, int64_t cb, int64_t tb, int64_t decision_id) {
     TORCH_CHECK(s_->leader, "start_leader on a follower");
     s_->spawn("ab-r" + std::to_string(s_->rank) + "-leader",
-              [=](State& s) { s.leader_loop(start_step, pb, cb, decision_id); });
+              [=](State& s) { s.leader_loop(start_step, pb, cb, decision_id, tb); });
   }
 
   void start_follower() {
@@ -707,8 +719,8 @@ class Engine {
     s.cv.notify_one();
   }
 
-  // Rank 0's step(): the plan of `step` uses (partition_bytes, credit_bytes) (-1 = none).
-  void step_boundary(int64_t step, int64_t pb, int64_t cb, int64_t decision_id) {
+  // Rank 0's step(): the plan of `step` uses (partition_bytes, credit_bytes, tail_bytes) (-1 = none).
+  void step_boundary(int64_t step, int64_t pb, int64_t cb, int64_t tb, int64_t decision_id) {
     {
       std::lock_guard<std::mutex> g(s_->m);
       DispatchEvent ev{DispatchEvent::Boundary};
@@ -716,6 +728,7 @@ class Engine {
       ev.a = pb;
       ev.b = cb;
       ev.c = decision_id;
+      ev.d = tb;
       s_->events.push_back(ev);
     }
     s_->cv.notify_one();
@@ -748,7 +761,7 @@ class Engine {
           out.append(py::make_tuple(ev.kind, ev.step, py::cast(ev.params)));
           break;
         case kUpConfig:
-          out.append(py::make_tuple(ev.kind, ev.step, ev.a, ev.b, ev.c));
+          out.append(py::make_tuple(ev.kind, ev.step, ev.a, ev.b, ev.d, ev.c));
           break;
         case kUpError:
           out.append(py::make_tuple(ev.kind, ev.message));

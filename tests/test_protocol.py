@@ -16,6 +16,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, HistoryStep, JobRecord,
                               Registration, TunerStatusRecord)
 from autobyte.types import MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES
+from autobyte.types import MAX_TAIL_BYTES, MIN_TAIL_BYTES
 from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics, config_from_ints, config_to_ints
 from tests.helpers.paths import ROOT
 
@@ -44,7 +45,8 @@ def test_stale_check_detects_an_edit(tmp_path, monkeypatch):
 
 
 configs = st.builds(Config, st.one_of(st.none(), st.integers(MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)),
-                    st.one_of(st.none(), st.integers(MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)))
+                    st.one_of(st.none(), st.integers(MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)),
+                    st.one_of(st.none(), st.integers(MIN_TAIL_BYTES, MAX_TAIL_BYTES)))
 floats = st.floats(0, 1e6, allow_nan=False)
 
 
@@ -60,7 +62,31 @@ def test_config_int_encoding_round_trip(config):
     assert all(type(value) is int for value in encoded)
     assert (encoded[0] == NO_LIMIT_BYTES) == (config.partition_bytes is None)
     assert (encoded[1] == NO_LIMIT_BYTES) == (config.credit_bytes is None)
+    assert (encoded[2] == NO_LIMIT_BYTES) == (config.tail_bytes is None)
     assert config_from_ints(*encoded) == config
+
+
+def test_a_config_without_a_tail_window_is_the_message_an_old_peer_sends_and_reads():
+    """tail_bytes is optional on the wire: a configuration without it encodes to the same bytes as
+    before the field existed, and a message without it reads as no tail window."""
+    old = pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)
+    assert config_to_proto(Config(4 << 20, 16 << 20)).SerializeToString() == old.SerializeToString()
+    assert config_from_proto(old) == Config(4 << 20, 16 << 20) and config_from_proto(old).tail_bytes is None
+    assert Config(4 << 20, 16 << 20).to_dict() == {"partition_bytes": 4 << 20, "credit_bytes": 16 << 20}
+    with_tail = Config(1 << 20, 4 << 20, 8 << 20)
+    assert config_from_proto(config_to_proto(with_tail)) == with_tail
+    assert with_tail.to_dict()["tail_bytes"] == 8 << 20
+    assert with_tail.short() == "1MiB/4MiB tail 8MiB"
+    assert "tail=8MiB" in with_tail.describe()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "8MiB", True, MIN_TAIL_BYTES - 1, MAX_TAIL_BYTES + 1])
+def test_config_rejects_bad_tail_windows(bad):
+    with pytest.raises(ValueError, match="tail_bytes"):
+        Config(4 << 20, 16 << 20, bad)
+    if isinstance(bad, int) and not isinstance(bad, bool):  # what a peer can put on the wire
+        with pytest.raises(ValueError, match="tail_bytes"):
+            config_from_proto(pb.Config(tail_bytes=bad))
 
 
 @given(st.integers(1, 2**40), st.builds(StepMetrics, step=st.integers(0, 2**40), wall_time_s=floats,

@@ -250,6 +250,7 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
     rng = random.Random(1000 + rank)
     sizes = [None, 4 << 10, 8 << 10, 12 << 10, 64 << 10, 1 << 20]
     credits = [None, 4 << 10, 8 << 10, 20 << 10, 1 << 20]
+    tails = [None, None, 4 << 10, 16 << 10, 1 << 30]  # the tail window: none, some, the whole step
 
     def nap(*_):
         if rng.random() < 0.3:
@@ -262,7 +263,8 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(nap)  # runs after the scheduler's hook
     seen: list = []
-    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes)))
+    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes,
+                                                   m.config.tail_bytes)))
     sched.add_step_callback(lambda m: 1 / 0)  # a broken callback must not hurt training
     # Rank 0 reconfigures at random steps; the other rank asks for other things, which must not matter.
     reconfig_at = set(rng.sample(range(steps), reconfigs))
@@ -270,11 +272,13 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
     with sched:
         for step, (x, y) in enumerate(data):
             if step in reconfig_at and rng.random() < 0.5:
-                requested[step] = sched.reconfigure(rng.choice(sizes), rng.choice(credits))
+                requested[step] = sched.reconfigure(rng.choice(sizes), rng.choice(credits),
+                                                    tail_bytes=rng.choice(tails))
             out = model(_Sleep.apply(x, rng))
             loss = F.mse_loss(out, y)
             if step in reconfig_at and step not in requested:
-                requested[step] = sched.reconfigure(rng.choice(sizes), rng.choice(credits))
+                requested[step] = sched.reconfigure(rng.choice(sizes), rng.choice(credits),
+                                                    tail_bytes=rng.choice(tails))
             loss.backward()
             sched.step()
             nap()
@@ -286,8 +290,9 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
     stats = sched.dispatch_stats()
     stats["hot_path"], stats["reason"] = sched.hot_path, sched.hot_path_reason
     threads_left = [t.name for t in threading.enumerate() if t.name.startswith("autobyte-")]
-    return {"threads_left": threads_left, "diff": diff, "seen": seen, "requested": {k: (v.partition_bytes, v.credit_bytes)
-                                                      for k, v in requested.items()}, "stats": stats}
+    return {"threads_left": threads_left, "diff": diff, "seen": seen,
+            "requested": {k: (v.partition_bytes, v.credit_bytes, v.tail_bytes) for k, v in requested.items()},
+            "stats": stats}
 
 
 @pytest.mark.timeout(240)
@@ -309,14 +314,15 @@ def test_jitter_reconfiguration_no_hang_matches_ddp(hot_path, channel, steps, re
     # Every step's configuration is the same on both ranks, and it is the one rank 0 asked for.
     assert [s for s, *_ in rank0["seen"]] == list(range(steps))
     assert rank0["seen"] == rank1["seen"]
-    in_effect = {s: (p, c) for s, p, c in rank0["seen"]}
-    current = (4 << 10, 4 << 10)
+    in_effect = {s: (p, c, t) for s, p, c, t in rank0["seen"]}
+    current = (4 << 10, 4 << 10, None)
     for step in range(steps):
         assert in_effect[step] == current, step
         current = rank0["requested"].get(step, current)
     used = {cfg for cfg in in_effect.values()}
-    assert any(p is None for p, _ in used) and any(c is None for _, c in used)
-    assert any(p == 4 << 10 for p, _ in used)
+    assert any(p is None for p, _, _ in used) and any(c is None for _, c, _ in used)
+    assert any(p == 4 << 10 for p, _, _ in used)
+    assert any(t is None for *_, t in used) and any(t == 1 << 30 for *_, t in used)
     assert rank0["requested"] != rank1["requested"]
     assert rank0["threads_left"] == [] and rank1["threads_left"] == []
 

@@ -341,3 +341,32 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
     finally:
         for engine in engines:
             engine.dispose()
+
+
+def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store):
+    """Config.tail_bytes (issue 20, migration 0005) in samples, the job, decisions, applied
+    configurations, the tuner's status and windows, and `best`; a configuration without it reads
+    back as it was written (NULL is no tail window)."""
+    from autobyted.storage.records import TunerStatusRecord, WindowRecord
+
+    tail = Config(1 << 20, 4 << 20, 8 << 20)
+    plain = Config(1 << 20, 4 << 20)
+    s0 = store.register(reg(), 30).session_id
+    store.append_samples([SampleBatch("j", 0, s0, samples(1, 12, config=tail) + tuple(
+        (seq, StepMetrics(step=seq - 1, wall_time_s=time.time(), step_time_s=0.2, config=plain))
+        for seq in range(13, 25)))])
+    configs = [row.metrics.config for row in store.samples_after("j", 0, rank=0)]
+    assert configs[:12] == [tail] * 12 and configs[12:] == [plain] * 12
+    assert store.jobs(30)[0].config == plain  # rank 0's newest
+    decision = store.add_decision("j", tail, 30, "operator")
+    assert store.decisions("j")[-1].config == tail
+    store.record_applied_config("j", 0, decision.decision_id, tail, 30)
+    assert store.jobs(30)[0].config == tail
+    store.set_tuning_paused("j", False)
+    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="holding", detail="holding", config=tail))
+    assert store.tuner_status("j").config == tail
+    store.add_window(WindowRecord("j", 0, tail, 0.1, 12, "{}"))
+    assert store.windows()[-1].config == tail
+    best = store.best("j", min_samples=3)
+    assert best.found and best.config == tail  # 0.1 s against plain's 0.2 s, told apart
+    assert {c.config for c in best.candidates} == {tail, plain}

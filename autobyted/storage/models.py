@@ -35,6 +35,7 @@ class Job(Base):
     # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited).
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
     # Rank 0 registered with autobyte.init(tune=False): the tuner leaves this job alone.
     tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -80,6 +81,7 @@ class StepSample(Base):
     bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     decision_id: Mapped[int] = mapped_column(BigInteger)
     host_load: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
@@ -93,6 +95,7 @@ class Decision(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     apply_at_step: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -115,6 +118,7 @@ class AppliedConfig(Base):
     decision_id: Mapped[int] = mapped_column(BigInteger)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     applied_at_step: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[float] = mapped_column(Float)
 
@@ -131,6 +135,7 @@ class TunerState(Base):
     detail: Mapped[str] = mapped_column(Text)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     baseline_step_time_s: Mapped[float] = mapped_column(Float)
     measured_step_time_s: Mapped[float] = mapped_column(Float)
     predicted_step_time_s: Mapped[float] = mapped_column(Float)
@@ -152,6 +157,7 @@ class TunerWindow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
     step_time_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer)
     context: Mapped[str] = mapped_column(Text)

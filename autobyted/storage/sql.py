@@ -10,7 +10,7 @@ from typing import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from autobyte.types import Config, StepMetrics, describe_speedup, format_bytes, speedup
+from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.contexts import StepPoint, split_contexts
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage import models as m
@@ -27,11 +27,11 @@ RETENTION_CHUNK_ROWS = 20_000
 
 
 def _config(row) -> Config:
-    return Config(row.partition_bytes, row.credit_bytes)
+    return Config(row.partition_bytes, row.credit_bytes, row.tail_bytes)
 
 
-def _config_of(partition_bytes: int | None, credit_bytes: int | None) -> Config:
-    return Config(partition_bytes, credit_bytes)
+def _config_of(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
+    return Config(partition_bytes, credit_bytes, tail_bytes)
 
 
 def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) -> BestRecord:
@@ -60,7 +60,7 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
     evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; {len(medians)} configuration(s) "
                 f"compared in context {context.index} of {len(contexts)}")
     if reference_s and best != reference:
-        name = (f"{format_bytes(reference.partition_bytes, 'none')}/{format_bytes(reference.credit_bytes, 'inf')}"
+        name = (reference.short()
                 + (" (the no-scheduling baseline)" if baseline else " (the context's first configuration)"))
         evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
     if len(contexts) > 1:
@@ -101,7 +101,7 @@ def _metrics(r: m.StepSample) -> StepMetrics:
 # The columns of a stored sample, in the order append_samples builds its rows.
 SAMPLE_COLUMNS = ("job_id", "rank", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s",
                   "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s",
-                  "partition_bytes", "credit_bytes", "decision_id", "host_load")
+                  "partition_bytes", "credit_bytes", "decision_id", "host_load", "tail_bytes")
 
 
 def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
@@ -151,7 +151,8 @@ class SqlStorage(BaseStorage):
                                       largest_tensor_bytes=fp.largest_tensor_bytes,
                                       median_tensor_bytes=fp.median_tensor_bytes, created_at=now,
                                       last_seen_at=now, max_step=-1, partition_bytes=r.config.partition_bytes,
-                                      credit_bytes=r.config.credit_bytes, dropped_total=0,
+                                      credit_bytes=r.config.credit_bytes, tail_bytes=r.config.tail_bytes,
+                                      dropped_total=0,
                                       tuning_disabled=r.tuning_disabled))
         except AlreadyExists:
             pass
@@ -232,13 +233,14 @@ class SqlStorage(BaseStorage):
                     rows.append((job.id, batch.rank, s.step, s.wall_time_s, s.step_time_s, s.forward_s,
                                  s.backward_s, s.exposed_comm_s, s.queueing_delay_s, s.bytes_reduced, s.partitions,
                                  s.bandwidth_bytes_per_s, s.config.partition_bytes, s.config.credit_bytes,
-                                 s.decision_id, s.host_load))  # in SAMPLE_COLUMNS order
+                                 s.decision_id, s.host_load, s.config.tail_bytes))  # in SAMPLE_COLUMNS order
                 if fresh:
                     rank.last_acked_seq = fresh[-1][0]
                     job.max_step = max(job.max_step, max(s.step for _, s in fresh))
                     if batch.rank == 0:
                         job.partition_bytes = fresh[-1][1].config.partition_bytes
                         job.credit_bytes = fresh[-1][1].config.credit_bytes
+                        job.tail_bytes = fresh[-1][1].config.tail_bytes
                 if batch.final:
                     rank.finished_at = now
                 if batch.dropped_total > rank.dropped_total:
@@ -257,7 +259,7 @@ class SqlStorage(BaseStorage):
             job_row = self._job(session, job)
             session.add(m.AppliedConfig(job_id=job_row.id, rank=rank, decision_id=decision_id,
                                         partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        applied_at_step=applied_at_step, reported_at=time.time()))
+                                        tail_bytes=config.tail_bytes, applied_at_step=applied_at_step, reported_at=time.time()))
             if decision_id:
                 decision = session.get(m.Decision, decision_id)
                 if decision is None or decision.job_id != job_row.id:
@@ -266,6 +268,7 @@ class SqlStorage(BaseStorage):
                     decision.state, decision.applied_at_step = "applied", applied_at_step
             if rank == 0:
                 job_row.partition_bytes, job_row.credit_bytes = config.partition_bytes, config.credit_bytes
+                job_row.tail_bytes = config.tail_bytes
 
     def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, source: str = "operator",
@@ -293,7 +296,7 @@ class SqlStorage(BaseStorage):
                                                             m.Decision.state == "pending")
                                 .values(state="superseded"))
             row = m.Decision(job_id=job_row.id, partition_bytes=config.partition_bytes,
-                             credit_bytes=config.credit_bytes, apply_at_step=apply_at_step, reason=reason,
+                             credit_bytes=config.credit_bytes, tail_bytes=config.tail_bytes, apply_at_step=apply_at_step, reason=reason,
                              predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
                              state=state, source=source)
             session.add(row)
@@ -460,10 +463,11 @@ class SqlStorage(BaseStorage):
             job_row = self._job(session, job)
             rows = session.execute(sa.select(m.StepSample.step, m.StepSample.wall_time_s, m.StepSample.step_time_s,
                                              m.StepSample.partition_bytes, m.StepSample.credit_bytes,
-                                             m.StepSample.bandwidth_bytes_per_s, m.StepSample.host_load)
+                                             m.StepSample.bandwidth_bytes_per_s, m.StepSample.host_load,
+                                             m.StepSample.tail_bytes)
                                    .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
                                    .order_by(m.StepSample.wall_time_s, m.StepSample.id)).all()
-        return best_in_latest_context(job, [StepPoint(r[0], r[1], r[2], _config_of(r[3], r[4]), r[5], r[6])
+        return best_in_latest_context(job, [StepPoint(r[0], r[1], r[2], _config_of(r[3], r[4], r[7]), r[5], r[6])
                                             for r in rows], min_samples)
 
     # ------------------------------------------------------------------ maintenance
@@ -544,6 +548,7 @@ class SqlStorage(BaseStorage):
             row = session.get(m.TunerState, self._job(session, job).id)
             row.mode, row.state, row.detail = status.mode, status.state, status.detail
             row.partition_bytes, row.credit_bytes = status.config.partition_bytes, status.config.credit_bytes
+            row.tail_bytes = status.config.tail_bytes
             row.baseline_step_time_s = status.baseline_step_time_s
             row.measured_step_time_s = status.measured_step_time_s
             row.predicted_step_time_s = status.predicted_step_time_s
@@ -564,7 +569,7 @@ class SqlStorage(BaseStorage):
             job_row = self._job(session, window.job)
             row = m.TunerWindow(job_id=job_row.id, segment=window.segment, created_at=window.created_at_s or time.time(),
                                 partition_bytes=window.config.partition_bytes, credit_bytes=window.config.credit_bytes,
-                                step_time_s=window.step_time_s, samples=window.samples, context=window.context)
+                                tail_bytes=window.config.tail_bytes, step_time_s=window.step_time_s, samples=window.samples, context=window.context)
             session.add(row)
             session.flush()
             return row.id

@@ -18,8 +18,9 @@ from autobyte.convert import (best_from_proto, config_dict, config_from_proto, d
                               history_step_from_proto, tuner_status_from_proto)
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES,
-                            MIN_PARTITION_BYTES, Config, describe_speedup, format_bytes, parse_bytes, speedup)
+from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MAX_TAIL_BYTES, MIN_CREDIT_BYTES,
+                            MIN_PARTITION_BYTES, MIN_TAIL_BYTES, Config, describe_speedup, format_bytes, parse_bytes,
+                            speedup)
 
 RPC_TIMEOUT_S = 10.0
 # Exit codes (README "Exit codes").
@@ -69,7 +70,7 @@ def _when(unix_s: float) -> str:
 
 def _cfg(message: pb.Config) -> str:
     c = config_dict(message)
-    return f"{format_bytes(c['partition_bytes'], 'none')}/{format_bytes(c['credit_bytes'], 'inf')}"
+    return Config(c["partition_bytes"], c["credit_bytes"], c.get("tail_bytes")).short()
 
 
 def decision_dict(d: pb.Decision) -> dict:
@@ -113,21 +114,21 @@ class ByteSize(click.ParamType):
     name = "SIZE"
 
     def __init__(self, what: str) -> None:
-        self.what = what  # "partition" or "credit"
+        self.what = what  # "partition", "credit" or "tail"
 
     def convert(self, value, param, ctx):
         if value is None or isinstance(value, int):
             return value
-        none_word, meaning = ("none", "no partitioning") if self.what == "partition" else ("unlimited",
-                                                                                          "unlimited credit")
+        none_word, meaning = {"partition": ("none", "no partitioning"), "credit": ("unlimited", "unlimited credit"),
+                              "tail": ("none", "no tail window")}[self.what]
         try:
             size = parse_bytes(str(value))
         except ValueError as error:
             self.fail(f"{error}; use {none_word} for {meaning}", param, ctx)
         if size is None:
             return None
-        low, high = ((MIN_PARTITION_BYTES, MAX_PARTITION_BYTES) if self.what == "partition"
-                     else (MIN_CREDIT_BYTES, MAX_CREDIT_BYTES))
+        low, high = {"partition": (MIN_PARTITION_BYTES, MAX_PARTITION_BYTES),
+                     "credit": (MIN_CREDIT_BYTES, MAX_CREDIT_BYTES), "tail": (MIN_TAIL_BYTES, MAX_TAIL_BYTES)}[self.what]
         if not low <= size <= high:
             self.fail(f"{value} is outside the safe range {format_bytes(low)} to {format_bytes(high)}; "
                       f"use {none_word} for {meaning}", param, ctx)
@@ -236,7 +237,7 @@ def status(daemon, token, tls_ca, fmt) -> None:
 
 HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
                        "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step",
-                       "source", "predicted_step_time_s", "measured_step_time_s"]
+                       "source", "predicted_step_time_s", "measured_step_time_s", "tail_bytes"]
 
 
 @main.command()
@@ -279,11 +280,12 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
                              d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
                              d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
                              d["source"], *("" if d[k] is None else d[k]
-                                            for k in ("predicted_step_time_s", "measured_step_time_s"))])
+                                            for k in ("predicted_step_time_s", "measured_step_time_s")),
+                             d["config"].get("tail_bytes", "")])
         for s in steps:
             writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
                              s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", "", "", "", ""])
+                             "", "", "", "", "", "", "", s["config"].get("tail_bytes", "")])
         click.echo(out.getvalue(), nl=False)
     else:
         steps_hint = "" if with_steps else f"; its steps: `autobyte history {job} --steps`"
@@ -341,7 +343,8 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
         fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
     response = Connection(daemon, token, tls_ca).call(
         pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
-    steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s, *config_dict(s.config).values(),
+    steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s,
+                                *(config_dict(s.config)[k] for k in ("partition_bytes", "credit_bytes")),
                                 s.bandwidth_bytes_per_s, s.host_load, s.decision_id) for s in response.steps]
     decisions = [job_plot.DecisionMark(d["decision_id"], d["created_at_s"], d["state"], d["reason"], d["source"],
                                        d["config"]["partition_bytes"], d["config"]["credit_bytes"],
@@ -427,14 +430,17 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
               help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})")
 @click.option("--credit", "credit", type=ByteSize("credit"), required=True,
               help="credit window, e.g. 16MiB, or unlimited (units as for --partition)")
+@click.option("--tail", "tail", type=ByteSize("tail"), default=None,
+              help="tail window, e.g. 8MiB: in the last that many bytes of each backward pass one collective "
+                   "at a time (default none)")
 @click.option("--at-step", type=click.IntRange(0), default=0,
               help="step at which every rank switches (0: the next step; a step already passed: the next too)")
 @click.option("--reason", default="operator request", show_default=True)
-def propose(job, daemon, token, tls_ca, partition, credit, at_step, reason) -> None:
+def propose(job, daemon, token, tls_ca, partition, credit, tail, at_step, reason) -> None:
     """Ask JOB to switch to a configuration (stored as a decision)."""
     from autobyte.convert import config_to_proto
 
-    config = Config(partition, credit)
+    config = Config(partition, credit, tail)
     d = Connection(daemon, token, tls_ca).call(
         pb_grpc.ControlStub, "ProposeConfig",
         pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))

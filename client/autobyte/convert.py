@@ -22,19 +22,22 @@ def config_to_proto(config: Config) -> pb.Config:
         message.partition_bytes = config.partition_bytes
     if config.credit_bytes is not None:
         message.credit_bytes = config.credit_bytes
+    if config.tail_bytes is not None:
+        message.tail_bytes = config.tail_bytes
     return message
 
 
 def config_from_proto(message: pb.Config) -> Config:
     """Raises ValueError for values outside the safe limits."""
     return _config(message.partition_bytes if message.HasField("partition_bytes") else None,
-                   message.credit_bytes if message.HasField("credit_bytes") else None)
+                   message.credit_bytes if message.HasField("credit_bytes") else None,
+                   message.tail_bytes if message.HasField("tail_bytes") else None)
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(partition_bytes: int | None, credit_bytes: int | None) -> Config:
+def _config(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
     """Config is frozen: the few configurations a job runs are validated once (a ValueError is not cached)."""
-    return Config(partition_bytes=partition_bytes, credit_bytes=credit_bytes)
+    return Config(partition_bytes=partition_bytes, credit_bytes=credit_bytes, tail_bytes=tail_bytes)
 
 
 def metrics_to_proto(metrics: StepMetrics, seq: int) -> pb.StepMetrics:
@@ -49,11 +52,15 @@ def metrics_from_proto(message: pb.StepMetrics) -> tuple[int, StepMetrics]:
 
 
 def config_dict(message: pb.Config) -> dict[str, int | None]:
-    """A proto Config as the JSON shape the CLI documents (null = none/unlimited)."""
-    return {
+    """A proto Config as the JSON shape the CLI documents (null = none/unlimited; tail_bytes only
+    when set, as Config.to_dict)."""
+    shape = {
         "partition_bytes": message.partition_bytes if message.HasField("partition_bytes") else None,
         "credit_bytes": message.credit_bytes if message.HasField("credit_bytes") else None,
     }
+    if message.HasField("tail_bytes"):
+        shape["tail_bytes"] = message.tail_bytes
+    return shape
 
 
 def fingerprint_to_proto(fingerprint: Fingerprint) -> pb.ModelFingerprint:

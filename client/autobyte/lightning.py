@@ -79,6 +79,7 @@ class AutobyteStrategy(DDPStrategy):
     Args:
         partition_bytes: partition size (None = one partition per parameter).
         credit_bytes: in-flight window (None = unlimited).
+        tail_bytes: the tail window (None = none; see `ScheduledOptimizer`).
         job, daemon, token, tune: if `job` or `daemon` is given, `autobyte.init(daemon, job, token,
             tune=tune)` runs at setup, so the job streams to autobyted and follows its
             configurations (`daemon` may also come from AUTOBYTE_DAEMON, `job` from AUTOBYTE_JOB).
@@ -95,11 +96,11 @@ class AutobyteStrategy(DDPStrategy):
     def __init__(self, partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20, *,
                  job: str | None = None, daemon: str | None = None, token: str | None = None,
                  tune: bool = True, timeout_s: float = 300.0, native: bool = True,
-                 accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
+                 tail_bytes: int | None = None, accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
                  cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                  process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
                  start_method: str = "popen") -> None:
-        self._config = Config(partition_bytes, credit_bytes)  # ValueError naming a bad value, now
+        self._config = Config(partition_bytes, credit_bytes, tail_bytes)  # ValueError naming a bad value, now
         if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
                 and 0 < timeout_s < float("inf")):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -158,7 +159,8 @@ class AutobyteStrategy(DDPStrategy):
         scaler = getattr(self.precision_plugin, "scaler", None)
         self._scheduled = ScheduledOptimizer(
             self.lightning_module, optimizer, self._config.partition_bytes, self._config.credit_bytes,
-            clip_grad_norm=clip, timeout_s=self._timeout_s, grad_scaler=scaler, native=self._native)
+            clip_grad_norm=clip, timeout_s=self._timeout_s, grad_scaler=scaler, native=self._native,
+            tail_bytes=self._config.tail_bytes)
         logger.info("autobyte scheduler on rank %d/%d: %s%s", self.global_rank, self.world_size,
                     self._config.describe(), "" if clip is None else f", clip_grad_norm={clip:g}")
 

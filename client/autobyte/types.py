@@ -14,6 +14,8 @@ MIN_PARTITION_BYTES = 4 << 10
 MAX_PARTITION_BYTES = 16 << 30
 MIN_CREDIT_BYTES = 4 << 10
 MAX_CREDIT_BYTES = 16 << 30
+MIN_TAIL_BYTES = 4 << 10
+MAX_TAIL_BYTES = 16 << 30
 # The largest data-parallel group the daemon accepts (it keeps one row per rank of a job).
 MAX_WORLD_SIZE = 65_536
 
@@ -26,26 +28,51 @@ def _check_bytes(name: str, value: object, low: int, high: int) -> int | None:
         raise ValueError(f"{name} must be an int number of bytes or None, got {value!r}")
     if value < low or value > high:
         raise ValueError(f"{name}={value} is outside the safe range [{low}, {high}] bytes "
-                         f"(use None for {'no partitioning' if 'partition' in name else 'unlimited credit'})")
+                         f"(use None for {_NONE_MEANS[name]})")
     return value
+
+
+_NONE_MEANS = {"partition_bytes": "no partitioning", "credit_bytes": "unlimited credit",
+               "tail_bytes": "no tail window"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A scheduler configuration. None means no partitioning / unlimited credit."""
+    """A scheduler configuration. None means no partitioning / unlimited credit / no tail window.
+
+    tail_bytes (issue 20) is the *tail window*: while a step's gradients not yet produced are at
+    most tail_bytes (the end of the backward pass, where the layers the next forward needs first
+    are produced), rank 0 issues a partition only when nothing is in flight, so the first layers'
+    partitions queue behind at most one collective instead of a full credit window. It changes
+    only when collectives start, never which elements they sum: the math is the same in every mode.
+    """
 
     partition_bytes: int | None = None
     credit_bytes: int | None = None
+    tail_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_bytes("partition_bytes", self.partition_bytes, MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)
         _check_bytes("credit_bytes", self.credit_bytes, MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)
+        _check_bytes("tail_bytes", self.tail_bytes, MIN_TAIL_BYTES, MAX_TAIL_BYTES)
 
     def to_dict(self) -> dict[str, int | None]:
-        return {"partition_bytes": self.partition_bytes, "credit_bytes": self.credit_bytes}
+        """The JSON shape the CLI documents; tail_bytes appears only when set (older readers and
+        every configuration without a tail window read exactly as before)."""
+        shape = {"partition_bytes": self.partition_bytes, "credit_bytes": self.credit_bytes}
+        if self.tail_bytes is not None:
+            shape["tail_bytes"] = self.tail_bytes
+        return shape
+
+    def short(self) -> str:
+        """'4MiB/16MiB' (partition/credit; none / inf), with ' tail 8MiB' when a tail window is set:
+        the one short form of a configuration (status, decisions, `autobyte best`, plots)."""
+        text = f"{format_bytes(self.partition_bytes, 'none')}/{format_bytes(self.credit_bytes, 'inf')}"
+        return text if self.tail_bytes is None else f"{text} tail {format_bytes(self.tail_bytes)}"
 
     def describe(self) -> str:
-        return f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
+        text = f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
+        return text if self.tail_bytes is None else f"{text} tail={format_bytes(self.tail_bytes)}"
 
 
 # The one integer encoding of a configuration (rank 0's order-channel frames, the native engine's
@@ -54,15 +81,15 @@ class Config:
 NO_LIMIT_BYTES = -1
 
 
-def config_to_ints(config: Config) -> tuple[int, int]:
-    """(partition_bytes, credit_bytes) with None as NO_LIMIT_BYTES."""
-    return (NO_LIMIT_BYTES if config.partition_bytes is None else int(config.partition_bytes),
-            NO_LIMIT_BYTES if config.credit_bytes is None else int(config.credit_bytes))
+def config_to_ints(config: Config) -> tuple[int, int, int]:
+    """(partition_bytes, credit_bytes, tail_bytes) with None as NO_LIMIT_BYTES."""
+    return tuple(NO_LIMIT_BYTES if value is None else int(value)
+                 for value in (config.partition_bytes, config.credit_bytes, config.tail_bytes))
 
 
-def config_from_ints(partition_bytes: int, credit_bytes: int) -> Config:
+def config_from_ints(partition_bytes: int, credit_bytes: int, tail_bytes: int = NO_LIMIT_BYTES) -> Config:
     """The inverse of config_to_ints (any negative value reads as None)."""
-    return Config(None if partition_bytes < 0 else partition_bytes, None if credit_bytes < 0 else credit_bytes)
+    return Config(*(None if value < 0 else value for value in (partition_bytes, credit_bytes, tail_bytes)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,8 @@ from torch import nn
 
 SIZES = [None, 4 << 10, 8 << 10, 64 << 10, 1 << 20]
 CREDITS = [None, 4 << 10, 16 << 10, 1 << 20]
+# The tail window (issue 20): none, a few partitions, more than any test model (the whole step).
+TAILS = [None, None, 8 << 10, 64 << 10, 1 << 30]
 
 
 def max_param_diff(a: nn.Module, b: nn.Module) -> float:
@@ -53,7 +55,7 @@ def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: 
 def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
                     loss_fn: Callable, rank: int, seed: int = 0, reconfig_p: float = 0.3,
                     **kwargs: Any) -> tuple[nn.Module, Any, list, str | None]:
-    """(model, optimizer, [(step, partition_bytes, credit_bytes)], the hot path that ran)."""
+    """(model, optimizer, [(step, partition_bytes, credit_bytes, tail_bytes)], the hot path that ran)."""
     from autobyte import ScheduledOptimizer
 
     rng = random.Random(seed * 1000 + rank)
@@ -64,11 +66,12 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
     sched = ScheduledOptimizer(model, opt, **kwargs)
     jitter(model, rng)
     seen: list = []
-    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes)))
+    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes,
+                                                   m.config.tail_bytes)))
     with sched:
         for x, y in batches:
             if rng.random() < reconfig_p:
-                sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS))
+                sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS), tail_bytes=rng.choice(TAILS))
             loss_fn(model(x), y).backward()
             sched.step()
             sched.zero_grad()

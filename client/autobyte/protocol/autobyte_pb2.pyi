@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Config(_message.Message):
-    __slots__ = ("partition_bytes", "credit_bytes")
+    __slots__ = ("partition_bytes", "credit_bytes", "tail_bytes")
     PARTITION_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREDIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
     partition_bytes: int
     credit_bytes: int
-    def __init__(self, partition_bytes: _Optional[int] = ..., credit_bytes: _Optional[int] = ...) -> None: ...
+    tail_bytes: int
+    def __init__(self, partition_bytes: _Optional[int] = ..., credit_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelFingerprint(_message.Message):
     __slots__ = ("parameter_count", "parameter_bytes", "tensor_count", "largest_tensor_bytes", "median_tensor_bytes", "digest")

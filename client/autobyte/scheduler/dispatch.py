@@ -2,7 +2,9 @@
 replay it. One dispatch thread per rank issues every collective of the data group.
 
 Rank 0 (`leader_loop`) pops the highest-priority ready partition (earliest forward use; older steps
-first) while in-flight bytes < `credit_bytes` (None = unlimited), publishes the decisions on the
+first) while in-flight bytes < `credit_bytes` (None = unlimited) -- or, in the tail window
+(`Config.tail_bytes`: the newest step has at most that much gradient left to produce), only while
+nothing is in flight -- publishes the decisions on the
 decision channel *before* issuing them, and issues an async all-reduce for each. A follower
 (`follower_loop`) issues rank 0's triples strictly in log order, each once every parameter the slice
 overlaps has produced its gradient of that step locally; `receiver_loop` feeds it from the channel.
@@ -150,8 +152,10 @@ class Dispatcher:
     def _leader_loop(self, start_step: int) -> None:
         layout, channel, followers, stats = self.layout, self.channel, self.followers, self.stats
         config, decision_id = self.steps.config_at(start_step)
-        plans = {start_step: layout.plan(config.partition_bytes)}
+        plans = {start_step: layout.plan(config.partition_bytes, config.tail_bytes)}
         credit = config.credit_bytes
+        in_tail = False  # the newest step's backward is in its tail window: one collective at a time
+        ext_len = layout.ext_len
         if followers:
             channel.send(order_channel.config_message(start_step, config, decision_id))
         heap: list = []
@@ -170,6 +174,8 @@ class Dispatcher:
                 if kind is GradReady:
                     plan = plans[event.step]
                     remaining = plan.remaining
+                    plan.unready -= ext_len[event.param]
+                    in_tail = 0 < plan.unready <= plan.tail
                     for k in plan.param_parts[event.param]:
                         remaining[k] -= 1
                         if remaining[k] == 0:
@@ -179,7 +185,7 @@ class Dispatcher:
                     inflight -= event.nbytes
                 elif kind is StepBoundary:
                     step, new_config, new_id = event
-                    plans[step] = layout.plan(new_config.partition_bytes)
+                    plans[step] = layout.plan(new_config.partition_bytes, new_config.tail_bytes)
                     if (new_config, new_id) != (config, decision_id) and followers:
                         backend_ns += channel.send(order_channel.config_message(step, new_config, new_id))
                     config, decision_id, credit = new_config, new_id, new_config.credit_bytes
@@ -191,9 +197,10 @@ class Dispatcher:
                     event = get_nowait()
                 except empty:
                     break
-            if heap and (credit is None or inflight < credit):
+            window = 1 if in_tail else credit
+            if heap and (window is None or inflight < window):
                 batch = []
-                while heap and (credit is None or inflight < credit):
+                while heap and (window is None or inflight < window):
                     step, neg_start, length, t_ready = pop(heap)
                     batch.append((step, -neg_start, length, t_ready))
                     inflight += length * elem

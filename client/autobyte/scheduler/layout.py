@@ -19,14 +19,16 @@ import torch
 class Plan:
     """The partitions of one step (rank 0) and how many parameters each still waits for."""
 
-    __slots__ = ("parts", "param_parts", "remaining", "left")
+    __slots__ = ("parts", "param_parts", "remaining", "left", "unready", "tail")
 
     def __init__(self, parts: list[tuple[int, int]], param_parts: list[tuple[int, ...]],
-                 counts: list[int]) -> None:
+                 counts: list[int], total: int) -> None:
         self.parts = parts  # (start, length) in elements
         self.param_parts = param_parts  # per parameter: the partitions its slice overlaps
         self.remaining = list(counts)  # per partition: parameters not yet ready
         self.left = len(parts)  # partitions not yet issued
+        self.unready = total  # elements of the buffer whose gradient of this step is not yet ready
+        self.tail = 0  # the tail window in elements (0: none); see Config.tail_bytes
 
 
 class Layout:
@@ -65,12 +67,15 @@ class Layout:
         offs = self.sorted_offsets
         return bisect.bisect_right(offs, start) - 1, bisect.bisect_right(offs, start + length - 1) - 1
 
-    def plan(self, partition_bytes: int | None) -> Plan:
-        """A fresh plan (its counters are per step) for a partition size."""
+    def plan(self, partition_bytes: int | None, tail_bytes: int | None = None) -> Plan:
+        """A fresh plan (its counters are per step) for a partition size and a tail window."""
         template = self._templates.get(partition_bytes)
         if template is None:
             template = self._templates[partition_bytes] = self._template(partition_bytes)
-        return Plan(*template)
+        plan = Plan(*template, self.total)
+        if tail_bytes is not None:
+            plan.tail = max(1, tail_bytes // self.elem)
+        return plan
 
     def _template(self, partition_bytes: int | None) -> tuple:
         offsets, ext = self.offsets, self.ext_len

@@ -159,8 +159,9 @@ class NativeUpdater(Updater):
                 if type(posted) is StepHyperParameters:
                     self._snapshots[posted.step] = posted.groups
             elif kind == config_kind:
-                _, step, partition_bytes, credit_bytes, decision_id = event
-                self.steps.log_config(step, config_from_ints(partition_bytes, credit_bytes), decision_id)
+                _, step, partition_bytes, credit_bytes, tail_bytes, decision_id = event
+                self.steps.log_config(step, config_from_ints(partition_bytes, credit_bytes, tail_bytes),
+                                      decision_id)
             elif kind == error_kind:
                 raise SchedulerError(event[1])
         return True

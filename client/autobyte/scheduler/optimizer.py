@@ -48,6 +48,9 @@ class ScheduledOptimizer:
             holds get their averaged gradient in `.grad` when `backward()` returns, as with DDP.
         partition_bytes: partition size; None = one partition per parameter (no partitioning).
         credit_bytes: in-flight window; None = unlimited.
+        tail_bytes: the tail window (`autobyte.types.Config.tail_bytes`): in the last tail_bytes of
+            each backward pass, one collective at a time, so the gradients the next forward needs
+            first do not queue behind a full credit window; None (default) = no tail window.
         process_group: the data-parallel group (default: the default group).
         clip_grad_norm: if set, clip the averaged gradients to this global norm before updating.
         clip_norm_type: the norm for `clip_grad_norm`.
@@ -68,8 +71,9 @@ class ScheduledOptimizer:
                  partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
-                 own_communicator: bool = True, grad_scaler: Any = None, native: bool = True) -> None:
-        config = Config(partition_bytes, credit_bytes)
+                 own_communicator: bool = True, grad_scaler: Any = None, native: bool = True,
+                 tail_bytes: int | None = None) -> None:
+        config = Config(partition_bytes, credit_bytes, tail_bytes)
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
         optimizers, params, index_of, names = setup.optimizers, setup.params, setup.index_of, setup.names
         owner, uncovered, frozen, first = setup.owner, setup.uncovered, setup.frozen, setup.params[0]
@@ -214,7 +218,7 @@ class ScheduledOptimizer:
                              "scheduler unscales the gradients itself once they are reduced")
 
     def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
-                    *, decision_id: int | None = None, at_step: int | None = None) -> Config:
+                    *, tail_bytes: int | None = _UNSET, decision_id: int | None = None, at_step: int | None = None) -> Config:
         """Request a configuration from the next step boundary on (or from step `at_step`, if that
         is later). Omitted values stay as they are.
 
@@ -227,7 +231,8 @@ class ScheduledOptimizer:
         with self._cfg_lock:
             base = self._pending[0] if self._pending is not None else self.config
             new = Config(base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
-                         base.credit_bytes if credit_bytes is _UNSET else credit_bytes)
+                         base.credit_bytes if credit_bytes is _UNSET else credit_bytes,
+                         base.tail_bytes if tail_bytes is _UNSET else tail_bytes)
             self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
         return new
 

@@ -10,7 +10,8 @@ AUTOBYTE_DECISION_CHANNEL=gloo on rank 0 forces the gloo channel.
 
 Messages are int64 vectors of fixed length:
   order:     [ORDER, n, send_time_ns, 0, (step, start, length) * n]
-  config:    [CONFIG, step, send_time_ns, decision_id, partition_bytes | -1, credit_bytes | -1]
+  config:    [CONFIG, step, send_time_ns, decision_id, partition_bytes | -1, credit_bytes | -1,
+              tail_bytes | -1]
   stop:      [STOP, 0, send_time_ns, 0]
 """
 
@@ -130,7 +131,7 @@ def config_message(step: int, config: Config, decision_id: int) -> list[int]:
 
 
 def config_of(message: Sequence[int]) -> Config:
-    return config_from_ints(message[4], message[5])
+    return config_from_ints(message[4], message[5], message[6])
 
 
 class OrderChannel:

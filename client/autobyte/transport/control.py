@@ -50,7 +50,8 @@ class Control:
         it names, or the next one if that has passed. Rank 0 decides for every rank."""
         try:
             self._reporter.optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        decision_id=decision_id, at_step=apply_at_step)
+                                                 tail_bytes=config.tail_bytes, decision_id=decision_id,
+                                                 at_step=apply_at_step)
         except Exception as error:  # keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
 
