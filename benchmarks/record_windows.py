@@ -53,7 +53,8 @@ def grid_labels(shape: dict[str, Any]) -> list[str]:
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.grid import candidate_grid
 
-    return [RunConfig("sched", c.partition_bytes, c.credit_bytes).label for c in candidate_grid(JobShape(**shape))]
+    return [RunConfig("sched", c.partition_bytes, c.credit_bytes, c.tail_bytes).label
+            for c in candidate_grid(JobShape(**shape))]
 
 
 def measure_block(model: str, condition: Condition, args: argparse.Namespace) -> dict[str, Any]:
@@ -73,7 +74,10 @@ def measure_block(model: str, condition: Condition, args: argparse.Namespace) ->
     for item in result.ranks[0].results:
         if item.get("kind") != "sched":
             continue
-        windows.append({"round": item["round"], "config": [item["partition_bytes"], item["credit_bytes"]],
+        config = [item["partition_bytes"], item["credit_bytes"]]  # [P, C] or [P, C, T] with a tail window
+        if item.get("tail_bytes") is not None:
+            config.append(item["tail_bytes"])
+        windows.append({"round": item["round"], "config": config,
                         "step_times_s": item["step_times_s"], "metrics": item.get("metrics", [])})
     return {"model": model, "builder": spec.builder, "model_args": spec.model_args,
             "batch_size": spec.batch_size, "condition": condition.name, "condition_spec": condition.as_dict(),

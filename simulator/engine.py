@@ -9,8 +9,10 @@ One step on every worker (all workers are identical, so one is simulated):
   order, cut into slices of `partition_bytes` (a slice fuses small tensors, a big tensor spans
   several slices; with no partitioning, one message per tensor); a dispatcher thread issues the
   highest-priority ready partition (priority = forward order) while the bytes in flight are below
-  `credit_bytes`; issuing costs `launch_s` of that thread; the link runs the issued
-  all-reduces first-in-first-out (as gloo does), each costing a ring all-reduce;
+  `credit_bytes` -- or, in the tail window (`tail_bytes`: at most that many gradient bytes of the
+  step not yet ready), only while nothing is in flight; issuing costs `launch_s` of that thread;
+  the link runs the issued all-reduces first-in-first-out (as gloo does), each costing a ring
+  all-reduce;
 - DDP: tensors in reverse registration order fill 25 MiB buckets (the first 1 MiB, as torch does);
   a bucket is reduced once all its gradients are ready, buckets in order; the optimizer step and
   the next forward wait for every bucket.
@@ -62,20 +64,22 @@ DDP = DDPConfig()
 
 
 def parse_config(label: str) -> RunConfig:
-    """"ddp" or "sched:P,C" (the labels of measured runs and testbed events) -> a RunConfig."""
+    """"ddp" or "sched:P,C[,T]" (the labels of measured runs and testbed events) -> a RunConfig."""
     text = label.strip().lower()
     if text == "ddp":
         return DDP
     if text.startswith("sched:"):
-        partition, credit = text[len("sched:"):].split(",")
-        return Config(parse_bytes(partition), parse_bytes(credit))
-    raise ValueError(f"bad configuration {label!r}: use ddp or sched:P,C")
+        parts = text[len("sched:"):].split(",")
+        if len(parts) in (2, 3):
+            return Config(*(parse_bytes(part) for part in parts))
+    raise ValueError(f"bad configuration {label!r}: use ddp or sched:P,C[,T]")
 
 
 def describe_config(config: RunConfig) -> str:
     if isinstance(config, DDPConfig):
         return "ddp"
-    return f"{format_bytes(config.partition_bytes, 'none')},{format_bytes(config.credit_bytes, 'inf')}"
+    tail = "" if config.tail_bytes is None else f",{format_bytes(config.tail_bytes)}"
+    return f"{format_bytes(config.partition_bytes, 'none')},{format_bytes(config.credit_bytes, 'inf')}{tail}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +226,7 @@ class _CommPlan:
     # Layers (lowest, highest index) whose parameters a message carries; a layer's update waits for
     # every message that carries part of it. None: each message carries its ready_layer only.
     covers: tuple[tuple[int, int], ...] | None = None
+    tail_bytes: float = 0.0  # the tail window (Config.tail_bytes); 0: none
 
     def layer_done(self, done: list[float], num_layers: int) -> np.ndarray:
         """Per-layer completion: the last message carrying part of the layer (-inf: none)."""
@@ -244,9 +249,16 @@ def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, r
     return trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
 
 
+def _window(credit_bytes: float, unready_bytes: float, tail_bytes: float) -> float:
+    """The bytes that may be in flight before the next issue: the credit, or in the tail window
+    (0 < gradient bytes not yet ready <= tail_bytes) nothing: one collective at a time."""
+    return 1.0 if 0 < unready_bytes <= tail_bytes else credit_bytes
+
+
 def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, ...],
               credit_bytes: float, launch_s: float, fixed_s: float | Sequence[float],
-              wire_factor: float, rate: float, trace: PiecewiseConstant | None, base_s: float) -> list[float]:
+              wire_factor: float, rate: float, trace: PiecewiseConstant | None, base_s: float,
+              tail_bytes: float = 0.0) -> list[float]:
     """Completion time (relative to base_s) of every message; `ready` must be ascending.
 
     `fixed_s` is every message's cost besides the wire time (one number for all, or one each).
@@ -260,6 +272,7 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
     push, pop = heapq.heappush, heapq.heappop
     inflight: deque[tuple[float, int]] = deque()
     inflight_bytes = 0
+    unready = float(sum(sizes))
     index = 0
     t = ready[0]
     link_free = t
@@ -268,13 +281,14 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
             inflight_bytes -= inflight.popleft()[1]
         while index < count and ready[index] <= t:
             push(heap, (priority[index], index))
+            unready -= sizes[index]
             index += 1
         if not heap:
             if index >= count:
                 return done
             t = ready[index]
             continue
-        if inflight_bytes >= credit_bytes:
+        if inflight_bytes >= _window(credit_bytes, unready, tail_bytes):
             t = inflight[0][0]
             continue
         message = pop(heap)[1]
@@ -315,8 +329,8 @@ def _advance(t: float, work: float, starts: list[float], ends: list[float], slow
 def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
                         sizes: tuple[int, ...], priority: tuple[int, ...], credit_bytes: float,
                         launch_s: float, fixed_s: Sequence[float], wire_factor: float,
-                        rate: float, trace: PiecewiseConstant | None, base_s: float, slowdown: float
-                        ) -> tuple[list[float], float, list[float], list[float]]:
+                        rate: float, trace: PiecewiseConstant | None, base_s: float, slowdown: float,
+                        tail_bytes: float = 0.0) -> tuple[list[float], float, list[float], list[float]]:
     """Backward pass and dispatcher together, compute slowed while the link is busy.
 
     `backward[i]` is layer i's backward work; layers run from the last to the first, and a
@@ -332,6 +346,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
     push, pop = heapq.heappush, heapq.heappop
     inflight: deque[tuple[float, int]] = deque()
     inflight_bytes = 0.0
+    unready = float(sum(sizes))
     link_free = 0.0
     dispatcher_t = 0.0  # the dispatcher thread is free from this time
     layer = len(backward) - 1
@@ -346,12 +361,13 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
             issue_t = dispatcher_t
             while inflight and inflight[0][0] <= issue_t:
                 inflight_bytes -= inflight.popleft()[1]
-            if inflight_bytes >= credit_bytes:
+            window = _window(credit_bytes, unready, tail_bytes)
+            if inflight_bytes >= window:
                 # wait until enough credit frees (in-flight messages end in FIFO order)
                 left = inflight_bytes
                 for end, size in inflight:
                     left -= size
-                    if left < credit_bytes:
+                    if left < window:
                         issue_t = max(issue_t, end)
                         break
         if issue_t < layer_end:
@@ -378,6 +394,7 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
         # layer `layer` finishes: its messages become ready
         while index < count and ready_layer[index] == layer:
             push(heap, (priority[index], index))
+            unready -= sizes[index]
             index += 1
         dispatcher_t = max(dispatcher_t, layer_end)
         layer_start = layer_end
@@ -514,6 +531,8 @@ class Simulator:
                              self.link.launch_s, False)
         else:
             plan = self._fused_plan(config)
+        if isinstance(config, Config) and config.tail_bytes is not None:
+            plan = dataclasses.replace(plan, tail_bytes=float(config.tail_bytes))
         self._plans[config] = plan
         return plan
 
@@ -569,7 +588,7 @@ class Simulator:
         offsets = self._ready_offset
         ready = [offsets[layer] * factor for layer in plan.ready_layer]
         done = _dispatch(ready, plan.sizes, plan.priority, plan.credit_bytes, plan.launch_s,
-                         fixed, self._wire_factor, rate, trace, base_s)
+                         fixed, self._wire_factor, rate, trace, base_s, plan.tail_bytes)
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span
@@ -602,7 +621,7 @@ class Simulator:
         done, backward_s, starts, ends = _dispatch_contended(
             backward, plan.ready_layer, plan.sizes, plan.priority, plan.credit_bytes,
             plan.launch_s, fixed, self._wire_factor, rate, trace, base_s,
-            self.link.compute_slowdown(rate, share))
+            self.link.compute_slowdown(rate, share), plan.tail_bytes)
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span, backward_s, starts, ends

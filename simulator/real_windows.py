@@ -31,7 +31,8 @@ _FIELDS = {f.name for f in dataclasses.fields(StepMetrics)} - {"config"}
 def metrics_from_dict(record: dict[str, Any]) -> StepMetrics:
     config = record.get("config") or {}
     return StepMetrics(**{k: v for k, v in record.items() if k in _FIELDS},
-                       config=Config(config.get("partition_bytes"), config.get("credit_bytes")))
+                       config=Config(config.get("partition_bytes"), config.get("credit_bytes"),
+                                     config.get("tail_bytes")))
 
 
 def block_job(block: dict[str, Any]) -> str:

@@ -223,7 +223,7 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
     tuner, sink = make(predictor_for(BEST, 0.3))
 
     def landscape(config, step):
-        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 40) / 120))), 1e8
+        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 25) / 120))), 1e8  # from the first trial on
 
     job = ScriptedJob(landscape)
     job.run(tuner, sink, 400)

@@ -113,9 +113,12 @@ def messages_per_step(config: Config, shape: JobShape, gradient_bytes: float) ->
 
 
 def _config_features(config: Config, shape: JobShape, gradient_bytes: float) -> list[float]:
-    p, c = config.partition_bytes, config.credit_bytes
+    p, c, t = config.partition_bytes, config.credit_bytes, config.tail_bytes
     messages = messages_per_step(config, shape, gradient_bytes)
     return [
+        1.0 if t is None else 0.0,
+        _log2(min(t, gradient_bytes) / gradient_bytes) if t is not None and gradient_bytes > 0 else NAN,
+        _log2(t / c) if t is not None and c is not None else NAN,
         1.0 if p is None else 0.0,
         _log2(p) if p is not None else NAN,
         _log2(p / gradient_bytes) if p is not None and gradient_bytes > 0 else NAN,
@@ -127,8 +130,10 @@ def _config_features(config: Config, shape: JobShape, gradient_bytes: float) -> 
     ]
 
 
-CONFIG_FEATURES = ("partition_none", "log2_partition", "log2_partition_share", "credit_unlimited",
+CONFIG_FEATURES = ("tail_none", "log2_tail_share", "log2_tail_in_credits",
+                   "partition_none", "log2_partition", "log2_partition_share", "credit_unlimited",
                    "log2_credit", "log2_credit_share", "log2_credit_in_partitions", "log_messages")
+_LOG_MESSAGES = CONFIG_FEATURES.index("log_messages")
 CONTEXT_FEATURES = ("log_step_s", "log_compute_s", "backward_share", "compute_share", "exposed_share",
                     "queueing_share", "log_gradient_bytes", "log2_world_size", "ring_factor",
                     "backend_nccl", "backend_gloo", "log_tensor_count", "largest_tensor_share",
@@ -186,5 +191,5 @@ def feature_matrix(ctx: Context, reference: Config, candidates: Sequence[Config]
     for candidate in candidates:
         cand = _config_features(candidate, ctx.shape, gradient)
         cand_p, cand_c = effective(candidate)
-        rows.append(base + ref + cand + [cand[7] - ref[7], cand_p - ref_p, cand_c - ref_c])
+        rows.append(base + ref + cand + [cand[_LOG_MESSAGES] - ref[_LOG_MESSAGES], cand_p - ref_p, cand_c - ref_c])
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
