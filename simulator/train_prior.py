@@ -132,7 +132,8 @@ def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequen
         if only and profile.name not in only:
             continue
         shape = job_shape(profile, workers, "gloo")
-        grid = [c for c in candidate_grid(shape) if c != SCHEDULER_DEFAULT]
+        # with the tail window: the tuner does not search it, but a job may start with one
+        grid = [c for c in candidate_grid(shape, tail_window=True) if c != SCHEDULER_DEFAULT]
         configs = [SCHEDULER_DEFAULT] + rng.sample(grid, min(len(grid), CONFIGS_PER_CONTEXT - 1))
         compute_factor = rng.choice((1.0, 1.0, 1.0, 1.3, 2.0))
         windows += context_windows(profile, workers, bandwidth, link, configs, f"ctx{index}-{profile.name}",

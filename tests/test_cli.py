@@ -50,6 +50,7 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
     # Issue 13 item 8: the CLI spells the special sizes none/unlimited, and so must its errors.
     (["propose", "job", "--partition", "1e30", "--credit", "1MiB"], "use none for no partitioning"),
     (["propose", "job", "--partition", "1MiB", "--credit", "1e30"], "use unlimited for unlimited credit"),
+    (["propose", "job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "1e30"], "use none for no tail window"),
     (["history", "job", "--rank", "-1"], "--rank"),  # item 8: a negative rank is refused
     (["status", "--no-such-flag"], "No such option"),
     (["frobnicate"], "No such command"),
@@ -157,6 +158,13 @@ def test_status_history_and_tune_show_the_tuner(db_url):
         assert decisions[0]["source"] == "tuner" and decisions[0]["predicted_step_time_s"] > 0
         proposed = run_cli("propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", *address)
         assert proposed.returncode == 0 and "autobyte tune cli-job --resume" in proposed.stdout
+        tailed = run_cli("propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "8MiB", *address)
+        assert tailed.returncode == 0 and "tail=8MiB" in tailed.stdout, tailed.stdout
+        last = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)["decisions"][-1]
+        assert last["config"] == {"partition_bytes": 1 << 20, "credit_bytes": 4 << 20, "tail_bytes": 8 << 20}
+        rows = run_cli("history", "cli-job", *address, "--format", "csv").stdout.splitlines()
+        assert rows[0].endswith(",tail_bytes") and rows[-1].endswith(f",{8 << 20}"), rows
+        assert "1MiB/4MiB tail 8MiB" in run_cli("history", "cli-job", *address).stdout
         paused = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"]
         assert paused["paused"] is True
         resumed = run_cli("tune", "cli-job", "--resume", *address)

@@ -404,3 +404,24 @@ def test_partitions_are_slices_of_one_buffer_like_the_real_scheduler(resnet):
     assert plan.priority == (1, 0)  # the slice nearest the input goes first
     step = two.run(Config(4 * MIB, None), steps=3)[-1]
     assert step.step_time_s >= lower_bound_step_s(profile, 2, 1 * GBIT)
+
+
+def test_the_tail_window_lets_the_last_gradient_overtake_the_backlog():
+    """simulator.engine models Config.tail_bytes as the scheduler runs it: while gradient bytes of
+    the step are still to come (at most tail_bytes), one message at a time, so the last-ready,
+    highest-priority message waits behind one transfer instead of the whole backlog."""
+    import math
+
+    from simulator.engine import _dispatch
+
+    ready = [0.0, 0.0, 0.0, 0.001]  # three messages at once, the first layer's 1 ms later
+    sizes = (10**6,) * 4  # 1 ms each at 1e9 B/s
+    priority = (3, 2, 1, 0)  # the last one is needed first
+
+    def done(tail: float) -> list[float]:
+        return _dispatch(ready, sizes, priority, math.inf, 0.0, 0.0, 1.0, 1e9, None, 0.0, tail)
+
+    plain, tailed = done(0.0), done(4e6)
+    assert plain[3] == pytest.approx(0.004)  # behind all three
+    assert tailed[3] == pytest.approx(0.002)  # behind one
+    assert max(tailed) == pytest.approx(max(plain))  # the same bytes, the link never idles here

@@ -195,6 +195,14 @@ def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     assert all((c.credit_bytes or 0) <= MAX_CREDIT_BYTES for c in grid)
     # partitions beyond the whole gradient all send one message: only one of them is kept
     assert {c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes} == {4 * MIB}
+    # the tail window (issue 20) is searched only when asked for; a job that starts with one keeps it
+    assert all(c.tail_bytes is None for c in grid)
+    tailed = candidate_grid(small, odd, tail_window=True)
+    extra = [c for c in tailed if c.tail_bytes is not None]
+    assert extra and set(tailed) - set(extra) == set(grid)
+    assert all(c.tail_bytes == 2 * c.credit_bytes for c in extra)
+    started = Config(1 * MIB, 4 * MIB, 8 * MIB)
+    assert started in candidate_grid(small, started)
 
 
 def test_fruitless_re_tunes_raise_the_bar():
@@ -223,7 +231,7 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
     tuner, sink = make(predictor_for(BEST, 0.3))
 
     def landscape(config, step):
-        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 25) / 120))), 1e8  # from the first trial on
+        return 0.1 * (1 - 0.4 * min(1.0, max(0.0, (step - 40) / 120))), 1e8
 
     job = ScriptedJob(landscape)
     job.run(tuner, sink, 400)

@@ -91,4 +91,4 @@ def predictor_for(best: Config, gain: float) -> Predictor:
             windows.append(Window(f"j{job}", 0, config, summarize(samples, SHAPE),
                                   sorted(s.step_time_s for s in samples)[6], 12, 0.0))
     data = training_pairs(windows, now_s=0.0, half_life_s=None)
-    return Predictor(train_ensemble(data, params={**PRIOR_PARAMS, "max_depth": 3}, rounds=80))
+    return Predictor(train_ensemble(data, params={**PRIOR_PARAMS, "max_depth": 3}, rounds=40))
