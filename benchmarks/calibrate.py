@@ -52,6 +52,11 @@ _LINK_KEYS = {"latency_s", "collective_overhead_s", "launch_s", "ddp_launch_s",
               "comm_compute_slowdown", "comm_cpu_s_per_byte"}
 
 
+def link_model(link_table: dict[str, Any]) -> LinkModel:
+    """The simulator's link from a calibration file's "link" table (other keys ignored)."""
+    return LinkModel(**{k: v for k, v in link_table.items() if k in _LINK_KEYS})
+
+
 def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = True,
               link_defaults: bool = False) -> dict[str, Any]:
     """Predict every run's step time; `slowdown=False` ignores the runs' `comm_compute` probes and
@@ -60,7 +65,7 @@ def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = Tru
     default_mbit = link_table.pop("bandwidth_mbit", None)
     if link_defaults:
         link_table = {}
-    link = LinkModel(**{k: v for k, v in link_table.items() if k in _LINK_KEYS})
+    link = link_model(link_table)
     cache: dict[str, ModelProfile] = {}
     rows = []
     for run in measured["runs"]:

@@ -14,7 +14,6 @@ calibration and the model's profile) and its rank agreement (Kendall tau) with t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import statistics
@@ -42,10 +41,9 @@ def per_round(results: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
     """{label: {round: median step}} of rank 0's measured segments."""
     out: dict[str, dict[int, float]] = {}
     for item in results:
-        if item.get("event") == "result" or "step_times_s" in item:
-            times = item.get("step_times_s") or []
-            if times:
-                out.setdefault(RunConfig.parse(item["config"]).label, {})[item["round"]] = statistics.median(times)
+        if item.get("step_times_s"):
+            out.setdefault(RunConfig.parse(item["config"]).label, {})[item["round"]] = \
+                statistics.median(item["step_times_s"])
     return out
 
 
@@ -58,18 +56,15 @@ def paired_ratio(rounds: dict[str, dict[int, float]], label: str, other: str) ->
 
 
 def simulated(model: str, rate_bytes_per_s: float, labels: Sequence[str]) -> dict[str, float]:
-    """The simulator's steady step of each label (2 ranks, the testbed's link calibration)."""
-    from simulator.engine import LinkModel, Simulator, parse_config
+    """The simulator's steady step of each label (2 ranks, the testbed's link calibration), as the
+    optimum map's calibration predicts a block."""
+    from benchmarks.calibrate import link_model
+    from benchmarks.calibrate_map import BlockInputs
     from simulator.profiles import ModelProfile
-    from simulator.trace import PiecewiseConstant
 
-    link_table = json.loads(TESTBED_CALIBRATION.read_text()).get("link", {})
-    fields = {f.name for f in dataclasses.fields(LinkModel)}
-    link = LinkModel(**{k: v for k, v in link_table.items() if k in fields})
+    link = link_model(json.loads(TESTBED_CALIBRATION.read_text()).get("link", {}))
     profile = ModelProfile.load(PROFILES / f"{model}.profile.json")
-    sim = Simulator(profile, 2, PiecewiseConstant.constant(rate_bytes_per_s), link)
-    return {label: sim.steady_step_s(parse_config(label), rate_bytes_per_s, 1.0, 0.0, 1.0, steps=8)
-            for label in labels}
+    return BlockInputs(profile, 2, rate_bytes_per_s, link).predict(labels)
 
 
 def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]:

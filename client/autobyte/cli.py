@@ -69,8 +69,7 @@ def _when(unix_s: float) -> str:
 
 
 def _cfg(message: pb.Config) -> str:
-    c = config_dict(message)
-    return Config(c["partition_bytes"], c["credit_bytes"], c.get("tail_bytes")).short()
+    return config_from_proto(message).short()
 
 
 def decision_dict(d: pb.Decision) -> dict:
