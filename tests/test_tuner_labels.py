@@ -27,15 +27,18 @@ class Condition:
     neighbour_load: float = 0.0  # CPU share of the host taken by processes outside the job
 
 
-def two_ranks(n, rng, condition, start=0, noise=0.03):
+def two_ranks(n, rng, condition, start=0, noise=0.03, compute_noise=None):
     """Per step, rank 0's and rank 1's samples on one 2-core host: the step is paced by the slower
     rank's compute and the wire; a rank's bandwidth estimate (bytes / its communication span) is
-    stretched by the time it waits for a slower peer; its host load counts the other rank."""
+    stretched by the time it waits for a slower peer; its host load counts the other rank.
+    `compute_noise`: the spread of each rank's forward and backward times (default `noise`)."""
     out = []
     wire_s = 2 * GRADIENT_BYTES / condition.link_bytes_per_s / 2  # ring all-reduce of 2 ranks
     slowest = max(condition.compute_s)
+    compute_noise = noise if compute_noise is None else compute_noise
     for i in range(n):
-        jitter = [math.exp(rng.gauss(0, noise)) for _ in range(4)]
+        # step, forward, backward, bandwidth estimate
+        jitter = [math.exp(rng.gauss(0, sd)) for sd in (noise, compute_noise, compute_noise, noise)]
         step_s = (max(slowest, wire_s) + 0.3 * min(slowest, wire_s)) * jitter[0]
         ranks = []
         for rank, compute in enumerate(condition.compute_s):
@@ -126,6 +129,76 @@ def test_a_straggler_is_seen_on_its_own_rank_when_another_ranks_compute_swings()
     # one rank alone (no peers' compute in its samples) is watched as before
     alone = DriftDetector([r0 for r0, _ in two_ranks(60, rng, Condition())])
     assert "compute" in alone.watched and not any("@" in name for name in alone.watched)
+
+
+def labels(before, after):
+    """The drift detector's first alarm on `after` (none on the end of `before`) and the window
+    comparison of the two, for one change."""
+    detector = DriftDetector(before[:40])
+    assert [a for a in map(detector.update, before[40:]) if a] == []
+    found = [a for a in map(detector.update, after) if a]
+    return (found[0].reason if found else None), window_shift(before[-20:], after[-20:]).reason
+
+
+def test_competing_flows_that_cost_every_rank_cpu_read_as_the_link():
+    """Two flows through the testbed's shared host: the best bandwidth estimate falls 3.4x and
+    every rank's compute rises 2.3x (the flows' CPU) -- compute moved *more* in units of its
+    min_shift (5.5 against 4.9), but on every rank together: the link's change."""
+    rng = random.Random(21)
+    before = merged(two_ranks(80, rng, Condition()))
+    flows = Condition(link_bytes_per_s=2.5e8 / 3.4, compute_s=(0.17, 0.17))
+    assert labels(before, merged(two_ranks(200, rng, flows, start=80))) == ("bandwidth drop",) * 2
+
+
+def test_a_quota_that_also_slows_the_ranks_communication_is_the_rank():
+    """A CPU quota on rank 1 throttles its communication threads too: the best bandwidth estimate
+    falls 4x (5.5 of its min_shift) while rank 1's compute rises 2.1x (5.1) and rank 0's stays --
+    one rank apart from the others is that rank's change, and explains the link's fall."""
+    rng = random.Random(22)
+    before = merged(two_ranks(80, rng, Condition()))
+    quota = Condition(link_bytes_per_s=2.5e8 / 4, compute_s=(0.075, 0.16))
+    assert labels(before, merged(two_ranks(200, rng, quota, start=80))) == ("compute slowdown on rank 1",) * 2
+
+
+def test_a_ranks_compute_that_the_step_does_not_feel_does_not_alarm():
+    """Communication-bound (0.54 s on the wire, 75 ms compute): rank 0's compute rising 70% moves
+    the step 3%: not a change of the job's context. When it comes to pace the step, it alarms."""
+    rng = random.Random(23)
+    link = 5e7
+    before = merged(two_ranks(80, rng, Condition(link_bytes_per_s=link)))
+    detector = DriftDetector(before[:40])
+    unfelt = merged(two_ranks(300, rng, Condition(link_bytes_per_s=link, compute_s=(0.13, 0.075)), start=80))
+    assert [a for a in map(detector.update, [*before[40:], *unfelt]) if a] == []
+    felt = merged(two_ranks(100, rng, Condition(link_bytes_per_s=link, compute_s=(0.9, 0.075)), start=380))
+    found = [a for a in map(detector.update, felt) if a]
+    assert found and found[0].reason == "compute slowdown on rank 0", found[:1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_ranks_compute_noise_is_judged_by_its_steps_not_only_its_reference_blocks(seed):
+    """The testbed's per-rank compute: 25% noise per step on a 2-core host (about the min_shift
+    per 3-step block). A reference of eight block medians can come out several times too tight;
+    the spread of its steps bounds it from below, so ten minutes of it raise no alarm."""
+    rng = random.Random(seed)
+    stream = merged(two_ranks(3600, rng, Condition(), compute_noise=0.25))
+    detector = DriftDetector(stream[:40])
+    assert [a for a in map(detector.update, stream[40:]) if a] == []
+
+
+def test_a_references_noise_is_never_below_what_its_steps_imply():
+    """Eight block medians that agree by chance (here: by construction, every 3-step block of the
+    reference has the same median) would give a test with no noise at all; the spread of the
+    steps themselves bounds a block median's noise from below."""
+    compute = [0.05, 0.075, 0.11] * 40  # 2 ranks' compute per step, every block's median 0.075
+    steps = []
+    for i, c in enumerate(compute):
+        r0 = StepMetrics(step=i, wall_time_s=1.7e9 + i / 6, step_time_s=1 / 6, forward_s=c / 3,
+                         backward_s=2 * c / 3, bandwidth_bytes_per_s=2e8)
+        steps.append(merge_ranks(r0, [r0]))
+    detector = DriftDetector(steps[:24], reference_blocks=8)
+    assert detector.ready and set(detector.noise) >= {"compute@0", "compute@1"}
+    per_step = 1.4826 * statistics.median(abs(math.log(c / 0.075)) for c in compute)
+    assert detector.noise["compute@0"] >= math.sqrt(math.pi / 2) * per_step / math.sqrt(3) * 0.99
 
 
 def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():

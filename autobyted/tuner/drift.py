@@ -40,12 +40,30 @@ are true:
   rank (rank 0's 75-220 ms under a neighbour's load hid rank 1's 2.3x), bandwidth the best
   estimate of any rank (a straggler lowers only its peers' estimates; a true bandwidth drop
   lowers every rank's), host load the busiest host's;
-- among the context signals at least half way to their threshold, the label is the one whose
-  shift (the median of the blocks since its statistic was last 0, the CUSUM's own estimate of when
-  the change began: not lagged by blocks from before it) is the largest multiple of its min_shift (a bandwidth drop of 300/2000 moves log bandwidth
-  by 7.6 of its min_shift while compute stays; a 50% CPU quota on one rank moves compute by 4.6
-  while the best bandwidth estimate moves little; a neighbour's competing flow moves bandwidth
-  most). Host load names a change only when it moved more than compute and bandwidth did: the
+- each signal's noise is the larger of the reference blocks' spread and what the steps inside
+  them imply for a block's median (sqrt(pi/2) sigma_step / sqrt(steps per block)): eight block
+  medians alone estimate a spread to within a factor of two, and on the testbed a rank's compute
+  (sigma ~0.15 per block, about its own min_shift) drew references as tight as 0.03 that then
+  alarmed on the host's ordinary swings (16 of 30 runs had an alarm before any change);
+- a rank's own compute alarms only when the job's step time moved the same way (its CUSUM half
+  way to its threshold): watching every rank multiplies the tests, and a rank that speeds up or
+  slows down without moving the job's step (it is not the one that paces it) changes nothing the
+  tuner could win back; the rank's test restarts instead;
+- the label is measured on the same fresh blocks for every signal: the last (at most
+  FRESH_BLOCKS) since the change point of the test that alarmed (the blocks since its statistic
+  was last 0; the shortest of several), so no signal is diluted by its own blocks from before the
+  change (a rank's compute that drifted up on noise before a quota would read as half its shift);
+- among the context signals at least half way to their threshold (`_cause`): one rank's compute
+  moving apart from the other ranks' (by its min_shift and by 2.5 standard errors of the
+  difference) is that rank's change, and explains a fall of the bandwidth estimate too (its peers'
+  collectives wait for it: a 50% CPU quota on rank 1 raises its compute 2.2x and lowers the best
+  bandwidth estimate 40%); of two ranks apart, the one whose own compute moved more. Otherwise the
+  signal that moved most in units of its min_shift (a bandwidth drop of 300/2000 moves log
+  bandwidth by 7.6 of its min_shift while compute stays), except that compute moving on every rank
+  *together* with a bandwidth change of at least its min_shift is the link's: on the testbed's
+  shared host two competing flows cost every rank CPU (compute 2x on both ranks, bandwidth
+  estimate 3.3x lower), so a job-wide compute rise beside a link change is read as the link.
+  Host load names a change only when it moved more than compute and bandwidth did: the
   other ranks of the job on the same host count as "others" in it (autobyte.hostload), so a
   change of the job's own CPU use moves it too.
 """
@@ -87,6 +105,9 @@ SIGNALS = (
     Signal("step_time", lambda m: _log(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
 )
 MIN_REFERENCE = 5
+Z_APART = 2.5  # TunerParams.z_switch: a difference of 2.5 standard errors (~0.6% one-sided)
+FRESH_BLOCKS = 4  # blocks after an alarm's change point that its label is measured on
+MEDIAN_SE = math.sqrt(math.pi / 2)  # a median of n normal draws: sqrt(pi/2) sigma/sqrt(n) (large n)
 
 
 def _rank_compute(rank: int) -> Callable[[StepMetrics], float]:
@@ -128,6 +149,7 @@ class Cusum:
 
     def __init__(self, mu: float, sigma: float, min_shift: float) -> None:
         self.mu = mu
+        self.sigma = sigma
         self.k = max(min_shift / 2, sigma / 2)
         self.h = max(2 * min_shift, 10 * sigma)
         self.clip = self.k + self.h / 3
@@ -138,6 +160,12 @@ class Cusum:
         # from before it.
         self.run_up: list[float] = []
         self.run_down: list[float] = []
+
+    def restart(self) -> None:
+        """Back to in control (against the same reference)."""
+        self.up = self.down = 0.0
+        self.run_up.clear()
+        self.run_down.clear()
 
     def update(self, x: float) -> int:
         """+1 / -1 on an alarm upward / downward, else 0."""
@@ -197,6 +225,11 @@ class DriftDetector:
     def watched(self) -> tuple[str, ...]:
         return tuple(signal.key for signal, _ in self._tests or ())
 
+    @property
+    def noise(self) -> dict[str, float]:
+        """Each watched signal's spread per block, as its test uses it (module docstring)."""
+        return {signal.key: test.sigma for signal, test in self._tests or ()}
+
     def _block_medians(self, block: Sequence[StepMetrics]) -> dict[str, float]:
         out = {}
         for signal in self._signals:
@@ -206,15 +239,17 @@ class DriftDetector:
 
     def _start(self) -> None:
         self._tests = []
-        self._signals = job_signals([m for block in self._reference_samples for m in block],
-                                    self._base_signals)
+        steps = [m for block in self._reference_samples for m in block]
+        self._signals = job_signals(steps, self._base_signals)
         self._reference = [self._block_medians(block) for block in self._reference_samples]
         self._reference_samples = []
         for signal in self._signals:
             values = [b[signal.key] for b in self._reference if math.isfinite(b[signal.key])]
             if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
                 continue  # not measured (e.g. host load from an older client): not watched
-            sigma = max(signal.sigma_floor, robust_sigma(values))
+            per_step = [v for v in map(signal.extract, steps) if math.isfinite(v)]
+            sigma = max(signal.sigma_floor, robust_sigma(values),
+                        MEDIAN_SE * robust_sigma(per_step) / math.sqrt(self._block_steps))
             self._tests.append((signal, Cusum(statistics.median(values), sigma,
                                               signal.min_shift * self._shift_scale)))
             self._recent[signal.key] = []
@@ -236,38 +271,86 @@ class DriftDetector:
             return None
         block = self._block_medians(self._pending)
         self._pending = []
-        alarmed = False
+        alarmed: list[tuple[Signal, Cusum]] = []
         for signal, test in self._tests:
             x = block[signal.key]
             if not math.isfinite(x):
                 continue
             recent = self._recent[signal.key]
             recent.append(x)
-            del recent[:-5]
-            alarmed |= bool(test.update(x))
-        if not alarmed:
-            return None
-        # Name the cause (module docstring): among the context signals at least half way to their
-        # threshold, the one that moved most in units of its min_shift; else the step-time residual.
+            del recent[:-64]
+            if test.update(x):
+                alarmed.append((signal, test))
+
         def progress(item):
             return max(item[1].up, item[1].down) / item[1].h
 
-        def shift_of(item) -> float:
-            """The change since the CUSUM's change point in the direction it moved most."""
-            test = item[1]
-            run = test.run_up if test.up / test.h >= test.down / test.h else test.run_down
-            if not run:
-                run = self._recent[item[0].key]
-            return statistics.median(run) - test.mu if run else 0.0
+        step = next((test for signal, test in self._tests if signal.name == "step_time"), None)
 
-        context = [t for t in self._tests if t[0].name != "step_time" and progress(t) >= 0.5]
-        if context:
-            signal, test = max(context, key=lambda t: abs(shift_of(t)) / t[0].min_shift)
-        else:
+        def felt(test: Cusum) -> bool:
+            """The job's step time moved (half way to its alarm) the way this compute did."""
+            return step is None or (step.up if test.up > test.h else step.down) >= step.h / 2
+
+        unfelt = [test for signal, test in alarmed if signal.rank is not None and not felt(test)]
+        for test in unfelt:  # one rank's compute moved, the job's step did not: not a change of
+            test.restart()   # the job's context (module docstring)
+        alarmed = [(signal, test) for signal, test in alarmed if not any(test is u for u in unfelt)]
+        if not alarmed:
+            return None
+        # Name the cause (module docstring, `_cause`) among the context signals at least half way
+        # to their threshold; else the step-time residual. Every signal's shift is measured over the same, fresh blocks: the last (at most
+        # FRESH_BLOCKS) since the change point of the test that alarmed (the shortest such run),
+        # so that no signal is diluted by blocks from before the change (module docstring).
+        def run_of(test: Cusum) -> list[float]:
+            return test.run_up if test.up / test.h >= test.down / test.h else test.run_down
+
+        since = max(1, min(FRESH_BLOCKS, *(len(run_of(test)) for _, test in alarmed)))
+        shifts = {}
+        for signal, test in self._tests:
+            recent = self._recent[signal.key][-since:]
+            shifts[signal.key] = (signal, statistics.median(recent) - test.mu if recent else 0.0,
+                                  MEDIAN_SE * test.sigma / math.sqrt(max(1, len(recent))))
+        context = {signal.key for signal, test in self._tests
+                   if signal.name != "step_time" and progress((signal, test)) >= 0.5}
+        cause = _cause(shifts, context)
+        if cause is None:  # no context signal moved: the step-time residual, or the nearest test
             signal, test = max(self._tests, key=progress)
-        shift = shift_of((signal, test))
-        direction = (1 if shift > 0 else -1) if shift else (1 if test.up >= test.down else -1)
-        return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
+            shift = shifts[signal.key][1]
+            direction = (1 if shift > 0 else -1) if shift else (1 if test.up >= test.down else -1)
+            return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
+        return _alarm(*cause)
+
+
+def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> tuple[Signal, float] | None:
+    """Which change explains the context signals in `moved` (keys of `shifts`: every watched
+    signal's shift and its standard error), by the precedence of the module docstring: one rank's
+    compute moving apart from the other ranks' (by its min_shift and by Z_APART standard errors of
+    the difference) is that rank's change, and explains a fall of the
+    bandwidth estimate (the peers wait for it); otherwise the signal that moved most in units of
+    its min_shift, except that compute moving on every rank together with a bandwidth change by
+    its min_shift is the link's (on a shared host competing traffic costs every rank CPU)."""
+    candidates = [shifts[key] for key in moved if key in shifts]
+    if not candidates:
+        return None
+    per_rank = [item for item in shifts.values() if item[0].rank is not None]
+    apart = []
+    for signal, shift, se in candidates:
+        if signal.rank is None:
+            continue
+        others = [(x, e) for s, x, e in per_rank if s.rank != signal.rank]
+        gap = shift - statistics.median(x for x, _ in others) if others else shift
+        noise = math.hypot(se, max((e for _, e in others), default=0.0))
+        if abs(gap) >= max(signal.min_shift, Z_APART * noise):
+            apart.append((abs(shift) / signal.min_shift, signal, gap))  # 2 ranks: equal gaps
+    if apart:
+        _, signal, gap = max(apart, key=lambda t: t[0])
+        return signal, gap
+    signal, shift, _ = max(candidates, key=lambda t: abs(t[1]) / t[0].min_shift)
+    if signal.name == "compute" and per_rank:
+        link = [(s, x) for s, x, _ in candidates if s.name == "bandwidth" and abs(x) >= s.min_shift]
+        if link:
+            return link[0]
+    return signal, shift
 
 
 def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],
@@ -275,7 +358,7 @@ def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
     """Two windows of the same configuration: among the context signals whose medians differ by
     more than max(min_shift, 3 standard errors), the one that moved most in units of its min_shift
     (module docstring) — a change that happened between them."""
-    moved = []
+    shifts, moved = {}, set()
     for signal in job_signals([*reference, *window], signals):
         if signal.name == "step_time":
             continue
@@ -284,10 +367,13 @@ def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
         if len(a) < MIN_REFERENCE or len(b) < MIN_REFERENCE:
             continue
         sigma = max(signal.sigma_floor, robust_sigma(a), robust_sigma(b))
+        se = MEDIAN_SE * sigma * math.sqrt(1 / len(a) + 1 / len(b))
         shift = statistics.median(b) - statistics.median(a)
-        if abs(shift) > max(signal.min_shift, 3 * 1.253 * sigma * math.sqrt(1 / len(a) + 1 / len(b))):
-            moved.append((abs(shift) / signal.min_shift, _alarm(signal, shift)))
-    return max(moved, key=lambda t: t[0])[1] if moved else None
+        shifts[signal.key] = (signal, shift, se)
+        if abs(shift) > max(signal.min_shift, 3 * se):
+            moved.add(signal.key)
+    cause = _cause(shifts, moved)
+    return _alarm(*cause) if cause else None
 
 
 def _alarm(signal: Signal, shift: float) -> Alarm:
