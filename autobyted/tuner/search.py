@@ -480,18 +480,23 @@ class JobTuner:
         residuals = [(t.log_median - reference.log_median) - float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        paying, best = self._paying(reference, [
-            (c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-            zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])])
+        scored = [(c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+                  zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])]
+        paying, best = self._paying(reference, scored)
         if not paying:
             self._finish("" if self.trials else self._none_pays(best))
             return
         # What an earlier search in this context ended holding is tried first (its measurement is
         # the surest gain; if it wins again, that search's trials from it need not be repeated).
         config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
+        predicted = reference.median_s * math.exp(mu)
+        spread = next(sd for c, _mu, sd in scored if c == config)
+        if (config in self.known_winners and not self.trials and reference is incumbent
+                and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)):
+            self._switch_known(config, predicted)
+            return
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
-        predicted = reference.median_s * math.exp(mu)
         reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
                   f"{describe_speedup(speedup(incumbent.median_s, predicted), describe(incumbent.config))}"
                   f"{self._context_note()}")
@@ -501,6 +506,28 @@ class JobTuner:
         self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
         self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
+
+    def _switch_known(self, config: Config, predicted: float) -> None:
+        """Warm start: an earlier job of this shape held `config` after its search in this context,
+        and what it measured (with the model) says it wins by more than min_gain at z_switch
+        standard errors: switch to it without a trial; its verification window decides (kept when
+        it measures at least min_gain over the incumbent, else it counts as a lost trial and the
+        search goes on)."""
+        incumbent = self.incumbent
+        assert incumbent is not None
+        reason = (f"warm start: {describe(config)}, held by an earlier job of this model in this context, "
+                  f"predicted {describe_speedup(speedup(incumbent.median_s, predicted), describe(incumbent.config))}"
+                  f"{self._context_note()}; switching without a trial")
+        decision = self._decide(config, reason, predicted, "switch")
+        if decision is None:
+            return
+        self.winner = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
+        self.confirmed = True
+        self.switch_id = decision
+        self.stats["switches"] += 1
+        self.window = []
+        self.need = self._window(self.p.trial_steps, self.p.trial_window_s)
+        self._set("verifying", f"switching to {describe(config)} (an earlier job's winner here), verifying")
 
     def _on_trial(self, m: StepMetrics) -> None:
         trial = self.trial
@@ -696,6 +723,17 @@ class JobTuner:
         measured = _Measured(winner.config, list(self.window), self.switch_id)
         self._learn_noise(measured.samples)
         self.sink.close_decision(self.switch_id, measured.median_s, None)
+        if not winner.samples and winner is not incumbent:  # a warm start's switch (_switch_known)
+            if incumbent.log_median - measured.log_median >= math.log1p(self.p.min_gain):
+                winner.samples.extend(measured.samples)
+                self._record(measured)
+                self._settle_winner(winner, measured.samples, "")
+            else:  # it did not win here: a lost trial; the search goes on from the incumbent
+                self.stats["trials"] += 1
+                self.confirmed = False
+                measured.predicted_log = winner.predicted_log
+                self._accept_trial(measured)
+            return
         shift = window_shift(winner.samples, measured.samples)
         if shift is not None:
             self._abort(shift, measured)
