@@ -50,8 +50,12 @@
   error); the model's mean error there (its bias for this job, shrunk) corrects the candidates
   nobody measured. A model trained on many jobs predicts *this*
   job's landscape only roughly; its own earlier measurement in the same context predicts it to a
-  few percent: so the second job of a model tries the configuration that won for the first one
-  (and not those that lost), and needs fewer trials than the first. When a trial's winner is the
+  few percent: so the second job of a model goes to the configuration that won for the first one
+  (and not to those that lost), and needs fewer trials than the first. Where that combined
+  prediction says the earlier winner wins by more than `min_gain` at `z_switch` spreads, the
+  search switches to it *without a trial* (`_switch_known`, "warm start: ..."): its verification
+  window keeps it when it measures at least `min_gain` over the incumbent; otherwise it counts as
+  a lost trial and the search goes on. When a trial's winner is the
   configuration an earlier job held after its search in the same context (tried first when its
   trial pays), the search ends there:
   that search already paid for the trials from it (without this, a model retrained on the first
