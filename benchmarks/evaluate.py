@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.policies import default_grid, make_policy
+from benchmarks.policies import default_grid, make_policy, start_config
 from benchmarks.policy import Policy, PolicyContext, RunSummary
 from benchmarks.scenario import GBIT, Scenario, load_scenario
 from simulator.engine import RunConfig, SimulatedStep, Simulator, lower_bound_step_s
@@ -403,12 +403,14 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         if name in fixed:
             continue
         policy: Policy
-        if name == "autobyte":
+        if name == "autobyte" or name.startswith("autobyte:"):
             from simulator.adapter import SCHEDULER_DEFAULT
-            label = _testbed_label(SCHEDULER_DEFAULT)
+            start = SCHEDULER_DEFAULT if name == "autobyte" else start_config(name, "autobyte:")
+            label = _testbed_label(start)
             logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
-            series = _cached_run(cache, scenario, "policy-autobyte",
-                                 lambda: _run_on_testbed(scenario, label, trace, daemon=True))
+            key = "policy-autobyte" if name == "autobyte" else f"policy-autobyte-{label}"
+            series = _cached_run(cache, scenario, key,
+                                 lambda label=label: _run_on_testbed(scenario, label, trace, daemon=True))
             tuner = series.tuner or {}
             runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
             extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}

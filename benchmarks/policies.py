@@ -255,28 +255,37 @@ class BayesOptOncePolicy(Policy):
         return f"{describe_config(self.final)} after {len(self.results)} trials"
 
 
-POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle", "autobyte")
+POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle", "autobyte", "autobyte:P,C")
+
+
+def start_config(spec: str, prefix: str) -> Config:
+    """The P,C of "static:P,C" or "autobyte:P,C" (`prefix` the part before P)."""
+    try:
+        partition_text, credit_text = spec[len(prefix):].split(",")
+        return Config(parse_bytes(partition_text), parse_bytes(credit_text))
+    except ValueError as exc:
+        raise ValueError(f"bad policy {spec!r}: {exc} (example: {prefix}4MiB,16MiB)") from None
 
 
 def make_policy(spec: str) -> Policy:
-    """'ddp', 'static:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle' -> a fresh policy."""
+    """'ddp', 'static:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle', 'autobyte' (from the
+    scheduler's default), 'autobyte:64KiB,64KiB' (the tuner from that start) -> a fresh policy."""
     if spec == "ddp":
         return StaticPolicy(DDP, "ddp")
     if spec.startswith("static:"):
-        try:
-            partition_text, credit_text = spec[len("static:"):].split(",")
-            config = Config(parse_bytes(partition_text), parse_bytes(credit_text))
-        except ValueError as exc:
-            raise ValueError(f"bad policy {spec!r}: {exc} (example: static:4MiB,16MiB)") from None
-        return StaticPolicy(config, spec)
+        return StaticPolicy(start_config(spec, "static:"), spec)
     if spec == "grid-best":
         return GridBestPolicy()
     if spec == "bo-once":
         return BayesOptOncePolicy()
     if spec == "oracle":
         return OraclePolicy()
-    if spec == "autobyte":
+    if spec == "autobyte" or spec.startswith("autobyte:"):
         from benchmarks.autobyte_policy import AutobytePolicy  # xgboost: only when asked for
 
-        return AutobytePolicy()
+        if spec == "autobyte":
+            return AutobytePolicy()
+        policy = AutobytePolicy(initial=start_config(spec, "autobyte:"))
+        policy.name = spec
+        return policy
     raise ValueError(f"unknown policy {spec!r}: use one of {', '.join(POLICY_NAMES)}")
