@@ -174,6 +174,37 @@ def test_a_ranks_compute_that_the_step_does_not_feel_does_not_alarm():
     assert found and found[0].reason == "compute slowdown on rank 0", found[:1]
 
 
+def _quota_shape(n, rng, start, rank1_compute_s, bandwidth, step_s):
+    """The testbed's CPU quota as its samples show it: a noisy step time (35% per step), steady
+    bandwidth estimates and compute; the quota raises rank 1's compute 2.2x, lowers the best
+    bandwidth estimate 40% and lengthens the step 1.8x."""
+    out = []
+    for i in range(n):
+        step = step_s * math.exp(rng.gauss(0, 0.35))
+        ranks = []
+        for compute in (0.075, rank1_compute_s):
+            jitter = math.exp(rng.gauss(0, 0.03))
+            ranks.append(StepMetrics(step=start + i, wall_time_s=1.7e9 + (start + i) * 0.17, step_time_s=step,
+                                     forward_s=compute / 3 * jitter, backward_s=2 * compute / 3 * jitter,
+                                     bandwidth_bytes_per_s=bandwidth * math.exp(rng.gauss(0, 0.02)),
+                                     bytes_reduced=GRADIENT_BYTES))
+        out.append(merge_ranks(ranks[0], ranks[1:]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_stragglers_alarm_is_kept_when_the_bandwidth_test_crosses_in_the_same_block(seed):
+    """The step time's test is slow (its noise is large) while rank 1's compute and the bandwidth
+    estimate cross together: the job's context moved, so the rank's alarm is not dropped as
+    "not felt" and it names the cause."""
+    rng = random.Random(seed)
+    before = _quota_shape(80, rng, 0, 0.075, 2.2e8, 0.17)
+    detector = DriftDetector(before[:40])
+    assert [a for a in map(detector.update, before[40:]) if a] == []
+    found = [a for a in map(detector.update, _quota_shape(200, rng, 80, 0.165, 1.3e8, 0.30)) if a]
+    assert found and found[0].reason == "compute slowdown on rank 1", found[:1]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_each_ranks_compute_noise_is_judged_by_its_steps_not_only_its_reference_blocks(seed):
     """The testbed's per-rank compute: 25% noise per step on a 2-core host (about the min_shift

@@ -46,9 +46,11 @@ are true:
   (sigma ~0.15 per block, about its own min_shift) drew references as tight as 0.03 that then
   alarmed on the host's ordinary swings (16 of 30 runs had an alarm before any change);
 - a rank's own compute alarms only when the job's step time moved the same way (its CUSUM half
-  way to its threshold): watching every rank multiplies the tests, and a rank that speeds up or
-  slows down without moving the job's step (it is not the one that paces it) changes nothing the
-  tuner could win back; the rank's test restarts instead;
+  way to its threshold) or another of the job's signals alarms in the same block: watching every
+  rank multiplies the tests, and a rank that speeds up or slows down without moving the job's step
+  (it is not the one that paces it) changes nothing the tuner could win back; the rank's test
+  restarts instead. When the job's context did move (a quota on rank 1 lowers the bandwidth
+  estimate too, and that test may cross first), the rank's alarm stays: it names the cause;
 - the label is measured on the same fresh blocks for every signal: the last (at most
   FRESH_BLOCKS) since the change point of the test that alarmed (the blocks since its statistic
   was last 0; the shortest of several), so no signal is diluted by its own blocks from before the
@@ -291,10 +293,10 @@ class DriftDetector:
             """The job's step time moved (half way to its alarm) the way this compute did."""
             return step is None or (step.up if test.up > test.h else step.down) >= step.h / 2
 
-        unfelt = [test for signal, test in alarmed if signal.rank is not None and not felt(test)]
-        for test in unfelt:  # one rank's compute moved, the job's step did not: not a change of
-            test.restart()   # the job's context (module docstring)
-        alarmed = [(signal, test) for signal, test in alarmed if not any(test is u for u in unfelt)]
+        if alarmed and all(signal.rank is not None and not felt(test) for signal, test in alarmed):
+            for _, test in alarmed:  # only ranks' compute moved, the job's step did not: not a
+                test.restart()       # change of the job's context (module docstring)
+            return None
         if not alarmed:
             return None
         # Name the cause (module docstring, `_cause`) among the context signals at least half way
