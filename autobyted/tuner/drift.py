@@ -287,22 +287,23 @@ class DriftDetector:
         def progress(item):
             return max(item[1].up, item[1].down) / item[1].h
 
+        if not alarmed:
+            return None
         step = next((test for signal, test in self._tests if signal.name == "step_time"), None)
 
         def felt(test: Cusum) -> bool:
             """The job's step time moved (half way to its alarm) the way this compute did."""
             return step is None or (step.up if test.up > test.h else step.down) >= step.h / 2
 
-        if alarmed and all(signal.rank is not None and not felt(test) for signal, test in alarmed):
+        if all(signal.rank is not None and not felt(test) for signal, test in alarmed):
             for _, test in alarmed:  # only ranks' compute moved, the job's step did not: not a
                 test.restart()       # change of the job's context (module docstring)
             return None
-        if not alarmed:
-            return None
         # Name the cause (module docstring, `_cause`) among the context signals at least half way
-        # to their threshold; else the step-time residual. Every signal's shift is measured over the same, fresh blocks: the last (at most
-        # FRESH_BLOCKS) since the change point of the test that alarmed (the shortest such run),
-        # so that no signal is diluted by blocks from before the change (module docstring).
+        # to their threshold; else the step-time residual. Every signal's shift is measured over
+        # the same, fresh blocks: the last (at most FRESH_BLOCKS) since the change point of the
+        # test that alarmed (the shortest such run), so that no signal is diluted by blocks from
+        # before the change.
         def run_of(test: Cusum) -> list[float]:
             return test.run_up if test.up / test.h >= test.down / test.h else test.run_down
 
@@ -331,7 +332,7 @@ def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> t
     bandwidth estimate (the peers wait for it); otherwise the signal that moved most in units of
     its min_shift, except that compute moving on every rank together with a bandwidth change by
     its min_shift is the link's (on a shared host competing traffic costs every rank CPU)."""
-    candidates = [shifts[key] for key in moved if key in shifts]
+    candidates = [shifts[key] for key in sorted(moved) if key in shifts]  # ties: the same pick every run
     if not candidates:
         return None
     per_rank = [item for item in shifts.values() if item[0].rank is not None]
