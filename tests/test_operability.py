@@ -2,8 +2,6 @@
 a bounded ingest queue that pushes back with a retry hint, capped registrations, large requests kept
 off the event loop, and the token on every RPC of every service."""
 
-import gc
-import logging
 import re
 import sqlite3
 import threading
@@ -133,48 +131,42 @@ def client(thread_daemon):
 
 
 @pytest.mark.slow  # heavy in-process work: 100k-sample batches, inline and through the daemon
-def test_large_requests_do_not_block_the_event_loop(db_url, caplog):
+def test_large_requests_do_not_block_the_event_loop(db_url):
     """Validating a batch of 100k samples and building a History of 100k steps happen on worker threads:
-    asyncio (debug mode) reports every loop callback that took long, and none may come near the time
-    the same work takes when done inline (measured here, under the same load)."""
+    the CPU time the event loop's thread spends while both requests are served must stay far below
+    what the validation alone costs when done inline (measured here, on the same data).
+
+    CPU time, not the wall time of loop callbacks (asyncio's debug mode): a callback's wall time also
+    counts the time the loop thread waits for the GIL while another thread of this process holds it
+    (the worker doing the validation, the test's own client parsing 100k steps in one C call, a
+    garbage collection) or for a core on a loaded 2-core host; 0.55 s of such waiting was seen in a
+    clean-clone CI run in a decision poll that does no work. Waiting costs the thread no CPU time;
+    work done inline does."""
     from autobyted.ingest import validate_batch
 
-    daemon = ThreadDaemon(db_url, asyncio_debug=True, max_samples_per_batch=100_000,
-                          max_message_bytes=32 << 20).start()
+    daemon = ThreadDaemon(db_url, max_samples_per_batch=100_000, max_message_bytes=32 << 20).start()
     client = Client(daemon.address)
     try:
         session = client.register().session_id
         big = batch(session, range(1, 100_001))
-        started = time.perf_counter()
+        started = time.thread_time()
         validated = validate_batch(big, 100_000)
-        inline_validation_s = time.perf_counter() - started
-        # only the requests count: the daemon's start-up (migrations, the tuner's predictor) runs on
-        # the loop before it serves anything, and the first start in a process imports xgboost
-        caplog.clear()
-        # and only the daemon's own objects: everything earlier tests left in this process (torch,
-        # xgboost, their objects) is moved out of the collector's reach, or a full collection that
-        # happens to fall on the loop thread walks the whole test session's heap (0.4-0.5 s seen).
-        # The collector stays off while the requests run: this process also holds the test's own
-        # 100k-object copies (the inline validation, the client's History), and a collection they
-        # trigger on any thread holds the GIL and stalls the loop (0.475 s seen in a decision poll's
-        # return from sleep, in a clean-clone CI run) without the daemon doing any work inline
-        gc.collect()
-        gc.freeze()
-        gc.disable()
-        with caplog.at_level(logging.WARNING, logger="asyncio"):
-            assert client.stream([big]) == [100_000]
-            history = client.query.History(pb.HistoryRequest(job="job", limit=100_000), timeout=60)
-        assert len(history.steps) == 100_000
+        inline_validation_cpu_s = time.thread_time() - started
         del validated
+        # only the requests count: the daemon's start-up (migrations, the tuner's predictor) ran on
+        # the loop before it served anything
+        loop_clock = time.pthread_getcpuclockid(daemon._thread.ident)
+        loop_started = time.clock_gettime(loop_clock)
+        assert client.stream([big]) == [100_000]
+        history = client.query.History(pb.HistoryRequest(job="job", limit=100_000), timeout=60)
+        loop_cpu_s = time.clock_gettime(loop_clock) - loop_started
+        assert len(history.steps) == 100_000
     finally:
-        gc.enable()
-        gc.unfreeze()
         client.close()
         daemon.stop()
-    blocked = [float(m.group(1)) for r in caplog.records if (m := re.search(r"took (\d+\.\d+) seconds",
-                                                                             r.getMessage()))]
-    # inline, validation blocked the loop for ~inline_validation_s and History for ~1/4 of it
-    assert max(blocked, default=0.0) < inline_validation_s / 5, (blocked, inline_validation_s)
+    # inline, the loop would have spent at least inline_validation_cpu_s (and History ~1/4 more); what
+    # it does spend is gRPC's own (de)serialization of the two messages and the periodic loops
+    assert loop_cpu_s < inline_validation_cpu_s / 3, (loop_cpu_s, inline_validation_cpu_s)
 
 
 RPCS = {

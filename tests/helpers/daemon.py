@@ -15,11 +15,10 @@ from tests.helpers.paths import BIN
 class ThreadDaemon:
     """A real autobyted (gRPC server + SQLite) running on an event loop in a background thread."""
 
-    def __init__(self, db_url: str, asyncio_debug: bool = False, **overrides) -> None:
+    def __init__(self, db_url: str, **overrides) -> None:
         from autobyted.app import Daemon
         from autobyted.settings import Settings
 
-        self.asyncio_debug = asyncio_debug  # asyncio logs every callback that blocks the loop > 0.1 s
         self.settings = Settings(listen="127.0.0.1:0", db=db_url, **overrides)
         self.daemon = Daemon(self.settings)
         self._ready = threading.Event()
@@ -38,8 +37,7 @@ class ThreadDaemon:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False),
-                        debug=self.asyncio_debug)
+            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False))
         except BaseException as error:  # surfaced by start()
             self._error = error
             self._ready.set()
