@@ -278,3 +278,20 @@ def test_client_compute_times_exclude_the_waits_for_parameters():
     forward_s, backward_s = compute_times(record, t_step=11.0)
     assert forward_s == pytest.approx(0.2) and backward_s == pytest.approx(0.4)
     assert compute_times(StepTimings(), t_step=11.0) == (0.0, 0.0)
+
+
+def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
+    """The step time's test sits part way up (a slow creep of 8%, below its minimum shift) when the
+    link drops: it crosses in the first block after the drop, when the bandwidth test has seen one
+    block (a third of its threshold). Labelled then, on blocks mostly from before the drop, it read
+    "step time rise"; it waits for the bandwidth test, which crosses four blocks later."""
+    rng = random.Random(5)
+    quiet = merged(two_ranks(80, rng, Condition(), noise=0.0))
+    detector = DriftDetector(quiet[:40])
+    creep = [dataclasses.replace(m, step_time_s=m.step_time_s * math.exp(0.08))
+             for m in merged(two_ranks(24, rng, Condition(), start=80, noise=0.0))]
+    assert [a for a in map(detector.update, [*quiet[40:], *creep]) if a] == []
+    drop = merged(two_ranks(80, rng, Condition(link_bytes_per_s=3.75e7), start=104, noise=0.0))
+    found = [(i, a) for i, a in enumerate(map(detector.update, drop)) if a]
+    assert found and found[0][1].reason == "bandwidth drop", found[:1]
+    assert found[0][0] < 6 * 4, found[:1]  # within six blocks of four steps

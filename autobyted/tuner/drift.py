@@ -55,6 +55,15 @@ are true:
   FRESH_BLOCKS) since the change point of the test that alarmed (the blocks since its statistic
   was last 0; the shortest of several), so no signal is diluted by its own blocks from before the
   change (a rank's compute that drifted up on noise before a quota would read as half its shift);
+- a step-time alarm waits up to LABEL_WAIT_BLOCKS blocks for a context test to cross before it
+  is labelled (the context test's own change point then says which blocks are fresh), and without
+  one it is labelled on the blocks after the alarm: the step-time test is the noisiest, its
+  statistic can sit part way up on noise for many blocks and cross in the first block after a
+  change, when the context's tests have seen one block of it (a third of their threshold at most,
+  by the clipping) and its own "fresh" blocks are mostly from before the change (on the testbed:
+  competing flows labelled "step time rise" or by a rank's compute swing). A context test needs
+  at least four blocks to cross, so the wait is four blocks (2 s); a re-tune starts that much later
+  only when the step time moved before anything that explains it;
 - among the context signals at least half way to their threshold (`_cause`): one rank's compute
   moving apart from the other ranks' (by its min_shift and by 2.5 standard errors of the
   difference) is that rank's change, and explains a fall of the bandwidth estimate too (its peers'
@@ -109,6 +118,7 @@ SIGNALS = (
 MIN_REFERENCE = 5
 Z_APART = 2.5  # TunerParams.z_switch: a difference of 2.5 standard errors (~0.6% one-sided)
 FRESH_BLOCKS = 4  # blocks after an alarm's change point that its label is measured on
+LABEL_WAIT_BLOCKS = 4  # blocks a step-time alarm waits for a context test to cross (one needs >= 4)
 MEDIAN_SE = math.sqrt(math.pi / 2)  # a median of n normal draws: sqrt(pi/2) sigma/sqrt(n) (large n)
 
 
@@ -216,6 +226,7 @@ class DriftDetector:
         self._reference: list[dict[str, float]] = []
         self._tests: list[tuple[Signal, Cusum]] | None = None
         self._recent: dict[str, list[float]] = {}
+        self._deferred: int | None = None  # blocks since a step-time alarm whose label waits
         for sample in head_start:
             self.update(sample)
 
@@ -284,10 +295,19 @@ class DriftDetector:
             if test.update(x):
                 alarmed.append((signal, test))
 
-        def progress(item):
-            return max(item[1].up, item[1].down) / item[1].h
-
-        if not alarmed:
+        if self._deferred is not None:
+            self._deferred += 1
+            if not any(signal.name != "step_time" for signal, _ in alarmed):
+                if self._deferred < LABEL_WAIT_BLOCKS:
+                    return None
+                # no context test crossed: the label is measured on the blocks since the alarm
+                since, self._deferred = self._deferred, None
+                return self._label(since)
+            self._deferred = None  # a context test crossed: its own change point says which blocks
+        elif not alarmed:
+            return None
+        elif all(signal.name == "step_time" for signal, _ in alarmed):
+            self._deferred = 0  # wait for the context's tests (module docstring: a late label)
             return None
         step = next((test for signal, test in self._tests if signal.name == "step_time"), None)
 
@@ -299,15 +319,24 @@ class DriftDetector:
             for _, test in alarmed:  # only ranks' compute moved, the job's step did not: not a
                 test.restart()       # change of the job's context (module docstring)
             return None
-        # Name the cause (module docstring, `_cause`) among the context signals at least half way
-        # to their threshold; else the step-time residual. Every signal's shift is measured over
-        # the same, fresh blocks: the last (at most FRESH_BLOCKS) since the change point of the
-        # test that alarmed (the shortest such run), so that no signal is diluted by blocks from
-        # before the change.
+
+        # Every signal's shift is measured over the same, fresh blocks: the last (at most
+        # FRESH_BLOCKS) since the change point of the test that alarmed (the shortest such run),
+        # so that no signal is diluted by blocks from before the change.
         def run_of(test: Cusum) -> list[float]:
             return test.run_up if test.up / test.h >= test.down / test.h else test.run_down
 
-        since = max(1, min(FRESH_BLOCKS, *(len(run_of(test)) for _, test in alarmed)))
+        return self._label(max(1, min(FRESH_BLOCKS, *(len(run_of(test)) for _, test in alarmed))))
+
+    def _label(self, since: int) -> Alarm:
+        """The alarm's reason, from every signal's shift over its last `since` blocks: the cause
+        (module docstring, `_cause`) among the context signals at least half way to their
+        threshold; else the step-time residual."""
+        assert self._tests is not None
+
+        def progress(item):
+            return max(item[1].up, item[1].down) / item[1].h
+
         shifts = {}
         for signal, test in self._tests:
             recent = self._recent[signal.key][-since:]
