@@ -21,6 +21,9 @@ Reported per fold and pooled over the folds of a kind (every block is left out o
   round), reference = the default, median over the blocks;
 - the noise floor: the same error and tau between the two rounds of a block (how well the testbed
   agrees with itself; no predictor can be judged below it).
+When the dataset holds blocks recorded with windows of different lengths (`--steps`), the pooled
+errors (at the first share) and the noise floor are also given per window length: a window of
+more steps is a less noisy measurement, both as the reference and as the truth.
 Goals (issue 19): median <= 5%, p90 <= 15%, tau >= 0.6.
 """
 
@@ -125,7 +128,7 @@ def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[di
 def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
     from simulator import train_prior
     from simulator.adapter import SCHEDULER_DEFAULT
-    from simulator.real_windows import block_windows, load_dataset
+    from simulator.real_windows import block_job, block_windows, load_dataset
 
     data = load_dataset(dataset)
     blocks = data["blocks"]
@@ -136,6 +139,12 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
     per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
     all_windows = [w for windows in per_block for w in windows]
     results["noise_floor"] = noise_floor(all_windows)
+    # Blocks recorded with longer windows are less noisy: their floor and errors apart as well
+    steps_of = {block_job(b): int(b["steps"]) for b in blocks}
+    lengths = sorted(set(steps_of.values()))
+    if len(lengths) > 1:
+        results["noise_floor_by_steps"] = {str(n): noise_floor([w for w in all_windows if steps_of[w.job] == n])
+                                           for n in lengths}
     for kind, name, held_out in folds(blocks):
         started = time.perf_counter()
         exclude: tuple[str, ...] = ()  # no simulator profile is of a dataset model (sizes differ)
@@ -149,6 +158,14 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
         for share in shares:
             after = train_prior.train(exclude=exclude, real=train, real_share=share, simulated=simulated[exclude])
             fold["after"][str(share)] = evaluate(after, test, SCHEDULER_DEFAULT)
+            if len(lengths) > 1 and share == shares[0]:
+                fold["by_steps"] = {}
+                for n in lengths:
+                    subset = [w for w in test if steps_of[w.job] == n]
+                    if subset:
+                        fold["by_steps"][str(n)] = {
+                            "before": evaluate(before_priors[exclude], subset, SCHEDULER_DEFAULT),
+                            "after": evaluate(after, subset, SCHEDULER_DEFAULT)}
         fold["seconds"] = round(time.perf_counter() - started, 1)
         results["folds"].append(fold)
         print(f"  fold {kind}={name}: {len(test)} windows left out, {fold['seconds']} s", file=sys.stderr, flush=True)
@@ -158,6 +175,14 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
             results[f"pooled_{kind}"] = {"before": pooled([f["before"] for f in mine]),
                                          "after": {str(s): pooled([f["after"][str(s)] for f in mine])
                                                    for s in shares}}
+            by_steps = {}
+            for n in lengths if len(lengths) > 1 else ():
+                parts = [f["by_steps"][str(n)] for f in mine if str(n) in f.get("by_steps", {})]
+                if parts:
+                    by_steps[str(n)] = {"before": pooled([p["before"] for p in parts]),
+                                        "after": pooled([p["after"] for p in parts])}
+            if by_steps:
+                results[f"pooled_{kind}_by_steps"] = by_steps
     return results
 
 
@@ -187,6 +212,13 @@ def format_results(results: dict[str, Any]) -> str:
             for share, value in item["after"].items():
                 lines.append(_row(f"**every {kind}, pooled** | after (real {float(share):.0%})", value))
     lines.append(_row("noise floor (round vs round) | -", results["noise_floor"]))
+    share = f"{float(results['shares'][0]):.0%}"
+    for kind in ("model", "condition"):
+        for n, item in results.get(f"pooled_{kind}_by_steps", {}).items():
+            lines.append(_row(f"every {kind}, pooled, {n}-step windows | before", item["before"]))
+            lines.append(_row(f"every {kind}, pooled, {n}-step windows | after (real {share})", item["after"]))
+    for n, item in results.get("noise_floor_by_steps", {}).items():
+        lines.append(_row(f"noise floor, {n}-step windows | -", item))
     return "\n".join(lines)
 
 
