@@ -295,3 +295,18 @@ def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
     found = [(i, a) for i, a in enumerate(map(detector.update, drop)) if a]
     assert found and found[0][1].reason == "bandwidth drop", found[:1]
     assert found[0][0] < 6 * 4, found[:1]  # within six blocks of four steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stragglers_alarm_is_kept_when_the_bandwidth_test_crosses_a_block_later(seed):
+    """A quota whose step-time rise is small against the step's noise: rank 1's compute crosses
+    while the step's test is below half way, and the bandwidth estimate (down 0.24, just under its
+    minimum shift) crosses one block later. The job's context is moving (the bandwidth test is past
+    half way), so the rank's alarm is kept and names the cause; restarted, it was "bandwidth drop"."""
+    rng = random.Random(seed)
+    before = _quota_shape(80, rng, 0, 0.075, 2.2e8, 0.17)
+    detector = DriftDetector(before[:40])
+    assert [a for a in map(detector.update, before[40:]) if a] == []
+    after = _quota_shape(200, rng, 80, 0.165, 2.2e8 * math.exp(-0.24), 0.22)
+    found = [a for a in map(detector.update, after) if a]
+    assert found and found[0].reason == "compute slowdown on rank 1", found[:1]

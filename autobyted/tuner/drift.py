@@ -46,11 +46,14 @@ are true:
   (sigma ~0.15 per block, about its own min_shift) drew references as tight as 0.03 that then
   alarmed on the host's ordinary swings (16 of 30 runs had an alarm before any change);
 - a rank's own compute alarms only when the job's step time moved the same way (its CUSUM half
-  way to its threshold) or another of the job's signals alarms in the same block: watching every
+  way to its threshold) or another of the job's context signals (bandwidth estimate, host load)
+  is half way to its own threshold: watching every
   rank multiplies the tests, and a rank that speeds up or slows down without moving the job's step
   (it is not the one that paces it) changes nothing the tuner could win back; the rank's test
   restarts instead. When the job's context did move (a quota on rank 1 lowers the bandwidth
-  estimate too, and that test may cross first), the rank's alarm stays: it names the cause;
+  estimate too, and that test may cross in the same block or a block later), the rank's alarm
+  stays: it names the cause (on the testbed a quota's rank alarm was restarted one block before
+  the bandwidth test crossed, with the step's test at 0.48 of its threshold: "bandwidth drop");
 - the label is measured on the same fresh blocks for every signal: the last (at most
   FRESH_BLOCKS) since the change point of the test that alarmed (the blocks since its statistic
   was last 0; the shortest of several), so no signal is diluted by its own blocks from before the
@@ -315,9 +318,12 @@ class DriftDetector:
             """The job's step time moved (half way to its alarm) the way this compute did."""
             return step is None or (step.up if test.up > test.h else step.down) >= step.h / 2
 
-        if all(signal.rank is not None and not felt(test) for signal, test in alarmed):
-            for _, test in alarmed:  # only ranks' compute moved, the job's step did not: not a
-                test.restart()       # change of the job's context (module docstring)
+        # the job's own context signals (the bandwidth estimate, the host load) half way or more
+        context_moved = any(signal.rank is None and signal.name != "step_time" and max(t.up, t.down) >= t.h / 2
+                            for signal, t in self._tests)
+        if not context_moved and all(signal.rank is not None and not felt(test) for signal, test in alarmed):
+            for _, test in alarmed:  # only ranks' compute moved, the job's step and context did
+                test.restart()       # not: not a change of the job's context (module docstring)
             return None
 
         # Every signal's shift is measured over the same, fresh blocks: the last (at most
