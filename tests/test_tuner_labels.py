@@ -284,7 +284,7 @@ def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
     """The step time's test sits part way up (a slow creep of 8%, below its minimum shift) when the
     link drops: it crosses in the first block after the drop, when the bandwidth test has seen one
     block (a third of its threshold). Labelled then, on blocks mostly from before the drop, it read
-    "step time rise"; it waits for the bandwidth test, which crosses four blocks later."""
+    "step time rise"; it waits for the bandwidth test, which crosses three blocks later."""
     rng = random.Random(5)
     quiet = merged(two_ranks(80, rng, Condition(), noise=0.0))
     detector = DriftDetector(quiet[:40])
@@ -294,19 +294,24 @@ def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
     drop = merged(two_ranks(80, rng, Condition(link_bytes_per_s=3.75e7), start=104, noise=0.0))
     found = [(i, a) for i, a in enumerate(map(detector.update, drop)) if a]
     assert found and found[0][1].reason == "bandwidth drop", found[:1]
-    assert found[0][0] < 6 * 4, found[:1]  # within six blocks of four steps
+    assert found[0][0] < 4 * 4, found[:1]  # the bandwidth test's crossing: four blocks of four steps
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_a_stragglers_alarm_is_kept_when_the_bandwidth_test_crosses_a_block_later(seed):
     """A quota whose step-time rise is small against the step's noise: rank 1's compute crosses
-    while the step's test is below half way, and the bandwidth estimate (down 0.24, just under its
-    minimum shift) crosses one block later. The job's context is moving (the bandwidth test is past
-    half way), so the rank's alarm is kept and names the cause; restarted, it was "bandwidth drop"."""
+    (in its fourth block of the quota: the clipping) while the step's test is below half way, and the bandwidth
+    estimate (down 0.24, just under its minimum shift) crosses a block or more later. The job's
+    context is moving (the bandwidth test is past half way, downward beside a slowdown), so the
+    rank's alarm is kept and names the cause at once; restarted, it came later and (on 6 of these
+    8 seeds) read "bandwidth drop"."""
     rng = random.Random(seed)
     before = _quota_shape(80, rng, 0, 0.075, 2.2e8, 0.17)
     detector = DriftDetector(before[:40])
     assert [a for a in map(detector.update, before[40:]) if a] == []
     after = _quota_shape(200, rng, 80, 0.165, 2.2e8 * math.exp(-0.24), 0.22)
-    found = [a for a in map(detector.update, after) if a]
-    assert found and found[0].reason == "compute slowdown on rank 1", found[:1]
+    found = [(i, a) for i, a in enumerate(map(detector.update, after)) if a]
+    assert found and found[0][1].reason == "compute slowdown on rank 1", found[:1]
+    # rank 1's crossing, not later: its fourth block of the quota (the first block after the change
+    # may still hold steps from before it)
+    assert found[0][0] < 5 * detector._block_steps, found[:1]

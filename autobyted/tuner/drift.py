@@ -45,9 +45,9 @@ are true:
   medians alone estimate a spread to within a factor of two, and on the testbed a rank's compute
   (sigma ~0.15 per block, about its own min_shift) drew references as tight as 0.03 that then
   alarmed on the host's ordinary swings (16 of 30 runs had an alarm before any change);
-- a rank's own compute alarms only when the job's step time moved the same way (its CUSUM half
-  way to its threshold) or another of the job's context signals (bandwidth estimate, host load)
-  is half way to its own threshold: watching every
+- a rank's own compute alarms only when the job moved the same way, half way to a threshold:
+  its step time, or its own context (the bandwidth estimate down or the host load up beside a
+  rank's slowdown; up and down beside a speed-up): watching every
   rank multiplies the tests, and a rank that speeds up or slows down without moving the job's step
   (it is not the one that paces it) changes nothing the tuner could win back; the rank's test
   restarts instead. When the job's context did move (a quota on rank 1 lowers the bandwidth
@@ -60,13 +60,15 @@ are true:
   change (a rank's compute that drifted up on noise before a quota would read as half its shift);
 - a step-time alarm waits up to LABEL_WAIT_BLOCKS blocks for a context test to cross before it
   is labelled (the context test's own change point then says which blocks are fresh), and without
-  one it is labelled on the blocks after the alarm: the step-time test is the noisiest, its
+  one it is labelled on the blocks after the alarm (and a step time whose statistic falls back
+  under its threshold while it waits was a blip: no alarm): the step-time test is the noisiest, its
   statistic can sit part way up on noise for many blocks and cross in the first block after a
   change, when the context's tests have seen one block of it (a third of their threshold at most,
   by the clipping) and its own "fresh" blocks are mostly from before the change (on the testbed:
   competing flows labelled "step time rise" or by a rank's compute swing). A context test needs
-  at least four blocks to cross, so the wait is four blocks (2 s); a re-tune starts that much later
-  only when the step time moved before anything that explains it;
+  at least four blocks to cross, so the wait is four blocks (about 2 s at the steps' pace when the
+  block size was chosen, longer when the steps slowed down since); every alarm of the step time
+  alone starts that much later;
 - among the context signals at least half way to their threshold (`_cause`): one rank's compute
   moving apart from the other ranks' (by its min_shift and by 2.5 standard errors of the
   difference) is that rank's change, and explains a fall of the bandwidth estimate too (its peers'
@@ -271,9 +273,10 @@ class DriftDetector:
             self._recent[signal.key] = []
 
     def update(self, sample: StepMetrics) -> Alarm | None:
-        """Feed one step; an alarm when a block completes with a signal out of control, named after
-        the context signal nearest its own alarm (so the reason names the cause when it is visible),
-        else the step-time residual."""
+        """Feed one step; an alarm when a block completes with a signal out of control (the step
+        time alone: up to LABEL_WAIT_BLOCKS blocks later), named after the context signal that
+        explains it (`_cause`; so the reason names the cause when it is visible), else the
+        step-time residual."""
         if not self._block_steps:
             self._block_steps = max(1, min(1000, round(self._block_s / max(sample.step_time_s, 1e-6))))
         self._pending.append(sample)
@@ -301,10 +304,13 @@ class DriftDetector:
         if self._deferred is not None:
             self._deferred += 1
             if not any(signal.name != "step_time" for signal, _ in alarmed):
+                if not alarmed:  # the step time's statistic fell back under its threshold: a blip
+                    self._deferred = None
+                    return None
                 if self._deferred < LABEL_WAIT_BLOCKS:
                     return None
                 # no context test crossed: the label is measured on the blocks since the alarm
-                since, self._deferred = self._deferred, None
+                since, self._deferred = min(FRESH_BLOCKS, self._deferred), None
                 return self._label(since)
             self._deferred = None  # a context test crossed: its own change point says which blocks
         elif not alarmed:
@@ -315,15 +321,22 @@ class DriftDetector:
         step = next((test for signal, test in self._tests if signal.name == "step_time"), None)
 
         def felt(test: Cusum) -> bool:
-            """The job's step time moved (half way to its alarm) the way this compute did."""
-            return step is None or (step.up if test.up > test.h else step.down) >= step.h / 2
+            """The job moved (half way to an alarm) the way this rank's compute did: its step time,
+            or its bandwidth estimate down / host load up beside a slowdown (the other way beside
+            a speed-up)."""
+            slower = test.up > test.h
+            if step is None or (step.up if slower else step.down) >= step.h / 2:
+                return True
+            for signal, job in self._tests:
+                if signal.rank is None and signal.name in ("bandwidth", "host_load"):
+                    toward = job.down if (signal.name == "bandwidth") == slower else job.up
+                    if toward >= job.h / 2:
+                        return True
+            return False
 
-        # the job's own context signals (the bandwidth estimate, the host load) half way or more
-        context_moved = any(signal.rank is None and signal.name != "step_time" and max(t.up, t.down) >= t.h / 2
-                            for signal, t in self._tests)
-        if not context_moved and all(signal.rank is not None and not felt(test) for signal, test in alarmed):
-            for _, test in alarmed:  # only ranks' compute moved, the job's step and context did
-                test.restart()       # not: not a change of the job's context (module docstring)
+        if all(signal.rank is not None and not felt(test) for signal, test in alarmed):
+            for _, test in alarmed:  # only ranks' compute moved, the job did not: not a change
+                test.restart()       # of the job's context (module docstring)
             return None
 
         # Every signal's shift is measured over the same, fresh blocks: the last (at most
