@@ -142,7 +142,9 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
     # Blocks recorded with longer windows are less noisy: their floor and errors apart as well
     steps_of = {block_job(b): int(b["steps"]) for b in blocks}
     lengths = sorted(set(steps_of.values()))
-    if len(lengths) > 1:
+    if len(lengths) == 1:
+        lengths = []  # one length: the pooled rows say it all
+    if lengths:
         results["noise_floor_by_steps"] = {str(n): noise_floor([w for w in all_windows if steps_of[w.job] == n])
                                            for n in lengths}
     for kind, name, held_out in folds(blocks):
@@ -158,7 +160,7 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
         for share in shares:
             after = train_prior.train(exclude=exclude, real=train, real_share=share, simulated=simulated[exclude])
             fold["after"][str(share)] = evaluate(after, test, SCHEDULER_DEFAULT)
-            if len(lengths) > 1 and share == shares[0]:
+            if share == shares[0]:
                 fold["by_steps"] = {}
                 for n in lengths:
                     subset = [w for w in test if steps_of[w.job] == n]
@@ -176,8 +178,8 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
                                          "after": {str(s): pooled([f["after"][str(s)] for f in mine])
                                                    for s in shares}}
             by_steps = {}
-            for n in lengths if len(lengths) > 1 else ():
-                parts = [f["by_steps"][str(n)] for f in mine if str(n) in f.get("by_steps", {})]
+            for n in lengths:
+                parts = [f["by_steps"][str(n)] for f in mine if str(n) in f["by_steps"]]
                 if parts:
                     by_steps[str(n)] = {"before": pooled([p["before"] for p in parts]),
                                         "after": pooled([p["after"] for p in parts])}

@@ -300,8 +300,8 @@ def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
 @pytest.mark.parametrize("seed", range(8))
 def test_a_stragglers_alarm_is_kept_when_the_bandwidth_test_crosses_a_block_later(seed):
     """A quota whose step-time rise is small against the step's noise: rank 1's compute crosses
-    (in its fourth block of the quota: the clipping) while the step's test is below half way, and the bandwidth
-    estimate (down 0.24, just under its minimum shift) crosses a block or more later. The job's
+    (in its fourth block of the quota: the clipping) while the step's test is below half way, and
+    the bandwidth estimate (down 0.24, just under its minimum shift) crosses a block or more later. The job's
     context is moving (the bandwidth test is past half way, downward beside a slowdown), so the
     rank's alarm is kept and names the cause at once; restarted, it came later and (on 6 of these
     8 seeds) read "bandwidth drop"."""
