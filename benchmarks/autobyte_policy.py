@@ -134,10 +134,21 @@ class AutobytePolicy(Policy):
                 f"{stats['retunes']} re-tunes, {stats['rollbacks']} rollbacks")
 
 
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process (Linux /proc), None where it cannot be read."""
+    import os
+
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 class HubDaemon:
-    """A real autobyted (`--tuner auto`, a fresh SQLite file) inside a testbed's hub namespace, for
-    `evaluate --testbed --policy autobyte`: the ranks stream to it over their shaped links and rank
-    0 applies its decisions through the real control path. `env` is what the ranks need; `stop()`
+    """A real autobyted (`--tuner auto`, or `tuner="observe"`; a fresh SQLite file) inside a testbed's
+    hub namespace, for `evaluate --testbed --policy autobyte` (or `observe:P,C`): the ranks stream to
+    it over their shaped links and rank 0 applies its decisions through the real control path. `env` is what the ranks need; `stop()`
     ends the daemon and returns what it decided (read from its database)."""
 
     PORT = 7077
@@ -183,7 +194,9 @@ class HubDaemon:
         from autobyted.storage.db import make_engine
         from autobyted.storage.sql import SqlStorage
 
+        cpu_s = None
         if self.proc is not None and self.proc.poll() is None:
+            cpu_s = _process_cpu_s(self.proc.pid)  # what the daemon cost the host, before it exits
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
@@ -194,12 +207,13 @@ class HubDaemon:
             decisions = storage.decisions(self.job)
             status = storage.tuner_status(self.job)
         except Exception as error:  # the job never registered: say so in the results
-            return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})"}
+            return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})", "daemon_cpu_s": cpu_s}
         return {
             "decisions": [{"decision_id": d.decision_id, "config": describe(d.config), "reason": d.reason,
                            "source": d.source, "state": d.state, "apply_at_step": d.apply_at_step,
                            "applied_at_step": d.applied_at_step, "predicted_step_time_s": d.predicted_step_time_s,
                            "measured_step_time_s": d.measured_step_time_s} for d in decisions],
             "applied": sum(d.state in ("applied", "rolled_back") for d in decisions),
-            "state": status.state if status else "", "detail": status.detail if status else "",
+            "mode": status.mode if status else "", "state": status.state if status else "",
+            "detail": status.detail if status else "", "daemon_cpu_s": cpu_s,
         }

@@ -243,9 +243,10 @@ class _OnlineDriver:
 
 
 def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy | None = None,
-                    initial: RunConfig | None = None, daemon: bool = False) -> TestbedSeries:
+                    initial: RunConfig | None = None, daemon: str | None = None) -> TestbedSeries:
     """One run on a fresh testbed: a fixed configuration, an online policy through --control, or
-    (`daemon`) the ranks streaming to a real autobyted in the hub namespace and obeying it."""
+    (`daemon`: its tuner mode) the ranks streaming to a real autobyted in the hub namespace, obeying
+    it ("auto") or only reporting to it ("observe": the configuration stays `label`)."""
     import tempfile
 
     from benchmarks import testbed as harness
@@ -274,7 +275,7 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
             if daemon:
                 from benchmarks.autobyte_policy import HubDaemon
 
-                hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name).start()
+                hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name, tuner=daemon).start()
             try:
                 result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
                                  timeout_s=float(options.get("timeout_s", 900)),
@@ -375,15 +376,22 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     for name in wanted:
         if name == "ddp":
             fixed[name] = ["ddp"]
-        elif name.startswith("static:"):
+        elif name.startswith(("static:", "observe:")):
             fixed[name] = [_testbed_label(make_policy(name).initial_config())]
         elif name == "grid-best":
             fixed[name] = grid_labels
     measured: dict[str, TestbedSeries] = {}
-    for label in dict.fromkeys(label for group in fixed.values() for label in group):
+    for label in dict.fromkeys(label for name, group in fixed.items() if not name.startswith("observe:")
+                               for label in group):
         logger.info("%s: fixed %s", scenario.name, label)
         measured[label] = _cached_run(cache, scenario, label,
                                       lambda label=label: _run_on_testbed(scenario, label, trace))
+    observed: dict[str, TestbedSeries] = {}  # observe:P,C -- P,C held, a daemon observing beside it
+    for name in (name for name in fixed if name.startswith("observe:")):
+        label = fixed[name][0]
+        logger.info("%s: fixed %s, reported to autobyted --tuner observe", scenario.name, label)
+        observed[name] = _cached_run(cache, scenario, f"observe-{label}",
+                                     lambda label=label: _run_on_testbed(scenario, label, trace, daemon="observe"))
 
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
@@ -395,10 +403,19 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         return len(ends) / ends[-1] if ends and ends[-1] > 0 else 0.0
 
     runs: dict[str, PolicyRun] = {}
+    extra: dict[str, Any] = {}
     for name, group in fixed.items():
+        if name in observed:
+            series = observed[name]
+            detail = (series.tuner or {}).get("detail", "?")
+            # Its decisions are recommendations, never applied: the run switched nothing.
+            runs[name] = as_run(name, dataclasses.replace(series, decisions=[]),
+                                f"{group[0]} held; the observing tuner: {detail}; "
+                                f"{len(series.decisions)} recommendations")
+            extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": series.tuner or {}}
+            continue
         best = max(group, key=lambda lab: throughput(measured[lab]))
         runs[name] = as_run(name, measured[best], best)
-    extra: dict[str, Any] = {}
     for name in wanted:
         if name in fixed:
             continue
@@ -410,7 +427,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
             logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
             key = "policy-autobyte" if name == "autobyte" else f"policy-autobyte-{label}"
             series = _cached_run(cache, scenario, key,
-                                 lambda label=label: _run_on_testbed(scenario, label, trace, daemon=True))
+                                 lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"))
             tuner = series.tuner or {}
             runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
             extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
@@ -567,8 +584,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
     parser.add_argument("--policy", nargs="+", action="extend", default=None,
-                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), grid-best, bo-once, oracle, "
-                             "autobyte (the daemon's tuner); --policy a b and --policy a --policy b both work "
+                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), observe:P,C (static, reported to a "
+                             "daemon in observe mode), grid-best, bo-once, oracle, autobyte (the daemon's "
+                             "tuner), autobyte:P,C (from P,C); --policy a b and --policy a --policy b both work "
                              "[default: ddp grid-best bo-once oracle]")
     parser.add_argument("--testbed", action="store_true",
                         help="run on the namespace testbed (root) instead of the simulator")

@@ -255,11 +255,11 @@ class BayesOptOncePolicy(Policy):
         return f"{describe_config(self.final)} after {len(self.results)} trials"
 
 
-POLICY_NAMES = ("ddp", "static:P,C", "grid-best", "bo-once", "oracle", "autobyte", "autobyte:P,C")
+POLICY_NAMES = ("ddp", "static:P,C", "observe:P,C", "grid-best", "bo-once", "oracle", "autobyte", "autobyte:P,C")
 
 
 def start_config(spec: str, prefix: str) -> Config:
-    """The P,C of "static:P,C" or "autobyte:P,C" (`prefix` the part before P)."""
+    """The P,C of "static:P,C", "observe:P,C" or "autobyte:P,C" (`prefix` the part before P)."""
     try:
         partition_text, credit_text = spec[len(prefix):].split(",")
         return Config(parse_bytes(partition_text), parse_bytes(credit_text))
@@ -268,12 +268,17 @@ def start_config(spec: str, prefix: str) -> Config:
 
 
 def make_policy(spec: str) -> Policy:
-    """'ddp', 'static:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle', 'autobyte' (from the
-    scheduler's default), 'autobyte:64KiB,64KiB' (the tuner from that start) -> a fresh policy."""
+    """'ddp', 'static:4MiB,16MiB', 'observe:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle',
+    'autobyte' (from the scheduler's default), 'autobyte:64KiB,64KiB' (the tuner from that start)
+    -> a fresh policy. 'observe:P,C' holds P,C like 'static:P,C'; on the testbed its ranks also
+    stream to a real autobyted whose tuner runs in observe mode (everything but applying), which
+    measures what the daemon's own work costs a job on the same host."""
     if spec == "ddp":
         return StaticPolicy(DDP, "ddp")
     if spec.startswith("static:"):
         return StaticPolicy(start_config(spec, "static:"), spec)
+    if spec.startswith("observe:"):
+        return StaticPolicy(start_config(spec, "observe:"), spec)
     if spec == "grid-best":
         return GridBestPolicy()
     if spec == "bo-once":

@@ -1,4 +1,5 @@
-"""The runner's testbed half: an online policy (bo-once) trains real ranks under a rate trace."""
+"""The runner's testbed half: an online policy (bo-once) trains real ranks under a rate trace, and
+a fixed configuration is reported to a real daemon that only observes (observe:P,C)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from benchmarks.testbed import NAME_PREFIX, list_namespaces  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 # A tiny MLP (0.4M parameters), 6 s per run, 1gbit -> 200mbit at 3 s; grid-best and the oracle
-# (always run as references) have one grid configuration, so the whole evaluation is 3 testbed runs
-# (grid, bo-once, oracle), ~30 s.
+# (always run as references) have one grid configuration, so the whole evaluation is 4 testbed runs
+# (grid, observe, bo-once, oracle), ~40 s.
 SCENARIO = textwrap.dedent("""
     model = "{profile}"
     workers = 2
@@ -49,9 +50,9 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO.format(profile=profile))
     out = tmp_path / "out"
-    assert main([str(scenario), "--policy", "bo-once", "--testbed", "--out", str(out)]) == 0
+    assert main([str(scenario), "--policy", "bo-once", "observe:1MiB,4MiB", "--testbed", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert [row["policy"] for row in rows] == ["bo-once"]
+    assert [row["policy"] for row in rows] == ["bo-once", "observe:1MiB,4MiB"]
     assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
     result = json.loads((out / "results.json").read_text())["scenarios"][0]
     online = result["online"]["bo-once"]
@@ -59,5 +60,11 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     assert online["decisions"] and online["applied"] >= 1
     # every run stopped at the scenario's duration (--max-seconds), not after a fixed step count
     assert 5.0 < float(rows[0]["elapsed_s"]) < 8.0
+    # observe: the configuration held, every step reported to a real autobyted whose tuner looked
+    # at the job (a status record exists) and whose recommendations were never applied
+    assert rows[1]["mode"] == "testbed" and int(rows[1]["steps"]) > 10
+    observed = result["online"]["observe:1MiB,4MiB"]
+    assert observed["applied"] == 0 and observed["tuner"].get("mode") == "observe", observed["tuner"]
+    assert "sched:1MiB,4MiB held" in rows[1]["chose"]
     assert (out / "tiny.png").exists()
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{NAME_PREFIX}-{os.getpid()}-")]

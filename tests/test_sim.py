@@ -196,12 +196,16 @@ def test_policy_names_parse():
     assert make_policy("static:4MiB,16MiB").initial_config() == Config(4 * MIB, 16 * MIB)
     assert make_policy("static:none,none").initial_config() == Config(None, None)
     assert make_policy("ddp").initial_config() == DDP
+    # held like static:P,C (on the testbed a daemon observes beside it)
+    assert make_policy("observe:1MiB,4MiB").initial_config() == Config(1 * MIB, 4 * MIB)
     poor = make_policy("autobyte:64KiB,64KiB")  # the tuner from a poor start
     assert poor.initial_config() == Config(64 << 10, 64 << 10) and poor.name == "autobyte:64KiB,64KiB"
     with pytest.raises(ValueError):
         make_policy("static:4MiB")
     with pytest.raises(ValueError, match="autobyte:4MiB,16MiB"):
         make_policy("autobyte:64KiB")
+    with pytest.raises(ValueError, match="observe:4MiB,16MiB"):
+        make_policy("observe:4MiB")
     with pytest.raises(ValueError):
         make_policy("nonsense")
 
