@@ -9,7 +9,7 @@ import math
 from autobyte.types import Config
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
-from autobyted.tuner.search import JobTuner, trial_value
+from autobyted.tuner.search import JobTuner, gain_calibration, trial_value
 from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20
@@ -304,6 +304,43 @@ def test_a_trial_pays_only_when_it_is_likely_to_win_by_more_than_it_costs():
     assert not coin[0].pays and coin[1].pays and coin[1].value_steps > coin[0].value_steps
     # predicted slower: never tried on its spread alone
     assert not trial_value(0.05, 0.3, 1e6, 18, 7, 0.02, 0.10).pays
+
+
+def test_gain_calibration_shrinks_the_predicted_gains_to_what_trials_measured():
+    prior_sd, error_sd = 0.5, 0.05
+    assert gain_calibration([], prior_sd, error_sd) == 1.0  # no trial yet: as predicted
+    # trials that measured what was predicted keep the slope at 1
+    assert abs(gain_calibration([(-0.15, -0.15), (-0.12, -0.12)], prior_sd, error_sd) - 1.0) < 1e-9
+    # one trial predicted 12% faster that measured the same: the untried gains shrink by half or more
+    one = gain_calibration([(-0.12, 0.0)], prior_sd, error_sd)
+    assert 0.2 < one < 0.5
+    two = gain_calibration([(-0.12, 0.0), (-0.16, 0.01)], prior_sd, error_sd)
+    assert two < one / 2
+    # measured backwards: no direction is left (never a candidate predicted slower made "faster")
+    assert gain_calibration([(-0.15, 0.2), (-0.15, 0.25)], prior_sd, error_sd) == 0.0
+    # small predicted differences say little about the slope
+    assert gain_calibration([(-0.005, 0.005)], prior_sd, error_sd) > 0.95
+
+
+def test_a_search_whose_trials_measure_none_of_the_predicted_gain_stops_early():
+    """The predictor learned that every octave of partition size below the start's is 6% faster (many
+    candidates predicted 10-26% faster); on this job all configurations are equal. The first trial
+    measures none of the predicted gain; the untried candidates' predicted gains shrink by what it
+    measured, and the search ends with no headroom after one or two trials instead of trying all
+    max_trials. Without the calibration (prior sd ~0) it tries them all."""
+    predictor = predictor_for(None, 0.06)
+
+    def flat(config, step):
+        return 0.1, 1e8
+
+    tuner, sink = make(predictor)
+    ScriptedJob(flat).run(tuner, sink, 400)
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert trials and "1.2" in trials[0].reason  # the model alone: 20+% faster
+    assert len(trials) <= 2 and tuner.phase == "no headroom"
+    uncalibrated, sink = make(predictor, params=TunerParams(gain_slope_prior_sd=1e-6))
+    ScriptedJob(flat).run(uncalibrated, sink, 400)
+    assert len([d for d in sink.decisions if d.kind == "trial"]) == TunerParams().max_trials
 
 
 def test_a_job_whose_context_changes_fast_gets_a_short_horizon():

@@ -43,6 +43,14 @@ class TunerParams:
       is in effect and waits for the drift detector (with the raised bar) instead of searching on.
     - apply_lead_steps 2: decisions name a step slightly ahead of the newest one seen; a rank that
       is further ahead applies at its next boundary (the scheduler does).
+    - gain_slope_prior_sd 1.0, gain_error_sd 0.08: the gain calibration of a search
+      (search.gain_calibration: measured = slope x predicted log ratio of its trials, a prior
+      slope of 1). On the real windows, with a prior that never saw the block's model
+      (benchmarks/replay_tuner.py), the first search's four candidates measured off slope x
+      predicted by 0.082 RMS within a block (gain_error_sd); the slope pooled over the 17 blocks
+      is 0.96 (the model is not optimistic on average) and the blocks' own slopes spread by
+      more than 1 beyond their sampling error: a prior sd of 1 leaves one trial that measured
+      none of a 15% predicted gain to cut the next predictions to about a third.
     - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
       (the job's clock) and 10 steps after the newest sample seen when deciding is given up; the
       client sends samples every second and applies a decision at its next step.
@@ -72,3 +80,5 @@ class TunerParams:
     apply_lead_steps: int = 2
     apply_timeout_s: float = 30.0
     apply_timeout_steps: int = 10
+    gain_slope_prior_sd: float = 1.0
+    gain_error_sd: float = 0.08

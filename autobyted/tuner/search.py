@@ -124,6 +124,23 @@ class TrialValue:
 SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
 
 
+def gain_calibration(pairs: Sequence[tuple[float, float]], prior_sd: float, error_sd: float) -> float:
+    """How much of the gains the model predicts this search's trials delivered: the slope b of
+    measured on predicted log ratio (each trial's, against the reference it was scored from),
+    through the origin, with a Normal(1, prior_sd) prior and each trial's measurement off its
+    b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
+    clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
+    any trial. Only the mean is used: the spread the untried are scored with already grows with
+    this search's residuals (_next_trial). The candidates a search tries are those predicted fastest, so their errors share a
+    sign (a model optimistic about this job, and the winner's curse of trying the most optimistic
+    predictions first); the untried candidates' predicted gains shrink by the same slope, and a
+    search whose first trials measured none of what was predicted stops (no trial pays) instead of
+    trying the rest of its list."""
+    precision = 1.0 / prior_sd ** 2 + sum(x * x for x, _ in pairs) / error_sd ** 2
+    mean = (1.0 / prior_sd ** 2 + sum(x * y for x, y in pairs) / error_sd ** 2) / precision
+    return max(0.0, mean)
+
+
 def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: float,
                 cut_steps: float, min_gain: float, clearly_worse: float,
                 switch_steps: float = SWITCH_STEPS) -> TrialValue:
@@ -193,6 +210,10 @@ class _Measured:
     decision_id: int = 0
     predicted_log: float = 0.0
     cut: bool = False
+    # The model's predicted log ratio to the reference it was scored from, before this search's
+    # gain calibration, and that reference's log median then (gain_calibration's evidence).
+    model_log: float | None = None
+    reference_log: float = 0.0
 
     @property
     def log_median(self) -> float:
@@ -481,10 +502,14 @@ class JobTuner:
         prediction = self._corrected(self.predictor.predict(context, reference.config,
                                                             untried + [t.config for t in others]), reference.config)
         prediction = self._with_known(prediction, reference, len(untried))
-        residuals = [(t.log_median - reference.log_median) - float(mu)
+        slope = gain_calibration(
+            [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
+            self.p.gain_slope_prior_sd, self.p.gain_error_sd)
+        model = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
+        residuals = [(t.log_median - reference.log_median) - slope * float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        scored = [(c, float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
+        scored = [(c, slope * float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
                   zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])]
         paying, best = self._paying(reference, scored)
         if not paying:
@@ -506,7 +531,8 @@ class JobTuner:
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
+        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median,
+                               model_log=model[config], reference_log=reference.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
         self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
 

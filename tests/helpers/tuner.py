@@ -77,14 +77,24 @@ class ScriptedJob:
             tuner.observe(buffer)
 
 
+def graded(gain: float, base_s: float = 0.1, bandwidth: float = 1e8) -> Landscape:
+    """Every octave of partition size below START's is `gain` faster, every octave above `gain`
+    slower (unpartitioned: as 64 MiB): many configurations beat START, by more the smaller."""
+    def landscape(config: Config, step: int) -> tuple[float, float]:
+        octaves = math.log2((config.partition_bytes or 64 * MIB) / START.partition_bytes)
+        return base_s * math.exp(gain * octaves), bandwidth
+    return landscape
+
+
 @functools.lru_cache(maxsize=8)
-def predictor_for(best: Config, gain: float) -> Predictor:
-    """A real ensemble trained on jobs of SHAPE where `best` is `gain` faster than the rest."""
+def predictor_for(best: Config | None, gain: float) -> Predictor:
+    """A real ensemble trained on jobs of SHAPE where `best` is `gain` faster than the rest (`best`
+    None: `graded(gain)`, each octave of partition size below START's `gain` faster)."""
     rng = random.Random(1)
     windows = []
     for job in range(6):
         base = 0.05 + 0.02 * job
-        landscape = better(best, gain, base)
+        landscape = better(best, gain, base) if best is not None else graded(gain, base)
         for config in candidate_grid(SHAPE, START):
             step_s, bandwidth = landscape(config, 0)
             samples = [sample(i, config, 0, step_s, bandwidth, rng) for i in range(12)]
