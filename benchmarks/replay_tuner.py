@@ -198,8 +198,9 @@ def pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def format_results(results: dict[str, Any]) -> str:
-    lines = [f"{'block':<44} {'seed':>4} {'trials':>6} {'gains':>5} {'lost st':>7} {'vs default':>10} "
-             f"{'vs oracle':>9} {'default/best':>12}  final: detail"]
+    header = (f"{'block':<44} {'seed':>4} {'trials':>6} {'gains':>5} {'lost st':>7} {'vs default':>10} "
+              f"{'vs oracle':>9} {'default/best':>12}  final: detail")
+    lines = [header]
     for r in results["rows"]:
         block = r["block"].removeprefix("real:").rsplit(":", 1)[0]
         lines.append(f"{block:<44} {r['seed']:>4} {r['trials']:>6} {r['gains']:>5} {r['steps_in_lost_trials']:>7} "

@@ -8,10 +8,10 @@ import dataclasses
 import random
 
 import pytest
-
 from autobyte.types import Config
-from benchmarks.replay_tuner import pooled, replay_block, slope_through_origin, tuner_params
+
 from autobyted.tuner.grid import candidate_grid
+from benchmarks.replay_tuner import pooled, replay_block, slope_through_origin, tuner_params
 from tests.helpers.tuner import BEST, SHAPE, START, better, predictor_for, sample
 
 

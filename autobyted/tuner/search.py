@@ -40,6 +40,13 @@
     back their steps. Of the candidates that pay, the one with the largest value is tried.
   When none pays the job is told at once: "no headroom" (after a re-tune: "no headroom after
   bandwidth drop: ..."), instead of searching to the end.
+- the gain calibration (`gain_calibration`): before each further trial, the predicted log ratios
+  of the untried candidates are multiplied by the slope of what this search's trials measured
+  against what the model predicted for them (a prior slope of 1 that one or two trials can
+  overturn; TunerParams says where its two constants come from). A search's first trials are the
+  model's most optimistic predictions, so when they measure none of their predicted gain, the
+  rest of the list is taken to be as optimistic and the search ends ("no trial beat it") instead
+  of spending max_trials; where they measured what was predicted, nothing changes.
 - what earlier jobs of this shape measured (`known`: their windows, the job's fingerprint, world
   size and backend equal): where one of them measured the search's reference configuration in
   the same context (bandwidth estimate, compute and host load within the drift test's minimum
