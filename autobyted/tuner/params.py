@@ -50,7 +50,7 @@ class TunerParams:
       predicted by 0.082 RMS within a block (gain_error_sd); the slope pooled over the 17 blocks
       is 0.96 (the model is not optimistic on average) and the blocks' own slopes spread by
       more than 1 beyond their sampling error: a prior sd of 1 leaves one trial that measured
-      none of a 15% predicted gain to cut the next predictions to about a third.
+      none of a 15% predicted gain to cut the next predictions to about a quarter.
     - apply_timeout_s 30 and apply_timeout_steps 10: a decision not in effect in a sample taken 30 s
       (the job's clock) and 10 steps after the newest sample seen when deciding is given up; the
       client sends samples every second and applies a decision at its next step.
