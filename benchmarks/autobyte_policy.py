@@ -146,10 +146,11 @@ def _process_cpu_s(pid: int) -> float | None:
 
 
 class HubDaemon:
-    """A real autobyted (`--tuner auto`, or `tuner="observe"`; a fresh SQLite file) inside a testbed's
-    hub namespace, for `evaluate --testbed --policy autobyte` (or `observe:P,C`): the ranks stream to
-    it over their shaped links and rank 0 applies its decisions through the real control path. `env` is what the ranks need; `stop()`
-    ends the daemon and returns what it decided (read from its database)."""
+    """A real autobyted (`--tuner auto`, or `tuner="observe"`; a fresh SQLite file) inside a
+    testbed's hub namespace, for `evaluate --testbed --policy autobyte` (or `observe:P,C`): the
+    ranks stream to it over their shaped links and rank 0 applies its decisions through the real
+    control path. `env` is what the ranks need; `stop()` ends the daemon and returns what it
+    decided (read from its database) and the CPU seconds it used."""
 
     PORT = 7077
 

@@ -138,11 +138,11 @@ def gain_calibration(pairs: Sequence[tuple[float, float]], prior_sd: float, erro
     b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
     clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
     any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (_next_trial). The candidates a search tries are those predicted fastest, so their errors share a
-    sign (a model optimistic about this job, and the winner's curse of trying the most optimistic
-    predictions first); the untried candidates' predicted gains shrink by the same slope, and a
-    search whose first trials measured none of what was predicted stops (no trial pays) instead of
-    trying the rest of its list."""
+    this search's residuals (_next_trial). The candidates a search tries are those predicted
+    fastest, so their errors share a sign (a model optimistic about this job, and the winner's
+    curse of trying the most optimistic predictions first); the untried candidates' predicted
+    gains shrink by the same slope, and a search whose first trials measured none of what was
+    predicted stops (no trial pays) instead of trying the rest of its list."""
     precision = 1.0 / prior_sd ** 2 + sum(x * x for x, _ in pairs) / error_sd ** 2
     mean = (1.0 / prior_sd ** 2 + sum(x * y for x, y in pairs) / error_sd ** 2) / precision
     return max(0.0, mean)
@@ -512,7 +512,7 @@ class JobTuner:
         slope = gain_calibration(
             [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
             self.p.gain_slope_prior_sd, self.p.gain_error_sd)
-        model = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
+        uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
         residuals = [(t.log_median - reference.log_median) - slope * float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
@@ -539,7 +539,7 @@ class JobTuner:
         if decision is None:
             return
         self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median,
-                               model_log=model[config], reference_log=reference.log_median)
+                               model_log=uncalibrated[config], reference_log=reference.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
         self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
 
