@@ -81,23 +81,37 @@ class Replay:
                 "default_vs_best": best / default, "detail": self.detail}
 
 
+def recorded_steps(block: dict[str, Any]) -> tuple[dict[Config, list[StepMetrics]], Config]:
+    """Every configuration's recorded steps in a block (all rounds), and the scheduler's default
+    configuration, which every block must have."""
+    from simulator.adapter import SCHEDULER_DEFAULT
+    from simulator.real_windows import block_job, metrics_from_dict
+
+    recorded: dict[Config, list[StepMetrics]] = {}
+    for item in block["windows"]:
+        if item["metrics"]:
+            recorded.setdefault(Config(*item["config"]), []).extend(metrics_from_dict(m) for m in item["metrics"])
+    default = Config(SCHEDULER_DEFAULT.partition_bytes, SCHEDULER_DEFAULT.credit_bytes)
+    if default not in recorded:
+        raise ValueError(f"block {block_job(block)} has no recorded steps of the default {default.short()}")
+    return recorded, default
+
+
+def _medians(recorded: dict[Config, list[StepMetrics]]) -> dict[Config, float]:
+    return {c: statistics.median(m.step_time_s for m in ms) for c, ms in recorded.items()}
+
+
 def replay_block(block: dict[str, Any], predictor: Any, steps: int, seed: int, params: Any = None) -> Replay:
     """Run a JobTuner against one block's recorded steps (module docstring)."""
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.memory_sink import MemorySink
     from autobyted.tuner.params import TunerParams
     from autobyted.tuner.search import JobTuner
-    from simulator.adapter import SCHEDULER_DEFAULT
-    from simulator.real_windows import block_job, metrics_from_dict
+    from simulator.real_windows import block_job
 
-    recorded: dict[Config, list[StepMetrics]] = {}
-    for item in block["windows"]:
-        recorded.setdefault(Config(*item["config"]), []).extend(metrics_from_dict(m) for m in item["metrics"])
-    median_s = {c: statistics.median(m.step_time_s for m in ms) for c, ms in recorded.items() if ms}
-    mean_s = {c: statistics.mean(m.step_time_s for m in ms) for c, ms in recorded.items() if ms}
-    default = Config(SCHEDULER_DEFAULT.partition_bytes, SCHEDULER_DEFAULT.credit_bytes)
-    if default not in median_s:
-        raise ValueError(f"block {block_job(block)} has no recorded steps of the default {default.short()}")
+    recorded, default = recorded_steps(block)
+    median_s = _medians(recorded)
+    mean_s = {c: statistics.mean(m.step_time_s for m in ms) for c, ms in recorded.items()}
     shape = JobShape(**block["shape"])
     sink = MemorySink("replay")
     tuner = JobTuner("replay", shape, predictor, sink, "auto", params or TunerParams())
@@ -131,14 +145,9 @@ def calibration_pairs(block: dict[str, Any], predictor: Any, top: int = 4) -> li
     ranks fastest in this block, seen from the default's recorded steps: the candidates a first
     search tries, and what they measured (medians of every recorded step)."""
     from autobyted.tuner.features import JobShape, summarize
-    from simulator.adapter import SCHEDULER_DEFAULT
-    from simulator.real_windows import metrics_from_dict
 
-    recorded: dict[Config, list[StepMetrics]] = {}
-    for item in block["windows"]:
-        recorded.setdefault(Config(*item["config"]), []).extend(metrics_from_dict(m) for m in item["metrics"])
-    default = Config(SCHEDULER_DEFAULT.partition_bytes, SCHEDULER_DEFAULT.credit_bytes)
-    median = {c: statistics.median(m.step_time_s for m in ms) for c, ms in recorded.items() if ms}
+    recorded, default = recorded_steps(block)
+    median = _medians(recorded)
     others = [c for c in median if c != default]
     prediction = predictor.predict(summarize(recorded[default], JobShape(**block["shape"])), default, others)
     ranked = sorted(zip(others, (float(mu) for mu in prediction.mean)), key=lambda t: t[1])[:top]
