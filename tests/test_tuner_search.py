@@ -241,6 +241,63 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
                             if s.state == "re-tuning")
 
 
+POOR = Config(64 * 1024, 64 * 1024)
+
+
+def poor_start(config, step):
+    """Tiny partitions: slow, and a quarter of the bandwidth estimate of the large ones (what the
+    testbed measures: 64 KiB messages do not fill the link); large ones differ in host load."""
+    if config.partition_bytes is not None and config.partition_bytes < MIB:
+        return 0.25, 2.5e7, 0.0
+    return (0.07, 1e8, 0.45) if config == BEST else (0.08, 1.125e8, 0.40)
+
+
+def test_a_poor_start_is_left_after_one_short_check_and_no_separate_confirm():
+    """From 64KiB/64KiB the first trial is 3.6x faster and its bandwidth estimate 4x higher (a jump
+    no context change is needed for). The check of the incumbent ends at its early look (the trial
+    beats both measurements of the incumbent by far) and, as the trial's A-B-A, replaces the
+    confirm: the job holds the winner from about step 60 (a full check and a confirm: step 90)."""
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    job = ScriptedJob(poor_start, start=POOR, noise=0.0)
+    job.run(tuner, sink, 300)
+    kinds = [d.kind for d in sink.decisions]
+    assert kinds == ["trial", "check", "switch"], [d.reason for d in sink.decisions]
+    assert sink.decisions[1].reason.startswith("check: bandwidth rise during trial 1")
+    check, switch = sink.decisions[1:]
+    assert switch.apply_at_step - check.apply_at_step <= TunerParams().min_trial_steps + TunerParams().transition_steps + 10
+    held_from = next(i for i in range(len(job.configs)) if all(c == BEST for c in job.configs[i:]))
+    assert held_from <= 65 and tuner.phase == "holding"
+
+
+def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_checked():
+    """Against the incumbent (64KiB/64KiB) a large configuration's bandwidth estimate jumps 4.5x; a
+    configuration measured earlier in the search shows the same figures: the jump is what the
+    configurations do, and no check follows. Against the incumbent alone, it is checked."""
+    import random
+
+    from autobyted.tuner.drift import context_jump
+    from autobyted.tuner.search import _Measured
+
+    rng = random.Random(3)
+
+    def window(config):
+        step_s, bandwidth, load = poor_start(config, 0)
+        return _Measured(config, [sample(i, config, 0, step_s, bandwidth, rng, 0.01, load) for i in range(12)])
+
+    tuner, _sink = make(predictor_for(BEST, 0.3))
+    tuner.incumbent = window(POOR)
+    other = window(Config(2 * MIB, 8 * MIB))
+    assert context_jump(tuner.incumbent.samples, other.samples) is not None
+    assert tuner._unexplained_jump(other) is not None  # nothing else measured in this search yet
+    tuner.trials = [window(BEST)]
+    assert tuner._unexplained_jump(other) is None
+    # a jump of the context itself (the link 4x faster) shows against every configuration measured
+    step_s, bandwidth, load = poor_start(BEST, 0)
+    moved = _Measured(other.config, [sample(i, other.config, 0, step_s / 2, bandwidth * 4, rng, 0.01, load)
+                                     for i in range(12)])
+    assert tuner._unexplained_jump(moved) is not None
+
+
 def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
     """The predictor thinks BEST is 30% faster; on this job it is 20% slower. Once a trial measured
     that, the job's own measured errors correct what the predictor says about BEST (and, less, about

@@ -16,8 +16,15 @@
   `transition_steps`, measure up to `trial_steps`; Wald's sequential probability ratio test on log
   step times cuts a trial that is clearly (`clearly_worse`) slower than the best measured so far as
   soon as `min_trial_steps` are in. A trial whose context figures jumped more than a configuration
-  explains (drift.context_jump) is checked: the incumbent is measured again, and if it moved too,
-  the search restarts in the new context.
+  explains (drift.context_jump) against the incumbent *and* against every configuration already
+  measured in this search (a jump another configuration of this search shows too is the
+  configurations', e.g. the bandwidth estimate of tiny partitions against large ones) is checked:
+  the incumbent is measured again, and if it moved too, the search restarts in the new context.
+  A check (and the end-of-search confirm) is a sequential test with two looks: after
+  `min_trial_steps` steps it ends as soon as the trial beats both measurements of the incumbent
+  (`_beats_both`: then no move of the context explains the gain away), else at its full window;
+  a check after the search's winner was measured that found the incumbent where it was is that
+  winner's A-B-A, and no separate confirm follows.
 - when a trial pays: the predicted log ratio X of a candidate to the best measured configuration
   is taken as Normal(mean, spread) (the ensemble's mean and spread, widened as above). From the
   costs of the search itself, not from any scenario:
@@ -273,6 +280,7 @@ class JobTuner:
         self.newest_wall_s = 0.0
         self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
         self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
+        self.checked: list[_Measured] = []  # this search's trials a check of the incumbent followed (A-B-A)
         self.mine: set[int] = set()
         self.expect: _Expect | None = None
         self.settle = 0
@@ -390,7 +398,7 @@ class JobTuner:
         if new_segment:
             self.segment += 1
         self.retune_reason = reason
-        self.cleared = set()
+        self.cleared, self.checked = set(), []
         self.window = []
         self.need = self._window(steps, self.p.baseline_window_s)
         self.trials, self.trial, self.winner, self.detector = [], None, None, None
@@ -582,7 +590,7 @@ class JobTuner:
             return
         self.trial = None
         assert self.incumbent is not None
-        jump = context_jump(self.incumbent.samples, trial.samples)
+        jump = self._unexplained_jump(trial)
         self.stats["trials"] += 1
         self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
@@ -599,6 +607,27 @@ class JobTuner:
             self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
         self._accept_trial(trial)
+
+    def _unexplained_jump(self, trial: _Measured) -> Alarm | None:
+        """The trial's context jump against the incumbent (drift.context_jump), unless the trial's
+        context figures agree with those of another configuration measured in this search: then the
+        jump is what configurations do to the figures, not the context moving (a 64 KiB partition's
+        bandwidth estimate against a 4 MiB one's)."""
+        assert self.incumbent is not None
+        jump = context_jump(self.incumbent.samples, trial.samples)
+        if jump is None or any(context_jump(other.samples, trial.samples) is None for other in self.trials):
+            return None
+        return jump
+
+    def _early_window(self, before: _Measured, trial: _Measured | None) -> _Measured | None:
+        """The incumbent measured again (a check's or a confirm's window), at the sequential look
+        after `min_trial_steps` steps: the window so far when `trial` already beats both
+        measurements of the incumbent (the answer of the full window cannot change then); else
+        None (measure on)."""
+        if trial is None or len(self.window) != self.p.min_trial_steps or len(self.window) >= self.need:
+            return None
+        again = _Measured(before.config, list(self.window))
+        return again if self._beats_both(trial, before, again) else None
 
     def _accept_trial(self, trial: _Measured) -> None:
         assert self.incumbent is not None
@@ -619,16 +648,26 @@ class JobTuner:
         """The incumbent measured again after a suspicious trial: same context -> the trial counts;
         moved -> re-tune in the new context."""
         self.window.append(m)
-        if len(self.window) < self.need:
-            return
         incumbent, (trial, _jump) = self.incumbent, self.suspect
         assert incumbent is not None
-        again = _Measured(incumbent.config, list(self.window))
+        early = self._early_window(incumbent, trial)
+        if early is None and len(self.window) < self.need:
+            return
+        again = early or _Measured(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_id, again.median_s, None)
-        shift = self._moved(incumbent, again)
         self.suspect = None
+        if early is not None:
+            # The trial beats the incumbent before and after it by the switch margin: the comparison
+            # holds whatever the context did (not measured long enough to clear the jump itself).
+            self.checked.append(trial)
+            self._accept_trial(trial)
+            return
+        shift = self._moved(incumbent, again)
         if shift is None or self._beats_both(trial, incumbent, again):
             # Same context, or a move smaller than the trial's gain: the comparison holds either way.
+            # Same context: every trial so far was measured between two equal measurements of the
+            # incumbent (their A-B-A); a move: the suspect trial alone beat both.
+            self.checked.extend([*self.trials, trial] if shift is None else [trial])
             self.cleared.add((_jump.signal, _jump.direction))
             self._accept_trial(trial)
             return
@@ -666,7 +705,7 @@ class JobTuner:
         # switched resets it.
         if self.retune_reason:
             self.fruitless = self.fruitless + 1 if winner is incumbent else 0
-        if winner is not incumbent and not self.confirmed:
+        if winner is not incumbent and not self.confirmed and not any(t is winner for t in self.checked):
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
@@ -699,13 +738,14 @@ class JobTuner:
 
     def _on_confirm(self, m: StepMetrics) -> None:
         self.window.append(m)
-        if len(self.window) < self.need:
-            return
         incumbent = self.incumbent
         assert incumbent is not None
-        again = _Measured(incumbent.config, list(self.window))
+        early = self._early_window(incumbent, self.winner)
+        if early is None and len(self.window) < self.need:
+            return
+        again = early or _Measured(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_id, again.median_s, None)
-        moved = self._moved(incumbent, again)
+        moved = None if early is not None else self._moved(incumbent, again)
         if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
             self._abort(moved, again)
             return

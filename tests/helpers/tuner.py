@@ -22,8 +22,8 @@ MIB = 1 << 20
 START = Config(4 * MIB, 16 * MIB)
 BEST = Config(1 * MIB, 4 * MIB)
 SHAPE = JobShape.from_fingerprint(2, "gloo", Fingerprint(6_000_000, 24_000_000, 12, 8_000_000, 1_000_000, "d"))
-# landscape(config, step) -> (step time s, bandwidth estimate bytes/s)
-Landscape = Callable[[Config, int], tuple[float, float]]
+# landscape(config, step) -> (step time s, bandwidth estimate bytes/s[, host load])
+Landscape = Callable[[Config, int], tuple[float, ...]]
 
 
 def better(best: Config, gain: float = 0.3, base_s: float = 0.1, bandwidth: float = 1e8) -> Landscape:
@@ -65,9 +65,9 @@ class ScriptedJob:
             if pending and self.applies and self.step >= pending[-1].apply_at_step:
                 self.handled = pending[-1].decision_id
                 self.config, self.decision_id = pending[-1].config, pending[-1].decision_id
-            step_s, bandwidth = self.landscape(self.config, self.step)
+            step_s, bandwidth, *load = self.landscape(self.config, self.step)
             buffer.append(sample(self.step, self.config, self.decision_id, step_s, bandwidth, self.rng,
-                                 self.noise, host_load))
+                                 self.noise, load[0] if load else host_load))
             self.configs.append(self.config)
             self.step += 1
             if len(buffer) >= self.batch:
