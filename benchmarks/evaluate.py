@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks.host import HostWatch
 from benchmarks.policies import default_grid, make_policy, start_config
 from benchmarks.policy import Policy, PolicyContext, RunSummary
 from benchmarks.scenario import GBIT, Scenario, load_scenario
@@ -186,6 +187,7 @@ class TestbedSeries:
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     applied: int = 0  # reconfigure events the worker reported
     tuner: dict[str, Any] | None = None  # the daemon's view (autobyte policy)
+    host: dict[str, Any] | None = None  # load and CPU steal during the run (benchmarks.host.HostWatch)
 
     @property
     def ends_s(self) -> list[float]:
@@ -251,6 +253,7 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
 
     from benchmarks import testbed as harness
 
+    watch = HostWatch()
     options = scenario.testbed
     workers = min(scenario.workers, int(options.get("max_workers", 2)))
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
@@ -285,7 +288,7 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
                 tuned = hub.stop() if hub else None
     events = [e for e in result.ranks[0].events if e.get("event") == "step"]
     series = TestbedSeries([float(e["step_time_s"]) for e in events],
-                           [str(e["config"]) for e in events])
+                           [str(e["config"]) for e in events], host=watch.report())
     if driver is not None:
         series.decisions, series.applied = driver.decisions, driver.applied
         if driver.errors:
@@ -404,9 +407,11 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
 
     runs: dict[str, PolicyRun] = {}
     extra: dict[str, Any] = {}
+    hosts: dict[str, Any] = {}  # the host during each policy's run (older cached runs: none)
     for name, group in fixed.items():
         if name in observed:
             series = observed[name]
+            hosts[name] = series.host
             detail = (series.tuner or {}).get("detail", "?")
             # Its decisions are recommendations, never applied: the run switched nothing.
             runs[name] = as_run(name, dataclasses.replace(series, decisions=[]),
@@ -416,6 +421,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
             continue
         best = max(group, key=lambda lab: throughput(measured[lab]))
         runs[name] = as_run(name, measured[best], best)
+        hosts[name] = measured[best].host
     for name in wanted:
         if name in fixed:
             continue
@@ -429,6 +435,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
             series = _cached_run(cache, scenario, key,
                                  lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"))
             tuner = series.tuner or {}
+            hosts[name] = series.host
             runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
             extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
             continue
@@ -453,6 +460,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
                                                                          initial=initial))
         # A run read from the cache has no policy object that saw it: say what it decided instead.
         described = policy.describe() if ran or cache is None else "(cached run)"
+        hosts[name] = series.host
         runs[name] = as_run(name, series, f"{described}; {len(series.decisions)} decisions, "
                                           f"{series.applied} applied")
         extra[name] = {"decisions": series.decisions, "applied": series.applied}
@@ -463,6 +471,7 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     lower = lower_bound_run(bounded, sim)
     summary = _summarise(scenario, list(policy_names), runs, lower, "testbed")
     summary["online"] = extra
+    summary["hosts"] = hosts
     summary["fixed_runs"] = {label: {"steps": len(s.step_times_s), "elapsed_s": sum(s.step_times_s),
                                      "steps_per_s": throughput(s)} for label, s in measured.items()}
     return summary
@@ -488,6 +497,8 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{'':<28} {'(headroom oracle/grid-best)':<29}"
                      f"{_fmt(result['headroom_oracle_over_grid_best']):>9}    "
                      f"lower bound {_fmt(result['lower_bound_steps_per_s'])} steps/s")
+        for policy, host in result.get("hosts", {}).items():  # testbed runs: the host during each
+            lines.append(f"{'':<28} host during {policy}: {HostWatch.describe(host)}")
     return "\n".join(lines)
 
 

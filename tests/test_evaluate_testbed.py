@@ -66,5 +66,9 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     observed = result["online"]["observe:1MiB,4MiB"]
     assert observed["applied"] == 0 and observed["tuner"].get("mode") == "observe", observed["tuner"]
     assert "sched:1MiB,4MiB held" in rows[1]["chose"]
+    # the host during every run (load, the CPU the hypervisor stole: a share of all CPU time)
+    for policy in ("bo-once", "observe:1MiB,4MiB", "oracle", "grid-best"):
+        host = result["hosts"][policy]
+        assert 0.0 <= host["steal_share"] < 1.0 and len(host["load_start"].split()) == 3, (policy, host)
     assert (out / "tiny.png").exists()
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{NAME_PREFIX}-{os.getpid()}-")]
