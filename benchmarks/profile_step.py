@@ -168,13 +168,15 @@ class Profiler:
 
     def segment(self, label: str, round_index: int) -> dict[str, Any]:
         args, trainer = self.args, self.trainer
-        base_label, _, nice_text = label.partition("+nice")
+        dense = "+dense" in label  # row-sparse embeddings sent whole (ScheduledOptimizer sparse_rows)
+        base_label, _, nice_text = label.replace("+dense", "").partition("+nice")
         config = self.RunConfig.parse(base_label)
         nice = int(nice_text) if nice_text else 0
         set_thread_nice(nice)
         kind = config.kind
         sched = trainer.sched
         trainer._quiesce()
+        sched._set_sparse_rows(not dense)
         if kind == "sched":
             sched.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
                               tail_bytes=config.tail_bytes)

@@ -29,12 +29,26 @@ PROFILES = REPO / "benchmarks" / "calibration" / "profiles"
 TESTBED_CALIBRATION = REPO / "benchmarks" / "calibration" / "testbed.json"
 
 
-def twin(label: str) -> str | None:
-    """The label of the same configuration without its tail window (None: it has none)."""
-    config = RunConfig.parse(label)
-    if config.tail_bytes is None:
-        return None
-    return RunConfig(config.kind, config.partition_bytes, config.credit_bytes).label
+DENSE = "+dense"  # profile_step: the configuration with row-sparse embeddings sent whole
+
+
+def canonical(text: str) -> str:
+    """A profile_step label in RunConfig's spelling, its "+dense" suffix kept."""
+    dense = text.endswith(DENSE)
+    return RunConfig.parse(text.removesuffix(DENSE)).label + (DENSE if dense else "")
+
+
+def twin(label: str, labels: Sequence[str] = ()) -> str | None:
+    """The label this one is paired with: the same configuration without its tail window; for a
+    configuration without one, the same with row-sparse embeddings sent whole ("+dense") when that
+    ran too (`labels`); None: it has no twin."""
+    dense = label.endswith(DENSE)
+    config = RunConfig.parse(label.removesuffix(DENSE))
+    if config.tail_bytes is not None:
+        return RunConfig(config.kind, config.partition_bytes, config.credit_bytes).label + (DENSE if dense else "")
+    if not dense and label + DENSE in labels:
+        return label + DENSE
+    return None
 
 
 def per_round(results: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
@@ -42,8 +56,7 @@ def per_round(results: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
     for item in results:
         if item.get("step_times_s"):
-            out.setdefault(RunConfig.parse(item["config"]).label, {})[item["round"]] = \
-                statistics.median(item["step_times_s"])
+            out.setdefault(canonical(item["config"]), {})[item["round"]] = statistics.median(item["step_times_s"])
     return out
 
 
@@ -79,7 +92,7 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
     rows = []
     for label in labels:
         row = summary[label]
-        other = twin(label)
+        other = twin(label, labels)
         rows.append({"config": label, "step_s": row["step_s"], "x_ddp": ddp / row["step_s"],
                      "step_over_bound": row["step_s"] / bound, "step_over_compute": row["step_s"] / compute,
                      "forward_wait_s": row.get("forward_wait_s"),
@@ -87,12 +100,14 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
     report = {"model": block["model"], "rate": block["rate"], "load": [block["load_before"], block["load_after"]],
               "ddp_s": ddp, "bound_s": bound, "compute_s": compute, "rows": rows}
     best = min(rows, key=lambda r: r["step_s"])
-    best_plain = min((r for r in rows if r["twin"] is None), key=lambda r: r["step_s"])
+    best_plain = min((r for r in rows if RunConfig.parse(r["config"].removesuffix(DENSE)).tail_bytes is None),
+                     key=lambda r: r["step_s"])
     report["best"], report["best_without_tail"] = best["config"], best_plain["config"]
     if with_sim:
-        predicted = simulated(block["model"], parse_rate(block["rate"]) / 8, labels)
+        modelled = [label for label in labels if not label.endswith(DENSE)]  # (the simulator sends
+        predicted = simulated(block["model"], parse_rate(block["rate"]) / 8, modelled)  # every table whole)
         report["simulated_s"] = predicted
-        report["kendall_tau"] = kendall_tau({l: summary[l]["step_s"] for l in labels}, predicted)
+        report["kendall_tau"] = kendall_tau({l: summary[l]["step_s"] for l in modelled}, predicted)
         report["sim_best"] = min(predicted, key=predicted.get)
     return report
 

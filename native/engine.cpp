@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,7 +50,7 @@ namespace py = pybind11;
 namespace {
 
 // Bumped whenever the Python <-> C++ interface changes: a stale build is refused, not misused.
-constexpr int kInterfaceVersion = 2;
+constexpr int kInterfaceVersion = 3;
 
 // Configurations cross the Python <-> C++ boundary as int64 with any negative value meaning None
 // (no partitioning / unlimited credit / no tail window): autobyte.types.config_to_ints / NO_LIMIT_BYTES.
@@ -139,6 +140,17 @@ struct UpdateEvent {
   std::string message;
 };
 
+// A weight reduced row-sparse (autobyte/scheduler/sparse_rows.py: the rule and why it is DDP's sum
+// to the bit): one partition of its own in every plan; a mask all-reduce (MAX, a byte per row), then
+// the union's rows packed, or the whole slice when more than half the rows are in the union.
+// Changed only by the reduced masks, on the dispatch thread: the same on every rank.
+struct SparseEntry {
+  int64_t start = 0, rows = 0, cols = 0, length = 0;
+  bool active = true;
+  int dense_streak = 0;
+};
+constexpr int kDenseStepsOff = 4;  // sparse_rows.DENSE_STEPS_OFF
+
 struct TraceRecord {  // one partition, for benchmarks/profile_partition.py (trace=True)
   int64_t step, start, length;
   double t_ready, t_issue0, t_issue1, t_done;
@@ -189,6 +201,8 @@ struct State : std::enable_shared_from_this<State> {
   std::atomic<int64_t> messages{0}, send_ns{0}, latency_ns{0}, latency_n{0};
 
   std::map<int64_t, std::shared_ptr<PlanTemplate>> templates;  // dispatch thread only
+  std::map<int64_t, SparseEntry> sparse;  // row-sparse weights by slice start (dispatch thread only)
+  std::atomic<int64_t> sparse_packed{0};
   std::unordered_map<uint64_t, at::Tensor> follower_views;  // dispatch thread only
 
   // ---------------------------------------------------------------- helpers
@@ -215,16 +229,28 @@ struct State : std::enable_shared_from_this<State> {
         t->first_part[i] = t->last_part[i] = int32_t(pos);
         t->counts.push_back(1);
       }
-    } else {
+    } else {  // partition_bytes slices, cut around the row-sparse weights (one partition each)
       int64_t size = std::max<int64_t>(1, partition_bytes / elem);
-      for (int64_t a = 0; a < total; a += size) {
-        t->starts.push_back(a);
-        t->lengths.push_back(std::min(size, total - a));
-        t->counts.push_back(0);
+      auto cut = [&](int64_t a, int64_t end) {
+        for (; a < end; a += size) {
+          t->starts.push_back(a);
+          t->lengths.push_back(std::min(size, end - a));
+        }
+      };
+      int64_t a = 0;
+      for (auto& [start, entry] : sparse) {
+        cut(a, start);
+        t->starts.push_back(start);
+        t->lengths.push_back(entry.length);
+        a = start + entry.length;
       }
+      cut(a, total);
+      t->counts.assign(t->starts.size(), 0);
       for (int64_t pos = 0; pos < n; ++pos) {
         int64_t i = by_offset[pos], off = sorted_offsets[pos];
-        int32_t k0 = int32_t(off / size), k1 = int32_t((off + ext_len[i] - 1) / size);
+        auto first = std::upper_bound(t->starts.begin(), t->starts.end(), off);
+        auto last = std::upper_bound(t->starts.begin(), t->starts.end(), off + ext_len[i] - 1);
+        int32_t k0 = int32_t(first - t->starts.begin()) - 1, k1 = int32_t(last - t->starts.begin()) - 1;
         t->first_part[i] = k0;
         t->last_part[i] = k1;
         for (int32_t k = k0; k <= k1; ++k) t->counts[k] += 1;
@@ -326,12 +352,68 @@ struct State : std::enable_shared_from_this<State> {
   // ---------------------------------------------------------------- issue and completion
 
   // Launch one all-reduce; returns its CPU ns (the backend's part of the dispatch thread's time).
+  // A row-sparse weight's collective (SparseEntry): the mask all-reduce, waited for here, then the
+  // packed rows' all-reduce (returned, with what to run on completion and the bytes sent), or none
+  // when the whole slice is to be reduced (`mask_bytes` then says what the mask cost).
+  c10::intrusive_ptr<c10d::Work> issue_sparse(SparseEntry& e, std::function<void()>& unpack, int64_t& nbytes) {
+    at::Tensor view = flat.narrow(0, e.start, e.rows * e.cols).view({e.rows, e.cols});
+    // the widest integer type a row's bytes and the table's offset divide into (sparse_rows._bits_dtype)
+    int64_t align = (e.cols * elem) | (e.start * elem);
+    at::ScalarType bits = align % 8 == 0 ? at::kLong : align % 4 == 0 ? at::kInt
+                        : align % 2 == 0 ? at::kShort : at::kByte;
+    auto [lo, hi] = at::aminmax(view.view(bits), 1);
+    at::Tensor mask = lo.ne(0).logical_or_(hi.ne(0)).to(at::kByte);  // all-zero bits: min = max = 0
+    {
+      std::vector<at::Tensor> tensors{mask};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::MAX;
+      backend->allreduce(tensors, opts)->wait();
+    }
+    nbytes = e.rows;
+    at::Tensor idx = mask.nonzero().squeeze(1);
+    int64_t k = idx.numel();
+    if (2 * k > e.rows) {
+      if (++e.dense_streak >= kDenseStepsOff) e.active = false;
+      return {};
+    }
+    e.dense_streak = 0;
+    sparse_packed += 1;
+    at::Tensor packed = at::empty({k * e.cols + 1}, flat.options());
+    at::Tensor rows_out = packed.narrow(0, 0, k * e.cols).view({k, e.cols});
+    at::index_select_out(rows_out, view, 0, idx);
+    at::Tensor flag = flat.narrow(0, e.start + e.rows * e.cols, 1);
+    packed.narrow(0, k * e.cols, 1).copy_(flag);
+    std::vector<at::Tensor> tensors{packed};
+    c10d::AllreduceOptions opts;
+    auto work = backend->allreduce(tensors, opts);
+    int64_t cols = e.cols;
+    unpack = [view, idx, packed, flag, k, cols]() mutable {
+      view.index_copy_(0, idx, packed.narrow(0, 0, k * cols).view({k, cols}));
+      flag.copy_(packed.narrow(0, k * cols, 1));
+    };
+    nbytes += (k * e.cols + 1) * elem;
+    return work;
+  }
+
   int64_t issue(int64_t step, int64_t start, int64_t length, double t_ready, const at::Tensor& view) {
-    std::vector<at::Tensor> tensors{view};
     c10d::AllreduceOptions opts;
     int64_t c0 = cpu_ns(), w0 = mono_ns();
     double t_issue0 = trace ? now_s() : 0.0;
-    auto work = backend->allreduce(tensors, opts);
+    c10::intrusive_ptr<c10d::Work> work;
+    std::function<void()> unpack;
+    int64_t nbytes = length * elem;
+    if (!sparse.empty()) {
+      auto it = sparse.find(start);
+      if (it != sparse.end() && it->second.active && it->second.length == length) {
+        int64_t sent = 0;
+        work = issue_sparse(it->second, unpack, sent);
+        nbytes = work ? sent : nbytes + sent;
+      }
+    }
+    if (!work) {
+      std::vector<at::Tensor> tensors{view};
+      work = backend->allreduce(tensors, opts);
+    }
     int64_t w1 = mono_ns(), c1 = cpu_ns();
     backend_wall_ns += w1 - w0;
     double now = now_s();
@@ -340,7 +422,7 @@ struct State : std::enable_shared_from_this<State> {
       std::lock_guard<std::mutex> g(um);
       StepStat& st = step_stats[step];
       if (st.t_first_issue < 0) st.t_first_issue = now;
-      st.bytes += length * elem;
+      st.bytes += nbytes;
       st.parts += 1;
       st.queue_s += std::max(0.0, now - t_ready);
       if (trace) {
@@ -350,9 +432,18 @@ struct State : std::enable_shared_from_this<State> {
     }
     parts += 1;
     std::weak_ptr<State> weak = weak_from_this();
-    work->getFuture()->addCallback([weak, step, start, length, trace_index](c10::ivalue::Future& fut) {
+    work->getFuture()->addCallback([weak, step, start, length, trace_index, unpack](c10::ivalue::Future& fut) {
       auto self = weak.lock();
-      if (self) self->on_reduced(fut, step, start, length, trace_index);
+      if (!self) return;
+      if (unpack && !fut.hasError()) {
+        try {
+          unpack();  // the packed rows back into the flat buffer, before the parameter is ready
+        } catch (const std::exception& error) {
+          self->fail(std::string("row-sparse unpack failed: ") + error.what());
+          return;
+        }
+      }
+      self->on_reduced(fut, step, start, length, trace_index);
     });
     return c1 - c0;
   }
@@ -654,7 +745,8 @@ class Engine {
  public:
   Engine(at::Tensor flat, std::vector<int64_t> sorted_offsets, std::vector<int64_t> by_offset,
          std::vector<int64_t> ext_len, const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool leader,
-         std::vector<int> follower_fds, int leader_fd, int rank, bool trace)
+         std::vector<int> follower_fds, int leader_fd, int rank, bool trace,
+         std::vector<int64_t> sparse_starts, std::vector<int64_t> sparse_rows, std::vector<int64_t> sparse_cols)
       : s_(std::make_shared<State>()) {
     TORCH_CHECK(flat.device().is_cpu(), "the native scheduler path runs on CPU tensors only");
     TORCH_CHECK(flat.dim() == 1 && flat.is_contiguous(), "the flat buffer must be a contiguous vector");
@@ -677,6 +769,18 @@ class Engine {
     s.produced.assign(s.n, -1);
     s.produced_t.assign(s.n, 0.0);
     s.reduced.assign(s.n, 0);
+    TORCH_CHECK(sparse_rows.size() == sparse_starts.size() && sparse_cols.size() == sparse_starts.size(),
+                "inconsistent row-sparse arrays");
+    for (size_t k = 0; k < sparse_starts.size(); ++k) {
+      SparseEntry e;
+      e.start = sparse_starts[k];
+      e.rows = sparse_rows[k];
+      e.cols = sparse_cols[k];
+      e.length = e.rows * e.cols + 1;
+      TORCH_CHECK(e.rows > 0 && e.cols > 0 && e.start >= 0 && e.start + e.length <= s.total,
+                  "a row-sparse weight outside the flat buffer");
+      s.sparse[e.start] = e;
+    }
   }
 
   ~Engine() {
@@ -698,6 +802,16 @@ class Engine {
     TORCH_CHECK(!s_->leader && s_->leader_fd >= 0, "start_follower needs the socket from rank 0");
     s_->spawn("ab-r" + std::to_string(s_->rank) + "-follow", [](State& s) { s.follower_loop(); });
     s_->spawn("ab-r" + std::to_string(s_->rank) + "-recv", [](State& s) { s.receiver_loop(); });
+  }
+
+  // Between synchronized steps on every rank (nothing in flight): row-sparse reduction on or off for
+  // every row-sparse weight (benchmarks pair the two in one run; ScheduledOptimizer._set_sparse_rows).
+  void set_sparse_active(bool on) {
+    std::lock_guard<std::mutex> g(s_->m);  // the dispatch thread reads the entries after taking m
+    for (auto& [start, entry] : s_->sparse) {
+      entry.active = on;
+      entry.dense_streak = 0;
+    }
   }
 
   // Training thread (gradient hook): parameter i's gradient of `step` is in the buffer.
@@ -861,6 +975,7 @@ class Engine {
     d["send_ns"] = s_->send_ns.load();
     d["latency_ns"] = s_->latency_ns.load();
     d["latency_n"] = s_->latency_n.load();
+    d["sparse_packed"] = s_->sparse_packed.load();
     return d;
   }
 
@@ -959,10 +1074,12 @@ PYBIND11_MODULE(_native, m) {
   m.attr("UP_ERROR") = kUpError;
   py::class_<Engine>(m, "Engine")
       .def(py::init<at::Tensor, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
-                    const c10::intrusive_ptr<c10d::ProcessGroup>&, bool, std::vector<int>, int, int, bool>(),
+                    const c10::intrusive_ptr<c10d::ProcessGroup>&, bool, std::vector<int>, int, int, bool,
+                    std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>(),
            py::arg("flat"), py::arg("sorted_offsets"), py::arg("by_offset"), py::arg("ext_len"),
            py::arg("group"), py::arg("leader"), py::arg("follower_fds"), py::arg("leader_fd"),
-           py::arg("rank"), py::arg("trace") = false)
+           py::arg("rank"), py::arg("trace") = false, py::arg("sparse_starts") = std::vector<int64_t>{},
+           py::arg("sparse_rows") = std::vector<int64_t>{}, py::arg("sparse_cols") = std::vector<int64_t>{})
       .def("start_leader", &Engine::start_leader)
       .def("start_follower", &Engine::start_follower)
       .def("grad_ready", &Engine::grad_ready)
@@ -972,6 +1089,7 @@ PYBIND11_MODULE(_native, m) {
       .def("take_step_stats", &Engine::take_step_stats)
       .def("stop", &Engine::stop)
       .def("stats", &Engine::stats)
+      .def("set_sparse_active", &Engine::set_sparse_active)
       .def("take_trace", &Engine::take_trace);
   py::class_<CompletionStamper>(m, "CompletionStamper")
       .def(py::init<>())

@@ -39,7 +39,10 @@ def jitter(model: nn.Module, rng: random.Random, p: float = 0.3, max_s: float = 
 
 
 def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
-              loss_fn: Callable, find_unused: bool = False) -> tuple[nn.Module, Any]:
+              loss_fn: Callable, find_unused: bool = False,
+              clip_grad_norm: float | None = None) -> tuple[nn.Module, Any]:
+    """DDP's run (with `torch.nn.utils.clip_grad_norm_` after each backward if clip_grad_norm)."""
+    import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = make_model()
@@ -48,14 +51,18 @@ def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: 
     for x, y in batches:
         opt.zero_grad()
         loss_fn(ddp(x), y).backward()
+        if clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
         opt.step()
     return model, opt
 
 
 def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
                     loss_fn: Callable, rank: int, seed: int = 0, reconfig_p: float = 0.3,
+                    on_close: Callable[[Any], None] | None = None,
                     **kwargs: Any) -> tuple[nn.Module, Any, list, str | None]:
-    """(model, optimizer, [(step, partition_bytes, credit_bytes, tail_bytes)], the hot path that ran)."""
+    """(model, optimizer, [(step, partition_bytes, credit_bytes, tail_bytes)], the hot path that ran).
+    `on_close(scheduler)` runs after the last step's updates, before the scheduler closes."""
     from autobyte import ScheduledOptimizer
 
     rng = random.Random(seed * 1000 + rank)
@@ -75,4 +82,7 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
             loss_fn(model(x), y).backward()
             sched.step()
             sched.zero_grad()
+        if on_close is not None:
+            sched.synchronize()
+            on_close(sched)
     return model, opt, seen, sched.hot_path

@@ -17,7 +17,7 @@ import functools
 import heapq
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,16 +31,18 @@ from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady,
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.scheduler.sparse_rows import SparseRows
 from autobyte.types import Config
 
 
 class DispatchStats:
     """The scheduler's own cost apart from the backend's launch calls (CPU ns)."""
 
-    __slots__ = ("parts", "sched_ns", "backend_ns", "backend_wall_ns")
+    __slots__ = ("parts", "sched_ns", "backend_ns", "backend_wall_ns", "sparse_packed")
 
     def __init__(self) -> None:
         self.parts = 0
+        self.sparse_packed = 0  # row-sparse reductions sent packed (sparse_rows)
         self.sched_ns = 0
         self.backend_ns = 0
         self.backend_wall_ns = 0
@@ -51,8 +53,10 @@ class Dispatcher:
 
     def __init__(self, layout: Layout, group: Any, is_leader: bool, followers: bool,
                  progress: Progress, steps: StepLog, channel: OrderChannel | None,
-                 update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None) -> None:
+                 update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None,
+                 sparse: Sequence[SparseRows] = ()) -> None:
         self.layout = layout
+        self.sparse = {entry.start: entry for entry in sparse}  # row-sparse weights by slice start
         self.group = group
         self.is_leader = is_leader
         self.followers = followers
@@ -105,27 +109,41 @@ class Dispatcher:
             first, last = layout.params_in(start, length)
             sync.before_issue(layout.by_offset[first:last + 1])
         c0, t0 = cpu_ns(), time.perf_counter_ns()
-        work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)
+        nbytes, unpack = length * self.layout.elem, None
+        sparse = self.sparse.get(start) if self.sparse else None
+        if sparse is not None and sparse.active and sparse.length == length:
+            packed = sparse.reduce(self.layout.flat, self.group)  # rank 0's order: same on every rank
+            if packed is None:
+                nbytes += sparse.rows  # the mask; the whole slice follows
+            else:
+                work, _, unpack, nbytes = packed
+                self.stats.sparse_packed += 1
+        if unpack is None:
+            work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)
         t1, c1 = time.perf_counter_ns(), cpu_ns()
         self.stats.backend_wall_ns += t1 - t0
         if sync.cuda:  # NCCL completes its future at enqueue: poll the work instead
             sync.watch(work, functools.partial(self._on_done, s, start, length, work))
         else:
-            work.get_future().add_done_callback(functools.partial(self._on_reduced, s, start, length, work))
+            work.get_future().add_done_callback(
+                functools.partial(self._on_reduced, s, start, length, work, unpack))
         rec = self.steps.record(s)
         now = time.perf_counter()
         if rec.t_first_issue is None:
             rec.t_first_issue = now
-        rec.bytes += length * self.layout.elem
+        rec.bytes += nbytes
         rec.parts += 1
         rec.queue_s += max(0.0, now - t_ready)
         self.stats.parts += 1
         return c1 - c0
 
-    def _on_reduced(self, s: int, start: int, length: int, work: Any, future: Any) -> None:
+    def _on_reduced(self, s: int, start: int, length: int, work: Any, unpack: Callable[[], None] | None,
+                    future: Any) -> None:
         # Runs on the backend's thread: keep it tiny.
         try:
             future.value()
+            if unpack is not None:
+                unpack()  # a row-sparse weight's packed rows back into the flat buffer
         except BaseException as error:
             self.progress.fail(error)
             return

@@ -5,7 +5,9 @@ followed by one "used" flag element. Slices are laid out in *reverse* first-use 
 used last in the forward pass (whose gradient comes first in backward) sits at offset 0, so a higher
 offset means a higher priority. A plan cuts the buffer into partitions: `partition_bytes` slices that
 fuse small tensors and split big ones, or one partition per parameter (`partition_bytes is None`).
-Every plan covers each element exactly once.
+A *standalone* parameter (`autobyte.scheduler.sparse_rows`: an embedding reduced row-sparse) is one
+partition of its own in every plan; the slices between standalone parameters are cut from the end
+of the previous one. Every plan covers each element exactly once.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Layout:
     """Offsets and views of the flat buffer for a fixed parameter order."""
 
     def __init__(self, order: Sequence[int], shapes: Sequence[torch.Size], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, standalone: Sequence[int] = ()) -> None:
         n = len(shapes)
         if sorted(order) != list(range(n)):
             raise ValueError("the parameter order is not a permutation of the parameters")
@@ -56,6 +58,7 @@ class Layout:
         self.ext_views = [flat[offs[i]:offs[i] + ext[i]] for i in range(n)]
         self.grad_views = [flat[offs[i]:offs[i] + self.numel[i]].view(shapes[i]) for i in range(n)]
         self.flag_views = [flat[offs[i] + self.numel[i]:offs[i] + ext[i]] for i in range(n)]
+        self.standalone = frozenset(standalone)
         self._templates: dict[int | None, tuple] = {}
 
     def flag_index(self, i: int) -> int:
@@ -84,11 +87,20 @@ class Layout:
             part_of = {i: k for k, i in enumerate(self.by_offset)}
             return parts, [(part_of[i],) for i in range(self.n)], [1] * len(parts)
         size = max(1, partition_bytes // self.elem)
-        parts = [(a, min(size, self.total - a)) for a in range(0, self.total, size)]
+        parts: list[tuple[int, int]] = []
+        a = 0
+        for i in self.by_offset:
+            if i in self.standalone:
+                parts += [(b, min(size, offsets[i] - b)) for b in range(a, offsets[i], size)]
+                parts.append((offsets[i], ext[i]))
+                a = offsets[i] + ext[i]
+        parts += [(b, min(size, self.total - b)) for b in range(a, self.total, size)]
+        starts = [start for start, _ in parts]
         counts = [0] * len(parts)
         param_parts = []
         for i in range(self.n):
-            ks = tuple(range(offsets[i] // size, (offsets[i] + ext[i] - 1) // size + 1))
+            ks = tuple(range(bisect.bisect_right(starts, offsets[i]) - 1,
+                             bisect.bisect_right(starts, offsets[i] + ext[i] - 1)))
             for k in ks:
                 counts[k] += 1
             param_parts.append(ks)

@@ -87,10 +87,11 @@ class NativeDispatcher:
     """The dispatch side on the native path: same calls as `dispatch.Dispatcher`."""
 
     def __init__(self, module: Any, layout: Any, group: Any, is_leader: bool, rank: int, steps: Any,
-                 channel: Any, timeout_s: float, trace: bool = False) -> None:
+                 channel: Any, timeout_s: float, trace: bool = False, sparse: Any = ()) -> None:
         fds, fd = channel.detach_sockets() if channel is not None else ([], -1)
         self.engine = module.Engine(layout.flat, layout.sorted_offsets, layout.by_offset, layout.ext_len,
-                                    group, is_leader, fds, fd, rank, trace)
+                                    group, is_leader, fds, fd, rank, trace,
+                                    [e.start for e in sparse], [e.rows for e in sparse], [e.cols for e in sparse])
         self.is_leader = is_leader
         self.steps = steps
         self.timeout_s = timeout_s
@@ -119,6 +120,7 @@ class NativeDispatcher:
         stats = DispatchStats()
         stats.parts, stats.sched_ns = raw["partitions"], raw["sched_ns"]
         stats.backend_ns, stats.backend_wall_ns = raw["backend_ns"], raw["backend_wall_ns"]
+        stats.sparse_packed = raw["sparse_packed"]
         return stats
 
     def channel_stats(self) -> tuple[int, int, int, int]:

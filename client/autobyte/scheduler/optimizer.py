@@ -26,6 +26,7 @@ from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
 from autobyte.scheduler import checks, compiled, groups, health, native, tracking
+from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
@@ -65,6 +66,9 @@ class ScheduledOptimizer:
         native: run the per-partition hot path in C++ (`autobyte.scheduler.native`) where it can
             run; False: always the Python path. Both give bit-identical parameters; `hot_path`
             says which one runs (`AUTOBYTE_NATIVE=0` also forces the Python path).
+        sparse_rows: reduce the gradients of large `nn.Embedding` / `nn.EmbeddingBag` weights
+            row-sparse: only the rows some rank touched go on the wire, with DDP's numbers to the
+            bit (`autobyte.scheduler.sparse_rows`; CPU/gloo). False: every gradient dense.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
@@ -72,7 +76,7 @@ class ScheduledOptimizer:
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
                  own_communicator: bool = True, grad_scaler: Any = None, native: bool = True,
-                 tail_bytes: int | None = None) -> None:
+                 tail_bytes: int | None = None, sparse_rows: bool = True) -> None:
         config = Config(partition_bytes, credit_bytes, tail_bytes)
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
         optimizers, params, index_of, names = setup.optimizers, setup.params, setup.index_of, setup.names
@@ -96,6 +100,8 @@ class ScheduledOptimizer:
         self._clip_norm_type = float(clip_norm_type)
         self._timeout_s = float(timeout_s)
         self._native_wanted = bool(native)
+        if not isinstance(sparse_rows, bool):
+            raise ValueError(f"sparse_rows must be True or False, got {sparse_rows!r}")
         self._hot_path: str | None = None
         self._hot_path_reason = ""
 
@@ -108,6 +114,9 @@ class ScheduledOptimizer:
         self._n = len(params)
         self._dtype = first.dtype
         self._device = first.device
+        # weights reduced row-sparse (decided from the model alone: the same on every rank)
+        self._sparse_idx = sparse_rows_mod.eligible(model, params) if sparse_rows and self._world > 1 else []
+        self._sparse: list[sparse_rows_mod.SparseRows] = []
 
         self._broadcast_initial_state()
         self._decision_group = None
@@ -374,7 +383,18 @@ class ScheduledOptimizer:
             # followers: send-to-receive latency (wall clocks; meaningful on one host or with NTP)
             "channel_latency_us": latency_ns / 1e3 / latency_n if latency_n else 0.0,
             "native": float(self._hot_path == "native"),
+            # row-sparse weights (sparse_rows): how many, and the reductions sent packed so far
+            "sparse_rows_weights": float(len(self._sparse_idx)),
+            "sparse_rows_packed": float(stats.sparse_packed if stats is not None else 0),
         }
+
+    def _set_sparse_rows(self, active: bool) -> None:
+        """Row-sparse reduction on or off for every row-sparse weight (benchmarks pair the two in one
+        run). Collective: every rank calls it after `synchronize()`, at the same step boundary."""
+        for entry in self._sparse:
+            entry.active, entry.dense_streak = bool(active), 0
+        if self._hot_path == "native":
+            self._dispatcher.engine.set_sparse_active(bool(active))
 
     @property
     def hot_path(self) -> str | None:
@@ -481,7 +501,10 @@ class ScheduledOptimizer:
             self._channel = OrderChannel(self._is_leader, self._rank, self._leader_global,
                                             self._follower_globals, self._decision_group, self._timeout_s)
             self._channel.open()
-        layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device)
+        layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device,
+                        standalone=self._sparse_idx)
+        self._sparse = [sparse_rows_mod.SparseRows(i, layout.offsets[i], *self._params[i].shape)
+                        for i in self._sparse_idx]
         self._device_sync = device_sync.make(self._device, self._n)
         module, reason = native.choose_hot_path(self._native_wanted, self._device, groups.backend_of(self._data_group),
                                        self._channel, self._decision_group, self._world)
@@ -493,13 +516,13 @@ class ScheduledOptimizer:
         if module is not None:
             self._dispatcher = native.NativeDispatcher(module, layout, self._data_group, self._is_leader,
                                                        self._rank, self._steps, self._channel, self._timeout_s,
-                                                       trace=native.trace_requested())
+                                                       trace=native.trace_requested(), sparse=self._sparse)
             self._updater = native.NativeUpdater(*updater_args, engine=self._dispatcher.engine, module=module)
         else:
             self._updater = Updater(*updater_args)
             self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1,
                                           self._progress, self._steps, self._channel, self._updater.queue,
-                                          self._device_sync)
+                                          self._device_sync, sparse=self._sparse)
         self._grad_ready = self._dispatcher.grad_ready
         self._layout = layout
         self._start_threads(self._step_index)
