@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from autobyte.scheduler import sparse_rows
+from autobyte.scheduler.layout import Layout
 from torch import nn
 from torch.nn import functional as F
 
-from autobyte.scheduler import sparse_rows
-from autobyte.scheduler.layout import Layout
 from tests.helpers.dist import run_ranks, run_ranks_on
 from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
 
@@ -55,7 +55,7 @@ def _reduce_worker(rank: int, world: int) -> dict:
         entry = sparse_rows.SparseRows(0, 1, ROWS, COLS)
         result = entry.reduce(buffer, None)
         if result is not None:
-            work, packed, unpack, nbytes = result
+            work, _, unpack, nbytes = result
             work.wait()
             unpack()
         else:
@@ -178,7 +178,7 @@ def _train_worker(rank: int, world: int, names: list[str]) -> dict:
     for k, name in enumerate(names):
         build, data, loss_fn, kwargs = CASES[name]
 
-        def make_model():
+        def make_model(build=build):
             torch.manual_seed(5)
             return build()
 
@@ -190,7 +190,7 @@ def _train_worker(rank: int, world: int, names: list[str]) -> dict:
         ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, clip_grad_norm=kwargs.get("clip_grad_norm"))
         stats = {}
 
-        def keep_stats(sched):
+        def keep_stats(sched, stats=stats):
             stats.update(sched.dispatch_stats())
 
         model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k,

@@ -78,7 +78,7 @@ class SparseRows:
     """One weight's row-sparse reduction state (identical on every rank: it changes only with the
     reduced masks)."""
 
-    __slots__ = ("param", "start", "rows", "cols", "length", "active", "dense_streak", "packed_steps")
+    __slots__ = ("active", "cols", "dense_streak", "length", "packed_steps", "param", "rows", "start")
 
     def __init__(self, param: int, start: int, rows: int, cols: int) -> None:
         self.param = param
