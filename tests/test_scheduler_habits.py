@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from tests.helpers.dist import run_ranks_on
+from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("hot_path", ["native", "python"])  # the native engine issues from C++
 def test_user_collectives_never_interleave_with_the_schedulers(hot_path):
-    for rank, got in enumerate(run_ranks_on(hot_path, _habits_worker, 2, 40, timeout_s=180)):
+    for rank, got in enumerate(run_ranks_on(hot_path, _habits_worker, 2, 40, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)):
         assert got == {"a": 0.0, "b": 0.0, "logged": True, "hot_paths": [hot_path]}, (rank, got)
 
 
@@ -174,7 +174,7 @@ def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
 
 @pytest.mark.timeout(200)
 def test_data_parallel_subgroups_of_a_larger_job():
-    results = run_ranks_on("native", _subgroups_worker, 4, 25, timeout_s=180)
+    results = run_ranks_on("native", _subgroups_worker, 4, 25, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)
     for rank, got in enumerate(results):
         assert got["diff"] == 0.0, (rank, got["diff"])
         assert got["hot_paths"] == ["native"], (rank, got["hot_paths"])

@@ -1,7 +1,8 @@
 """The scheduler on models whose parameters are read outside their own module's forward: transformers
 (nn.MultiheadAttention reads out_proj without calling it), tied embeddings, ViT blocks, functional
 reads of a sibling's weight. Every case equals DDP bit for bit over 100+ steps under jitter and random
-reconfigurations on 2 gloo ranks."""
+reconfigurations on 2 gloo ranks, with every untied embedding reduced row-sparse (the encoders' tables
+are sent packed; the tied decoder's is dense)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.helpers.dist import run_ranks_on
+from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
 from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
 
 pytestmark = pytest.mark.slow
 
 STEPS = 100
-D, HEADS, VOCAB, SEQ, BATCH = 32, 4, 50, 6, 4
+D, HEADS, VOCAB, SEQ, BATCH = 32, 4, 512, 6, 4
 
 
 class Encoder(nn.Module):
@@ -144,16 +145,19 @@ def _case_worker(rank: int, world: int, names: list[str]) -> dict:
         gen = torch.Generator().manual_seed(500 + rank)
         batches = [data(gen) for _ in range(STEPS)]
         ref, _ = train_ddp(make_model, make_opt, batches, loss_fn)
-        model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k)
+        stats: dict = {}
+        model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k,
+                                                   on_close=lambda sched, stats=stats: stats.update(
+                                                       sched.dispatch_stats()))
         out[name] = {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
-                     "configs": len({tuple(c) for _, *c in seen})}
+                     "configs": len({tuple(c) for _, *c in seen}), "packed": stats["sparse_rows_packed"]}
     return out
 
 
 @pytest.fixture(scope="module", params=["native", "python"])
 def model_cases(request):
     """Both hot paths (AUTOBYTE_NATIVE in the ranks' environment); each must really run."""
-    results = run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280)
+    results = run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280, env=SPARSE_ROWS_EVERYWHERE)
     for rank in results:
         assert {got["hot_path"] for got in rank.values()} == {request.param}, rank
     return results
@@ -167,3 +171,5 @@ def test_parameters_read_outside_their_module_equal_ddp(model_cases, name):
         assert got["steps"] == STEPS, (rank, got)
         assert got["configs"] > 1, "the run was meant to reconfigure"
         assert got["diff"] == 0.0, (rank, name, got)
+        if name.startswith("encoder"):
+            assert got["packed"] == STEPS, "24 tokens per rank: the table is sent packed every step"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.helpers.dist import run_ranks_on
+from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
 from tests.helpers.equiv import jitter, max_param_diff
 
 pytestmark = pytest.mark.slow
@@ -144,7 +144,7 @@ def _clip_worker(rank: int, world: int, steps: int) -> dict:
 def test_clipping_equals_ddp_to_the_bit_on_every_rank(hot_path):
     """clip_grad_norm= sums the norm in clip_grad_norm_'s order (model.parameters()), not in the
     order gradients complete: DDP's parameters to the bit, and the replicas stay equal."""
-    ranks = run_ranks_on(hot_path, _clip_worker, 2, 10, timeout_s=220)
+    ranks = run_ranks_on(hot_path, _clip_worker, 2, 10, timeout_s=220, env=SPARSE_ROWS_EVERYWHERE)
     for rank, got in enumerate(ranks):
         assert set(got.pop("hot_paths")) == {hot_path}
         for case, result in got.items():
@@ -262,7 +262,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
 def test_accumulation_with_no_sync_equals_ddp_no_sync(hot_path):
     """4 micro-batches, 3 inside no_sync(): DDP + no_sync's parameters to the bit, alone, with
     clipping and with GradScaler (fp16 autocast), and equal on both ranks."""
-    ranks = run_ranks_on(hot_path, _accumulation_worker, 2, 6, timeout_s=220)
+    ranks = run_ranks_on(hot_path, _accumulation_worker, 2, 6, timeout_s=220, env=SPARSE_ROWS_EVERYWHERE)
     for rank, got in enumerate(ranks):
         assert set(got.pop("hot_paths")) == {hot_path}
         misuse, misuse_step = got.pop("misuse"), got.pop("misuse_step")

@@ -92,10 +92,14 @@ class TableModel(nn.Module):
             self.head.weight = self.embed.weight
 
 
+def _index(params, tensor) -> int:
+    return next(i for i, p in enumerate(params) if p is tensor)
+
+
 def test_eligible_weights_are_large_untied_embeddings():
     model = TableModel()
     params = list(model.parameters())
-    assert sparse_rows.eligible(model, params) == [params.index(model.embed.weight)]
+    assert sparse_rows.eligible(model, params) == [_index(params, model.embed.weight)]
     bag = TableModel(bag=True)
     assert sparse_rows.eligible(bag, list(bag.parameters())) == [0]
     tied = TableModel(tied_by_module=True)
@@ -223,3 +227,16 @@ def test_training_with_a_row_sparse_embedding_equals_ddp(trained, name):
             assert got["packed"] == 0.0, "a dense table is never sent packed"
         else:  # every step packed: 24 tokens per rank touch at most 48 of 4096 rows
             assert got["packed"] == STEPS, got
+
+
+def test_the_smallest_table_can_be_set_and_a_bad_value_is_named(monkeypatch):
+    monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "0")
+    small = TableModel()
+    params = list(small.parameters())
+    assert sparse_rows.eligible(small, params) == sorted([_index(params, small.embed.weight),
+                                                          _index(params, small.small.weight)])
+    monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match="AUTOBYTE_SPARSE_ROWS_MIN_BYTES.*'lots'"):
+        sparse_rows.eligible(small, params)
+    monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "")
+    assert sparse_rows.min_bytes() == sparse_rows.MIN_BYTES

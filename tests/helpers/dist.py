@@ -91,17 +91,26 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
     return [values[rank] for rank in range(world_size)]
 
 
-def run_ranks_on(hot_path: str, fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+# In the ranks' environment: every embedding (not only tables of 1 MiB and more) is reduced row-sparse
+# (autobyte.scheduler.sparse_rows), so the equivalence tests' small models run through that path too.
+SPARSE_ROWS_EVERYWHERE = {"AUTOBYTE_SPARSE_ROWS_MIN_BYTES": "0"}
+
+
+def run_ranks_on(hot_path: str, fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
+                 env: dict[str, str] | None = None) -> list[Any]:
     """run_ranks with the scheduler's hot path chosen for the ranks: "native" (the default where the
-    extension is built) or "python" (AUTOBYTE_NATIVE=0 in their environment)."""
+    extension is built) or "python" (AUTOBYTE_NATIVE=0 in their environment); `env`: more variables
+    for the ranks' environment."""
     if hot_path not in ("native", "python"):
         raise ValueError(f"hot_path must be 'native' or 'python', got {hot_path!r}")
-    saved = os.environ.get("AUTOBYTE_NATIVE")
-    os.environ["AUTOBYTE_NATIVE"] = "1" if hot_path == "native" else "0"
+    extra = {"AUTOBYTE_NATIVE": "1" if hot_path == "native" else "0", **(env or {})}
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
     try:
         return run_ranks(fn, world_size, *args, timeout_s=timeout_s)
     finally:
-        if saved is None:
-            os.environ.pop("AUTOBYTE_NATIVE", None)
-        else:
-            os.environ["AUTOBYTE_NATIVE"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -34,6 +34,7 @@ same reduced masks in the same collective order, so every rank switches at the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 MIN_BYTES = 1 << 20  # below this, a mask round trip (~1 ms on gloo) buys little
+MIN_BYTES_ENV = "AUTOBYTE_SPARSE_ROWS_MIN_BYTES"
 MIN_ROW_BYTES = 64  # the mask is at most 1/64 of the table
 DENSE_STEPS_OFF = 4  # consecutive dense unions before a weight is reduced as an ordinary partition
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # a dtype's bit pattern
@@ -53,8 +55,24 @@ def _bits_dtype(row_bytes: int, offset_bytes: int) -> torch.dtype:
     return next(_BITS[size] for size in (8, 4, 2, 1) if row_bytes % size == 0 and offset_bytes % size == 0)
 
 
+def min_bytes() -> int:
+    """The smallest table reduced row-sparse: MIN_BYTES, or AUTOBYTE_SPARSE_ROWS_MIN_BYTES (bytes,
+    e.g. 0 to include every embedding: the equivalence tests run small models through this path)."""
+    text = os.environ.get(MIN_BYTES_ENV, "").strip()
+    if not text:
+        return MIN_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{MIN_BYTES_ENV} must be a number of bytes >= 0, got {text!r}")
+    return value
+
+
 def eligible(model: nn.Module, params: Sequence[torch.Tensor]) -> list[int]:
     """Indices into `params` of the embedding weights reduced row-sparse (module docstring)."""
+    smallest = min_bytes()
     holders: dict[torch.Tensor, int] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -68,7 +86,7 @@ def eligible(model: nn.Module, params: Sequence[torch.Tensor]) -> list[int]:
         if p not in index_of or holders.get(p, 0) != 1 or p.dim() != 2 or p.device.type != "cpu":
             continue
         elem = p.element_size()
-        if elem not in _BITS or p.numel() * elem < MIN_BYTES or p.shape[1] * elem < MIN_ROW_BYTES:
+        if elem not in _BITS or p.numel() * elem < smallest or p.shape[1] * elem < MIN_ROW_BYTES:
             continue
         out.append(index_of[p])
     return sorted(set(out))
