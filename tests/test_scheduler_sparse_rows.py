@@ -34,21 +34,22 @@ def _reduce_worker(rank: int, world: int) -> dict:
 
     gen = torch.Generator().manual_seed(7 + rank)
     out = {}
-    for case in ("sparse", "dense"):
+    for case in ("sparse", "dense", "unused"):
         # a neighbour's element (an odd offset: the zero test's wide view must cope), the weight,
         # its flag, and another neighbour's elements
         buffer = torch.zeros(1 + ROWS * COLS + 1 + 5)
         buffer[0] = 5.0
         flat = buffer[1:]
         grad = flat[:ROWS * COLS].view(ROWS, COLS)
-        touched = torch.randperm(ROWS, generator=gen)[:100 if case == "sparse" else ROWS - 10]
-        grad[touched] = torch.randn(len(touched), COLS, generator=gen)
-        grad[touched[:3], :5] = -0.0  # -0.0 inside touched rows
-        grad[11] = -0.0 if rank == 0 else 0.0  # a -0.0 row on one rank: DDP gives +0.0 there
-        grad[12] = -0.0  # on every rank: DDP gives -0.0
-        grad[13] = 0.0
-        grad[13, 7] = float(rank + 1) if rank == 1 else 0.0  # touched by rank 1 only
-        flat[ROWS * COLS] = 1.0  # the "used" flag
+        if case != "unused":  # "unused": no rank read the table this step (zeros, flag 0)
+            touched = torch.randperm(ROWS, generator=gen)[:100 if case == "sparse" else ROWS - 10]
+            grad[touched] = torch.randn(len(touched), COLS, generator=gen)
+            grad[touched[:3], :5] = -0.0  # -0.0 inside touched rows
+            grad[11] = -0.0 if rank == 0 else 0.0  # a -0.0 row on one rank: DDP gives +0.0 there
+            grad[12] = -0.0  # on every rank: DDP gives -0.0
+            grad[13] = 0.0
+            grad[13, 7] = float(rank + 1) if rank == 1 else 0.0  # touched by rank 1 only
+            flat[ROWS * COLS] = 1.0  # the "used" flag
         flat[ROWS * COLS + 1:] = 3.0  # must stay as it is
         expected = flat[:ROWS * COLS + 1].clone()
         dist.all_reduce(expected)
@@ -72,9 +73,10 @@ def test_the_packed_reduction_equals_all_reduce_bit_for_bit():
     results = run_ranks(_reduce_worker, 2, timeout_s=60)
     minus_zero = torch.tensor([-0.0]).view(torch.int32).item()
     for got in results:
-        sparse, dense = got["sparse"], got["dense"]
-        assert sparse["packed"], got
-        assert sparse["equal"] and dense["equal"], got
+        sparse, dense, unused = got["sparse"], got["dense"], got["unused"]
+        assert sparse["packed"] and unused["packed"], got
+        assert sparse["equal"] and dense["equal"] and unused["equal"], got
+        assert unused["nbytes"] == 4 + ROWS, "no row, only the flag (and the mask)"
         assert not dense["packed"], "more than half the rows touched: the whole slice is reduced"
         # 100 + 100 touched rows (at most) of 4096, plus rows 11-13: a small fraction of 1 MiB
         assert sparse["nbytes"] < 210 * COLS * 4 + ROWS + 8, sparse["nbytes"]
@@ -156,6 +158,21 @@ class FunctionalTie(nn.Module):
         return F.linear(self.norm(self.embed(tokens)), self.embed.weight)
 
 
+class TwoTables(nn.Module):
+    """Each batch reads one of two tables (its first token's parity): in a step one table may be read
+    by one rank only, or by none (its packed reduction then carries only the "used" flag)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(ROWS, D)
+        self.b = nn.Embedding(ROWS, D)
+        self.head = nn.Linear(D, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        table = self.a if int(tokens[0, 0]) % 2 == 0 else self.b
+        return self.head(table(tokens).mean(dim=1))
+
+
 def _classify(gen):
     return torch.randint(0, ROWS, (BATCH, SEQ), generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
 
@@ -173,6 +190,7 @@ CASES = {
     "classifier": (Classifier, _classify, F.cross_entropy, {}),
     "classifier_clipped": (Classifier, _classify, F.cross_entropy, {"clip_grad_norm": 0.05}),
     "functional_tie": (FunctionalTie, _lm, _lm_loss, {}),
+    "two_tables": (TwoTables, _classify, F.cross_entropy, {}),
 }
 STEPS = 40
 
@@ -191,7 +209,8 @@ def _train_worker(rank: int, world: int, names: list[str]) -> dict:
 
         gen = torch.Generator().manual_seed(900 + rank)
         batches = [data(gen) for _ in range(STEPS)]
-        ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, clip_grad_norm=kwargs.get("clip_grad_norm"))
+        ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, clip_grad_norm=kwargs.get("clip_grad_norm"),
+                           find_unused=name == "two_tables")
         stats = {}
 
         def keep_stats(sched, stats=stats):
@@ -222,6 +241,9 @@ def test_training_with_a_row_sparse_embedding_equals_ddp(trained, name):
         assert got["steps"] == STEPS, (rank, got)
         assert got["configs"] > 1, "the run was meant to reconfigure"
         assert got["diff"] == 0.0, (rank, name, got)
+        if name == "two_tables":  # both tables every step, read or not
+            assert got["weights"] == 2.0 and got["packed"] == 2 * STEPS, got
+            continue
         assert got["weights"] == 1.0, got
         if name == "functional_tie":
             assert got["packed"] == 0.0, "a dense table is never sent packed"
