@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
-from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.equiv import compare_with_ddp
 
 pytestmark = pytest.mark.slow
 
@@ -134,23 +134,7 @@ def _case_worker(rank: int, world: int, names: list[str]) -> dict:
     out = {}
     for k, name in enumerate(names):
         build, data, loss_fn = CASES[name]
-
-        def make_model():
-            torch.manual_seed(11)
-            return build()
-
-        def make_opt(params):
-            return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
-
-        gen = torch.Generator().manual_seed(500 + rank)
-        batches = [data(gen) for _ in range(STEPS)]
-        ref, _ = train_ddp(make_model, make_opt, batches, loss_fn)
-        stats: dict = {}
-        model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k,
-                                                   on_close=lambda sched, stats=stats: stats.update(
-                                                       sched.dispatch_stats()))
-        out[name] = {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
-                     "configs": len({tuple(c) for _, *c in seen}), "packed": stats["sparse_rows_packed"]}
+        out[name] = compare_with_ddp(build, data, loss_fn, rank, STEPS, model_seed=11, data_seed=500, run_seed=k)
     return out
 
 
@@ -172,4 +156,4 @@ def test_parameters_read_outside_their_module_equal_ddp(model_cases, name):
         assert got["configs"] > 1, "the run was meant to reconfigure"
         assert got["diff"] == 0.0, (rank, name, got)
         if name.startswith("encoder"):
-            assert got["packed"] == STEPS, "24 tokens per rank: the table is sent packed every step"
+            assert got["stats"]["sparse_rows_packed"] == STEPS, "24 tokens per rank: sent packed every step"

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import run_ranks, run_ranks_on
-from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.equiv import compare_with_ddp
 
 ROWS, COLS = 4096, 64  # 1 MiB of float32: the smallest eligible table
 D, SEQ, BATCH = COLS, 6, 4
@@ -199,28 +199,11 @@ def _train_worker(rank: int, world: int, names: list[str]) -> dict:
     out = {}
     for k, name in enumerate(names):
         build, data, loss_fn, kwargs = CASES[name]
-
-        def make_model(build=build):
-            torch.manual_seed(5)
-            return build()
-
-        def make_opt(params):
-            return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
-
-        gen = torch.Generator().manual_seed(900 + rank)
-        batches = [data(gen) for _ in range(STEPS)]
-        ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, clip_grad_norm=kwargs.get("clip_grad_norm"),
-                           find_unused=name == "two_tables")
-        stats = {}
-
-        def keep_stats(sched, stats=stats):
-            stats.update(sched.dispatch_stats())
-
-        model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=k,
-                                                   on_close=keep_stats, **kwargs)
-        out[name] = {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
-                     "configs": len({tuple(c) for _, *c in seen}),
-                     "weights": stats.get("sparse_rows_weights"), "packed": stats.get("sparse_rows_packed")}
+        ddp_kwargs = {"clip_grad_norm": kwargs.get("clip_grad_norm"), "find_unused": name == "two_tables"}
+        got = compare_with_ddp(build, data, loss_fn, rank, STEPS, model_seed=5, data_seed=900, run_seed=k,
+                               ddp_kwargs=ddp_kwargs, **kwargs)
+        got["weights"], got["packed"] = got["stats"]["sparse_rows_weights"], got["stats"]["sparse_rows_packed"]
+        out[name] = got
     return out
 
 

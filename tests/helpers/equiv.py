@@ -86,3 +86,31 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
             sched.synchronize()
             on_close(sched)
     return model, opt, seen, sched.hot_path
+
+
+def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Callable, rank: int,
+                     steps: int, model_seed: int, data_seed: int, run_seed: int,
+                     ddp_kwargs: dict | None = None, **sched_kwargs: Any) -> dict:
+    """One case of the model-equivalence tests: the same batches (drawn by `data(generator)`, a
+    generator per rank) through DDP and through the scheduler (jitter, random reconfigurations),
+    both with AdamW from the same initial parameters. The result: the largest parameter
+    difference, the steps and distinct configurations the scheduler ran, its hot path and its
+    `dispatch_stats()` at the end."""
+    import torch
+
+    def make_model() -> nn.Module:
+        torch.manual_seed(model_seed)
+        return build()
+
+    def make_opt(params: Any) -> Any:
+        return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
+
+    gen = torch.Generator().manual_seed(data_seed + rank)
+    batches = [data(gen) for _ in range(steps)]
+    ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, **(ddp_kwargs or {}))
+    stats: dict = {}
+    model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=run_seed,
+                                               on_close=lambda sched: stats.update(sched.dispatch_stats()),
+                                               **sched_kwargs)
+    return {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
+            "configs": len({tuple(c) for _, *c in seen}), "stats": stats}
