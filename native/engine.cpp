@@ -351,10 +351,9 @@ struct State : std::enable_shared_from_this<State> {
 
   // ---------------------------------------------------------------- issue and completion
 
-  // Launch one all-reduce; returns its CPU ns (the backend's part of the dispatch thread's time).
   // A row-sparse weight's collective (SparseEntry): the mask all-reduce, waited for here, then the
-  // packed rows' all-reduce (returned, with what to run on completion and the bytes sent), or none
-  // when the whole slice is to be reduced (`mask_bytes` then says what the mask cost).
+  // packed rows' all-reduce (returned, with what to run on completion; `nbytes`: the bytes sent), or
+  // none when the whole slice is to be reduced (`nbytes` then says what the mask cost).
   c10::intrusive_ptr<c10d::Work> issue_sparse(SparseEntry& e, std::function<void()>& unpack, int64_t& nbytes) {
     at::Tensor view = flat.narrow(0, e.start, e.rows * e.cols).view({e.rows, e.cols});
     // the widest integer type a row's bytes and the table's offset divide into (sparse_rows._bits_dtype)
@@ -395,6 +394,7 @@ struct State : std::enable_shared_from_this<State> {
     return work;
   }
 
+  // Launch one all-reduce; returns its CPU ns (the backend's part of the dispatch thread's time).
   int64_t issue(int64_t step, int64_t start, int64_t length, double t_ready, const at::Tensor& view) {
     c10d::AllreduceOptions opts;
     int64_t c0 = cpu_ns(), w0 = mono_ns();

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
-from tests.helpers.equiv import compare_with_ddp
+from tests.helpers.equiv import assert_case_equals_ddp, compare_with_ddp, ranks_on_path
 
 pytestmark = pytest.mark.slow
 
@@ -141,19 +141,13 @@ def _case_worker(rank: int, world: int, names: list[str]) -> dict:
 @pytest.fixture(scope="module", params=["native", "python"])
 def model_cases(request):
     """Both hot paths (AUTOBYTE_NATIVE in the ranks' environment); each must really run."""
-    results = run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280, env=SPARSE_ROWS_EVERYWHERE)
-    for rank in results:
-        assert {got["hot_path"] for got in rank.values()} == {request.param}, rank
-    return results
+    return ranks_on_path(run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280,
+                                      env=SPARSE_ROWS_EVERYWHERE), request.param)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(CASES))
 def test_parameters_read_outside_their_module_equal_ddp(model_cases, name):
-    for rank, results in enumerate(model_cases):
-        got = results[name]
-        assert got["steps"] == STEPS, (rank, got)
-        assert got["configs"] > 1, "the run was meant to reconfigure"
-        assert got["diff"] == 0.0, (rank, name, got)
+    for got in assert_case_equals_ddp(model_cases, name, STEPS):
         if name.startswith("encoder"):
             assert got["stats"]["sparse_rows_packed"] == STEPS, "24 tokens per rank: sent packed every step"

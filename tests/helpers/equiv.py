@@ -114,3 +114,21 @@ def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Ca
                                                **sched_kwargs)
     return {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
             "configs": len({tuple(c) for _, *c in seen}), "stats": stats}
+
+
+def ranks_on_path(results: list[dict], hot_path: str) -> list[dict]:
+    """The per-rank results of `compare_with_ddp` cases, checked to have run on `hot_path`."""
+    for rank in results:
+        assert {got["hot_path"] for got in rank.values()} == {hot_path}, rank
+    return results
+
+
+def assert_case_equals_ddp(results: list[dict], name: str, steps: int) -> list[dict]:
+    """Every rank ran case `name` for `steps` steps, reconfigured, and ended with DDP's parameters
+    bit for bit; returns the case's result per rank."""
+    cases = [per_rank[name] for per_rank in results]
+    for rank, got in enumerate(cases):
+        assert got["steps"] == steps, (rank, got)
+        assert got["configs"] > 1, "the run was meant to reconfigure"
+        assert got["diff"] == 0.0, (rank, name, got)
+    return cases

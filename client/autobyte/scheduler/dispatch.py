@@ -116,7 +116,7 @@ class Dispatcher:
             if packed is None:
                 nbytes += sparse.rows  # the mask; the whole slice follows
             else:
-                work, _, unpack, nbytes = packed
+                work, unpack, nbytes = packed
                 self.stats.sparse_packed += 1
         if unpack is None:
             work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)

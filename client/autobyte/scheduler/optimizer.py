@@ -503,7 +503,7 @@ class ScheduledOptimizer:
             self._channel.open()
         layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device,
                         standalone=self._sparse_idx)
-        self._sparse = [sparse_rows_mod.SparseRows(i, layout.offsets[i], *self._params[i].shape)
+        self._sparse = [sparse_rows_mod.SparseRows(layout.offsets[i], *self._params[i].shape)
                         for i in self._sparse_idx]
         self._device_sync = device_sync.make(self._device, self._n)
         module, reason = native.choose_hot_path(self._native_wanted, self._device, groups.backend_of(self._data_group),

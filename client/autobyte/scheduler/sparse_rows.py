@@ -35,7 +35,7 @@ same reduced masks in the same collective order, so every rank switches at the s
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -96,21 +96,19 @@ class SparseRows:
     """One weight's row-sparse reduction state (identical on every rank: it changes only with the
     reduced masks)."""
 
-    __slots__ = ("active", "cols", "dense_streak", "length", "packed_steps", "param", "rows", "start")
+    __slots__ = ("active", "cols", "dense_streak", "length", "rows", "start")
 
-    def __init__(self, param: int, start: int, rows: int, cols: int) -> None:
-        self.param = param
+    def __init__(self, start: int, rows: int, cols: int) -> None:
         self.start = start  # the weight's offset in the flat buffer
         self.rows = rows
         self.cols = cols
         self.length = rows * cols + 1  # its slice: the gradient and the "used" flag
         self.active = True
         self.dense_streak = 0
-        self.packed_steps = 0  # steps reduced packed (observability, tests)
 
-    def reduce(self, flat: torch.Tensor, group: Any) -> tuple[Any, torch.Tensor, Any, int] | None:
+    def reduce(self, flat: torch.Tensor, group: Any) -> tuple[Any, Callable[[], None], int] | None:
         """Steps 1-2 of the module docstring, issued from the dispatch thread. Returns (work,
-        the tensor it reduces, what to run on completion or None, bytes sent with the mask), or None
+        what to run on its completion, bytes sent with the mask), or None
         when the slice is to be reduced whole (the caller issues the ordinary all-reduce; the mask's
         bytes are then `self.rows`)."""
         rows, cols, start = self.rows, self.cols, self.start
@@ -126,7 +124,6 @@ class SparseRows:
                 self.active = False
             return None
         self.dense_streak = 0
-        self.packed_steps += 1
         packed = torch.empty(k * cols + 1, dtype=flat.dtype, device=flat.device)
         torch.index_select(view, 0, idx, out=packed[:k * cols].view(k, cols))
         flag = flat[start + rows * cols:start + self.length]
@@ -137,4 +134,4 @@ class SparseRows:
             view.index_copy_(0, idx, packed[:k * cols].view(k, cols))
             flag.copy_(packed[k * cols:])
 
-        return work, packed, unpack, (k * cols + 1) * flat.element_size() + rows
+        return work, unpack, (k * cols + 1) * flat.element_size() + rows
