@@ -60,6 +60,9 @@ FALLBACK_LAUNCH_S = 42e-6
 HOST_CORES = 2
 
 
+DENSE = "+dense"  # a label suffix: embedding tables sent whole (ScheduledOptimizer sparse_rows=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockInputs:
     """What the simulator is told about one block."""
@@ -72,15 +75,18 @@ class BlockInputs:
     cpu_share: float = 1.0
     notes: str = ""
 
-    def simulator(self) -> Simulator:
+    def simulator(self, row_sparse: bool = True) -> Simulator:
         return Simulator(self.profile, self.workers, PiecewiseConstant.constant(self.bandwidth_bytes_per_s),
-                         self.link)
+                         self.link, row_sparse=row_sparse)
 
     def predict(self, labels: Sequence[str]) -> dict[str, float]:
+        """The steady step of every label; one ending in DENSE is the configuration with embedding
+        tables sent whole (benchmarks.profile_step's paired twin of the row-sparse default)."""
         from simulator.engine import parse_config
-        sim = self.simulator()
-        return {label: sim.steady_step_s(parse_config(label), self.bandwidth_bytes_per_s, 1.0,
-                                         self.flows, self.cpu_share, steps=8)
+        sims = {True: self.simulator(), False: self.simulator(row_sparse=False)}
+        return {label: sims[not label.endswith(DENSE)].steady_step_s(
+                    parse_config(label.removesuffix(DENSE)), self.bandwidth_bytes_per_s, 1.0,
+                    self.flows, self.cpu_share, steps=8)
                 for label in labels}
 
 

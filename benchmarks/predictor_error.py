@@ -125,8 +125,10 @@ def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[di
     return out
 
 
-def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
+def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None) -> dict[str, Any]:
     from simulator import train_prior
+
+    seed = train_prior.SEED if seed is None else seed
     from simulator.adapter import SCHEDULER_DEFAULT
     from simulator.real_windows import block_job, block_windows, load_dataset
 
@@ -134,7 +136,7 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
     blocks = data["blocks"]
     simulated: dict[tuple[str, ...], list[Any]] = {}
     before_priors: dict[tuple[str, ...], Any] = {}
-    results: dict[str, Any] = {"dataset": str(dataset), "blocks": len(blocks),
+    results: dict[str, Any] = {"dataset": str(dataset), "blocks": len(blocks), "seed": seed,
                                "chunks": data.get("chunks", []), "shares": list(shares), "folds": []}
     per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
     all_windows = [w for windows in per_block for w in windows]
@@ -151,14 +153,14 @@ def run(dataset: pathlib.Path, shares: Sequence[float]) -> dict[str, Any]:
         started = time.perf_counter()
         exclude: tuple[str, ...] = ()  # no simulator profile is of a dataset model (sizes differ)
         if exclude not in simulated:
-            simulated[exclude] = train_prior.generate_windows(train_prior.SEED, exclude=exclude)
-            before_priors[exclude] = train_prior.train(exclude=exclude, real=[], simulated=simulated[exclude])
+            simulated[exclude] = train_prior.generate_windows(seed, exclude=exclude)
+            before_priors[exclude] = train_prior.train(seed, exclude=exclude, real=[], simulated=simulated[exclude])
         test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
         train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
         fold = {"kind": kind, "left_out": name, "test_windows": len(test), "train_windows": len(train),
                 "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT), "after": {}}
         for share in shares:
-            after = train_prior.train(exclude=exclude, real=train, real_share=share, simulated=simulated[exclude])
+            after = train_prior.train(seed, exclude=exclude, real=train, real_share=share, simulated=simulated[exclude])
             fold["after"][str(share)] = evaluate(after, test, SCHEDULER_DEFAULT)
             if share == shares[0]:
                 fold["by_steps"] = {}
@@ -234,12 +236,14 @@ def _strip_raw(value: Any) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from simulator.real_windows import DATASET_PATH
-    from simulator.train_prior import REAL_SHARE
+    from simulator.train_prior import REAL_SHARE, SEED
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.predictor_error", description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default=str(DATASET_PATH))
     parser.add_argument("--real-share", type=float, nargs="+", default=[REAL_SHARE])
     parser.add_argument("--out", default="")
+    parser.add_argument("--seed", type=int, default=SEED,
+                        help="the priors' seed (simulated contexts and ensembles; the shipped prior's by default)")
     args = parser.parse_args(argv)
     for share in args.real_share:
         if not 0.0 < share < 1.0:
@@ -247,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = pathlib.Path(args.dataset)
     if not path.exists():
         parser.error(f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)")
-    results = run(path, args.real_share)
+    results = run(path, args.real_share, args.seed)
     print(format_results(results))
     if args.out:
         out = pathlib.Path(args.out)

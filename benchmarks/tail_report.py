@@ -22,14 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.calibrate_map import kendall_tau
+from benchmarks.calibrate_map import DENSE  # profile_step: embedding tables sent whole
 from benchmarks.train_worker import RunConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PROFILES = REPO / "benchmarks" / "calibration" / "profiles"
 TESTBED_CALIBRATION = REPO / "benchmarks" / "calibration" / "testbed.json"
-
-
-DENSE = "+dense"  # profile_step: the configuration with row-sparse embeddings sent whole
 
 
 def canonical(text: str) -> str:
@@ -104,10 +102,9 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
                      key=lambda r: r["step_s"])
     report["best"], report["best_without_tail"] = best["config"], best_plain["config"]
     if with_sim:
-        modelled = [label for label in labels if not label.endswith(DENSE)]  # (the simulator sends
-        predicted = simulated(block["model"], parse_rate(block["rate"]) / 8, modelled)  # every table whole)
+        predicted = simulated(block["model"], parse_rate(block["rate"]) / 8, labels)
         report["simulated_s"] = predicted
-        report["kendall_tau"] = kendall_tau({l: summary[l]["step_s"] for l in modelled}, predicted)
+        report["kendall_tau"] = kendall_tau({l: summary[l]["step_s"] for l in labels}, predicted)
         report["sim_best"] = min(predicted, key=predicted.get)
     return report
 

@@ -12,7 +12,8 @@ One step on every worker (all workers are identical, so one is simulated):
   `credit_bytes` -- or, in the tail window (`tail_bytes`: at most that many gradient bytes of the
   step not yet ready), only while nothing is in flight; issuing costs `launch_s` of that thread;
   the link runs the issued all-reduces first-in-first-out (as gloo does), each costing a ring
-  all-reduce;
+  all-reduce; an embedding table the scheduler reduces row-sparse (`sparse_wire`) is a partition of
+  its own and costs two collectives: its mask, then the rows some worker touched;
 - DDP: tensors in reverse registration order fill 25 MiB buckets (the first 1 MiB, as torch does);
   a bucket is reduced once all its gradients are ready, buckets in order; the optimizer step and
   the next forward wait for every bucket.
@@ -41,11 +42,32 @@ from typing import Any, Union
 import numpy as np
 from autobyte.types import Config, format_bytes, parse_bytes
 
-from simulator.profiles import ModelProfile
+from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable
 from simulator.trace import PiecewiseConstant
 
 MIB = 1 << 20
 MAX_COMM_CPU_SHARE = 0.95  # communication never takes more than this share of a rank's CPU
+# The scheduler's row-sparse reduction of embedding tables, as client/autobyte/scheduler/
+# sparse_rows.py does it (tests/test_sim.py holds these to the client's constants).
+SPARSE_MIN_BYTES = 1 << 20
+SPARSE_MIN_ROW_BYTES = 64
+# Its zero test reads the table's bits once a step before the mask goes out (the dispatch thread,
+# before the collective): 1.2 ms for the testbed transformer's 8 MiB table.
+SPARSE_SCAN_S_PER_BYTE = 1.2e-3 / (8 * MIB)
+
+
+def sparse_wire(table: RowSparseTable | None, nbytes: int, workers: int) -> int | None:
+    """Bytes one step puts on the wire for a tensor of `nbytes` the scheduler reduces row-sparse, in
+    steady state: the mask (one byte per row) and the rows some worker touched. None when the tensor
+    goes whole: no table, a table the client does not take (under SPARSE_MIN_BYTES, rows narrower
+    than SPARSE_MIN_ROW_BYTES), one worker, or a union of more than half the rows (the client then
+    sends the whole slice, and after four such steps no mask either)."""
+    if table is None or workers <= 1 or nbytes < SPARSE_MIN_BYTES or nbytes // table.rows < SPARSE_MIN_ROW_BYTES:
+        return None
+    union_rows = round(table.union(workers) * table.rows)
+    if 2 * union_rows > table.rows:
+        return None
+    return union_rows * (nbytes // table.rows) + table.rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +211,16 @@ def ring_allreduce_s(nbytes: float, workers: int, bandwidth_bytes_per_s: float,
 
 
 def lower_bound_step_s(profile: ModelProfile, workers: int, bandwidth_bytes_per_s: float,
-                       compute_factor: float = 1.0) -> float:
-    """Perfect overlap: max(compute, pure wire time of all gradients). No schedule beats it."""
-    comm = ring_allreduce_s(profile.total_param_bytes, workers, bandwidth_bytes_per_s, 0.0)
+                       compute_factor: float = 1.0, row_sparse: bool = True) -> float:
+    """Perfect overlap: max(compute, pure wire time of all gradients, row-sparse tables at their
+    wire bytes unless `row_sparse` is off). No schedule beats it."""
+    wire = profile.total_param_bytes
+    if row_sparse:
+        for layer in profile.layers:
+            packed = sparse_wire(layer.table, layer.param_bytes[0], workers) if layer.param_bytes else None
+            if packed is not None:
+                wire -= layer.param_bytes[0] - packed
+    comm = ring_allreduce_s(wire, workers, bandwidth_bytes_per_s, 0.0)
     return max(profile.compute_s * compute_factor, comm)
 
 
@@ -227,6 +256,16 @@ class _CommPlan:
     # every message that carries part of it. None: each message carries its ready_layer only.
     covers: tuple[tuple[int, int], ...] | None = None
     tail_bytes: float = 0.0  # the tail window (Config.tail_bytes); 0: none
+    # Per message: (mask bytes, table bytes) of a row-sparse table (its `sizes` entry is the wire
+    # bytes, mask included), (0, 0) for an ordinary partition; () when the step has none. The credit
+    # window counts the wire bytes (the client counts the table whole: a difference only for what is
+    # issued after the table, which is the step's last gradient in the models seen so far).
+    sparse: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes one step's collectives carry (what a rank reports as bytes_reduced)."""
+        return sum(self.sizes)
 
     def layer_done(self, done: list[float], num_layers: int) -> np.ndarray:
         """Per-layer completion: the last message carrying part of the layer (-inf: none)."""
@@ -411,17 +450,20 @@ class Simulator:
     `LinkModel.flow_message_extra_s` to every collective; their bandwidth share is already out of
     `bandwidth`); `cpu_share_trace`, the cores the worker has (0.5 = half a core: compute 2x slower,
     and the communication's CPU load weighs twice as much, see `LinkModel.compute_slowdown`).
+    `row_sparse=False`: the scheduler sends embedding tables whole (`sparse_rows=False`).
     """
 
     def __init__(self, profile: ModelProfile, workers: int, bandwidth: PiecewiseConstant,
                  link: LinkModel = LinkModel(), compute_trace: PiecewiseConstant | None = None, *,
-                 flows_trace: PiecewiseConstant | None = None, cpu_share_trace: PiecewiseConstant | None = None) -> None:
+                 flows_trace: PiecewiseConstant | None = None, cpu_share_trace: PiecewiseConstant | None = None,
+                 row_sparse: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not profile.layers:
             raise ValueError("a profile needs at least one layer")
         self.profile = profile
         self.workers = workers
+        self.row_sparse = row_sparse  # the scheduler's row-sparse tables (ScheduledOptimizer(sparse_rows=))
         self.bandwidth = bandwidth
         self.link = link
         self.compute_trace = compute_trace or PiecewiseConstant.constant(1.0)
@@ -470,6 +512,10 @@ class Simulator:
         if fixed is None:
             fixed = tuple(self.link.message_s(size, self.workers, flows, share)
                           for size in plan.sizes)
+            if plan.sparse:  # the mask's collective and the zero test before it
+                fixed = tuple(f + (self.link.message_s(mask, self.workers, flows, share)
+                                   + table * SPARSE_SCAN_S_PER_BYTE if mask else 0.0)
+                              for f, (mask, table) in zip(fixed, plan.sparse))
             self._fixed[key] = fixed
         return fixed
 
@@ -513,22 +559,25 @@ class Simulator:
         elif config.partition_bytes is None:
             # One message per tensor (the scheduler's "no partitioning").
             ordinal = 0
-            per_layer: list[list[tuple[int, int]]] = []
+            per_layer: list[list[tuple[int, int, int | None]]] = []
             for layer in layers:  # forward order: priority ordinal increases with depth
                 messages = []
-                for size in layer.param_bytes:
+                for k, size in enumerate(layer.param_bytes):
                     if size > 0:
-                        messages.append((size, ordinal))
+                        messages.append((size, ordinal, self._sparse_wire(layer, k)))
                         ordinal += 1
                 per_layer.append(messages)
+            sparse: list[tuple[int, int]] = []
             for layer_index in range(len(layers) - 1, -1, -1):
-                for piece, order in per_layer[layer_index]:
+                for piece, order, wire in per_layer[layer_index]:
                     ready_layer.append(layer_index)
-                    sizes.append(piece)
+                    sizes.append(piece if wire is None else wire)
+                    sparse.append((0, 0) if wire is None else (layers[layer_index].table.rows, piece))  # type: ignore[union-attr]
                     priority.append(order)
             credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
             plan = _CommPlan(tuple(ready_layer), tuple(sizes), tuple(priority), credit,
-                             self.link.launch_s, False)
+                             self.link.launch_s, False,
+                             sparse=tuple(sparse) if any(m for m, _ in sparse) else ())
         else:
             plan = self._fused_plan(config)
         if isinstance(config, Config) and config.tail_bytes is not None:
@@ -546,18 +595,32 @@ class Simulator:
         partition = config.partition_bytes
         assert partition is not None
         spans: list[tuple[int, int, int]] = []  # (start, end, layer) in buffer order
+        cuts: list[tuple[int, int, int, int]] = []  # a row-sparse table: (start, end, wire bytes, rows)
         offset = 0
         for layer_index in range(len(self.profile.layers) - 1, -1, -1):
-            for size in reversed(self.profile.layers[layer_index].param_bytes):
+            layer = self.profile.layers[layer_index]
+            for k in range(len(layer.param_bytes) - 1, -1, -1):
+                size = layer.param_bytes[k]
                 if size > 0:
+                    wire = self._sparse_wire(layer, k)
+                    if wire is not None:
+                        cuts.append((offset, offset + size, wire, layer.table.rows))  # type: ignore[union-attr]
                     spans.append((offset, offset + size, layer_index))
                     offset += size
         total = offset
-        count = -(-total // partition) if total else 0
+        # fixed-size slices from the end of the previous table, every table a slice of its own
+        # (client/autobyte/scheduler/layout.py, Layout._template)
+        parts: list[tuple[int, int, int, int]] = []  # (start, end, wire bytes, mask bytes)
+        a = 0
+        for start, end, wire, rows in cuts:
+            parts += [(b, min(b + partition, start), min(b + partition, start) - b, 0) for b in range(a, start, partition)]
+            parts.append((start, end, wire, rows))
+            a = end
+        parts += [(b, min(b + partition, total), min(b + partition, total) - b, 0) for b in range(a, total, partition)]
+        count = len(parts)
         ready_layer, sizes, covers = [], [], []
         cursor = 0
-        for k in range(count):
-            start, end = k * partition, min((k + 1) * partition, total)
+        for start, end, wire, _ in parts:
             while spans[cursor][1] <= start:
                 cursor += 1
             low = high = spans[cursor][2]
@@ -567,12 +630,19 @@ class Simulator:
                 high = max(high, spans[probe][2])
                 probe += 1
             ready_layer.append(low)
-            sizes.append(end - start)
+            sizes.append(wire)
             covers.append((low, high))
         priority = tuple(range(count - 1, -1, -1))
         credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
+        sparse = tuple((mask, end - start) for start, end, _, mask in parts) if cuts else ()
         return _CommPlan(tuple(ready_layer), tuple(sizes), priority, credit, self.link.launch_s,
-                         False, tuple(covers))
+                         False, tuple(covers), sparse=sparse)
+
+    def _sparse_wire(self, layer: LayerProfile, k: int) -> int | None:
+        """The wire bytes of tensor k of `layer` when the scheduler reduces it row-sparse, else None."""
+        if k != 0 or layer.table is None or not self.row_sparse:
+            return None
+        return sparse_wire(layer.table, layer.param_bytes[0], self.workers)
 
     def messages_per_step(self, config: RunConfig) -> int:
         return len(self._plan(config).sizes)
@@ -672,7 +742,7 @@ class Simulator:
                           self.link.compute_slowdown(rate, share))
         record = SimulatedStep(self.step_index, start, next_start, next_start - start, compute,
                             blocked, span, rate, factor, len(plan.sizes),
-                            self.profile.total_param_bytes, config)
+                            plan.wire_bytes, config)
         self.now_s = next_start
         self.step_index += 1
         return record
@@ -704,7 +774,7 @@ class Simulator:
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
         record = SimulatedStep(self.step_index, start, next_start, next_start - start,
                             forward_total + backward_total, blocked, span, rate, factor,
-                            len(plan.sizes), self.profile.total_param_bytes, config)
+                            len(plan.sizes), plan.wire_bytes, config)
         self.now_s = next_start
         self.step_index += 1
         return record
@@ -747,4 +817,4 @@ class Simulator:
 
     def lower_bound_step_s(self, t_s: float) -> float:
         return lower_bound_step_s(self.profile, self.workers, self.bandwidth.at(t_s),
-                                  self.compute_factor_at(t_s))
+                                  self.compute_factor_at(t_s), self.row_sparse)

@@ -31,6 +31,34 @@ BACKWARD_TO_FORWARD = 2.0  # gradient w.r.t. inputs and w.r.t. weights
 
 
 @dataclasses.dataclass(frozen=True)
+class RowSparseTable:
+    """An embedding table whose gradient has a non-zero row only for the rows a batch looked up (the
+    layer's first tensor). The scheduler reduces such a table row-sparse (client/autobyte/scheduler/
+    sparse_rows.py; the simulator's model of it: simulator/engine.py, `sparse_wire`).
+
+    `share`: the rows one worker's batch touches, as a share of `rows`; `overlap`: the share of
+    those rows that every worker touches (a position table read at the same positions by every
+    batch: 1; tokens drawn independently per worker: 0)."""
+
+    rows: int
+    share: float
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or not 0.0 <= self.share <= 1.0 or not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"a table needs rows >= 1 and share, overlap in [0, 1], got {self}")
+
+    def union(self, workers: int) -> float:
+        """The share of rows some worker touches: the common rows, plus the rest drawn independently
+        by each worker (1 - (1 - p)^N for independent draws of share p)."""
+        common = self.share * self.overlap
+        if common >= 1.0:
+            return 1.0
+        own = (self.share - common) / (1.0 - common)  # of the rows outside the common ones
+        return common + (1.0 - common) * (1.0 - (1.0 - own) ** max(1, workers))
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerProfile:
     """One module that owns parameters, in forward order."""
 
@@ -38,6 +66,7 @@ class LayerProfile:
     forward_s: float
     backward_s: float
     param_bytes: tuple[int, ...]  # one entry per parameter tensor
+    table: RowSparseTable | None = None  # param_bytes[0] is an embedding table (row-sparse gradient)
 
     @property
     def total_param_bytes(self) -> int:
@@ -92,14 +121,18 @@ class ModelProfile:
         return {"name": self.name, "batch_size": self.batch_size, "optimizer_s": self.optimizer_s,
                 "source": self.source,
                 "layers": [{"name": layer.name, "forward_s": layer.forward_s,
-                            "backward_s": layer.backward_s, "param_bytes": list(layer.param_bytes)}
+                            "backward_s": layer.backward_s, "param_bytes": list(layer.param_bytes),
+                            **({"table": dataclasses.asdict(layer.table)} if layer.table else {})}
                            for layer in self.layers]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
         layers = tuple(LayerProfile(name=item["name"], forward_s=float(item["forward_s"]),
                                     backward_s=float(item["backward_s"]),
-                                    param_bytes=tuple(int(b) for b in item["param_bytes"]))
+                                    param_bytes=tuple(int(b) for b in item["param_bytes"]),
+                                    table=RowSparseTable(int(item["table"]["rows"]), float(item["table"]["share"]),
+                                                         float(item["table"].get("overlap", 0.0)))
+                                    if item.get("table") else None)
                        for item in data["layers"])
         return cls(name=data["name"], layers=layers, batch_size=int(data.get("batch_size", 1)),
                    optimizer_s=float(data.get("optimizer_s", 0.0)),
@@ -121,10 +154,20 @@ class _ShapeBuilder:
         self.device_flops_per_s = device_flops_per_s
         self.layers: list[LayerProfile] = []
 
-    def add(self, name: str, forward_flops_per_sample: float, params: Sequence[int]) -> None:
+    def add(self, name: str, forward_flops_per_sample: float, params: Sequence[int],
+            table: RowSparseTable | None = None) -> None:
         forward_s = forward_flops_per_sample * self.batch_size / self.device_flops_per_s
         self.layers.append(LayerProfile(name, forward_s, forward_s * BACKWARD_TO_FORWARD,
-                                        tuple(int(p) * BYTES_PER_PARAM for p in params)))
+                                        tuple(int(p) * BYTES_PER_PARAM for p in params), table))
+
+    def embedding(self, name: str, rows: int, dim: int, lookups: int, *, shared: bool = False) -> None:
+        """A table of `rows` x `dim` read at `lookups` rows per sample: uniformly drawn tokens (the
+        distinct rows of batch x lookups draws), or `shared`: the same rows for every sample and
+        worker (positions)."""
+        draws = lookups * (1 if shared else self.batch_size)
+        share = min(1.0, draws / rows) if shared else 1.0 - math.exp(-draws / rows)
+        self.add(name, ELEMENTWISE_FLOPS_PER_ELEMENT * lookups * dim, [rows * dim],
+                 RowSparseTable(rows, share, 1.0 if shared else 0.0))
 
     def conv(self, name: str, c_in: int, c_out: int, kernel: int, h_out: int, w_out: int,
              bias: bool = False) -> None:
@@ -201,10 +244,11 @@ def bert_base(batch_size: int = 32, seq_len: int = 128,
     hidden, ffn, layers, vocab, positions = 768, 3072, 12, 30522, 512
     b = _ShapeBuilder(batch_size, device_flops_per_s)
     elements = seq_len * hidden
-    # Embedding lookups are cheap; their gradients (dense here, as in a plain torch model) are not.
-    b.add("embeddings.word", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [vocab * hidden])
-    b.add("embeddings.position", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [positions * hidden])
-    b.add("embeddings.token_type", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [2 * hidden])
+    # Embedding lookups are cheap; their gradients are row-sparse (uniform tokens: an upper bound on
+    # the rows real text touches), the positions the same seq_len rows on every worker.
+    b.embedding("embeddings.word", vocab, hidden, seq_len)
+    b.embedding("embeddings.position", positions, hidden, seq_len, shared=True)
+    b.embedding("embeddings.token_type", 2, hidden, seq_len, shared=True)
     b.norm("embeddings.norm", hidden, elements)
     # Scores (QK^T) and context (AV): 2 * 2 * seq^2 * hidden, plus softmax over heads x seq^2.
     attention_flops = 4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len ** 2
@@ -254,9 +298,12 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
     modules in between are charged to the layer before them), so layers are in first-use order.
     Backward time of a layer is the gap between its gradients becoming ready and the previous ready
     gradient (post-accumulate-grad hooks), which is exactly what the scheduler sees. Medians over
-    `steps` after `warmup_steps`.
+    `steps` after `warmup_steps`. An `nn.Embedding` / `nn.EmbeddingBag` weight held by no other
+    module is a `RowSparseTable`: the share of its gradient's rows with a non-zero element (this
+    process's batches; `overlap` 0: one process cannot see which rows other workers share).
     """
     import torch
+    from torch import nn
 
     modules = [(mod_name, module) for mod_name, module in model.named_modules()
                if any(True for _ in module.parameters(recurse=False))]
@@ -273,6 +320,14 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
                 handles.append(param.register_post_accumulate_grad_hook(
                     lambda p, index=index: grad_marks.__setitem__(index, time.perf_counter())))
 
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders[id(p)] = holders.get(id(p), 0) + 1
+    tables = {index: module.weight for index, (_, module) in enumerate(modules)
+              if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.weight.requires_grad
+              and module.weight.dim() == 2 and holders[id(module.weight)] == 1}
+    touched: dict[int, list[float]] = {index: [] for index in tables}
     samples: list[tuple[list[float], list[float], float, list[int]]] = []
     try:
         for step in range(warmup_steps + steps):
@@ -285,6 +340,11 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
             forward_end = time.perf_counter()
             loss.backward()
             backward_end = time.perf_counter()
+            if step >= warmup_steps:
+                for index, weight in tables.items():
+                    grad = weight.grad
+                    rows = 0.0 if grad is None else float((grad != 0).any(dim=1).float().mean())
+                    touched[index].append(rows)
             optimizer_s = 0.0
             if optimizer is not None:
                 opt_start = time.perf_counter()
@@ -330,9 +390,12 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
         mod_name, module = modules[index]
         sizes = tuple(p.numel() * p.element_size() for p in module.parameters(recurse=False)
                       if p.requires_grad)
+        table = None
+        if index in tables and touched[index] and sizes:
+            table = RowSparseTable(int(tables[index].shape[0]), median(touched[index]))
         layers.append(LayerProfile(mod_name or "model",
                                    median([s[0][index] for s in samples]),
-                                   median([s[1][index] for s in samples]), sizes))
+                                   median([s[1][index] for s in samples]), sizes, table))
     batch_size = 1
     inputs, _ = make_batch()
     if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:

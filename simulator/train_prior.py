@@ -36,7 +36,7 @@ from autobyted.tuner.predictor import Ensemble, TrainingSet, Window, train_ensem
 from autobyted.tuner.search import candidate_grid
 from simulator.adapter import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
 from simulator.engine import LinkModel, Simulator
-from simulator.profiles import LayerProfile, ModelProfile, bert_base, resnet50, vgg16
+from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable, bert_base, resnet50, vgg16
 from simulator.real_windows import DATASET_PATH, real_windows
 from simulator.trace import PiecewiseConstant
 
@@ -63,14 +63,23 @@ GLOO = LinkModel()  # gloo-like defaults
 NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)
 
 
-def synthetic_model(rng: random.Random, index: int) -> ModelProfile:
-    """A random model: 3-80 layers, 1-3 tensors each, log-uniform sizes, compute loosely tied to size."""
+def synthetic_model(rng: random.Random, index: int, tables: random.Random | None = None) -> ModelProfile:
+    """A random model: 3-80 layers, 1-3 tensors each, log-uniform sizes, compute loosely tied to size;
+    one in four starts with an embedding table (2^12-2^17 rows of 64-1024 floats, a batch touching
+    1-60% of its rows per worker: the scheduler reduces it row-sparse where that pays), drawn from
+    `tables` (default `rng`) so that the other contexts' draws do not depend on them."""
+    tables = rng if tables is None else tables
     layers = []
     for i in range(rng.randint(3, 80)):
         tensors = tuple(int(math.exp(rng.uniform(math.log(4e3), math.log(6e7)))) // 4 * 4
                         for _ in range(rng.choice((1, 1, 2, 2, 3))))
         forward = math.exp(rng.uniform(math.log(2e-4), math.log(3e-2)))
         layers.append(LayerProfile(f"l{i}", forward, forward * rng.uniform(1.5, 2.5), tensors))
+    if tables.random() < 0.25:
+        rows, dim = 1 << tables.randint(12, 17), 1 << tables.randint(6, 10)
+        forward = math.exp(tables.uniform(math.log(1e-4), math.log(3e-3)))  # a lookup: cheap
+        table = RowSparseTable(rows, math.exp(tables.uniform(math.log(0.01), math.log(0.6))))
+        layers.insert(0, LayerProfile("embedding", forward, 2 * forward, (rows * dim * 4,), table))
     return ModelProfile(f"synthetic{index}", tuple(layers), 32, optimizer_s=sum(map(sum, (l.param_bytes for l in layers))) * 3e-9)
 
 
@@ -81,12 +90,13 @@ def testbed_mlp() -> ModelProfile:
 NAMED_MODELS = {"vgg16": vgg16, "resnet50": resnet50, "bert-base": bert_base, "testbed-mlp": testbed_mlp}
 
 
-def draw_context(rng: random.Random, index: int, exclude: Sequence[str]) -> tuple[ModelProfile, int, float, LinkModel]:
+def draw_context(rng: random.Random, index: int, exclude: Sequence[str], seed: int = SEED
+                 ) -> tuple[ModelProfile, int, float, LinkModel]:
     """(profile scaled to its device, workers, bandwidth bytes/s, link model) of one random context."""
     names = [n for n in NAMED_MODELS if n not in exclude]
     pick = rng.random()
     if pick < 0.4 or not names:
-        base = synthetic_model(rng, index)
+        base = synthetic_model(rng, index, random.Random(f"tables-{seed}-{index}"))
     else:
         base = NAMED_MODELS[rng.choice(names)]()
     kind = rng.choice(("cpu", "cpu-gloo", "gpu"))
@@ -128,7 +138,7 @@ def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequen
     rng = random.Random(seed)
     windows: list[Window] = []
     for index in range(contexts):
-        profile, workers, bandwidth, link = draw_context(rng, index, exclude)
+        profile, workers, bandwidth, link = draw_context(rng, index, exclude, seed)
         if only and profile.name not in only:
             continue
         shape = job_shape(profile, workers, "gloo")

@@ -433,3 +433,106 @@ def test_the_tail_window_lets_the_last_gradient_overtake_the_backlog():
     assert plain[3] == pytest.approx(0.004)  # behind all three
     assert tailed[3] == pytest.approx(0.002)  # behind one
     assert max(tailed) == pytest.approx(max(plain))  # the same bytes, the link never idles here
+
+
+# ---- row-sparse embedding tables (the client's autobyte.scheduler.sparse_rows) -------------------
+
+
+def test_the_row_sparse_model_uses_the_clients_thresholds_and_union():
+    from autobyte.scheduler import sparse_rows
+
+    from simulator import RowSparseTable, sparse_wire
+    from simulator import engine
+
+    assert engine.SPARSE_MIN_BYTES == sparse_rows.MIN_BYTES
+    assert engine.SPARSE_MIN_ROW_BYTES == sparse_rows.MIN_ROW_BYTES
+    tokens = RowSparseTable(8192, 0.1175)  # independent draws per worker
+    assert tokens.union(1) == pytest.approx(0.1175)
+    assert tokens.union(2) == pytest.approx(1 - (1 - 0.1175) ** 2)
+    assert RowSparseTable(512, 0.25, overlap=1.0).union(8) == pytest.approx(0.25)  # the same rows
+    half = RowSparseTable(1000, 0.2, overlap=0.5)  # 100 common rows, 100 own of the other 900
+    assert half.union(2) == pytest.approx(0.1 + 0.9 * (1 - (1 - 0.1 / 0.9) ** 2))
+    with pytest.raises(ValueError, match="share"):
+        RowSparseTable(10, 1.5)
+    row = 1024  # bytes per row
+    union_rows = round(tokens.union(2) * 8192)
+    assert sparse_wire(tokens, 8192 * row, 2) == union_rows * row + 8192  # the rows and the mask
+    assert sparse_wire(tokens, 8192 * row, 1) is None  # nothing to reduce
+    assert sparse_wire(tokens, 8192 * row, 16) is None  # the union is most of the table: whole
+    assert sparse_wire(RowSparseTable(1024, 0.1), 1024 * 1023, 2) is None  # under 1 MiB
+    assert sparse_wire(RowSparseTable(1 << 16, 0.1), (1 << 16) * 32, 2) is None  # 32-byte rows
+
+
+def _table_model(rows=8192, dim=256, share=0.12):
+    from simulator import RowSparseTable
+
+    return ModelProfile("tabled", (
+        LayerProfile("embedding", 0.001, 0.002, (rows * dim * 4,), RowSparseTable(rows, share)),
+        LayerProfile("hidden", 0.010, 0.020, (3 * MIB, 4096)),
+        LayerProfile("out", 0.005, 0.010, (1 * MIB, 1024))))
+
+
+@pytest.mark.parametrize("partition", [64 << 10, 1 * MIB, 3 * MIB, 4 * MIB, 16 * MIB, None])
+def test_a_row_sparse_table_is_a_message_of_its_own_in_every_plan(partition):
+    """As the client's Layout(standalone=) cuts it: the table one message carrying its wire bytes
+    (two collectives' fixed cost), every other byte in exactly one slice, slices cut from the
+    table's end; row_sparse=False is the plan of the table sent whole."""
+    from simulator import sparse_wire
+
+    profile = _table_model()
+    table_bytes = profile.layers[0].param_bytes[0]
+    link = LinkModel(latency_s=0, collective_overhead_s=1e-3, launch_s=0, ddp_launch_s=0)
+    sim = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), link)
+    plan = sim._plan(Config(partition, 16 * MIB))
+    wire = sparse_wire(profile.layers[0].table, table_bytes, 2)
+    assert wire is not None and wire < table_bytes // 4
+    table = [k for k, (mask, _) in enumerate(plan.sparse) if mask]
+    assert len(table) == 1 and plan.sizes[table[0]] == wire
+    assert plan.ready_layer[table[0]] == 0 and plan.priority[table[0]] == min(plan.priority)  # the first to go
+    assert sum(plan.sizes) - wire == profile.total_param_bytes - table_bytes
+    if partition is not None:
+        assert all(size <= partition for k, size in enumerate(plan.sizes) if k != table[0])
+    fixed = sim._fixed_per_message(Config(partition, 16 * MIB), plan, 0.0, 1.0)
+    assert fixed[table[0]] > 2 * 1e-3 and all(f == pytest.approx(1e-3) for k, f in enumerate(fixed) if k != table[0])
+    whole = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), link, row_sparse=False)
+    dense_plan = whole._plan(Config(partition, 16 * MIB))
+    assert dense_plan.sparse == () and sum(dense_plan.sizes) == profile.total_param_bytes
+
+
+def test_a_row_sparse_table_shortens_the_step_where_the_link_is_the_limit():
+    """The table is the step's last gradient and the next forward's first parameter: at 1 Gbit/s
+    sending a fifth of it shortens the step and the forward's wait; the step reports the bytes it
+    put on the wire (what a rank reports as bytes_reduced)."""
+    profile = _table_model()
+    config = Config(1 * MIB, 2 * MIB)
+    sparse = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT)).run(config, steps=6)[-1]
+    dense = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), row_sparse=False).run(config, steps=6)[-1]
+    assert sparse.step_time_s < 0.9 * dense.step_time_s
+    assert sparse.blocked_s < dense.blocked_s
+    assert dense.bytes_reduced == profile.total_param_bytes
+    assert sparse.bytes_reduced < profile.total_param_bytes - profile.layers[0].param_bytes[0] // 2
+    ddp = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT)).run(DDP, steps=3)[-1]
+    assert ddp.bytes_reduced == profile.total_param_bytes  # DDP's buckets send the table whole
+
+
+def test_bert_base_tables_are_row_sparse_and_profiles_keep_them(tmp_path):
+    profile = bert_base()
+    tables = {layer.name: layer.table for layer in profile.layers if layer.table is not None}
+    assert set(tables) == {"embeddings.word", "embeddings.position", "embeddings.token_type"}
+    assert tables["embeddings.word"].share == pytest.approx(1 - math.exp(-32 * 128 / 30522))
+    assert tables["embeddings.position"].union(64) == pytest.approx(128 / 512)  # the same positions
+    path = tmp_path / "bert.json"
+    profile.save(path)
+    assert ModelProfile.load(path) == profile
+
+
+def test_the_lower_bound_counts_a_row_sparse_table_at_its_wire_bytes():
+    """No schedule beats the bound: with the table row-sparse it is the smaller wire time, and the
+    simulated step still respects it."""
+    profile = _table_model()
+    rate = 0.3 * GBIT
+    sparse_bound = lower_bound_step_s(profile, 2, rate)
+    dense_bound = lower_bound_step_s(profile, 2, rate, row_sparse=False)
+    assert sparse_bound < dense_bound
+    for config in (Config(1 * MIB, 2 * MIB), Config(None, None), Config(4 * MIB, None)):
+        assert Simulator(profile, 2, PiecewiseConstant.constant(rate)).steady_step_s(config, rate) >= sparse_bound

@@ -218,3 +218,29 @@ def test_one_configuration_for_all_conditions_minimises_the_worst_ratio():
     assert item["ddp_mean"] == pytest.approx((1.3 * 1.0) ** 0.5)
     assert item["worst_config"] == "ddp"
     assert "c" in optimum.format_one_for_all([item])
+
+
+def test_record_profile_measures_the_rows_an_embedding_batch_touches():
+    """An nn.Embedding's weight is recorded as a RowSparseTable with the share of its gradient's
+    rows that are non-zero; a weight tied to another module is not a table."""
+    import torch
+
+    from simulator import record_profile
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = torch.nn.Embedding(100, 8)
+            self.tied = torch.nn.Embedding(50, 8)
+            self.out = torch.nn.Linear(8, 50, bias=False)
+            self.out.weight = self.tied.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.tokens(x) + self.tied(x % 50)).mean(dim=1)
+
+    batch = (torch.tensor([[1, 2, 3, 4, 5], [5, 6, 7, 8, 9]]), torch.tensor([0, 1]))
+    profile = record_profile(Model(), lambda: batch, torch.nn.functional.cross_entropy, steps=2)
+    tables = {layer.name: layer.table for layer in profile.layers}
+    assert tables["tokens"] is not None and tables["tokens"].rows == 100
+    assert tables["tokens"].share == pytest.approx(9 / 100)  # rows 1..9
+    assert tables.get("tied") is None and tables.get("out") is None
