@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
 from autobyte.types import Config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -21,8 +21,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.calibrate_map import kendall_tau
-from benchmarks.calibrate_map import DENSE  # profile_step: embedding tables sent whole
+from benchmarks.calibrate_map import (
+    DENSE,  # profile_step: embedding tables sent whole
+    kendall_tau,
+)
 from benchmarks.train_worker import RunConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -36,7 +36,14 @@ from autobyted.tuner.predictor import Ensemble, TrainingSet, Window, train_ensem
 from autobyted.tuner.search import candidate_grid
 from simulator.adapter import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
 from simulator.engine import LinkModel, Simulator
-from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable, bert_base, resnet50, vgg16
+from simulator.profiles import (
+    LayerProfile,
+    ModelProfile,
+    RowSparseTable,
+    bert_base,
+    resnet50,
+    vgg16,
+)
 from simulator.real_windows import DATASET_PATH, real_windows
 from simulator.trace import PiecewiseConstant
 

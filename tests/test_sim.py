@@ -441,8 +441,7 @@ def test_the_tail_window_lets_the_last_gradient_overtake_the_backlog():
 def test_the_row_sparse_model_uses_the_clients_thresholds_and_union():
     from autobyte.scheduler import sparse_rows
 
-    from simulator import RowSparseTable, sparse_wire
-    from simulator import engine
+    from simulator import RowSparseTable, engine, sparse_wire
 
     assert engine.SPARSE_MIN_BYTES == sparse_rows.MIN_BYTES
     assert engine.SPARSE_MIN_ROW_BYTES == sparse_rows.MIN_ROW_BYTES
