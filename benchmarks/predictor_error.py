@@ -126,10 +126,10 @@ def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[di
 
 def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None) -> dict[str, Any]:
     from simulator import train_prior
-
-    seed = train_prior.SEED if seed is None else seed
     from simulator.adapter import SCHEDULER_DEFAULT
     from simulator.real_windows import block_job, block_windows, load_dataset
+
+    seed = train_prior.SEED if seed is None else seed
 
     data = load_dataset(dataset)
     blocks = data["blocks"]

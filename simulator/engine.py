@@ -610,13 +610,16 @@ class Simulator:
         total = offset
         # fixed-size slices from the end of the previous table, every table a slice of its own
         # (client/autobyte/scheduler/layout.py, Layout._template)
-        parts: list[tuple[int, int, int, int]] = []  # (start, end, wire bytes, mask bytes)
+        def slices(a: int, b: int) -> list[tuple[int, int, int, int]]:  # (start, end, wire bytes, mask bytes)
+            return [(x, min(x + partition, b), min(x + partition, b) - x, 0) for x in range(a, b, partition)]
+
+        parts: list[tuple[int, int, int, int]] = []
         a = 0
         for start, end, wire, rows in cuts:
-            parts += [(b, min(b + partition, start), min(b + partition, start) - b, 0) for b in range(a, start, partition)]
+            parts += slices(a, start)
             parts.append((start, end, wire, rows))
             a = end
-        parts += [(b, min(b + partition, total), min(b + partition, total) - b, 0) for b in range(a, total, partition)]
+        parts += slices(a, total)
         count = len(parts)
         ready_layer, sizes, covers = [], [], []
         cursor = 0
