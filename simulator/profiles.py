@@ -303,7 +303,7 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
     process's batches; `overlap` 0: one process cannot see which rows other workers share).
     """
     import torch
-    from torch import nn
+    from autobyte.scheduler.sparse_rows import embedding_tables
 
     modules = [(mod_name, module) for mod_name, module in model.named_modules()
                if any(True for _ in module.parameters(recurse=False))]
@@ -320,13 +320,9 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
                 handles.append(param.register_post_accumulate_grad_hook(
                     lambda p, index=index: grad_marks.__setitem__(index, time.perf_counter())))
 
-    holders: dict[int, int] = {}
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            holders[id(p)] = holders.get(id(p), 0) + 1
+    untied = {id(module) for module, _ in embedding_tables(model)}
     tables = {index: module.weight for index, (_, module) in enumerate(modules)
-              if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.weight.requires_grad
-              and module.weight.dim() == 2 and holders[id(module.weight)] == 1}
+              if id(module) in untied and module.weight.requires_grad}
     touched: dict[int, list[float]] = {index: [] for index in tables}
     samples: list[tuple[list[float], list[float], float, list[int]]] = []
     try:

@@ -70,12 +70,11 @@ GLOO = LinkModel()  # gloo-like defaults
 NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)
 
 
-def synthetic_model(rng: random.Random, index: int, tables: random.Random | None = None) -> ModelProfile:
+def synthetic_model(rng: random.Random, index: int, tables: random.Random) -> ModelProfile:
     """A random model: 3-80 layers, 1-3 tensors each, log-uniform sizes, compute loosely tied to size;
     one in four starts with an embedding table (2^12-2^17 rows of 64-1024 floats, a batch touching
     1-60% of its rows per worker: the scheduler reduces it row-sparse where that pays), drawn from
-    `tables` (default `rng`) so that the other contexts' draws do not depend on them."""
-    tables = rng if tables is None else tables
+    `tables` so that the other contexts' draws do not depend on them."""
     layers = []
     for i in range(rng.randint(3, 80)):
         tensors = tuple(int(math.exp(rng.uniform(math.log(4e3), math.log(6e7)))) // 4 * 4

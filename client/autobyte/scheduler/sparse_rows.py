@@ -70,20 +70,26 @@ def min_bytes() -> int:
     return value
 
 
-def eligible(model: nn.Module, params: Sequence[torch.Tensor]) -> list[int]:
-    """Indices into `params` of the embedding weights reduced row-sparse (module docstring)."""
-    smallest = min_bytes()
+def embedding_tables(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
+    """(module, weight) of every `nn.Embedding` / `nn.EmbeddingBag` whose 2-D weight no other module
+    holds (a weight tied to an output layer has a dense gradient): the tables whose gradient is
+    row-sparse, whatever their size or device (simulator.profiles.record_profile records them)."""
     holders: dict[torch.Tensor, int] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
             holders[p] = holders.get(p, 0) + 1
+    return [(module, module.weight) for module in model.modules()
+            if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+            and holders.get(module.weight, 0) == 1 and module.weight.dim() == 2]
+
+
+def eligible(model: nn.Module, params: Sequence[torch.Tensor]) -> list[int]:
+    """Indices into `params` of the embedding weights reduced row-sparse (module docstring)."""
+    smallest = min_bytes()
     index_of = {p: i for i, p in enumerate(params)}
     out = []
-    for module in model.modules():
-        if not isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-            continue
-        p = module.weight
-        if p not in index_of or holders.get(p, 0) != 1 or p.dim() != 2 or p.device.type != "cpu":
+    for _, p in embedding_tables(model):
+        if p not in index_of or p.device.type != "cpu":
             continue
         elem = p.element_size()
         if elem not in _BITS or p.numel() * elem < smallest or p.shape[1] * elem < MIN_ROW_BYTES:
