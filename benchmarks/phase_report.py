@@ -10,6 +10,15 @@ step times is within that of the oracle's median step time in the same phase. Is
 started in a poor configuration within 3% of the oracle in at most 150 steps.
 
     python -m benchmarks.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
+
+With several caches (one per round of the same trace, each run of a round measured on the same host
+within the same half hour) it prints the rounds side by side instead: every run's steps/s per round,
+and `--versus` (the tuner's run, `policy-autobyte`) against every other run *within* each round, with
+the median over rounds and the rounds it was at least as fast. A ratio inside one round cancels what
+the host did to every run that day (hosts and days differ by 20-30% here); one round's ratio still
+spreads by several per cent, which is why the issue's goals are read over rounds.
+
+    python -m benchmarks.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ def steps_to_reach(step_times_s: Sequence[float], bounds: Sequence[tuple[float, 
     for step_s in step_times_s:
         t += step_s
         ends.append(t)
-    for i in range(0, len(step_times_s) - window + 1):
+    for i in range(len(step_times_s) - window + 1):
         phase = _phase_of(ends[i], bounds)
         if phase is None or oracle_medians[phase] is None:
             continue
@@ -143,21 +152,70 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rounds(scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "policy-autobyte") -> dict[str, Any]:
+    """Steps/s of every cached run in each round (cache), and `versus` / each other run within each
+    round where both ran: the per-round ratios, their median and how many are >= 1."""
+    scenario = load_scenario(scenario_path)
+    per_round: list[dict[str, float]] = []
+    for cache in caches:
+        runs = load_runs(scenario.name, cache)
+        if not runs:
+            raise ValueError(f"{cache}: no cached runs of {scenario.name}")
+        per_round.append({key: len(run["step_times_s"]) / sum(run["step_times_s"])
+                          for key, run in runs.items() if sum(run["step_times_s"]) > 0})
+    keys = sorted({key for found in per_round for key in found})
+    if versus not in keys:
+        raise ValueError(f"--versus {versus!r}: no such run in these caches (runs: {', '.join(keys)})")
+    ratios = {}
+    for other in keys:
+        if other == versus:
+            continue
+        found = [r[versus] / r[other] if versus in r and other in r else None for r in per_round]
+        measured = [x for x in found if x is not None]
+        ratios[other] = {"per_round": found, "median": statistics.median(measured) if measured else None,
+                         "at_least": sum(x >= 1.0 for x in measured), "rounds": len(measured)}
+    return {"scenario": scenario.name, "caches": [str(c) for c in caches], "versus": versus,
+            "steps_per_s": {key: [r.get(key) for r in per_round] for key in keys}, "ratios": ratios}
+
+
+def format_rounds(result: dict[str, Any]) -> str:
+    def num(value: float | None, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    count = len(result["caches"])
+    heads = " | ".join(f"round {i + 1}" for i in range(count))
+    lines = [f"steps/s ({result['scenario']}; rounds: {', '.join(result['caches'])})", "",
+             f"| run | {heads} |", "|---" * (1 + count) + "|"]
+    lines += [f"| {key} | " + " | ".join(num(v) for v in values) + " |"
+              for key, values in result["steps_per_s"].items()]
+    lines += ["", f"{result['versus']} / each run, within each round",
+              "", f"| against | {heads} | median | at least as fast |", "|---" * (3 + count) + "|"]
+    for other, row in result["ratios"].items():
+        lines.append(f"| {other} | " + " | ".join(num(v) for v in row["per_round"])
+                     + f" | {num(row['median'])} | {row['at_least']} of {row['rounds']} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_report", description=__doc__.split("\n")[0])
     parser.add_argument("scenario", help="the scenario file the runs were measured on")
-    parser.add_argument("cache", help="the --testbed-cache directory of those runs")
+    parser.add_argument("cache", nargs="+", help="the --testbed-cache directory of those runs; several: one per round")
     parser.add_argument("--within", type=float, default=0.03)
     parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--versus", default="policy-autobyte", help="with several caches: the run compared "
+                        "with every other within each round")
     parser.add_argument("--json", default="", help="also write the report as JSON here")
     args = parser.parse_args(argv)
     if not 0 < args.within < 1 or args.window < 1:
         parser.error(f"--within={args.within} must be in (0, 1) and --window={args.window} at least 1")
     try:
-        result = report(args.scenario, pathlib.Path(args.cache), args.within, args.window)
+        if len(args.cache) > 1:
+            result = rounds(args.scenario, [pathlib.Path(c) for c in args.cache], args.versus)
+        else:
+            result = report(args.scenario, pathlib.Path(args.cache[0]), args.within, args.window)
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    print(format_report(result))
+    print(format_rounds(result) if len(args.cache) > 1 else format_report(result))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from benchmarks.phase_report import format_report, main, phase_rates, report, steps_to_reach
+from benchmarks.phase_report import (
+    format_report,
+    format_rounds,
+    main,
+    phase_rates,
+    report,
+    rounds,
+    steps_to_reach,
+)
 
 SCENARIO = "benchmarks/scenarios/testbed-resnet-2w-mixed.toml"  # 300 s, a change every 60 s
 
@@ -46,3 +54,32 @@ def test_bad_input_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([SCENARIO, str(tmp_path)])
     assert exit_.value.code == 2 and "no cached runs" in capsys.readouterr().err
+
+
+def test_rounds_compare_within_each_round(tmp_path):
+    # round 1 on a fast host, round 2 on one 30% slower: the ratios inside a round are what counts
+    first, second = tmp_path / "r1", tmp_path / "r2"
+    first.mkdir()
+    second.mkdir()
+    _store(first, "policy-autobyte", [0.10] * 100, ["sched:4MiB,16MiB"] * 100)
+    _store(first, "sched_4MiB_16MiB", [0.11] * 100, ["sched:4MiB,16MiB"] * 100)
+    _store(first, "policy-bo-once", [0.09] * 100, ["sched:1MiB,2MiB"] * 100)
+    _store(second, "policy-autobyte", [0.13] * 100, ["sched:4MiB,16MiB"] * 100)
+    _store(second, "sched_4MiB_16MiB", [0.13] * 100, ["sched:4MiB,16MiB"] * 100)  # no policy-bo-once this round
+    result = rounds(SCENARIO, [first, second])
+    assert result["steps_per_s"]["policy-autobyte"] == [pytest.approx(10.0), pytest.approx(1 / 0.13)]
+    default = result["ratios"]["sched_4MiB_16MiB"]
+    assert default["per_round"] == [pytest.approx(1.1), pytest.approx(1.0)]
+    assert default["median"] == pytest.approx(1.05) and (default["at_least"], default["rounds"]) == (2, 2)
+    bo_once = result["ratios"]["policy-bo-once"]
+    assert bo_once["per_round"] == [pytest.approx(0.9), None] and (bo_once["at_least"], bo_once["rounds"]) == (0, 1)
+    assert "| sched_4MiB_16MiB | 1.100 | 1.000 | 1.050 | 2 of 2 |" in format_rounds(result)
+
+
+def test_rounds_name_a_missing_run(tmp_path, capsys):
+    for name in ("r1", "r2"):
+        (tmp_path / name).mkdir()
+        _store(tmp_path / name, "ddp", [0.2] * 10, ["ddp"] * 10)
+    with pytest.raises(SystemExit) as exit_:
+        main([SCENARIO, str(tmp_path / "r1"), str(tmp_path / "r2")])
+    assert exit_.value.code == 2 and "--versus 'policy-autobyte': no such run" in capsys.readouterr().err
