@@ -15,7 +15,7 @@ With several caches (one per round of the same trace, each run of a round measur
 within the same half hour) it prints the rounds side by side instead: every run's steps/s per round,
 and `--versus` (the tuner's run, `policy-autobyte`) against every other run *within* each round, with
 the median over rounds and the rounds it was at least as fast. A ratio inside one round cancels what
-the host did to every run that day (hosts and days differ by 20-30% here); one round's ratio still
+the host did to every run that day (hosts and days differ by 19-37% here); one round's ratio still
 spreads by several per cent, which is why the issue's goals are read over rounds.
 
     python -m benchmarks.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
