@@ -131,10 +131,12 @@ def report(scenario_path: str, cache: pathlib.Path, within: float = 0.03, window
             "oracle_steps_per_s": (len(oracle["step_times_s"]) / sum(oracle["step_times_s"])) if oracle else None}
 
 
-def format_report(result: dict[str, Any]) -> str:
-    def num(value: float | None, digits: int = 2) -> str:
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+def num(value: float | None, digits: int = 2) -> str:
+    """A table cell: the value to `digits` decimals, "-" where nothing was measured."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
+
+def format_report(result: dict[str, Any]) -> str:
     oracle = result["oracle_steps_per_s"]
     heads = [f"{a:.0f}-{b:.0f} s" for a, b in result["phases"]]
     lines = ["| run | steps/s | vs oracle | " + " | ".join(heads) + " | steps to oracle |",
@@ -179,20 +181,17 @@ def rounds(scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "po
 
 
 def format_rounds(result: dict[str, Any]) -> str:
-    def num(value: float | None, digits: int = 3) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
     count = len(result["caches"])
     heads = " | ".join(f"round {i + 1}" for i in range(count))
     lines = [f"steps/s ({result['scenario']}; rounds: {', '.join(result['caches'])})", "",
              f"| run | {heads} |", "|---" * (1 + count) + "|"]
-    lines += [f"| {key} | " + " | ".join(num(v) for v in values) + " |"
+    lines += [f"| {key} | " + " | ".join(num(v, 3) for v in values) + " |"
               for key, values in result["steps_per_s"].items()]
     lines += ["", f"{result['versus']} / each run, within each round",
               "", f"| against | {heads} | median | at least as fast |", "|---" * (3 + count) + "|"]
     for other, row in result["ratios"].items():
-        lines.append(f"| {other} | " + " | ".join(num(v) for v in row["per_round"])
-                     + f" | {num(row['median'])} | {row['at_least']} of {row['rounds']} |")
+        lines.append(f"| {other} | " + " | ".join(num(v, 3) for v in row["per_round"])
+                     + f" | {num(row['median'], 3)} | {row['at_least']} of {row['rounds']} |")
     return "\n".join(lines)
 
 
