@@ -90,6 +90,12 @@ def steps_to_reach(step_times_s: Sequence[float], bounds: Sequence[tuple[float, 
     return None
 
 
+def steps_per_s(step_times_s: Sequence[float]) -> float | None:
+    """A run's steps per second over its whole length; None for a run with no time."""
+    elapsed = sum(step_times_s)
+    return len(step_times_s) / elapsed if elapsed > 0 else None
+
+
 def load_runs(scenario_name: str, cache: pathlib.Path) -> dict[str, dict[str, Any]]:
     """The cached runs of one scenario: key (what follows "<scenario>--" in the file name) -> run."""
     runs = {}
@@ -117,9 +123,8 @@ def report(scenario_path: str, cache: pathlib.Path, within: float = 0.03, window
     rows = []
     for key, run in runs.items():
         times = run["step_times_s"]
-        elapsed = sum(times)
         rates = phase_rates(times, bounds)
-        row = {"run": key, "steps": len(times), "steps_per_s": len(times) / elapsed if elapsed else None,
+        row = {"run": key, "steps": len(times), "steps_per_s": steps_per_s(times),
                "phases": rates,
                "vs_oracle": [r / o if r and o else None for r, o in zip(rates, oracle_rates)],
                "start": run["labels"][0] if run["labels"] else None}
@@ -128,7 +133,7 @@ def report(scenario_path: str, cache: pathlib.Path, within: float = 0.03, window
         rows.append(row)
     return {"scenario": scenario.name, "phases": [list(p[:2]) for p in phases], "within": within,
             "window": window, "rows": rows,
-            "oracle_steps_per_s": (len(oracle["step_times_s"]) / sum(oracle["step_times_s"])) if oracle else None}
+            "oracle_steps_per_s": steps_per_s(oracle["step_times_s"]) if oracle else None}
 
 
 def num(value: float | None, digits: int = 2) -> str:
@@ -163,8 +168,8 @@ def rounds(scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "po
         runs = load_runs(scenario.name, cache)
         if not runs:
             raise ValueError(f"{cache}: no cached runs of {scenario.name}")
-        per_round.append({key: len(run["step_times_s"]) / sum(run["step_times_s"])
-                          for key, run in runs.items() if sum(run["step_times_s"]) > 0})
+        rates = {key: steps_per_s(run["step_times_s"]) for key, run in runs.items()}
+        per_round.append({key: rate for key, rate in rates.items() if rate is not None})
     keys = sorted({key for found in per_round for key in found})
     if versus not in keys:
         raise ValueError(f"--versus {versus!r}: no such run in these caches (runs: {', '.join(keys)})")
