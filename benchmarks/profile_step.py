@@ -3,6 +3,7 @@
     python -m benchmarks.profile_step --model mlp --rates 1gbit,2gbit \
         --configs sched:1MiB,4MiB,sched:4MiB,16MiB --rounds 3 --steps 8 --warmup 3 \
         --out results/profile_step.json
+    python -m benchmarks.profile_step --report results/profile_step.json   # the tables again
 
 Per (model, rate), 2 ranks in the namespace testbed run, interleaved round by round in the same
 processes: DDP, the two probes of the bound (`compute`: DDP under no_sync; `comm`: a bare
@@ -50,6 +51,7 @@ from benchmarks.step_breakdown import (
     link_steps,
     median_of,
     merge_ranks,
+    rank_pace,
     time_by_kind,
     training_steps,
 )
@@ -294,13 +296,21 @@ def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
             out[key] = r0[key]
     marks = [StepMarks(*m) for m in r0["marks"]]
     waits = [Wait(*w) for w in r0.get("waits", [])]
+    per_rank = []
     for prefix, rec in (("", r0), ("r1_", r1)):
         if rec is None or not rec["marks"]:
             continue
         rows = training_steps([StepMarks(*m) for m in rec["marks"]],
                               [Wait(*w) for w in rec.get("waits", [])])
+        per_rank.append(rows)
         for field in ("forward_s", "forward_wait_s", "backward_s", "step_call_s", "between_s"):
             out[prefix + field] = median_of(rows, field)
+    pace = rank_pace(*per_rank) if len(per_rank) == 2 else None
+    if pace is not None:
+        out.update({"pace_compute0_s": pace.compute_s[0], "pace_compute1_s": pace.compute_s[1],
+                    "pace_spread0_s": pace.spread_s[0], "pace_spread1_s": pace.spread_s[1],
+                    "pace_apart_s": pace.apart_s, "pace_independent_s": pace.independent_s,
+                    "pace_cost_s": pace.pace_cost_s})
     if not r0["kind"].startswith("sched"):
         return out
     busy: dict[int, float] = {}
@@ -328,6 +338,14 @@ def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def cpu_beside_training(entry: dict[str, Any]) -> float:
+    """CPU per step of a rank's threads other than the training thread (update, dispatch,
+    backend), the busier rank's; on this 2-core host they run on the cores the training threads
+    compute on. A scheduled step's update runs on the update thread, so its CPU bound is the
+    compute probe without the probe's own optimizer step plus that CPU."""
+    return max(entry.get(f"{p}_total", 0.0) - entry.get(f"{p}_training", 0.0) for p in ("cpu", "cpu1"))
+
+
 def summarize(rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]) -> dict[str, Any]:
     """Per configuration: medians over rounds of each round's breakdown; x DDP paired per round."""
     other = {(r["round"], r["config"]): r for r in rank1}
@@ -344,6 +362,11 @@ def summarize(rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]) -> dict[
         summary[label] = entry
     compute, comm = summary["compute"]["step_s"], summary["comm"]["step_s"]
     bound = max(compute, comm)
+    probe = summary["compute"]
+    for entry in summary.values():  # the busier rank's core: compute + its communication's CPU
+        moved = probe["step_call_s"] if entry.get("cpu_update", 0.0) > 0 else 0.0  # update thread's
+        entry["cpu_bound_s"] = compute - moved + max(0.0, cpu_beside_training(entry)
+                                                     - cpu_beside_training(probe))
     summary["bound"] = {"step_s": bound, "x_ddp": summary["ddp"]["step_s"] / bound,
                         "compute_s": compute, "comm_s": comm}
     if "lat:64KiB" in summary and "lat:1MiB" in summary:  # 16 and 4 back to back
@@ -411,6 +434,19 @@ def format_block(model: str, rate: str, summary: dict[str, Any], loads: tuple[st
                          f"{ms(e, 'r1_backward_s', 6)}")
     lines.append(f"(compute probe: fwd {compute['forward_s'] * 1e3:.1f}, bwd "
                  f"{compute['backward_s'] * 1e3:.1f}, opt.step {compute['step_call_s'] * 1e3:.1f})")
+    lines += ["", ("the ranks' pace (compute = forward without its waits + backward, per step; mean, "
+              "spread = standard deviation; apart = mean |r1 - r0|, indep = the same for two independent "
+              "ranks of those spreads; cost = apart / 2, the wait for the later rank; cpu bound = the compute "
+              "probe + the busier rank's CPU beside its training thread, the update moved there)"),
+              (f"{'configuration':<18} {'r0':>6} {'r1':>6} {'spread0':>7} {'spread1':>7} {'apart':>6} "
+               f"{'indep':>6} {'cost':>6} {'cpu bound':>9} {'step/cpu':>8}")]
+    for label, e in rows:
+        if "pace_apart_s" in e:
+            lines.append(
+                f"{label:<18} {ms(e, 'pace_compute0_s', 6)} {ms(e, 'pace_compute1_s', 6)} "
+                f"{ms(e, 'pace_spread0_s', 7)} {ms(e, 'pace_spread1_s', 7)} {ms(e, 'pace_apart_s', 6)} "
+                f"{ms(e, 'pace_independent_s', 6)} {ms(e, 'pace_cost_s', 6)} {ms(e, 'cpu_bound_s', 9)} "
+                f"{e['step_s'] / e['cpu_bound_s']:8.2f}")
     return "\n".join(lines)
 
 
@@ -424,14 +460,14 @@ def run_block(model: str, rate: str, args: argparse.Namespace) -> dict[str, Any]
                "--warmup", str(args.warmup)]
     before = load()
     started = time.perf_counter()
-    with Testbed(world_size=2, rate=parse_rate(rate)) as bed:
+    with Testbed(world_size=2, rate=parse_rate(rate), pin_cpus=[0, 1] if args.pin else None) as bed:
         result = bed.run(command, cwd=str(REPO), timeout_s=args.timeout)
     loads = (before, load())
     rank0 = [r for r in result.ranks[0].results if r.get("event") == "result"]
     rank1 = [r for r in result.ranks[1].results if r.get("event") == "result"]
     summary = summarize(rank0, rank1)
     return {"model": model, "rate": rate, "batch_size": batch, "load_before": loads[0],
-            "load_after": loads[1], "wall_s": time.perf_counter() - started, "summary": summary,
+            "load_after": loads[1], "pinned": bool(args.pin), "wall_s": time.perf_counter() - started, "summary": summary,
             "results": rank0, "results_rank1": rank1}
 
 
@@ -449,7 +485,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--pin", action="store_true",
+                        help="rank r on CPU r (taskset, with every thread it starts): one core per rank")
     parser.add_argument("--out", default="")
+    parser.add_argument("--report", default="", metavar="FILE",
+                        help="print the tables of a saved run (--out of an earlier run) and exit")
     return parser.parse_args(argv)
 
 
@@ -457,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
+    if args.report:  # the tables again from a saved run, derived by this code
+        for block in json.loads(Path(args.report).read_text()):
+            summary = summarize(block["results"], block["results_rank1"])
+            sys.stdout.write(format_block(block["model"], block["rate"], summary,
+                                          (block["load_before"], block["load_after"])) + "\n\n")
+        return 0
     blocks = []
     for model in args.model.split(","):
         for rate in args.rates.split(","):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -215,6 +216,36 @@ def training_steps(marks: Sequence[StepMarks], waits: Sequence[Wait] = ()) -> li
             backward_s=m.t_backward_end - m.t_forward_end, step_call_s=m.t_end - m.t_backward_end,
             between_s=nxt.t_start - m.t_end))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPace:
+    """How far apart the ranks' compute runs, step by step. A step's compute is its forward
+    without the waits for parameters plus its backward; both ranks leave those waits together
+    (the same collectives complete), so the later rank's compute paces the next collectives."""
+
+    steps: int  # steps both ranks measured
+    compute_s: tuple[float, float]  # mean compute per step, rank 0 and rank 1
+    spread_s: tuple[float, float]  # each rank's standard deviation over its steps
+    apart_s: float  # mean |rank 1 - rank 0| of the same step
+    independent_s: float  # what `apart_s` would be for two independent normal ranks with those spreads
+    pace_cost_s: float  # mean max(r0, r1) - mean (r0 + r1) / 2 = apart_s / 2: the wait for the later
+
+
+def rank_pace(rank0: Sequence[TrainingStep], rank1: Sequence[TrainingStep]) -> RankPace | None:
+    """The ranks' per-step compute side by side (None with fewer than two common steps).
+    `independent_s` = sqrt((sd0^2 + sd1^2) * 2 / pi), the mean |difference| of two independent
+    normal variables: where `apart_s` is about that, the skew is each rank's own jitter."""
+    one = {r.step: r.forward_s + r.backward_s for r in rank1}
+    pairs = [(r.forward_s + r.backward_s, one[r.step]) for r in rank0 if r.step in one]
+    if len(pairs) < 2:
+        return None
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    sd = (statistics.stdev(a), statistics.stdev(b))
+    apart = statistics.fmean(abs(y - x) for x, y in pairs)
+    return RankPace(steps=len(pairs), compute_s=(statistics.fmean(a), statistics.fmean(b)),
+                    spread_s=sd, apart_s=apart,
+                    independent_s=((sd[0] ** 2 + sd[1] ** 2) * 2 / math.pi) ** 0.5, pace_cost_s=apart / 2)
 
 
 def thread_kind(name: str) -> str:

@@ -13,6 +13,7 @@ from benchmarks.step_breakdown import (
     link_steps,
     merge,
     merge_ranks,
+    rank_pace,
     thread_kind,
     time_by_kind,
     training_steps,
@@ -93,6 +94,31 @@ def test_training_steps_split_the_step_and_exclude_waits_from_compute():
     assert (row.backward_s, row.step_call_s, row.between_s) == pytest.approx((3.0, 0.5, 0.5))
     assert row.step_s == pytest.approx(row.forward_s + row.forward_wait_s + row.backward_s
                                        + row.step_call_s + row.between_s)
+
+
+def _compute_rows(computes):
+    """Training steps whose forward (a 0.2 s wait excluded) + backward is each given compute."""
+    marks, waits, t = [], [], 0.0
+    for step, c in enumerate(computes + [0.0]):
+        marks.append(StepMarks(step, t, t + 0.2 + 0.25 * c, t + 0.2 + c, t + 0.2 + c))
+        waits.append(Wait(step, t, t + 0.2))
+        t += c + 0.3
+    return training_steps(marks, waits)
+
+
+def test_rank_pace_is_the_later_ranks_compute_step_by_step():
+    pace = rank_pace(_compute_rows([1.0, 2.0, 1.0, 2.0]), _compute_rows([2.0, 1.0, 1.0, 2.0]))
+    assert pace.steps == 4
+    assert pace.compute_s == pytest.approx((1.5, 1.5))
+    assert pace.apart_s == pytest.approx(0.5)  # |1-2|, |2-1|, 0, 0
+    assert pace.pace_cost_s == pytest.approx(0.25)  # mean max(r0, r1) 1.75 - mean of both 1.5
+    sd = (4 / 3 * 0.25) ** 0.5  # each rank's sample standard deviation
+    assert pace.spread_s == pytest.approx((sd, sd))
+    assert pace.independent_s == pytest.approx((2 * sd * sd * 2 / 3.141592653589793) ** 0.5)
+    # ranks that move together are not apart however much they vary
+    same = rank_pace(_compute_rows([1.0, 3.0, 1.0]), _compute_rows([1.0, 3.0, 1.0]))
+    assert (same.apart_s, same.pace_cost_s) == (0.0, 0.0) and same.independent_s > 1.0
+    assert rank_pace(_compute_rows([1.0]), _compute_rows([1.0])) is None  # one common step: no spread
 
 
 def test_thread_kinds_and_times_per_step():
