@@ -20,7 +20,10 @@ AUTOBYTE_TRACE_PARTITIONS=1; off by default in the library) and every thread's C
   extra = (busy - comm probe) / (collectives - probe buckets);
 - first partitions (those the next forward needs first): queued behind the credit, in flight,
   their completion after backward, the next forward's first wait;
-- CPU per step of the training, update, dispatch and backend (gloo) threads, both ranks.
+- CPU per step of the training, update, dispatch and backend (gloo) threads, both ranks;
+- the ranks' pace: each rank's compute (forward without waits + backward) step by step, how far
+  apart the ranks are against two independent ranks of the same spreads, what waiting for the
+  later one costs, and the CPU-aware bound (the compute probe + the communication's CPU).
 
 `--worker` is the rank program (Testbed.run launches it). The machine's load average is recorded
 before and after every block.
@@ -341,8 +344,7 @@ def derive(r0: dict[str, Any], r1: dict[str, Any] | None) -> dict[str, Any]:
 def cpu_beside_training(entry: dict[str, Any]) -> float:
     """CPU per step of a rank's threads other than the training thread (update, dispatch,
     backend), the busier rank's; on this 2-core host they run on the cores the training threads
-    compute on. A scheduled step's update runs on the update thread, so its CPU bound is the
-    compute probe without the probe's own optimizer step plus that CPU."""
+    compute on."""
     return max(entry.get(f"{p}_total", 0.0) - entry.get(f"{p}_training", 0.0) for p in ("cpu", "cpu1"))
 
 
@@ -362,9 +364,12 @@ def summarize(rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]) -> dict[
         summary[label] = entry
     compute, comm = summary["compute"]["step_s"], summary["comm"]["step_s"]
     bound = max(compute, comm)
+    # The CPU-aware bound, the busier rank's core: the compute probe plus the communication's CPU
+    # beside the training thread; where the update runs on the update thread (the scheduler), its
+    # CPU is in that, so the probe's own optimizer step comes out.
     probe = summary["compute"]
-    for entry in summary.values():  # the busier rank's core: compute + its communication's CPU
-        moved = probe["step_call_s"] if entry.get("cpu_update", 0.0) > 0 else 0.0  # update thread's
+    for entry in summary.values():
+        moved = probe["step_call_s"] if entry.get("cpu_update", 0.0) > 0 else 0.0
         entry["cpu_bound_s"] = compute - moved + max(0.0, cpu_beside_training(entry)
                                                      - cpu_beside_training(probe))
     summary["bound"] = {"step_s": bound, "x_ddp": summary["ddp"]["step_s"] / bound,
@@ -493,24 +498,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def write_block(block: dict[str, Any], summary: dict[str, Any]) -> None:
+    sys.stdout.write(format_block(block["model"], block["rate"], summary,
+                                  (block["load_before"], block["load_after"])) + "\n\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
     if args.report:  # the tables again from a saved run, derived by this code
         for block in json.loads(Path(args.report).read_text()):
-            summary = summarize(block["results"], block["results_rank1"])
-            sys.stdout.write(format_block(block["model"], block["rate"], summary,
-                                          (block["load_before"], block["load_after"])) + "\n\n")
+            write_block(block, summarize(block["results"], block["results_rank1"]))
         return 0
     blocks = []
     for model in args.model.split(","):
         for rate in args.rates.split(","):
             block = run_block(model, rate, args)
             blocks.append(block)
-            sys.stdout.write(format_block(model, rate, block["summary"],
-                                          (block["load_before"], block["load_after"])) + "\n\n")
-            sys.stdout.flush()
+            write_block(block, block["summary"])
             if args.out:
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.out).write_text(json.dumps(blocks, indent=1, default=list))
