@@ -229,7 +229,11 @@ class RankPace:
     spread_s: tuple[float, float]  # each rank's standard deviation over its steps
     apart_s: float  # mean |rank 1 - rank 0| of the same step
     independent_s: float  # what `apart_s` would be for two independent normal ranks with those spreads
-    pace_cost_s: float  # mean max(r0, r1) - mean (r0 + r1) / 2 = apart_s / 2: the wait for the later
+
+    @property
+    def pace_cost_s(self) -> float:
+        """Mean max(r0, r1) - mean (r0 + r1) / 2 = apart_s / 2: the wait for the later rank."""
+        return self.apart_s / 2
 
 
 def rank_pace(rank0: Sequence[TrainingStep], rank1: Sequence[TrainingStep]) -> RankPace | None:
@@ -245,7 +249,7 @@ def rank_pace(rank0: Sequence[TrainingStep], rank1: Sequence[TrainingStep]) -> R
     apart = statistics.fmean(abs(y - x) for x, y in pairs)
     return RankPace(steps=len(pairs), compute_s=(statistics.fmean(a), statistics.fmean(b)),
                     spread_s=sd, apart_s=apart,
-                    independent_s=((sd[0] ** 2 + sd[1] ** 2) * 2 / math.pi) ** 0.5, pace_cost_s=apart / 2)
+                    independent_s=((sd[0] ** 2 + sd[1] ** 2) * 2 / math.pi) ** 0.5)
 
 
 def thread_kind(name: str) -> str:
