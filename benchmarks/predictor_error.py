@@ -20,7 +20,14 @@ Reported per fold and pooled over the folds of a kind (every block is left out o
 - Kendall tau-b between predicted and measured step times over the grid within each (block,
   round), reference = the default, median over the blocks;
 - the noise floor: the same error and tau between the two rounds of a block (how well the testbed
-  agrees with itself; no predictor can be judged below it).
+  agrees with itself; no predictor can be judged below it);
+- from the default with the rounds averaged: per block, the geometric mean over its rounds of the
+  prediction (each from that round's default window) against the geometric mean of the measured
+  step times, and tau between the two. Both sides carry half the variance of one round, so a
+  perfect predictor would score about the noise floor / sqrt(2) here (given beside it): how much of
+  the error is the predictor's own rather than the testbed's;
+- the baseline any predictor must beat: "no change" (every configuration as fast as the reference),
+  scored the same ways on every block.
 When the dataset holds blocks recorded with windows of different lengths (`--steps`), the pooled
 errors (at the first share) and the noise floor are also given per window length: a window of
 more steps is a less noisy measurement, both as the reference and as the truth.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import sys
 import time
@@ -62,19 +70,56 @@ def evaluate(ensemble: Any, windows: Sequence[Any], default: Config) -> dict[str
     from autobyted.tuner.predictor import Predictor
 
     predictor = Predictor(ensemble)
+
+    def predict(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
+        prediction = predictor.predict(ref.context, reference, configs)
+        return [prediction.step_time_s(ref.step_time_s, i) for i in range(len(configs))]
+
+    return score(predict, windows, default)
+
+
+def unchanged(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
+    """The baseline a predictor must beat: every configuration as fast as the reference."""
+    return [ref.step_time_s] * len(configs)
+
+
+def score(predict: Callable[[Any, Config, list[Config]], list[float]], windows: Sequence[Any],
+          default: Config) -> dict[str, Any]:
+    """`predict(reference window, reference, configurations)` -> step times, scored on `windows`."""
     from_default, from_any, taus = [], [], []
-    for by_config in _groups(windows).values():
+    # per block, per round: the log step times predicted from the default and measured
+    rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]] = defaultdict(list)
+    for (job, _), by_config in _groups(windows).items():
         configs = list(by_config)
         for reference in configs:
-            ref = by_config[reference]
-            prediction = predictor.predict(ref.context, reference, configs)
-            predicted = [prediction.step_time_s(ref.step_time_s, i) for i in range(len(configs))]
+            predicted = predict(by_config[reference], reference, configs)
             errors = [abs(p / by_config[c].step_time_s - 1.0) for p, c in zip(predicted, configs) if c != reference]
             from_any += errors
             if reference == default:
                 from_default += errors
-                taus.append(kendall(predicted, [by_config[c].step_time_s for c in configs]))
-    return summary(from_default, from_any, taus)
+                if len(set(predicted)) > 1:  # an order to compare (the unchanged baseline has none)
+                    taus.append(kendall(predicted, [by_config[c].step_time_s for c in configs]))
+                rounds[job].append(({c: math.log(p) for p, c in zip(predicted, configs)},
+                                    {c: math.log(by_config[c].step_time_s) for c in configs}))
+    mean_errors, mean_taus = averaged_over_rounds(rounds, default)
+    return summary(from_default, from_any, taus, mean_errors, mean_taus)
+
+
+def averaged_over_rounds(rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]],
+                         default: Config) -> tuple[list[float], list[float]]:
+    """Errors and taus of the geometric means over each block's rounds (predicted from each
+    round's default window; measured), over the configurations every round has."""
+    errors, taus = [], []
+    for per_round in rounds.values():
+        if len(per_round) < 2:
+            continue
+        common = sorted(set.intersection(*(set(measured) for _, measured in per_round)), key=str)
+        predicted = [float(np.mean([p[c] for p, _ in per_round])) for c in common]
+        measured = [float(np.mean([m[c] for _, m in per_round])) for c in common]
+        errors += [abs(math.exp(p - m) - 1.0) for p, m, c in zip(predicted, measured, common) if c != default]
+        if len(set(predicted)) > 1:
+            taus.append(kendall(predicted, measured))
+    return errors, taus
 
 
 def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -83,11 +128,17 @@ def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
     return {"median": float(np.median(values)), "p90": float(np.quantile(values, 0.9)), "n": len(values)}
 
 
-def summary(from_default: Sequence[float], from_any: Sequence[float], taus: Sequence[float]) -> dict[str, Any]:
-    return {"from_default": _quantiles(from_default), "from_any": _quantiles(from_any),
-            "tau_median": float(np.median(taus)) if taus else None, "tau_min": min(taus) if taus else None,
-            "blocks": len(taus), "_raw": {"from_default": list(from_default), "from_any": list(from_any),
-                                          "taus": list(taus)}}
+def summary(from_default: Sequence[float], from_any: Sequence[float], taus: Sequence[float],
+            mean_errors: Sequence[float] = (), mean_taus: Sequence[float] = ()) -> dict[str, Any]:
+    out = {"from_default": _quantiles(from_default), "from_any": _quantiles(from_any),
+           "tau_median": float(np.median(taus)) if taus else None, "tau_min": min(taus) if taus else None,
+           "blocks": len(taus), "_raw": {"from_default": list(from_default), "from_any": list(from_any),
+                                         "taus": list(taus), "mean_errors": list(mean_errors),
+                                         "mean_taus": list(mean_taus)}}
+    if mean_errors:
+        out["rounds_averaged"] = {**_quantiles(mean_errors),
+                                  "tau_median": float(np.median(mean_taus)) if mean_taus else None}
+    return out
 
 
 def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
@@ -108,8 +159,8 @@ def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
 
 def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     raw = [r["_raw"] for r in results]
-    return summary([v for r in raw for v in r["from_default"]], [v for r in raw for v in r["from_any"]],
-                   [v for r in raw for v in r["taus"]])
+    return summary(*([v for r in raw for v in r.get(key, [])]
+                     for key in ("from_default", "from_any", "taus", "mean_errors", "mean_taus")))
 
 
 def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[dict[str, Any]], bool]]]:
@@ -140,6 +191,7 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
     per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
     all_windows = [w for windows in per_block for w in windows]
     results["noise_floor"] = noise_floor(all_windows)
+    results["unchanged"] = score(unchanged, all_windows, SCHEDULER_DEFAULT)
     # Blocks recorded with longer windows are less noisy: their floor and errors apart as well
     steps_of = {block_job(b): int(b["steps"]) for b in blocks}
     lengths = sorted(set(steps_of.values()))
@@ -215,6 +267,8 @@ def format_results(results: dict[str, Any]) -> str:
             for share, value in item["after"].items():
                 lines.append(_row(f"**every {kind}, pooled** | after (real {float(share):.0%})", value))
     lines.append(_row("noise floor (round vs round) | -", results["noise_floor"]))
+    lines.append(_row("predict no change (the baseline: every configuration as fast as the reference) | -",
+                      results["unchanged"]))
     share = f"{float(results['shares'][0]):.0%}"
     for kind in ("model", "condition"):
         for n, item in results.get(f"pooled_{kind}_by_steps", {}).items():
@@ -222,7 +276,32 @@ def format_results(results: dict[str, Any]) -> str:
             lines.append(_row(f"every {kind}, pooled, {n}-step windows | after (real {share})", item["after"]))
     for n, item in results.get("noise_floor_by_steps", {}).items():
         lines.append(_row(f"noise floor, {n}-step windows | -", item))
+    lines += ["", "From the default, each block's rounds averaged (geometric means of predicted and measured):",
+              "| left out | prior | median | p90 | tau (median) |", "|---|---|---|---|---|"]
+    averaged = [(f"{f['kind']} {f['left_out']}", f["before"], f["after"]) for f in results["folds"]]
+    averaged += [(f"**every {kind}, pooled**", results[f"pooled_{kind}"]["before"], results[f"pooled_{kind}"]["after"])
+                 for kind in ("model", "condition") if results.get(f"pooled_{kind}")]
+    for name, before, after in averaged:
+        lines.append(_averaged_row(f"{name} | before", before))
+        for share, value in after.items():
+            lines.append(_averaged_row(f"{name} | after (real {float(share):.0%})", value))
+    lines.append(_averaged_row("predict no change | -", results["unchanged"]))
+    floor = results["noise_floor"]
+    lines.append(f"| a perfect predictor (noise floor / sqrt 2) | - | {_pct(_scaled(floor['from_default']['median']))} | "
+                 f"{_pct(_scaled(floor['from_default']['p90']))} | - |")
     return "\n".join(lines)
+
+
+def _scaled(value: float | None) -> float | None:
+    return None if value is None else value / math.sqrt(2.0)
+
+
+def _averaged_row(label: str, result: dict[str, Any]) -> str:
+    item = result.get("rounds_averaged")
+    if not item:
+        return f"| {label} | - | - | - |"
+    tau = "-" if item["tau_median"] is None else f"{item['tau_median']:.2f}"
+    return f"| {label} | {_pct(item['median'])} | {_pct(item['p90'])} | {tau} |"
 
 
 def _strip_raw(value: Any) -> Any:
