@@ -97,8 +97,7 @@ def score(predict: Callable[[Any, Config, list[Config]], list[float]], windows: 
             from_any += errors
             if reference == default:
                 from_default += errors
-                if len(set(predicted)) > 1:  # an order to compare (the unchanged baseline has none)
-                    taus.append(kendall(predicted, [by_config[c].step_time_s for c in configs]))
+                taus += ordered_tau(predicted, [by_config[c].step_time_s for c in configs])
                 rounds[job].append(({c: math.log(p) for p, c in zip(predicted, configs)},
                                     {c: math.log(by_config[c].step_time_s) for c in configs}))
     mean_errors, mean_taus = averaged_over_rounds(rounds, default)
@@ -117,9 +116,14 @@ def averaged_over_rounds(rounds: dict[str, list[tuple[dict[Config, float], dict[
         predicted = [float(np.mean([p[c] for p, _ in per_round])) for c in common]
         measured = [float(np.mean([m[c] for _, m in per_round])) for c in common]
         errors += [abs(math.exp(p - m) - 1.0) for p, m, c in zip(predicted, measured, common) if c != default]
-        if len(set(predicted)) > 1:
-            taus.append(kendall(predicted, measured))
+        taus += ordered_tau(predicted, measured)
     return errors, taus
+
+
+def ordered_tau(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:
+    """[tau] when the prediction orders the configurations; [] when it does not (the no-change
+    baseline predicts one value for all)."""
+    return [kendall(predicted, measured)] if len(set(predicted)) > 1 else []
 
 
 def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -159,7 +163,7 @@ def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
 
 def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     raw = [r["_raw"] for r in results]
-    return summary(*([v for r in raw for v in r.get(key, [])]
+    return summary(*([v for r in raw for v in r[key]]
                      for key in ("from_default", "from_any", "taus", "mean_errors", "mean_taus")))
 
 

@@ -1,6 +1,6 @@
 """The predictor-error benchmark's rounds-averaged measure (benchmarks/predictor_error.py) on
-hand-made predictions: averaging the rounds removes noise both rounds share the sign of, not a
-predictor's bias."""
+hand-made predictions: averaging the rounds removes noise of opposite sign in the two rounds, not a
+predictor's bias; the no-change baseline is scored the same way."""
 
 from __future__ import annotations
 
@@ -51,13 +51,11 @@ def test_a_block_seen_in_one_round_only_is_not_averaged_and_pooling_keeps_the_me
 
 
 def test_the_no_change_baseline_scores_the_measured_spread_and_has_no_order():
+    from autobyted.tuner.predictor import Window
     from benchmarks.predictor_error import score, unchanged
 
-    class W:  # the fields score() reads of a window
-        def __init__(self, job, segment, config, step_time_s):
-            self.job, self.segment, self.config, self.step_time_s = job, segment, config, step_time_s
-
-    windows = [W("b", r, c, t) for r in (0, 1) for c, t in ((DEFAULT, 1.0), (A, 0.8), (B, 1.25))]
+    # no predictor reads the context here: the baseline uses the reference's step time only
+    windows = [Window("b", r, c, None, t, 10) for r in (0, 1) for c, t in ((DEFAULT, 1.0), (A, 0.8), (B, 1.25))]
     result = score(unchanged, windows, DEFAULT)
     assert result["from_default"]["median"] == pytest.approx(0.225)  # |1/0.8 - 1| = 0.25, |1/1.25 - 1| = 0.2
     assert result["tau_median"] is None and result["rounds_averaged"]["tau_median"] is None
