@@ -65,8 +65,8 @@ def _groups(windows: Sequence[Any]) -> dict[tuple[str, int], dict[Config, Any]]:
     return out
 
 
-def evaluate(ensemble: Any, windows: Sequence[Any], default: Config) -> dict[str, Any]:
-    """Errors and rank agreement of `ensemble` on held-out windows (see the module docstring)."""
+def ensemble_predictor(ensemble: Any) -> Callable[[Any, Config, list[Config]], list[float]]:
+    """`ensemble` predicting from a reference window as the tuner does (autobyted's Predictor)."""
     from autobyted.tuner.predictor import Predictor
 
     predictor = Predictor(ensemble)
@@ -75,7 +75,12 @@ def evaluate(ensemble: Any, windows: Sequence[Any], default: Config) -> dict[str
         prediction = predictor.predict(ref.context, reference, configs)
         return [prediction.step_time_s(ref.step_time_s, i) for i in range(len(configs))]
 
-    return score(predict, windows, default)
+    return predict
+
+
+def evaluate(ensemble: Any, windows: Sequence[Any], default: Config) -> dict[str, Any]:
+    """Errors and rank agreement of `ensemble` on held-out windows (see the module docstring)."""
+    return score(ensemble_predictor(ensemble), windows, default)
 
 
 def unchanged(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
@@ -179,6 +184,14 @@ def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[di
     return out
 
 
+def split(blocks: Sequence[dict[str, Any]], per_block: Sequence[list[Any]],
+          held_out: Callable[[dict[str, Any]], bool]) -> tuple[list[Any], list[Any]]:
+    """(the held-out blocks' windows, the other blocks' windows)."""
+    test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
+    train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
+    return test, train
+
+
 def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None) -> dict[str, Any]:
     from simulator import train_prior
     from simulator.adapter import SCHEDULER_DEFAULT
@@ -210,8 +223,7 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
         if exclude not in simulated:
             simulated[exclude] = train_prior.generate_windows(seed, exclude=exclude)
             before_priors[exclude] = train_prior.train(seed, exclude=exclude, real=[], simulated=simulated[exclude])
-        test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
-        train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
+        test, train = split(blocks, per_block, held_out)
         fold = {"kind": kind, "left_out": name, "test_windows": len(test), "train_windows": len(train),
                 "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT), "after": {}}
         for share in shares:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from autobyte.types import Config
 
-from benchmarks.predictor_error import _pct, folds, pooled, score, unchanged
+from benchmarks.predictor_error import _pct, ensemble_predictor, folds, pooled, score, split, unchanged
 
 STACK_PARAMS = {"max_depth": 3, "eta": 0.1, "subsample": 0.8, "min_child_weight": 5.0, "lambda": 5.0,
                 "nthread": 1, "seed": 0}
@@ -82,7 +82,8 @@ def lookup_predictor(table: dict[Config, float]) -> Callable[[Any, Config, list[
 
 
 def model_predictor(log_ratio: LogRatio) -> Callable[[Any, Config, list[Config]], list[float]]:
-    """Predict from a reference window with a function of the feature rows (the reference: itself)."""
+    """Predict from a reference window with a function of the feature rows that is not an ensemble
+    (those go through `ensemble_predictor`, as the tuner uses them); the reference: itself."""
     from autobyted.tuner.features import feature_matrix
 
     def predict(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
@@ -122,11 +123,11 @@ def learners(train: Sequence[Any], simulated: Sequence[Any], before: Any, defaul
     online_before = train_online(before, train, now_s=0.0)
     online_shipped = train_online(shipped, train, now_s=0.0)
     return ({
-        "shipped": model_predictor(lambda x: shipped.predict(x)[0]),
-        "simulator only": model_predictor(lambda x: before.predict(x)[0]),
+        "shipped": ensemble_predictor(shipped),
+        "simulator only": ensemble_predictor(before),
         "stretch x simulator": model_predictor(lambda x: k * before.predict(x)[0]),
-        "simulator + online": model_predictor(lambda x: online_before.predict(x)[0]),
-        "shipped + online": model_predictor(lambda x: online_shipped.predict(x)[0]),
+        "simulator + online": ensemble_predictor(online_before),
+        "shipped + online": ensemble_predictor(online_shipped),
         "stacked": model_predictor(lambda x: stacked.inplace_predict(
             np.column_stack([before.predict(x)[0], x]), missing=np.nan)),
         "lookup per configuration": lookup_predictor(config_lookup(train, default)),
@@ -163,9 +164,8 @@ def in_job(shipped: Any, blocks: Sequence[list[Any]], ks: Sequence[int], default
             if not seen:
                 continue
             retrained = train_online(shipped, seen, now_s=0.0) or shipped
-            parts["shipped, retrained on the job's K"].append(
-                score(model_predictor(lambda x, e=retrained: e.predict(x)[0]), test, default))
-            parts["shipped"].append(score(model_predictor(lambda x: shipped.predict(x)[0]), test, default))
+            parts["shipped, retrained on the job's K"].append(score(ensemble_predictor(retrained), test, default))
+            parts["shipped"].append(score(ensemble_predictor(shipped), test, default))
             parts["predict no change"].append(score(unchanged, test, default))
         out[k] = parts
     return out
@@ -187,8 +187,7 @@ def run(dataset: pathlib.Path, in_job_ks: Sequence[int] = ()) -> dict[str, Any]:
     scored: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for kind, name, held_out in folds(blocks):
         started = time.perf_counter()
-        test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
-        train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
+        test, train = split(blocks, per_block, held_out)
         predictors, fitted, shipped = learners(train, simulated, before, SCHEDULER_DEFAULT)
         for learner, predict in predictors.items():
             scored[kind][learner].append(score(predict, test, SCHEDULER_DEFAULT))
