@@ -87,8 +87,9 @@ class Dispatcher:
         """Rank 0's step(): the plan of `step` uses `config`."""
         self.queue.put(StepBoundary(step, config, decision_id))
 
-    def stop(self) -> None:
-        """close(): the dispatch threads end (a follower's when rank 0's stop message arrives)."""
+    def stop(self, bound_s: float | None = None) -> None:
+        """close(): the dispatch threads end (a follower's when rank 0's stop message arrives);
+        never blocks (`bound_s` is the native engine's)."""
         self.closed = True
         self.queue.put(Stop())
 

@@ -25,7 +25,7 @@ from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import checks, compiled, groups, health, native, tracking
+from autobyte.scheduler import checks, compiled, groups, health, native, process_exit, tracking
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
@@ -411,6 +411,7 @@ class ScheduledOptimizer:
         """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
         if self._closed:
             return
+        bound_s = min(self._timeout_s, 60.0)
         failed = self._progress.error is not None
         stop_error: BaseException | None = None
         watchdog = self._health if self._threads else None
@@ -420,18 +421,60 @@ class ScheduledOptimizer:
             try:
                 self.synchronize()
                 if watchdog is not None:  # every rank closes at our step count, or all raise
-                    watchdog.agree_on_close(min(self._timeout_s, 60.0))
+                    watchdog.agree_on_close(bound_s)
             except BaseException as error:  # still stop the threads below
                 stop_error = error
                 self._progress.fail(error)
+        stuck = self._stop(closed=stop_error is None and not failed, bound_s=bound_s)
+        if stop_error is not None:
+            raise stop_error
+        if stuck and not failed:
+            # the receiving thread of a follower waits on rank 0; it is a daemon thread
+            real = [name for name in stuck if not name.endswith("receiver")]
+            if real:
+                raise SchedulerError(f"scheduler threads did not stop in time: {', '.join(real)}")
+            logger.warning("decision receiver still waiting for rank 0's stop message: %s", stuck)
+
+    def _end_at_exit(self, budget_s: float) -> None:
+        """The process ends with this scheduler open (`autobyte.scheduler.process_exit`): the
+        updates of every `step()` land, as DDP's have when `step()` returns, then the threads stop;
+        within `budget_s`, never waiting for the other ranks to end too.
+
+        Not collective: once every update has landed, every peer has issued this rank's
+        collectives, so it is marked closed at its step count and a peer that steps on raises
+        (the watchdog's mismatch). Updates that cannot land within the budget (a peer dead or
+        stopped mid-step) mark this rank failed, which its peers raise on at once."""
+        if self._closed:
+            return
+        deadline = time.monotonic() + budget_s
+        landed = not self._threads
+        if self._threads and self._progress.error is None:
+            try:
+                self._progress.wait_updated_through(self._step_index, budget_s)
+                self._progress.raise_if_failed()
+                self._steps.drain()
+                landed = True
+            except BaseException as error:  # noqa: BLE001 - the process ends anyway: say why
+                logger.warning("rank %d ends at step %d with updates that did not land: %s",
+                               self._rank, self._step_index, error)
+                self._progress.fail(error)
+        if landed and self._health is not None and self._threads:
+            self._health.closing(self._step_index)
+        self._stop(closed=landed, bound_s=max(0.5, deadline - time.monotonic()))
+
+    def _stop(self, closed: bool, bound_s: float) -> list[str]:
+        """Stop the threads (each bounded by `bound_s` in all), remove the hooks; the names of the
+        threads still running."""
+        process_exit.untrack(self)
+        watchdog = self._health if self._threads else None
         self._closed = True
         if watchdog is not None:
-            watchdog.stop(closed=stop_error is None and not failed)
+            watchdog.stop(closed=closed)
+        deadline = time.monotonic() + bound_s
         if self._dispatcher is not None:
-            self._dispatcher.stop()
+            self._dispatcher.stop(bound_s)
         if self._updater is not None:
             self._updater.post(Stop())
-        deadline = time.monotonic() + min(self._timeout_s, 60.0)
         stuck = []
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -446,14 +489,7 @@ class ScheduledOptimizer:
             self._bridge.restore()
         if not stuck:
             self._device_sync.close()
-        if stop_error is not None:
-            raise stop_error
-        if stuck and not failed:
-            # the receiving thread of a follower waits on rank 0; it is a daemon thread
-            real = [name for name in stuck if not name.endswith("receiver")]
-            if real:
-                raise SchedulerError(f"scheduler threads did not stop in time: {', '.join(real)}")
-            logger.warning("decision receiver still waiting for rank 0's stop message: %s", stuck)
+        return stuck
 
     def __enter__(self) -> "ScheduledOptimizer":
         return self
@@ -534,6 +570,7 @@ class ScheduledOptimizer:
             self._threads.append(thread)
             thread.start()
 
+        process_exit.track(self)
         self._dispatcher.start(start_step, spawn)
         spawn("update", self._updater.main, ())
         if self._health is not None:
