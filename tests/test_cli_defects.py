@@ -171,3 +171,27 @@ def test_tuner_status_text_is_wrapped_never_cut():
     assert len(lines) == 2 and all(len(line) <= 80 for line in lines), lines
     assert lines[0].startswith("  tuner: holding") and lines[1].startswith("    ")
     assert " ".join(line.strip() for line in lines) == f"tuner: {detail}"
+
+
+def test_every_printed_job_id_is_taken_back_whole_or_by_a_unique_prefix(thread_daemon):
+    """`status` prints a 36-character id whole within 80 columns; every command takes it back, or a
+    prefix of it that starts no other job (as git does); an ambiguous prefix lists the candidates."""
+    long_ids = ["0b5e6c7a-1d2e-4f3a-9b8c-7d6e5f4a3b2c", "0b5e6c7a-ffff-4f3a-9b8c-7d6e5f4a3b2c"]
+    client = Client(thread_daemon.address)
+    for job in long_ids:
+        session = client.register(job=job).session_id
+        client.stream([pb.MetricsBatch(job=job, rank=0, session_id=session,
+                                       samples=[sample(s, step_time_s=0.05) for s in range(1, 6)])])
+    client.close()
+    address = ("--daemon", thread_daemon.address)
+    table = run_cli("status", *address).stdout
+    assert all(job in table.splitlines() for job in long_ids), table  # whole, on a line of its own
+    assert max(len(line) for line in table.splitlines()) <= 80, table
+    for command in (["history"], ["best"], ["tune", "--pause"]):
+        whole = run_cli(command[0], long_ids[1], *command[1:], *address)
+        assert whole.returncode == 0, whole.stderr
+        prefix = run_cli(command[0], "0b5e6c7a-f", *command[1:], *address)
+        assert prefix.returncode == 0 and long_ids[1] in prefix.stdout, prefix.stderr
+        ambiguous = run_cli(command[0], "0b5e", *command[1:], *address)
+        assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr, ambiguous.stderr
+        assert all(job in ambiguous.stderr for job in long_ids)
