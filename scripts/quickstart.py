@@ -42,8 +42,8 @@ What to look at next:
   - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
   - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
   - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
-  - benchmarks/README.md                        what the scheduler and the tuner gain, measured
-To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."""
+  - benchmarks/README.md                        what the scheduler and the tuner gain, measured"""
+KEEP_HINT = "To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."
 
 
 def say(text: str) -> None:
@@ -177,7 +177,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             say("\nautobyted stopped; its temporary folder is removed.")
         if ok:
-            say(NEXT)
+            say(NEXT if keep else f"{NEXT}\n{KEEP_HINT}")
 
 
 if __name__ == "__main__":
