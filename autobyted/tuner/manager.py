@@ -274,13 +274,19 @@ class TunerManager:
                 for row in rows:
                     state.ranks.add(row.rank, row.metrics)
                 state.tuner.observe(state.ranks.pop_ready())
-            elif now - state.last_sample_s > self.idle_after_s:
-                self._write(job, state, dataclasses.replace(state.tuner.status, state="idle",
-                                                            detail=f"idle: no steps for {self.idle_after_s:.0f} s "
-                                                                   f"(was: {state.tuner.detail})"))
-                del self._jobs[job]
-                self._let_go(job)
-                return
+            else:
+                finished = self.storage.job_info(job).finished_at_s is not None
+                if finished or now - state.last_sample_s > self.idle_after_s:
+                    # A finished job (every rank said goodbye; storage expired what was pending) is
+                    # let go at once and says so; a silent one after idle_after_s.
+                    said = (f"finished: every rank ended (the tuner was: {state.tuner.detail})" if finished else
+                            f"idle: no steps for {self.idle_after_s:.0f} s (was: {state.tuner.detail})")
+                    self._write(job, state, dataclasses.replace(state.tuner.status,
+                                                                state="finished" if finished else "idle",
+                                                                detail=said))
+                    del self._jobs[job]
+                    self._let_go(job)
+                    return
             self._write(job, state, state.sink.status or state.tuner.status)
             if len(state.tuner.mine) > decisions_before:
                 self.cycle_cpu_s.append(time.thread_time() - cpu0)
