@@ -478,3 +478,38 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
             moved.add(signal.key)
     cause = _cause(shifts, moved)
     return _alarm(*cause) if cause else None
+
+
+
+def fastest_in_context(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> float:
+    """The shortest median step time `reference`'s configuration could reach in the context
+    `window` was measured in: a bound from what a step is made of (compute c, forward + backward
+    without waits, and the rest t - c) and every context signal's move *in the window's favour*
+    (a move against it makes no configuration faster): a link faster by a factor r (the bandwidth
+    estimate) shortens at most the rest, compute faster by f at most c, and others' host load
+    falling from L to L' gives the job at most (1 - L') / (1 - L) times the CPU:
+
+        (c / f + (t - c) / r) x (1 - L) / (1 - L')
+
+    A configuration measured faster than this in `window` is faster whatever the context did
+    (tuner.search: no check, no confirm). The bandwidth estimate also moves with the configuration
+    (small partitions' overheads read as a slow link), which only lowers the bound: conservative."""
+    def median_of(samples, extract, log=True):
+        values = [extract(m) for m in samples]
+        values = [math.log(v) if log else v for v in values if v > 0]
+        return statistics.median(values) if values else None
+
+    t = statistics.median(m.step_time_s for m in reference)
+    compute = min(t, statistics.median(m.forward_s + m.backward_s for m in reference))
+    moves = {}
+    for name, extract in (("bandwidth", lambda m: m.bandwidth_bytes_per_s),
+                          ("compute", lambda m: m.forward_s + m.backward_s), ("host_load", lambda m: m.host_load)):
+        a, b = median_of(reference, extract, name != "host_load"), median_of(window, extract, name != "host_load")
+        moves[name] = (a, b) if a is not None and b is not None else None
+    r = math.exp(max(0.0, moves["bandwidth"][1] - moves["bandwidth"][0])) if moves["bandwidth"] else 1.0
+    f = math.exp(max(0.0, moves["compute"][0] - moves["compute"][1])) if moves["compute"] else 1.0
+    cpu = 1.0
+    if moves["host_load"]:
+        before, after = moves["host_load"]
+        cpu = (1 - min(before, 0.99)) / (1 - min(before, after, 0.99))
+    return (compute / f + (t - compute) / r) * cpu
