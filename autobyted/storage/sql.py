@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import uuid
@@ -20,6 +21,9 @@ from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionReco
                                        JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
                                        SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
                                        tuner_lease)
+from autobyted.tuner.drift import robust_sigma
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.verdict import beats
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
 WARMUP_STEPS = 5
@@ -52,7 +56,15 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
     else:
         return BestRecord(job=job, found=False, contexts=len(contexts),
                           evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
-    best = min(medians, key=medians.get)
+    # The tuner's rule (tuner.verdict): the configuration the context began with (the incumbent
+    # the tuner measured first there) stays the best unless another beats it beyond the noise.
+    logs = {config: [math.log(p.step_time_s) for p in by_config[config] if p.step_time_s > 0] for config in medians}
+    sigma = max(TunerParams().sigma_floor, statistics.median(robust_sigma(v) for v in logs.values()))
+    fastest = best = min(medians, key=medians.get)
+    incumbent = context.steps[0].config
+    if incumbent in medians and best != incumbent and not beats(
+            math.log(medians[best]), len(logs[best]), math.log(medians[incumbent]), len(logs[incumbent]), sigma):
+        best = incumbent
     baseline = medians.get(Config(), 0.0)
     reference = Config() if baseline else context.steps[0].config
     reference_s = medians.get(reference, 0.0)
@@ -63,6 +75,10 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
         name = (reference.short()
                 + (" (the no-scheduling baseline)" if baseline else " (the context's first configuration)"))
         evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
+    if fastest != best:
+        evidence += (f"; {fastest.short()} measured {describe_speedup(speedup(medians[best], medians[fastest]), best.short())}"
+                     f", within the noise (the tuner's rule, tuner.verdict: at least {TunerParams().min_gain:.0%} "
+                     f"and {TunerParams().z_switch} standard errors)")
     if len(contexts) > 1:
         evidence += "; configurations measured only in other contexts are not compared"
     compared = tuple(CandidateRecord(config, medians[config], len(by_config[config]),

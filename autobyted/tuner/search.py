@@ -109,6 +109,7 @@ from autobyted.tuner.features import Context, JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
+from autobyted.tuner.verdict import beats
 
 log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
@@ -706,10 +707,8 @@ class JobTuner:
         for trial in self.trials:
             if trial.cut:
                 continue
-            gain = incumbent.log_median - trial.log_median
-            se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / len(incumbent.samples))
-            if gain > max(math.log1p(self.p.min_gain), self.p.z_switch * se) and \
-                    trial.log_median < winner.log_median:
+            if beats(trial.log_median, len(trial.samples), incumbent.log_median, len(incumbent.samples),
+                     self.sigma, self.p) and trial.log_median < winner.log_median:
                 winner = trial
         self.winner = winner
         # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
