@@ -447,6 +447,8 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
     ScriptedJob(better(BEST, 0.0), seed=2).run(second, second_sink, 400)
     assert second.stats["trials"] == 0 and second.phase == "no headroom"
     assert "no trial is likely to win more than it costs" in second.detail, second.detail
+    # nothing was tried, so nothing "beat" anything: the status says no trial was made
+    assert "stays, no trial made" in second.detail and "nothing beat" not in second.detail, second.detail
     # in another context (a 4x slower link) the first job's windows say nothing: the search runs
     # as it would on a daemon that never saw the first job
     runs = []

@@ -864,8 +864,9 @@ class JobTuner:
                                     for i in range(len(self.candidates)))
         if winner.config == starting.config and first:
             note = f" ({why})" if why else ""
-            self._set("no headroom", f"no headroom: nothing beat the starting configuration "
-                                     f"{describe(starting.config)}{note}")
+            tried = (f"nothing beat the starting configuration {describe(starting.config)}" if self.trials else
+                     f"the starting configuration {describe(starting.config)} stays, no trial made")
+            self._set("no headroom", f"no headroom: {tried}{note}")
             return
         held, incumbent = self.held, self.incumbent
         assert held is not None and incumbent is not None
