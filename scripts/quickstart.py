@@ -101,10 +101,10 @@ def testbed_demo(work: pathlib.Path) -> bool:
                 if not lines or not lines[0].startswith("JOB"):
                     continue  # no job yet (or the daemon's answer is not a table)
                 if not header_shown:  # `autobyte status`'s header once; the tuner's line under each row
-                    say(f"{'TIME':>7}  {'STEP':>5}  " + lines[0])
+                    say(lines[0])
                     header_shown = True
-                say(f"{time.monotonic() - started:5.0f} s  {progress['steps']:5d}  "
-                    + ("\n" + " " * 16).join(lines[1:]))
+                # The status lines as `autobyte status` prints them (within 80 columns), under the time
+                say(f"-- {time.monotonic() - started:.0f} s, step {progress['steps']}\n" + "\n".join(lines[1:]))
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()

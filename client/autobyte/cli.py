@@ -245,7 +245,9 @@ def status_table(jobs) -> str:
     """One row per job and its tuner line below, within 80 columns: an id too long for the JOB column
     stands whole on a line of its own above its row (an id is never cut: every command takes it back,
     or any unique prefix of it)."""
-    headers = ["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"]
+    # Fixed least widths keep the columns where they were from one `status` to the next (a watch
+    # loop, the quick start) when a wider value (16MiB/256MiB, a 6-digit step) comes along.
+    headers = ["JOB", "STATE".ljust(8), "RANKS", "STEPS".ljust(6), "PART/CREDIT".ljust(13), "STEP/S", "DECISION"]
     rows = [[j.job, j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
              f"{j.recent_steps_per_s:.2f}",
              f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"]
