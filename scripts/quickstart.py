@@ -113,11 +113,14 @@ def testbed_demo(work: pathlib.Path) -> bool:
                    "--configs", START, "--steps", "1000000", "--warmup", "0", "--rounds", "1",
                    "--steps-events", "--max-seconds", str(TRAIN_S)]
         try:
-            bed.run(command, trace=trace, on_event=on_event, env=hub.env, timeout_s=TRAIN_S + 120,
-                    cwd=str(ROOT))
+            run = bed.run(command, trace=trace, on_event=on_event, env=hub.env, timeout_s=TRAIN_S + 120,
+                          cwd=str(ROOT))
         finally:
             stop.set()
             watcher.join()
+        for change in run.rate_log[1:]:  # the first entry is the starting rate
+            say(f"\nthe links dropped at {change['t_s']:.0f} s, rank 0's step {change['step']} "
+                f"(unix time {change['wall_time']:.1f})")
         say("\n$ autobyte status")
         say(cli("status"))
         say(f"$ autobyte history {JOB}   (the tuner's decisions: who, why, predicted vs measured)")
