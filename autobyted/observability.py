@@ -64,6 +64,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """A line a person reads: time, level, logger, message, then the `extra=` fields as key=value (the
+    job, rank and configuration of a "rank registered" or a "decision" line)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.converter = time.gmtime
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={v!r}" if isinstance(v, str) and (" " in v or not v) else f"{k}={v}"
+                          for k, v in vars(record).items() if k not in _STANDARD)
+        if not fields:
+            return line
+        head, newline, rest = line.partition("\n")  # a traceback stays below the line
+        return f"{head} {fields}{newline}{rest}"
+
+
 class RedactingFormatter(logging.Formatter):
     """Wraps a formatter: every secret (token, database password) in a finished line becomes ***."""
 
@@ -82,8 +100,7 @@ def configure_logging(level: str, fmt: str, secrets: Iterable[str] = ()) -> None
     if fmt == "json":
         formatter: logging.Formatter = JsonFormatter()
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        formatter.converter = time.gmtime
+        formatter = TextFormatter()
     handler.setFormatter(RedactingFormatter(formatter, secrets))
     root = logging.getLogger("autobyted")
     root.handlers[:] = [handler]

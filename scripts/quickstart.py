@@ -42,8 +42,8 @@ What to look at next:
   - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
   - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
   - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
-  - benchmarks/README.md                        what the scheduler and the tuner gain, measured
-To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."""
+  - benchmarks/README.md                        what the scheduler and the tuner gain, measured"""
+KEEP_HINT = "To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."
 
 
 def say(text: str) -> None:
@@ -101,10 +101,10 @@ def testbed_demo(work: pathlib.Path) -> bool:
                 if not lines or not lines[0].startswith("JOB"):
                     continue  # no job yet (or the daemon's answer is not a table)
                 if not header_shown:  # `autobyte status`'s header once; the tuner's line under each row
-                    say(f"{'TIME':>7}  {'STEP':>5}  " + lines[0])
+                    say(lines[0])
                     header_shown = True
-                say(f"{time.monotonic() - started:5.0f} s  {progress['steps']:5d}  "
-                    + ("\n" + " " * 16).join(lines[1:]))
+                # The status lines as `autobyte status` prints them (within 80 columns), under the time
+                say(f"-- {time.monotonic() - started:.0f} s, step {progress['steps']}\n" + "\n".join(lines[1:]))
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -113,11 +113,14 @@ def testbed_demo(work: pathlib.Path) -> bool:
                    "--configs", START, "--steps", "1000000", "--warmup", "0", "--rounds", "1",
                    "--steps-events", "--max-seconds", str(TRAIN_S)]
         try:
-            bed.run(command, trace=trace, on_event=on_event, env=hub.env, timeout_s=TRAIN_S + 120,
-                    cwd=str(ROOT))
+            run = bed.run(command, trace=trace, on_event=on_event, env=hub.env, timeout_s=TRAIN_S + 120,
+                          cwd=str(ROOT))
         finally:
             stop.set()
             watcher.join()
+        for change in run.rate_log[1:]:  # the first entry is the starting rate
+            say(f"\nthe links dropped at {change['t_s']:.0f} s, rank 0's step {change['step']} "
+                f"(unix time {change['wall_time']:.1f})")
         say("\n$ autobyte status")
         say(cli("status"))
         say(f"$ autobyte history {JOB}   (the tuner's decisions: who, why, predicted vs measured)")
@@ -177,7 +180,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             say("\nautobyted stopped; its temporary folder is removed.")
         if ok:
-            say(NEXT)
+            say(NEXT if keep else f"{NEXT}\n{KEEP_HINT}")
 
 
 if __name__ == "__main__":

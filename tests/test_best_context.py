@@ -122,3 +122,32 @@ def test_the_holding_line_and_its_switch_decision_show_the_same_figure():
     assert figure.search(switch.reason).group(1) == figure.search(tuner.detail).group(1)
     trial = next(d for d in sink.decisions if d.kind == "trial")
     assert re.search(r"predicted \d+\.\d\dx faster than 4MiB/16MiB", trial.reason), trial.reason
+
+
+def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
+    """The quick start's ending: the context began with 16MiB/64MiB (~480 ms), none/inf measured 466 ms
+    over a few noisy steps: the tuner's rule (tuner.verdict.beats: 2% and 2.5 standard errors) keeps
+    16MiB/64MiB, and so does `best`; a configuration clearly faster is named."""
+    import math
+    import random
+
+    from autobyte.types import Config
+    from autobyted.contexts import StepPoint
+    from autobyted.storage.sql import best_in_latest_context
+
+    rng = random.Random(4)
+    held, baseline, clear = Config(16 << 20, 64 << 20), Config(), Config(4 << 20, 8 << 20)
+
+    def points(phases):
+        out, wall = [], 1.7e9
+        for steps, config, step_s in phases:
+            for _ in range(steps):
+                time_s = step_s * math.exp(rng.gauss(0, 0.08))
+                wall += time_s
+                out.append(StepPoint(len(out), wall, time_s, config, 3e7, 0.2))
+        return out
+
+    noisy = best_in_latest_context("j", points([(40, held, 0.48), (12, baseline, 0.466), (20, held, 0.48)]), 5)
+    assert noisy.config == held and "none/inf measured" in noisy.evidence and "within the noise" in noisy.evidence
+    clearly = best_in_latest_context("j", points([(40, held, 0.48), (20, clear, 0.40), (20, held, 0.48)]), 5)
+    assert clearly.config == clear and "within the noise" not in clearly.evidence

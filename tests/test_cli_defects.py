@@ -171,3 +171,58 @@ def test_tuner_status_text_is_wrapped_never_cut():
     assert len(lines) == 2 and all(len(line) <= 80 for line in lines), lines
     assert lines[0].startswith("  tuner: holding") and lines[1].startswith("    ")
     assert " ".join(line.strip() for line in lines) == f"tuner: {detail}"
+
+
+def test_every_printed_job_id_is_taken_back_whole_or_by_a_unique_prefix(thread_daemon):
+    """`status` prints a 36-character id whole within 80 columns; every command takes it back, or a
+    prefix of it that starts no other job (as git does); an ambiguous prefix lists the candidates."""
+    long_ids = ["0b5e6c7a-1d2e-4f3a-9b8c-7d6e5f4a3b2c", "0b5e6c7a-ffff-4f3a-9b8c-7d6e5f4a3b2c"]
+    client = Client(thread_daemon.address)
+    for job in long_ids:
+        session = client.register(job=job).session_id
+        client.stream([pb.MetricsBatch(job=job, rank=0, session_id=session,
+                                       samples=[sample(s, step_time_s=0.05) for s in range(1, 6)])])
+    client.close()
+    address = ("--daemon", thread_daemon.address)
+    table = run_cli("status", *address).stdout
+    assert all(job in table.splitlines() for job in long_ids), table  # whole, on a line of its own
+    assert max(len(line) for line in table.splitlines()) <= 80, table
+    for command in (["history"], ["best"], ["tune", "--pause"]):
+        whole = run_cli(command[0], long_ids[1], *command[1:], *address)
+        assert whole.returncode == 0, whole.stderr
+        prefix = run_cli(command[0], "0b5e6c7a-f", *command[1:], *address)
+        assert prefix.returncode == 0 and long_ids[1] in prefix.stdout, prefix.stderr
+        ambiguous = run_cli(command[0], "0b5e", *command[1:], *address)
+        assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr, ambiguous.stderr
+        assert all(job in ambiguous.stderr for job in long_ids)
+
+
+def test_a_finished_job_leaves_no_decision_pending_and_its_tuner_says_finished(db_url):
+    """The tuner's trial decision is pending when the job ends: every rank's goodbye expires it (stored:
+    a daemon restarted on the same database shows it so), and the tuner's line says finished."""
+    daemon = ThreadDaemon(db_url, tuner="auto").start()
+    try:
+        client = Client(daemon.address)
+        session = client.register(job="ends").session_id
+        samples = [sample(seq, step_time_s=0.1, bandwidth_bytes_per_s=1e8,
+                          config=pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)) for seq in range(1, 61)]
+        client.stream([pb.MetricsBatch(job="ends", rank=0, session_id=session, samples=samples)])
+        wait_for(lambda: client.query.History(pb.HistoryRequest(job="ends", limit=1), timeout=10).decisions,
+                 30, "the tuner's first decision")
+        assert client.query.History(pb.HistoryRequest(job="ends", limit=1), timeout=10).decisions[-1].state == "pending"
+        client.stream([pb.MetricsBatch(job="ends", rank=0, session_id=session, final=True)])
+        tuner = _wait_for(lambda: (t := _tuner_status(daemon.address, "ends"))["state"] == "finished" and t,
+                          show=lambda: _tuner_status(daemon.address, "ends"))
+        assert tuner["detail"].startswith("finished: every rank ended"), tuner
+        client.close()
+    finally:
+        daemon.stop()
+    restarted = ThreadDaemon(db_url, tuner="auto").start()
+    try:
+        states = [d["state"] for d in json.loads(run_cli("history", "ends", "--format", "json", "--daemon",
+                                                         restarted.address).stdout)["decisions"]]
+        assert states and "pending" not in states and states[-1] == "expired", states
+        table = run_cli("status", "--daemon", restarted.address).stdout
+        assert "tuner: finished" in table and "idle: no steps" not in table, table
+    finally:
+        restarted.stop()

@@ -578,3 +578,22 @@ def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_
     with pytest.raises(ValueError, match="'oops' must look like HOST:PORT"):
         autobyte.init(daemon="h1:7077,oops", job="j")
     assert session._reporter is before  # nothing was started
+
+
+def test_a_malformed_daemon_environment_warns_once_and_training_goes_on(monkeypatch):
+    import warnings
+
+    import autobyte
+    from autobyte.transport import session
+
+    before = session._reporter
+    for bad in ("localhost", ":::", "http://x"):
+        monkeypatch.setenv("AUTOBYTE_DAEMON", bad)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert autobyte.init(job="j") is None
+            assert autobyte.init(job="j") is None  # a second init() does not repeat it
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(messages) == 1 and f"AUTOBYTE_DAEMON={bad!r} is not usable" in messages[0], messages
+        assert "training goes on" in messages[0]
+    assert session._reporter is before  # nothing was started

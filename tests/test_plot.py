@@ -56,3 +56,21 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "pip install 'autobyte[plot]'" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_crowded_decisions_never_overlap_and_missing_figures_say_not_measured(tmp_path):
+    """Twenty decisions in five seconds: the labels kept do not overlap (the rest are counted in the
+    legend, their dashed lines stay); a decision without a measurement says so, never 'meas - ms'."""
+    from autobyte.plot import DecisionMark, StepPoint, draw_job, step_times_text
+
+    steps = [StepPoint(rank, i, 1.7e9 + i * 0.1, 0.1 + 0.01 * (i % 7), 64 << 10, 64 << 10, 2e8, 0.3, i // 10)
+             for i in range(300) for rank in (0, 1)]
+    decisions = [DecisionMark(d, 1.7e9 + d * 0.25, "rolled_back" if d % 3 else "applied",
+                              f"trial {d}/20: something", "tuner", 1 << 20, 4 << 20, 0.09, None if d % 2 else 0.1)
+                 for d in range(1, 21)]
+    drawn = draw_job("crowded", steps, decisions, str(tmp_path / "crowded.png"))
+    assert (tmp_path / "crowded.png").stat().st_size > 0
+    assert drawn.labelled >= 3 and drawn.labelled + drawn.unlabelled == 20 and drawn.unlabelled > 0, drawn
+    assert step_times_text(decisions[0]) == "pred 90 ms, not measured"
+    assert step_times_text(decisions[1]) == "pred 90 / meas 100 ms"
+    assert step_times_text(decisions[0]._replace(predicted_step_time_s=None)) == "not measured"

@@ -53,3 +53,17 @@ def test_tls_and_json_logs(tmp_path, db_url):
     listening = next(entry for entry in lines if entry["msg"] == "autobyted listening")
     assert listening["tls"] is True and listening["port"] == port and listening["level"] == "INFO"
     assert lines[-1]["msg"] == "autobyted stopped"
+
+
+def test_text_log_lines_name_the_job_rank_and_configuration():
+    import logging
+
+    from autobyted.observability import TextFormatter
+
+    record = logging.LogRecord("autobyted.servicer", logging.INFO, __file__, 1, "decision", (), None)
+    record.__dict__.update(job="quickstart", decision_id=3, config="partition=16MiB credit=64MiB")
+    line = TextFormatter().format(record)
+    assert line.endswith("INFO autobyted.servicer: decision job=quickstart decision_id=3 "
+                         "config='partition=16MiB credit=64MiB'"), line
+    plain = logging.LogRecord("autobyted", logging.INFO, __file__, 1, "autobyted stopped", (), None)
+    assert TextFormatter().format(plain).endswith("INFO autobyted: autobyted stopped")

@@ -315,3 +315,20 @@ def test_a_stragglers_alarm_is_kept_when_the_bandwidth_test_crosses_a_block_late
     # rank 1's crossing, not later: its fourth block of the quota (the first block after the change
     # may still hold steps from before it)
     assert found[0][0] < 5 * detector._block_steps, found[:1]
+
+
+def test_a_bandwidth_drop_that_frees_the_hosts_cpu_is_the_links():
+    """The quick start's drop (2 Gbit/s -> 300 Mbit/s on one 2-core host): less traffic frees the CPU
+    that gloo and TCP took, so rank 0's compute speeds up (75 -> 45 ms) and the host load falls with
+    the bandwidth. Neither is the cause: the link is, in the drift test, between two windows of one
+    configuration, and as a jump during a trial."""
+    rng = random.Random(3)
+    before = merged(two_ranks(80, rng, Condition(compute_s=(0.075, 0.07))))
+    freed = Condition(link_bytes_per_s=3.75e7, compute_s=(0.045, 0.062))
+    detector = DriftDetector(before[:40])
+    assert [a for a in map(detector.update, before[40:]) if a] == []
+    found = [a for a in map(detector.update, merged(two_ranks(200, rng, freed, start=80))) if a]
+    assert found and found[0].reason == "bandwidth drop", found[:1]
+    changed = merged(two_ranks(20, rng, freed, start=300))
+    assert window_shift(before[-20:], changed).reason == "bandwidth drop"
+    assert context_jump(before[-20:], changed).reason == "bandwidth drop"

@@ -252,21 +252,46 @@ def poor_start(config, step):
     return (0.07, 1e8, 0.45) if config == BEST else (0.08, 1.125e8, 0.40)
 
 
-def test_a_poor_start_is_left_after_one_short_check_and_no_separate_confirm():
+def test_a_poor_start_is_left_after_one_short_confirm_and_no_check():
     """From 64KiB/64KiB the first trial is 3.6x faster and its bandwidth estimate 4x higher (a jump
-    no context change is needed for). The check of the incumbent ends at its early look (the trial
-    beats both measurements of the incumbent by far) and, as the trial's A-B-A, replaces the
-    confirm: the job holds the winner from about step 60 (a full check and a confirm: step 90)."""
+    no context change is needed for): even a link 4x faster would leave 64KiB/64KiB at 107.5 ms at
+    best (drift.fastest_in_context: 60 ms of compute + 190 ms / 4), the trial measured 70 ms, so no
+    check goes back to the slow start for it. The search's one A-B-A (the confirm) ends at its early
+    look: the job holds the winner from about step 60."""
     tuner, sink = make(predictor_for(BEST, 0.3))
     job = ScriptedJob(poor_start, start=POOR, noise=0.0)
     job.run(tuner, sink, 300)
     kinds = [d.kind for d in sink.decisions]
     assert kinds == ["trial", "check", "switch"], [d.reason for d in sink.decisions]
-    assert sink.decisions[1].reason.startswith("check: bandwidth rise during trial 1")
-    check, switch = sink.decisions[1:]
-    assert switch.apply_at_step - check.apply_at_step <= TunerParams().min_trial_steps + TunerParams().transition_steps + 10
+    assert sink.decisions[1].reason.startswith("confirm: measuring 64KiB/64KiB again"), sink.decisions[1].reason
+    assert "(~12 steps, 5 when the winner beats both measurements)" in sink.decisions[1].reason
+    confirm, switch = sink.decisions[1:]
+    assert switch.apply_at_step - confirm.apply_at_step <= TunerParams().min_trial_steps + TunerParams().transition_steps + 10
     held_from = next(i for i in range(len(job.configs)) if all(c == BEST for c in job.configs[i:]))
     assert held_from <= 65 and tuner.phase == "holding"
+
+
+def test_a_check_is_made_only_where_the_trials_context_could_explain_its_gain():
+    """The same 4x jump of the bandwidth estimate beside a trial only 10% faster: a link 4x faster
+    could make the incumbent that fast, so the check is worth its steps, and its reason says so."""
+    from autobyted.tuner.drift import fastest_in_context
+
+    def modest(config, step):
+        if config == POOR:
+            return 0.25, 2.5e7, 0.0
+        return (0.225, 1e8, 0.0) if config == BEST else (0.3, 2.5e7, 0.0)
+
+    tuner, sink = make(predictor_for(BEST, 0.3))
+    ScriptedJob(modest, start=POOR, noise=0.0).run(tuner, sink, 200)
+    checks = [d.reason for d in sink.decisions if d.reason.startswith("check:")]
+    assert checks and "could explain the trial's 225 ms (the incumbent at best 107 ms)" in checks[0], checks
+    import random
+
+    rng = random.Random(0)
+    slow = [sample(i, POOR, 0, 0.25, 2.5e7, rng, 0.0) for i in range(10)]
+    fast = [sample(i, BEST, 0, 0.07, 1e8, rng, 0.0) for i in range(10)]
+    assert abs(fastest_in_context(slow, fast) - (0.06 + 0.19 / 4)) < 1e-9
+    assert fastest_in_context(fast, slow) == 0.07  # a slower link makes nothing faster
 
 
 def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_checked():
@@ -422,6 +447,8 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
     ScriptedJob(better(BEST, 0.0), seed=2).run(second, second_sink, 400)
     assert second.stats["trials"] == 0 and second.phase == "no headroom"
     assert "no trial is likely to win more than it costs" in second.detail, second.detail
+    # nothing was tried, so nothing "beat" anything: the status says no trial was made
+    assert "stays, no trial made" in second.detail and "nothing beat" not in second.detail, second.detail
     # in another context (a 4x slower link) the first job's windows say nothing: the search runs
     # as it would on a daemon that never saw the first job
     runs = []

@@ -43,6 +43,7 @@ class JobInfo:
     tuning_disabled: bool
     created_at_s: float
     last_seen_s: float
+    finished_at_s: float | None = None  # every rank said goodbye (their last, at this time)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import uuid
@@ -20,6 +21,9 @@ from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionReco
                                        JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
                                        SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
                                        tuner_lease)
+from autobyted.tuner.drift import robust_sigma
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.verdict import beats
 
 # Steps right after a job starts are warm-up (allocation, first-use order recording).
 WARMUP_STEPS = 5
@@ -52,7 +56,15 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
     else:
         return BestRecord(job=job, found=False, contexts=len(contexts),
                           evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
-    best = min(medians, key=medians.get)
+    # The tuner's rule (tuner.verdict): the configuration the context began with (the incumbent
+    # the tuner measured first there) stays the best unless another beats it beyond the noise.
+    logs = {config: [math.log(p.step_time_s) for p in by_config[config] if p.step_time_s > 0] for config in medians}
+    sigma = max(TunerParams().sigma_floor, statistics.median(robust_sigma(v) for v in logs.values()))
+    fastest = best = min(medians, key=medians.get)
+    incumbent = context.steps[0].config
+    if incumbent in medians and best != incumbent and not beats(
+            math.log(medians[best]), len(logs[best]), math.log(medians[incumbent]), len(logs[incumbent]), sigma):
+        best = incumbent
     baseline = medians.get(Config(), 0.0)
     reference = Config() if baseline else context.steps[0].config
     reference_s = medians.get(reference, 0.0)
@@ -63,6 +75,10 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
         name = (reference.short()
                 + (" (the no-scheduling baseline)" if baseline else " (the context's first configuration)"))
         evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
+    if fastest != best:
+        evidence += (f"; {fastest.short()} measured {describe_speedup(speedup(medians[best], medians[fastest]), best.short())}"
+                     f", within the noise (the tuner's rule, tuner.verdict: at least {TunerParams().min_gain:.0%} "
+                     f"and {TunerParams().z_switch} standard errors)")
     if len(contexts) > 1:
         evidence += "; configurations measured only in other contexts are not compared"
     compared = tuple(CandidateRecord(config, medians[config], len(by_config[config]),
@@ -222,6 +238,7 @@ class SqlStorage(BaseStorage):
                 sa.select(m.Rank).where(sa.tuple_(m.Rank.job_id, m.Rank.rank).in_(wanted))
                 .order_by(m.Rank.id).with_for_update())} if wanted else {}
             rows: list[dict] = []
+            finished: set[int] = set()  # jobs a rank of which said goodbye in these batches
             for batch in batches:
                 job = jobs.get(batch.job)
                 rank = None if job is None else ranks.get((job.id, batch.rank))
@@ -243,6 +260,7 @@ class SqlStorage(BaseStorage):
                         job.tail_bytes = fresh[-1][1].config.tail_bytes
                 if batch.final:
                     rank.finished_at = now
+                    finished.add(job.id)
                 if batch.dropped_total > rank.dropped_total:
                     job.dropped_total += batch.dropped_total - rank.dropped_total
                     rank.dropped_total = batch.dropped_total
@@ -250,6 +268,14 @@ class SqlStorage(BaseStorage):
                 acked.append(rank.last_acked_seq)
             if rows:
                 _insert_samples(session.connection(), rows)
+            session.flush()
+            for job in jobs.values():
+                if job.id in finished and self._finished_at(session, job) is not None:
+                    # Every rank said goodbye: no process will apply what is still pending (the
+                    # state is stored, so a daemon restarted on this database shows it too).
+                    session.execute(sa.update(m.Decision).where(m.Decision.job_id == job.id,
+                                                                m.Decision.state == "pending")
+                                    .values(state="expired"))
         return acked
 
     # ------------------------------------------------------------------ control
@@ -304,14 +330,19 @@ class SqlStorage(BaseStorage):
             return _decision(row, job)
 
     @staticmethod
-    def _refuse_if_finished(session, job_row: m.Job) -> None:
+    def _finished_at(session, job_row: m.Job) -> float | None:
+        """When the last rank of the job said goodbye, if every rank it knows did; else None."""
+        ranks, done, last = session.execute(sa.select(sa.func.count(), sa.func.count(m.Rank.finished_at),
+                                                      sa.func.max(m.Rank.finished_at))
+                                            .where(m.Rank.job_id == job_row.id)).one()
+        return last if ranks and ranks == done else None
+
+    @classmethod
+    def _refuse_if_finished(cls, session, job_row: m.Job) -> None:
         """FailedPrecondition when every rank of the job said goodbye: no process would ever apply a
         decision (a new run of the job expires what is pending anyway)."""
-        finished = session.execute(sa.select(sa.func.count(), sa.func.count(m.Rank.finished_at),
-                                             sa.func.max(m.Rank.finished_at))
-                                   .where(m.Rank.job_id == job_row.id)).one()
-        ranks, done, last = finished
-        if ranks and ranks == done:
+        last = cls._finished_at(session, job_row)
+        if last is not None:
             when = time.strftime("%H:%M:%S", time.gmtime(last))
             raise FailedPrecondition(f"job {job_row.name!r} finished (every rank sent its last steps, the last "
                                      f"at {when} UTC): no process would apply the decision; propose it to "
@@ -513,7 +544,7 @@ class SqlStorage(BaseStorage):
                                                    row.largest_tensor_bytes, row.median_tensor_bytes,
                                                    row.model_digest),
                            tuning_disabled=row.tuning_disabled, created_at_s=row.created_at,
-                           last_seen_s=row.last_seen_at)
+                           last_seen_s=row.last_seen_at, finished_at_s=self._finished_at(session, row))
 
     def active_jobs(self, seen_within_s: float) -> list[str]:
         with self._scope() as session:

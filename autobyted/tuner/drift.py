@@ -73,13 +73,19 @@ are true:
   moving apart from the other ranks' (by its min_shift and by 2.5 standard errors of the
   difference) is that rank's change, and explains a fall of the bandwidth estimate too (its peers'
   collectives wait for it: a 50% CPU quota on rank 1 raises its compute 2.2x and lowers the best
-  bandwidth estimate 40%); of two ranks apart, the one whose own compute moved more. Otherwise the
+  bandwidth estimate 40%); of two ranks apart, the one whose own compute moved more; but a rank
+  moving against the link (its compute faster while the estimate falls, or slower while it rises)
+  is the link's effect, not its cause (`_rank_explains_link`: the job's traffic takes CPU on this
+  host, so a slower link frees it: the quick start's drop to 300 Mbit/s sped rank 0's compute up
+  40%). Otherwise the
   signal that moved most in units of its min_shift (a bandwidth drop of 300/2000 moves log
   bandwidth by 7.6 of its min_shift while compute stays), except that compute moving on every rank
   *together* with a bandwidth change of at least its min_shift is the link's: on the testbed's
   shared host two competing flows cost every rank CPU (compute 2x on both ranks, bandwidth
   estimate 3.3x lower), so a job-wide compute rise beside a link change is read as the link.
-  Host load names a change only when it moved more than compute and bandwidth did: the
+  Host load names a change only when it moved more than compute and bandwidth did, and not the
+  same way as a link change of at least its min_shift (less traffic, less of the host's CPU: the
+  quick start's drop lowered it from 0.42 to 0.13-0.25); the
   other ranks of the job on the same host count as "others" in it (autobyte.hostload), so a
   change of the job's own CPU use moves it too.
 """
@@ -392,16 +398,28 @@ def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> t
         gap = shift - statistics.median(x for x, _ in others) if others else shift
         noise = math.hypot(se, max((e for _, e in others), default=0.0))
         if abs(gap) >= max(signal.min_shift, Z_APART * noise):
-            apart.append((abs(shift) / signal.min_shift, signal, gap))  # 2 ranks: equal gaps
+            apart.append((abs(shift) / signal.min_shift, signal, gap, shift))  # 2 ranks: equal gaps
+    link = [(s, x) for s, x, _ in candidates if s.name == "bandwidth" and abs(x) >= s.min_shift]
     if apart:
-        _, signal, gap = max(apart, key=lambda t: t[0])
-        return signal, gap
+        _, signal, gap, shift = max(apart, key=lambda t: t[0])
+        if not link or _rank_explains_link(shift, *link[0]):
+            return signal, gap
+        return link[0]  # the rank moved the other way: the link's traffic moved the rank
     signal, shift, _ = max(candidates, key=lambda t: abs(t[1]) / t[0].min_shift)
-    if signal.name == "compute" and per_rank:
-        link = [(s, x) for s, x, _ in candidates if s.name == "bandwidth" and abs(x) >= s.min_shift]
-        if link:
-            return link[0]
+    if link and ((signal.name == "compute" and per_rank) or (signal.name == "host_load" and shift * link[0][1] > 0)):
+        return link[0]
     return signal, shift
+
+
+def _rank_explains_link(rank_shift: float, link: Signal, link_shift: float) -> bool:
+    """Whether one rank's compute moving by `rank_shift` (log) explains the bandwidth estimate
+    moving by `link_shift` (log): a slower rank lowers the estimate (its peers' collectives wait
+    for it, and a CPU quota throttles its communication threads too: 4x lower beside a 2.1x
+    slowdown), a faster one raises it. A rank speeding up while the estimate falls (or slowing
+    while it rises) is not the cause but an effect of the link: on a host whose cores carry the
+    job's traffic (gloo's reductions, TCP through the veths) a slower link frees CPU (the quick
+    start's 2 Gbit/s -> 300 Mbit/s: rank 0's compute -40%, the estimate 6x lower)."""
+    return rank_shift * link_shift < 0
 
 
 def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],
@@ -441,9 +459,10 @@ JUMP_LIMITS = {"bandwidth": math.log(3.0), "compute": 0.3, "host_load": 0.3}
 
 def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> Alarm | None:
     """A change of context between two windows of different configurations (a search's incumbent
-    and a trial): a jump larger than any configuration explains; of several, the largest multiple
-    of its limit."""
-    jumps = []
+    and a trial): a jump larger than any configuration explains (JUMP_LIMITS); of several, the
+    cause by the same precedence as every other label (`_cause`: a rank's compute or the host load
+    moving beside a link jump its traffic explains is the link's)."""
+    shifts, moved = {}, set()
     for signal in job_signals([*reference, *window]):
         limit = JUMP_LIMITS.get(signal.name)
         if limit is None:
@@ -452,7 +471,45 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
         b = [v for v in map(signal.extract, window) if math.isfinite(v)]
         if len(a) < 3 or len(b) < 3:
             continue
+        sigma = max(signal.sigma_floor, robust_sigma(a), robust_sigma(b))
         shift = statistics.median(b) - statistics.median(a)
+        shifts[signal.key] = (signal, shift, MEDIAN_SE * sigma * math.sqrt(1 / len(a) + 1 / len(b)))
         if abs(shift) > limit:
-            jumps.append((abs(shift) / limit, _alarm(signal, shift)))
-    return max(jumps, key=lambda t: t[0])[1] if jumps else None
+            moved.add(signal.key)
+    cause = _cause(shifts, moved)
+    return _alarm(*cause) if cause else None
+
+
+
+def fastest_in_context(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> float:
+    """The shortest median step time `reference`'s configuration could reach in the context
+    `window` was measured in: a bound from what a step is made of (compute c, forward + backward
+    without waits, and the rest t - c) and every context signal's move *in the window's favour*
+    (a move against it makes no configuration faster): a link faster by a factor r (the bandwidth
+    estimate) shortens at most the rest, compute faster by f at most c, and others' host load
+    falling from L to L' gives the job at most (1 - L') / (1 - L) times the CPU:
+
+        (c / f + (t - c) / r) x (1 - L) / (1 - L')
+
+    A configuration measured faster than this in `window` is faster whatever the context did
+    (tuner.search: no check, no confirm). The bandwidth estimate also moves with the configuration
+    (small partitions' overheads read as a slow link), which only lowers the bound: conservative."""
+    def median_of(samples, extract, log=True):
+        values = [extract(m) for m in samples]
+        values = [math.log(v) if log else v for v in values if v > 0]
+        return statistics.median(values) if values else None
+
+    t = statistics.median(m.step_time_s for m in reference)
+    compute = min(t, statistics.median(m.forward_s + m.backward_s for m in reference))
+    moves = {}
+    for name, extract in (("bandwidth", lambda m: m.bandwidth_bytes_per_s),
+                          ("compute", lambda m: m.forward_s + m.backward_s), ("host_load", lambda m: m.host_load)):
+        a, b = median_of(reference, extract, name != "host_load"), median_of(window, extract, name != "host_load")
+        moves[name] = (a, b) if a is not None and b is not None else None
+    r = math.exp(max(0.0, moves["bandwidth"][1] - moves["bandwidth"][0])) if moves["bandwidth"] else 1.0
+    f = math.exp(max(0.0, moves["compute"][0] - moves["compute"][1])) if moves["compute"] else 1.0
+    cpu = 1.0
+    if moves["host_load"]:
+        before, after = moves["host_load"]
+        cpu = (1 - min(before, 0.99)) / (1 - min(before, after, 0.99))
+    return (compute / f + (t - compute) / r) * cpu

@@ -258,7 +258,7 @@ class TunerManager:
         try:
             if state is None:
                 state = self._open(job)
-                if state is None:  # opted out: nothing to hold
+                if state is None:  # opted out or finished: nothing to hold
                     self._let_go(job)
                     return
             stored = self.storage.tuner_status(job)
@@ -274,10 +274,18 @@ class TunerManager:
                 for row in rows:
                     state.ranks.add(row.rank, row.metrics)
                 state.tuner.observe(state.ranks.pop_ready())
-            elif now - state.last_sample_s > self.idle_after_s:
-                self._write(job, state, dataclasses.replace(state.tuner.status, state="idle",
-                                                            detail=f"idle: no steps for {self.idle_after_s:.0f} s "
-                                                                   f"(was: {state.tuner.detail})"))
+            # Every rank said goodbye (its last batch carries final): the job is let go at once.
+            finished = (len(rows) < 5_000 * state.ranks.world_size  # else more rows wait to be read
+                        and self.storage.job_info(job).finished_at_s is not None)
+            if finished or (not rows and now - state.last_sample_s > self.idle_after_s):
+                # A finished job (every rank said goodbye; storage expired what was pending) is
+                # let go at once and says so; a silent one after idle_after_s.
+                last = state.sink.status or state.tuner.status  # what status showed last
+                said = (f"finished: every rank ended (the tuner was: {last.detail})" if finished else
+                        f"idle: no steps for {self.idle_after_s:.0f} s (was: {last.detail})")
+                self._write(job, state, dataclasses.replace(last,
+                                                            state="finished" if finished else "idle",
+                                                            detail=said))
                 del self._jobs[job]
                 self._let_go(job)
                 return
@@ -333,6 +341,10 @@ class TunerManager:
 
     def _open(self, job: str) -> _JobState | None:
         info = self.storage.job_info(job)
+        if info.finished_at_s is not None:
+            previous = self.storage.tuner_status(job)
+            if previous is not None and previous.state == "finished":
+                return None  # said so when its last rank ended (cycle); a new run registers afresh
         if info.tuning_disabled:
             status = TunerStatusRecord(mode="opted out", state="off",
                                        detail="off: the job opted out (autobyte.init(tune=False))",

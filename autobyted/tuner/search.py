@@ -103,12 +103,13 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, robust_sigma,
-                                   window_shift)
+from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, fastest_in_context,
+                                   robust_sigma, window_shift)
 from autobyted.tuner.features import Context, JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
+from autobyted.tuner.verdict import beats
 
 log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
@@ -593,12 +594,24 @@ class JobTuner:
         jump = self._unexplained_jump(trial)
         self.stats["trials"] += 1
         self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        # A check costs its window at the incumbent's step time (3x the trial's from a poor start),
+        # and it can change the answer only when the context the trial ran in could have made the
+        # incumbent as fast as the trial (drift.fastest_in_context): a trial faster than that bound
+        # by the switch margin wins whatever the measured context did, and goes on unchecked (the
+        # search's end still measures the incumbent again against what no signal shows: confirm).
+        fastest = fastest_in_context(self.incumbent.samples, trial.samples)
+        if jump is not None and not trial.cut and trial.median_s * (1 + self.p.min_gain) < fastest:
+            log.debug("%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
+                      self.job, jump.reason, len(self.trials) + 1, trial.median_s * 1e3, fastest * 1e3)
+            jump = None
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             self.suspect = (trial, jump)
-            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? measuring "
-                      f"{describe(self.incumbent.config)} again")
+            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
+                      f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
+                      f"measuring {describe(self.incumbent.config)} again, ~{need} steps")
             decision = self.check_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
             if decision is None:
                 return
@@ -694,10 +707,8 @@ class JobTuner:
         for trial in self.trials:
             if trial.cut:
                 continue
-            gain = incumbent.log_median - trial.log_median
-            se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / len(incumbent.samples))
-            if gain > max(math.log1p(self.p.min_gain), self.p.z_switch * se) and \
-                    trial.log_median < winner.log_median:
+            if beats(trial.log_median, len(trial.samples), incumbent.log_median, len(incumbent.samples),
+                     self.sigma, self.p) and trial.log_median < winner.log_median:
                 winner = trial
         self.winner = winner
         # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
@@ -709,8 +720,10 @@ class JobTuner:
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
+            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
             reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
-                      f"{describe(winner.config)}{self._context_note()}")
+                      f"{describe(winner.config)} (~{need} steps, {self.p.min_trial_steps} when the winner "
+                      f"beats both measurements){self._context_note()}")
             decision = self.check_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
             if decision is None:
                 return
@@ -851,8 +864,9 @@ class JobTuner:
                                     for i in range(len(self.candidates)))
         if winner.config == starting.config and first:
             note = f" ({why})" if why else ""
-            self._set("no headroom", f"no headroom: nothing beat the starting configuration "
-                                     f"{describe(starting.config)}{note}")
+            tried = (f"nothing beat the starting configuration {describe(starting.config)}" if self.trials else
+                     f"the starting configuration {describe(starting.config)} stays, no trial made")
+            self._set("no headroom", f"no headroom: {tried}{note}")
             return
         held, incumbent = self.held, self.incumbent
         assert held is not None and incumbent is not None

@@ -59,6 +59,21 @@ class Connection:
              "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
 
 
+    def job(self, given: str) -> str:
+        """The job `given` names: itself when the daemon knows a job of that id, else the one job whose
+        id starts with it (as git takes a commit's prefix); several such jobs are a clear error listing
+        them; none: `given` as it is (the daemon answers for an unknown job)."""
+        jobs = [j.job for j in self.call(pb_grpc.QueryStub, "Status", pb.StatusRequest()).jobs]
+        if given in jobs:
+            return given
+        matches = sorted(j for j in jobs if j.startswith(given))
+        if len(matches) > 1:
+            fail(f"job prefix {given!r} is ambiguous: it starts {len(matches)} jobs ("
+                 f"{', '.join(matches[:10])}{', ...' if len(matches) > 10 else ''}); give more of the id",
+                 EXIT_USAGE)
+        return matches[0] if matches else given
+
+
 def fail(message: str, code: int) -> None:
     click.echo(f"autobyte: {message}", err=True)
     sys.exit(code)
@@ -148,7 +163,9 @@ def connection_options(fn):
                     "3 cannot reach the daemon.")
 @click.version_option(__version__, prog_name="autobyte")
 def main() -> None:
-    """autobyte: what the daemon sees, what was decided, and why."""
+    """autobyte: what the daemon sees, what was decided, and why.
+
+    JOB, wherever a command takes one, is a job's id or any prefix that starts no other job's id."""
 
 
 @main.command("check-build")
@@ -221,17 +238,33 @@ def status(daemon, token, tls_ca, fmt) -> None:
     if not response.jobs:
         click.echo("no jobs yet")
         return
-    rows = []
-    for j in response.jobs:
-        last = f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"
-        rows.append([j.job[:13], j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
-                     f"{j.recent_steps_per_s:.2f}", last[:14]])
-    # Widest row: 13+8+5+8+13+7+14 columns + 6 gaps of 2 = 80 (8-digit step counts, 13-char sizes).
-    lines = table(["JOB", "STATE", "RANKS", "STEPS", "PART/CREDIT", "STEP/S", "DECISION"], rows).split("\n")
-    click.echo(lines[0])
-    for line, j in zip(lines[1:], response.jobs):
-        click.echo(line)
-        click.echo(tuner_line(j.tuner))
+    click.echo(status_table(response.jobs))
+
+
+def status_table(jobs) -> str:
+    """One row per job and its tuner line below, within 80 columns: an id too long for the JOB column
+    stands whole on a line of its own above its row (an id is never cut: every command takes it back,
+    or any unique prefix of it)."""
+    # Fixed least widths keep the columns where they were from one `status` to the next (a watch
+    # loop, the quick start) when a wider value (16MiB/256MiB, a 6-digit step) comes along.
+    headers = ["JOB", "STATE".ljust(8), "RANKS", "STEPS".ljust(6), "PART/CREDIT".ljust(13), "STEP/S", "DECISION"]
+    rows = [[j.job, j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
+             f"{j.recent_steps_per_s:.2f}",
+             f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"]
+            for j in jobs]
+    rest = sum(max(len(x) for x in col) + 2 for col in list(zip(headers, *rows))[1:])
+    job_width = max(len("JOB"), min(max(len(j.job) for j in jobs), WIDTH - rest))
+    own_line = [len(row[0]) > job_width for row in rows]
+    # The JOB column keeps its width even where every id stands on its own line.
+    lines = table([headers[0].ljust(job_width), *headers[1:]],
+                  [["" if long else row[0], *row[1:]] for row, long in zip(rows, own_line)]).split("\n")
+    out = [lines[0]]
+    for line, j, long in zip(lines[1:], jobs, own_line):
+        if long:
+            out.append(j.job)
+        out.append(line)
+        out.append(tuner_line(j.tuner))
+    return "\n".join(out)
 
 
 HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
@@ -255,10 +288,12 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
     A decision ASKED for a step (next: as soon as possible); APPLIED is the step at which every rank
     switched (the next step boundary when the asked step had already passed)."""
     # Without --steps one step record is asked for (the request has no "none"), and not shown.
+    connection = Connection(daemon, token, tls_ca)
+    job = connection.job(job)
     request = pb.HistoryRequest(job=job, since_s=since, limit=limit if with_steps else 1)
     if rank is not None:
         request.rank = rank
-    response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "History", request)
+    response = connection.call(pb_grpc.QueryStub, "History", request)
     step_records = [history_step_from_proto(s) for s in response.steps] if with_steps else []
     steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
               "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": s.config.to_dict()}
@@ -340,8 +375,9 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
         import matplotlib  # noqa: F401  (said before asking the daemon)
     except ImportError:
         fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
-    response = Connection(daemon, token, tls_ca).call(
-        pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
+    connection = Connection(daemon, token, tls_ca)
+    job = connection.job(job)
+    response = connection.call(pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
     steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s,
                                 *(config_dict(s.config)[k] for k in ("partition_bytes", "credit_bytes")),
                                 s.bandwidth_bytes_per_s, s.host_load, s.decision_id) for s in response.steps]
@@ -367,8 +403,9 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
               help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
 def tune(job, daemon, token, tls_ca, paused) -> None:
     """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
-    t = Connection(daemon, token, tls_ca).call(pb_grpc.ControlStub, "SetTuning",
-                                                pb.SetTuningRequest(job=job, paused=paused))
+    connection = Connection(daemon, token, tls_ca)
+    job = connection.job(job)
+    t = connection.call(pb_grpc.ControlStub, "SetTuning", pb.SetTuningRequest(job=job, paused=paused))
     if paused:
         click.echo(f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
                    f"until `autobyte tune {job} --resume`")
@@ -388,7 +425,9 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     host load), every configuration measured in that same context, the steps of each, and each
     one's speed-up: x faster than the no-scheduling baseline (or, when that did not run there, the
     configuration the context began with)."""
-    r = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
+    connection = Connection(daemon, token, tls_ca)
+    job = connection.job(job)
+    r = connection.call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
         b = best_from_proto(r)
         click.echo(json.dumps({"job": b.job, "found": b.found, "config": b.config.to_dict() if b.found else None,
@@ -440,7 +479,9 @@ def propose(job, daemon, token, tls_ca, partition, credit, tail, at_step, reason
     from autobyte.convert import config_to_proto
 
     config = Config(partition, credit, tail)
-    d = Connection(daemon, token, tls_ca).call(
+    connection = Connection(daemon, token, tls_ca)
+    job = connection.job(job)
+    d = connection.call(
         pb_grpc.ControlStub, "ProposeConfig",
         pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))
     click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "

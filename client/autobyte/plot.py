@@ -60,6 +60,32 @@ def short_reason(reason: str, limit: int = 28) -> str:
     return head[:limit].rsplit(" ", 1)[0] + "…"
 
 
+LABEL_ROWS = 4  # heights a decision's label may take before it is left out (its line stays)
+
+
+def label_rank(decision: DecisionMark) -> int:
+    """Which labels are placed first where they crowd: what the job ended up doing (hold, return,
+    switch, re-tune, an operator's) before trials, before checks and confirms."""
+    head = decision.reason.split(":", 1)[0]
+    if head.startswith(("check", "confirm")):
+        return 2
+    if head.startswith("trial"):
+        return 1
+    return 0
+
+
+def step_times_text(decision: DecisionMark) -> str:
+    """'pred 282 / meas 300 ms'; a figure that is missing says so."""
+    predicted, measured = decision.predicted_step_time_s, decision.measured_step_time_s
+    if predicted and measured:
+        return f"pred {_ms(predicted)} / meas {_ms(measured)} ms"
+    if predicted:
+        return f"pred {_ms(predicted)} ms, not measured"
+    if measured:
+        return f"meas {_ms(measured)} ms, no prediction"
+    return "not measured"
+
+
 def rolling_median(values: Sequence[float], window: int) -> list[float]:
     """Median of the last `window` values at each point (fewer at the start)."""
     out, recent = [], []
@@ -96,7 +122,14 @@ def _ms(value: float | None) -> str:
     return f"{value * 1e3:.0f}" if value else "-"
 
 
-def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionMark], path: str) -> None:
+class Drawn(NamedTuple):
+    """What a picture shows of its decisions: labels kept (no two overlap) and left out."""
+
+    labelled: int
+    unlabelled: int
+
+
+def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionMark], path: str) -> Drawn:
     """Write the picture of a job as a PNG of WIDTH_PX x HEIGHT_PX. ValueError when there are no
     steps; PlotUnavailable without matplotlib."""
     try:
@@ -118,17 +151,23 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
 
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI,
                                       gridspec_kw={"height_ratios": [3, 1.25]})
-    # The configuration in effect (the leader's: every rank switches at the same step) as bands.
+    # A fixed layout (the legends sit in the right margin), set before the labels are measured.
+    fig.subplots_adjust(left=0.075, right=0.79, top=0.94, bottom=0.085, hspace=0.08)
+    # The configuration in effect (the leader's: every rank switches at the same step) as bands;
+    # every configuration is keyed in the legend, the wide bands are also named in place.
+    from matplotlib.patches import Patch
+
     colours: dict[str, str] = {}
+    band_names = []  # (name in place, the band's end): kept where the band holds it (below)
     stints = _stints(leader)
     span = max(1e-9, leader[-1].wall_time_s - origin)
     for start, end, label in stints:
         colour = colours.setdefault(label, BAND_COLOURS[len(colours) % len(BAND_COLOURS)])
         for axis in (top, bottom):
             axis.axvspan(start - origin, end - origin, color=colour, zorder=0, linewidth=0)
-        if (end - start) / span >= 0.07:  # name the bands wide enough to hold a label
-            top.annotate(label, (start - origin, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 4),
-                         textcoords="offset points", fontsize=8, color="0.3")
+        band_names.append((top.annotate(label, (start - origin, 0.0), xycoords=("data", "axes fraction"),
+                                        xytext=(3, 4), textcoords="offset points", fontsize=8, color="0.3"),
+                           end - origin))
     # Step time: a rolling median per rank, rank by rank.
     all_medians = []
     for index, (rank, points) in enumerate(per_rank.items()):
@@ -139,26 +178,52 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
     high = sorted(all_medians)[int(0.99 * (len(all_medians) - 1))] if all_medians else 1.0
     top.set_ylim(0, high * 1.45)  # headroom above the lines for the decision labels
     top.set_ylabel(f"step time (ms)\nrolling median of {window}")
-    # Each decision: where it took effect, its reason (short), predicted vs measured step time.
+    # Each decision: a dashed line where it took effect; a label (its reason, short, predicted vs
+    # measured step time) where one fits without covering another: the more important first.
     times = [p.wall_time_s for p in leader]
-    for number, decision in enumerate(sorted(decisions, key=lambda d: d.created_at_s)):
+    shown = []
+    for decision in decisions:
         at = _mark_time(decision, leader)
-        if at < origin - 1 or at > leader[-1].wall_time_s + 1:
-            continue  # outside the steps shown (--since, --limit)
-        x = at - origin
-        top.axvline(x, color="0.25", linestyle="--", linewidth=0.8, zorder=2)
-        i = min(len(leader) - 1, bisect.bisect_left(times, at))
+        if origin - 1 <= at <= leader[-1].wall_time_s + 1:  # else outside the steps shown (--since, --limit)
+            shown.append((at - origin, decision))
+            top.axvline(at - origin, color="#7f1d1d" if decision.state == "rolled_back" else "0.25",
+                        linestyle="--", linewidth=0.8, zorder=2)
+    fig.canvas.draw()  # the renderer measures each label before it is kept
+    renderer = fig.canvas.get_renderer()
+    for name, end in band_names:  # a band too narrow for its name is named by the legend only
+        if name.get_window_extent(renderer).x1 > top.transData.transform((end, 0))[0] - 2:
+            name.remove()
+    placed = []  # display boxes of the labels kept
+    hidden = 0
+    for x, decision in sorted(shown, key=lambda item: (label_rank(item[1]), item[0])):
+        i = min(len(leader) - 1, bisect.bisect_left(times, x + origin))
         measured_here = leader[i].step_time_s * 1e3
-        label = (f"#{decision.decision_id} {short_reason(decision.reason)}\n"
-                 f"pred {_ms(decision.predicted_step_time_s)} / meas {_ms(decision.measured_step_time_s)} ms")
-        level = 0.97 - 0.11 * (number % 3)  # three rows, so that neighbours do not overlap
-        top.annotate(label, (x, min(measured_here, high * 1.4)), xytext=(x, high * 1.45 * level),
-                     textcoords="data", fontsize=7, ha="left", va="top", zorder=4,
-                     color="#7f1d1d" if decision.state == "rolled_back" else "black",
-                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.85},
-                     arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.6})
+        label = f"#{decision.decision_id} {short_reason(decision.reason)}\n{step_times_text(decision)}"
+        for row in range(LABEL_ROWS):
+            note = top.annotate(label, (x, min(measured_here, high * 1.4)), xytext=(x, high * 1.45 * (0.97 - 0.11 * row)),
+                                textcoords="data", fontsize=7, ha="left", va="top", zorder=4,
+                                color="#7f1d1d" if decision.state == "rolled_back" else "black",
+                                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.9},
+                                arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.6})
+            note.draw(renderer)
+            box = note.get_bbox_patch().get_window_extent(renderer)
+            inside = top.get_window_extent(renderer)
+            if box.x1 <= inside.x1 and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            note.remove()
+        else:
+            hidden += 1
     handles, labels = top.get_legend_handles_labels()
-    top.legend(handles, labels, fontsize=8, loc="lower right", framealpha=0.9)
+    handles += [Patch(color=colour, label=f"in effect: {name}") for name, colour in colours.items()]
+    if any(d.state == "rolled_back" for _, d in shown):
+        handles.append(Patch(facecolor="white", edgecolor="#7f1d1d", label="red: rolled back"))
+    if hidden:
+        handles.append(Patch(facecolor="white", edgecolor="0.6",
+                             label=f"{hidden} decision(s) unlabelled: autobyte history"))
+    # Outside the axes, on the right: it covers no band label, decision or line.
+    top.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9,
+               borderaxespad=0.0)
     top.set_title(f"{job}: step time, configuration in effect (bands) and decisions "
                   f"({len(leader)} steps of rank {leader_rank}, {len(ranks)} rank(s))", fontsize=10)
     # Context on a second axis: the scheduler's bandwidth estimate and the host's load.
@@ -178,9 +243,10 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
     load_axis.set_ylabel("host load", color="#b45309")
     lines = bottom.get_legend_handles_labels()[0] + load_axis.get_legend_handles_labels()[0]
     if lines:
-        bottom.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper right", framealpha=0.9)
+        bottom.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper left",
+                      bbox_to_anchor=(1.06, 1.0), framealpha=0.9, borderaxespad=0.0)
     bottom.set_xlabel("time since the first step (s)")
     bottom.set_xlim(0, math.ceil(span))
-    fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return Drawn(len(placed), hidden)

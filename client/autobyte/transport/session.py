@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from autobyte import hooks, jobid
 from autobyte.channel import daemon_address, daemon_addresses, daemon_token
 from autobyte.protocol import autobyte_pb2 as pb
-from autobyte.transport.reporter import Reporter
+from autobyte.transport.reporter import Reporter, warn_user
 from autobyte.types import MAX_WORLD_SIZE, summarize_tensor_sizes
 
 _lock = threading.Lock()
@@ -23,7 +23,7 @@ _atexit_registered = False
 
 def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
          rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter":
+         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter | None":
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else torchrun's --rdzv-id, else an id derived from the torchrun
@@ -32,7 +32,8 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
     `daemon` may list several daemons that share one database ("host1:7077,host2:7077"): a rank
     starts with the (rank mod N)-th and moves on to the next whenever the one it uses fails.
     `tune=False` keeps the daemon's tuner away from this job (it still records and shows it; an
-    operator's `autobyte propose` still applies)."""
+    operator's `autobyte propose` still applies). A malformed AUTOBYTE_DAEMON warns once and returns
+    None (training goes on, nothing is streamed); a malformed `daemon` argument is a ValueError."""
     global _reporter
     # torchrun's run id is "none" unless --rdzv-id is given: then one is derived from the launch
     job = jobid.job_id_for(job, os.environ)
@@ -48,7 +49,17 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         raise ValueError(f"buffer_samples={buffer_samples} must be positive")
     if not 0 < flush_interval_s <= 60:
         raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60] seconds")
-    daemon_addresses(daemon)  # ValueError for a malformed address, before anything starts
+    if daemon is not None:
+        daemon_addresses(daemon)  # ValueError for a malformed address in the code, before anything starts
+    else:
+        try:
+            daemon_addresses()
+        except ValueError as error:
+            # A malformed AUTOBYTE_DAEMON is the environment's mistake, not the script's: training goes
+            # on without a daemon, as for a wrong token, and the user is told once.
+            _warn_unusable_environment(f"autobyte metrics go nowhere: AUTOBYTE_DAEMON={os.environ.get('AUTOBYTE_DAEMON')!r} "
+                                       f"is not usable ({error}); training goes on without autobyted")
+            return None
     with _lock:
         if _reporter is not None:
             _reporter.close()
@@ -61,6 +72,16 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
             atexit.register(shutdown)  # a short, bounded flush when the training script ends
             _atexit_registered = True
         return _reporter
+
+
+_warned_environment: set[str] = set()
+
+
+def _warn_unusable_environment(message: str) -> None:
+    """Once per message and process (every init() of a script would repeat it)."""
+    if message not in _warned_environment:
+        _warned_environment.add(message)
+        warn_user(message)
 
 
 def shutdown(timeout_s: float = 2.0) -> None:
