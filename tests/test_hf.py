@@ -67,6 +67,8 @@ def test_parameters_and_buffers_equal_ddp_on_every_rank(launch, case):
 def test_the_scheduler_ran_and_its_configurations_are_in_the_trainer_log(launch):
     ranks, _, output = launch
     for result in ranks:
+        scalers = {os.path.basename(k): v for k, v in result["scalers"].items()}
+        assert scalers["fddp"] and scalers["fours"] and not scalers["ours"], "fp16 runs with a GradScaler"
         assert result["accelerate_scheduled"] == 1
         applied = [e for e in result["our_logs"] if "autobyte/partition_bytes" in e]
         assert [(e["autobyte/partition_bytes"], e["autobyte/credit_bytes"]) for e in applied] == \
