@@ -14,9 +14,8 @@ import argparse
 import os
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
-
 from autobyte.hf import Trainer  # was: from transformers import Trainer
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
 
 class RandomTokens(torch.utils.data.Dataset):

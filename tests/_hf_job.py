@@ -9,17 +9,21 @@ import logging
 import os
 import sys
 
+import autobyte.accelerate
+import autobyte.hf
 import torch
 import torch.distributed as dist
 import transformers
 from accelerate import Accelerator as DDPAccelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
-from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel,
-                          TrainingArguments)
-
-import autobyte.accelerate
-import autobyte.hf
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    TrainingArguments,
+)
 
 OUT = sys.argv[1]
 DAEMON = sys.argv[2]
@@ -65,7 +69,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-SCALERS: dict[str, bool] = {}  # output_dir -> whether the run's accelerator had a GradScaler
+SKIPPED: list[int] = []  # fp16 steps whose update the GradScaler skipped, per accelerate run
 
 
 def reset() -> None:
@@ -80,12 +84,12 @@ def state(model: torch.nn.Module) -> dict:
 def trainer_run(trainer_cls, make_model, out_dir, extra=None, resume=None, labels=False, callback=None,
                 **overrides):
     reset()
-    settings = dict(output_dir=out_dir, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                    max_steps=4, learning_rate=1e-3, warmup_steps=1, bf16=True, use_cpu=True,
-                    eval_strategy="steps", eval_steps=2, save_steps=2, logging_steps=1,
-                    report_to=[], seed=0, data_seed=0, dataloader_num_workers=0,
-                    run_name="hf-test", disable_tqdm=True,
-                    max_grad_norm=0.5)  # below these models' gradient norms: clipping changes every step
+    settings = {"output_dir": out_dir, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                    "max_steps": 4, "learning_rate": 1e-3, "warmup_steps": 1, "bf16": True, "use_cpu": True,
+                    "eval_strategy": "steps", "eval_steps": 2, "save_steps": 2, "logging_steps": 1,
+                    "report_to": [], "seed": 0, "data_seed": 0, "dataloader_num_workers": 0,
+                    "run_name": "hf-test", "disable_tqdm": True,
+                    "max_grad_norm": 0.5}  # below these models' gradient norms: clipping changes every step
     settings.update(overrides)
     args = TrainingArguments(**settings)
     kwargs = {} if extra is None else {"autobyte": extra}
@@ -95,9 +99,16 @@ def trainer_run(trainer_cls, make_model, out_dir, extra=None, resume=None, label
         callback.trainer = trainer
         trainer.add_callback(callback)
     trainer.train(resume_from_checkpoint=resume)
-    SCALERS[out_dir] = trainer.accelerator.scaler is not None
     logs = [entry for entry in trainer.state.log_history]
     return state(trainer.model), logs
+
+
+def with_fp16_scaler(accelerator):
+    """fp16 autocast + GradScaler on CPU: accelerate makes fp16 on CPU plain fp32 (no autocast, no
+    scaler), so both runs of the pair get them by hand, as accelerate sets them up on a GPU."""
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=2)
+    return accelerator
 
 
 def accelerate_run(accelerator, resume_dir=None, save_dir=None):
@@ -106,6 +117,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
     lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     loader = torch.utils.data.DataLoader(Tokens(32), batch_size=4, shuffle=False)
     model, optimizer, loader, lr = accelerator.prepare(model, optimizer, loader, lr)
+    skipped = 0
     for epoch in range(2):
         for i, batch in enumerate(loader):
             with accelerator.accumulate(model):
@@ -114,6 +126,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), 0.5)
                 optimizer.step()
+                skipped += bool(accelerator.sync_gradients and optimizer.step_was_skipped)
                 lr.step()
                 optimizer.zero_grad()
         if epoch == 0:
@@ -123,6 +136,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
                 for p in model.parameters():
                     p.add_(1.0)
             accelerator.load_state(save_dir)
+    SKIPPED.append(skipped)
     scheduled = isinstance(accelerator, autobyte.accelerate.Accelerator) and len(accelerator.schedulers)
     if scheduled:
         accelerator.close_schedulers()  # end_training() would also end the process group
@@ -151,10 +165,6 @@ def main() -> None:
     ours_b, _ = trainer_run(autobyte.hf.Trainer, bert, f"{OUT}/bours", labels=True, bf16=False,
                             gradient_accumulation_steps=1, max_steps=3, save_steps=10)
     results["bert"] = (ddp_b, ours_b)
-    fp16 = dict(bf16=False, fp16=True, gradient_accumulation_steps=1, max_steps=3, save_steps=10,
-                eval_strategy="no")
-    results["gpt2_fp16"] = (trainer_run(transformers.Trainer, gpt2, f"{OUT}/fddp", **fp16)[0],
-                            trainer_run(autobyte.hf.Trainer, gpt2, f"{OUT}/fours", extra=dense, **fp16)[0])
 
     reset()
     a, _ = accelerate_run(DDPAccelerator(mixed_precision="bf16", gradient_accumulation_steps=2, cpu=True),
@@ -164,6 +174,16 @@ def main() -> None:
                                                        cpu=True, clip_grad_norm=0.5, **dense)
     b, accelerate_scheduled = accelerate_run(ours_accelerator, save_dir=f"{OUT}/acc_ours")
     results["accelerate"] = (a, b)
+    reset()
+    a16, _ = accelerate_run(with_fp16_scaler(DDPAccelerator(mixed_precision="fp16", gradient_accumulation_steps=2,
+                                                            cpu=True)), save_dir=f"{OUT}/acc16_ddp")
+    skipped_ddp = SKIPPED.pop()
+    reset()
+    b16, fp16_scheduled = accelerate_run(with_fp16_scaler(autobyte.accelerate.Accelerator(
+        mixed_precision="fp16", gradient_accumulation_steps=2, cpu=True, clip_grad_norm=0.5, **dense)),
+        save_dir=f"{OUT}/acc16_ours")
+    skipped_ours = SKIPPED.pop()
+    results["accelerate_fp16"] = (a16, b16)
 
     refusals = {}
     reset()
@@ -176,7 +196,7 @@ def main() -> None:
     reset()
     acc = autobyte.accelerate.Accelerator(cpu=True)
     model = gpt2()
-    model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters()))
+    model, _ = acc.prepare(model, torch.optim.AdamW(model.parameters()))
     try:
         acc.clip_grad_norm_(model.parameters(), 1.0)
         refusals["clip"] = ""
@@ -198,13 +218,14 @@ def main() -> None:
     across = {}
     for name, (_, y) in results.items():
         worst = 0.0
-        for k, v in y.items():
+        for v in y.values():
             v0 = v.clone()
             dist.broadcast(v0, 0)
             worst = max(worst, float((v0.double() - v.double()).abs().max()))
         across[name] = worst
     with open(f"{OUT}/rank{RANK}.json", "w") as f:
-        json.dump({"diffs": diffs, "keys_equal": keys_equal, "across": across, "refusals": refusals, "scalers": SCALERS,
+        json.dump({"diffs": diffs, "keys_equal": keys_equal, "across": across, "refusals": refusals,
+                   "fp16": {"skipped_ddp": skipped_ddp, "skipped_ours": skipped_ours, "scheduled": fp16_scheduled},
                    "session_closed": session_closed, "accelerate_scheduled": accelerate_scheduled,
                    "ddp_logs": ddp_logs, "our_logs": our_logs}, f, default=str)
 

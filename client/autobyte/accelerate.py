@@ -305,7 +305,9 @@ class _ScheduledStepOptimizer(AcceleratedOptimizer):
             return  # an accumulation micro-batch: the gradients stay local, as accelerate's step
         if self.scaler is not None and self.scaler.is_enabled():
             self._skipped_before = scheduled.skipped_steps
-            self.scaler.step(scheduled, closure)
+            if closure is not None:
+                scheduled.step(closure)  # raises: the update runs per parameter, later
+            self.scaler.step(scheduled)
             self.scaler.update()
             self._overflow_known = False
         else:
