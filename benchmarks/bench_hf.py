@@ -1,8 +1,10 @@
 """Step time under `autobyte.hf.Trainer` against the same model and settings in a plain autobyte loop
 (ScheduledOptimizer + AdamW + warm-up/linear LR + clipping + bf16 autocast), 2 gloo ranks, paired
-side by side in one run: does Trainer add overhead of ours?
+side by side in one run: does Trainer add overhead of ours? Trainer has overhead of its own (its
+data loader wrapper, loss bookkeeping, callbacks), so the same pair runs with DDP too: ours is the
+autobyte ratio (Trainer / loop) minus the DDP one.
 
-Each round runs both variants in turn (so that load on a shared machine hits both alike), each
+Each round runs the four variants in turn (so that load on a shared machine hits both alike), each
 from a fresh scheduler over the same GPT-2 built from its config (nothing downloaded): `--warmup`
 unmeasured and `--steps` measured steps. A window's step time is its wall time over its steps, the
 scheduler synchronized at both ends (its `step()` returns before the updates land); Trainer's window
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("loop", "trainer")
+VARIANTS = ("loop_ddp", "trainer_ddp", "loop", "trainer")
 
 
 # ---------------------------------------------------------------------- one rank
@@ -38,10 +40,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
-
     from autobyte import ScheduledOptimizer
     from autobyte.hf import Trainer
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
@@ -69,28 +70,38 @@ def worker(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         return GPT2LMHeadModel(config)
 
-    def run_loop() -> float:
+    def run_loop(scheduled: bool) -> float:
         net = model()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.0)
         lr = transformers.get_linear_schedule_with_warmup(opt, 2, total)
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=0)
         loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-        sched = ScheduledOptimizer(net, opt, args.partition, args.credit, clip_grad_norm=1.0)
+        sched = ScheduledOptimizer(net, opt, args.partition, args.credit, clip_grad_norm=1.0) \
+            if scheduled else None
+        wrapped = net if scheduled else torch.nn.parallel.DistributedDataParallel(net)
         try:
             start = 0.0
             for i, batch in enumerate(loader):
                 if i == args.warmup:
-                    sched.synchronize()
+                    if sched is not None:
+                        sched.synchronize()
                     start = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = net(**batch).loss
+                    loss = wrapped(**batch).loss
                 loss.backward()
-                sched.step()
+                if sched is None:
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    sched.step()
                 lr.step()
-            sched.synchronize()
+            if sched is not None:
+                sched.synchronize()
             return (time.perf_counter() - start) / args.steps
         finally:
-            sched.close()
+            if sched is not None:
+                sched.close()
 
     class Window(transformers.TrainerCallback):
         def __init__(self, trainer: Trainer) -> None:
@@ -98,20 +109,24 @@ def worker(args: argparse.Namespace) -> None:
 
         def on_step_end(self, a, state, control, **kwargs):
             if state.global_step in (args.warmup, total):
-                self.trainer.scheduled_optimizer.synchronize()
+                scheduled = getattr(self.trainer, "scheduled_optimizer", None)
+                if scheduled is not None:
+                    scheduled.synchronize()
                 if state.global_step == args.warmup:
                     self.start = time.perf_counter()
                 else:
                     self.end = time.perf_counter()
 
-    def run_trainer() -> float:
+    def run_trainer(scheduled: bool) -> float:
         settings = TrainingArguments(
             output_dir=os.path.join(args.tmp, "trainer"), max_steps=total,
             per_device_train_batch_size=args.batch_size, learning_rate=1e-4, warmup_steps=2,
             bf16=True, use_cpu=True, save_strategy="no", eval_strategy="no", logging_steps=10 ** 6,
             report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0)
-        trainer = Trainer(model=model(), args=settings, train_dataset=dataset,
-                          autobyte={"partition_bytes": args.partition, "credit_bytes": args.credit})
+        options = {"autobyte": {"partition_bytes": args.partition, "credit_bytes": args.credit}} \
+            if scheduled else {}
+        trainer = (Trainer if scheduled else transformers.Trainer)(model=model(), args=settings,
+                                                                   train_dataset=dataset, **options)
         window = Window(trainer)
         trainer.add_callback(window)
         trainer.train()
@@ -120,7 +135,8 @@ def worker(args: argparse.Namespace) -> None:
     rounds: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            rounds[variant].append(run_loop() if variant == "loop" else run_trainer())
+            scheduled = not variant.endswith("_ddp")
+            rounds[variant].append(run_loop(scheduled) if variant.startswith("loop") else run_trainer(scheduled))
     if rank == 0:
         print(json.dumps({"event": "result", "rounds": rounds,
                           "params": sum(p.numel() for p in model().parameters())}), flush=True)
@@ -177,14 +193,15 @@ def run_testbed(args: argparse.Namespace, rate: str) -> dict[str, Any]:
 
 
 def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
-    lines = ["| link | params | loop median step (ms) | Trainer median step (ms) | Trainer / loop "
-             "(median of per-round ratios) | per-round ratios |", "|---|---:|---:|---:|---:|---|"]
+    lines = [("| link | params | sync | loop median step (ms) | Trainer median step (ms) | Trainer / loop "
+             "(median of per-round ratios) | per-round ratios |"), "|---|---:|---|---:|---:|---:|---|"]
     for link, result in blocks:
-        loop, trainer = result["rounds"]["loop"], result["rounds"]["trainer"]
-        ratios = [t / s for t, s in zip(trainer, loop)]
-        lines.append(f"| {link} | {result['params'] / 1e6:.1f}M | {statistics.median(loop) * 1e3:.1f} | "
-                     f"{statistics.median(trainer) * 1e3:.1f} | {statistics.median(ratios):.3f} | "
-                     f"{', '.join(f'{r:.3f}' for r in ratios)} |")
+        for sync, suffix in (("DDP", "_ddp"), ("autobyte", "")):
+            loop, trainer = result["rounds"][f"loop{suffix}"], result["rounds"][f"trainer{suffix}"]
+            ratios = [t / s for t, s in zip(trainer, loop)]
+            lines.append(f"| {link} | {result['params'] / 1e6:.1f}M | {sync} | {statistics.median(loop) * 1e3:.1f} | "
+                         f"{statistics.median(trainer) * 1e3:.1f} | {statistics.median(ratios):.3f} | "
+                         f"{', '.join(f'{r:.3f}' for r in ratios)} |")
     return "\n".join(lines)
 
 
