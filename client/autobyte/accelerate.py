@@ -124,6 +124,11 @@ class Accelerator(accelerate.Accelerator):
         """The `ScheduledOptimizer`s built by `prepare` (one per prepared model with an optimizer)."""
         return list(self._scheduled.values())
 
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """The global norm the schedulers clip the reduced gradients to (None: no clipping)."""
+        return self._clip
+
     def scheduled_optimizer(self, model: nn.Module) -> ScheduledOptimizer | None:
         """The scheduler of a prepared model (None: not scheduled)."""
         return self._scheduled.get(id(self.unwrap_model(model)))

@@ -112,7 +112,7 @@ class Trainer(transformers.Trainer):
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         scheduled = self.scheduled_optimizer
-        if scheduled is not None and "loss" in logs and self.accelerator._clip is not None:
+        if scheduled is not None and "loss" in logs and self.accelerator.clip_grad_norm is not None:
             norm = self.accelerator.last_grad_norm(self.model)
             if norm is not None:
                 logs["grad_norm"] = norm
