@@ -43,7 +43,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # package installs anyway and runs the Python path (autobyte check-build says why).
     .venv/bin/python -m pip install 'torch==2.13.0' 'setuptools>=68' wheel ninja
     # torch pinned again in the same command: the lightning extra must never pull another torch.
-    .venv/bin/python -m pip install --no-build-isolation -e '.[all,postgres,test,bench,lightning]' 'torch==2.13.0'
+    .venv/bin/python -m pip install --no-build-isolation -e '.[all,postgres,test,bench,lightning,hf]' 'torch==2.13.0'
   } > .venv/setup.log 2>&1 || { tail -30 .venv/setup.log >&2; echo "setup: installation failed" >&2; exit 1; }
   .venv/bin/python -c 'import torch, grpc, grpc_health, sqlalchemy, xgboost, psycopg, lightning, autobyte, autobyted' \
     || { echo "setup: installation failed" >&2; exit 1; }

@@ -300,12 +300,14 @@ def watchdog_for(group: Any, leader_global: int, is_leader: bool, rank: int, wor
                  progress: Progress, step_count: Callable[[], int],
                  timeout_s: float) -> PeerHealth | None:
     """Collective over `group` (rank 0 draws the instance's key, so that two ScheduledOptimizers of
-    one job, or a restarted job on the same store, never read each other's entries)."""
-    import random
+    one job, or a restarted job on the same store, never read each other's entries). The key comes
+    from the OS, not from `random`: a training script seeds that (Trainer's set_seed), so two
+    instances would draw the same key, and drawing from it would move rank 0's random stream."""
+    import secrets
 
     import torch
     import torch.distributed as dist
 
-    token = torch.tensor([random.getrandbits(62) if is_leader else 0], dtype=torch.int64)
+    token = torch.tensor([secrets.randbits(62) if is_leader else 0], dtype=torch.int64)
     dist.broadcast(token, src=leader_global, group=group)
     return PeerHealth.for_group(int(token.item()), rank, world, progress, step_count, timeout_s)

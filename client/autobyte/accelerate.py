@@ -1,0 +1,357 @@
+"""`Accelerator`: an `accelerate.Accelerator` whose gradient sync is autobyte's scheduler instead of DDP.
+
+    from autobyte.accelerate import Accelerator          # was: from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2,
+                              clip_grad_norm=1.0)          # the scheduler's settings are optional
+    model, optimizer, loader, lr_scheduler = accelerator.prepare(model, optimizer, loader, lr_scheduler)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step(); lr_scheduler.step(); optimizer.zero_grad()
+
+Under a multi-process launch (`torchrun`, `accelerate launch`) `prepare` leaves the model
+unwrapped (mixed precision, device placement and `torch.compile` as accelerate does them, no
+`DistributedDataParallel`) and builds a `ScheduledOptimizer` over the model and its prepared
+optimizer; the prepared optimizer's `step()` is the scheduler's. Single-process runs are plain
+accelerate. The parameters are DDP's to the bit. How accelerate's calls map to the scheduler's:
+
+* `backward`: accelerate's own (loss / accumulation steps, GradScaler); the gradients go out as
+  autograd produces them.
+* `accumulate` / `no_sync`: the scheduler's `no_sync()`, as DDP's `model.no_sync()`.
+* `clip_grad_norm_(params, max_norm)`: the scheduler clips the *reduced* gradients by their global
+  norm, as DDP + `clip_grad_norm_` does, so the norm is fixed up front: `Accelerator(clip_grad_norm=
+  max_norm)`. The call then checks that `max_norm` is that value (a different one raises) and returns
+  None: the norm of a step is known only once its gradients are reduced (`last_grad_norm()`).
+* fp16 (`GradScaler`): handed to the scheduler, which unscales, skips inf/NaN steps on every rank
+  alike and updates the scale; `optimizer.step_was_skipped` (which the LR scheduler reads) waits for
+  the step's updates, so an fp16 step does not overlap the next forward pass.
+* `save_state` / `load_state` / `get_state_dict`: after every pending update landed.
+* `end_training()`: closes the schedulers (collective) and the autobyted session it opened.
+
+Refused with a ValueError (never silently different): distributed types other than DDP's
+(FSDP, DeepSpeed, XLA, tensor parallel), DDP communication hooks (they change the numbers),
+`broadcast_buffers=True` on a model whose buffers training changes (BatchNorm statistics) while the
+scheduler cannot broadcast buffers, a clipping norm other than the one configured.
+
+`accelerate` is an optional extra (`pip install 'autobyte[hf]'`), never a dependency of the core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+try:
+    import accelerate
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import DDPCommunicationHookType, DistributedType
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("autobyte.accelerate needs accelerate: pip install 'autobyte[hf]' "
+                      f"(or `pip install accelerate` next to the torch you use) ({error})") from error
+
+from autobyte.scheduler import ScheduledOptimizer
+from autobyte.types import Config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Accelerator"]
+
+# the distributed types whose data parallelism is DDP's, which the scheduler replaces
+_DDP_TYPES = frozenset({DistributedType.MULTI_CPU, DistributedType.MULTI_GPU})
+
+
+class Accelerator(accelerate.Accelerator):
+    """`accelerate.Accelerator` with autobyte's scheduler as the gradient sync (see the module doc).
+
+    Args:
+        partition_bytes, credit_bytes, tail_bytes: the scheduler's starting configuration
+            (`autobyte.types.Config`; the tuner may change it when a daemon is connected).
+        clip_grad_norm: clip the reduced gradients to this global norm (None: no clipping);
+            `clip_grad_norm_` calls must pass the same value. clip_norm_type: its norm.
+        job, daemon, token, tune: if `job` or `daemon` is given, `autobyte.init(daemon, job, token,
+            tune=tune)` runs when the first scheduler is built, and `end_training()` shuts it down.
+        timeout_s, native: as `ScheduledOptimizer`'s.
+        The remaining arguments are accelerate's `Accelerator`'s.
+    """
+
+    def __init__(self, *args: Any, partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
+                 tail_bytes: int | None = None, clip_grad_norm: float | None = None,
+                 clip_norm_type: float = 2.0, job: str | None = None, daemon: str | None = None,
+                 token: str | None = None, tune: bool = True, timeout_s: float = 300.0,
+                 native: bool = True, **kwargs: Any) -> None:
+        self._config = Config(partition_bytes, credit_bytes, tail_bytes)  # ValueError naming a bad value
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
+                                               and not isinstance(clip_grad_norm, bool)
+                                               and 0 < clip_grad_norm < math.inf):
+            raise ValueError(f"clip_grad_norm must be a positive finite norm or None, got {clip_grad_norm!r}")
+        if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+                and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        for name, value in (("job", job), ("daemon", daemon), ("token", token)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if daemon is not None:
+            from autobyte.channel import daemon_addresses
+
+            daemon_addresses(daemon)  # ValueError for a malformed address, before anything starts
+        self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
+        self._clip_norm_type = float(clip_norm_type)
+        self._timeout_s = float(timeout_s)
+        self._native = bool(native)
+        self._daemon_args = (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
+        self._session_started = False
+        self._scheduled: dict[int, ScheduledOptimizer] = {}  # id(model) -> its scheduler
+        super().__init__(*args, **kwargs)
+        self._scheduling = self.use_distributed and self.num_processes > 1
+        if self._scheduling:
+            self._check_supported()
+
+    # ------------------------------------------------------------------ what users read
+
+    @property
+    def schedulers(self) -> list[ScheduledOptimizer]:
+        """The `ScheduledOptimizer`s built by `prepare` (one per prepared model with an optimizer)."""
+        return list(self._scheduled.values())
+
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """The global norm the schedulers clip the reduced gradients to (None: no clipping)."""
+        return self._clip
+
+    def scheduled_optimizer(self, model: nn.Module) -> ScheduledOptimizer | None:
+        """The scheduler of a prepared model (None: not scheduled)."""
+        return self._scheduled.get(id(self.unwrap_model(model)))
+
+    def last_grad_norm(self, model: nn.Module | None = None) -> float | None:
+        """The global gradient norm before clipping of the last step, after it landed (with
+        `clip_grad_norm`); `model` may be omitted when one model is scheduled."""
+        scheduled = self._only_scheduler() if model is None else self.scheduled_optimizer(model)
+        if scheduled is None:
+            return None
+        scheduled.synchronize()
+        return scheduled.last_grad_norm
+
+    def synchronize(self) -> None:
+        """Wait until every pending update of every scheduler landed (checkpoints, timings)."""
+        for scheduled in self._scheduled.values():
+            scheduled.synchronize()
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, *args: Any, device_placement: Any = None) -> Any:
+        result = super().prepare(*args, device_placement=device_placement)
+        if self._scheduling:
+            self._schedule_prepared()
+        return result
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> nn.Module:
+        # evaluation_mode: accelerate's preparation minus the DistributedDataParallel wrapper
+        return super().prepare_model(model, device_placement=device_placement,
+                                     evaluation_mode=evaluation_mode or self._scheduling)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
+        if self._scheduling and type(prepared) is AcceleratedOptimizer:
+            prepared.__class__ = _ScheduledStepOptimizer  # no state of its own beyond `scheduled`
+            prepared.scheduled = None
+        return prepared
+
+    def _schedule_prepared(self) -> None:
+        """A scheduler for every prepared optimizer whose model is prepared too."""
+        for prepared in self._optimizers:
+            if not isinstance(prepared, _ScheduledStepOptimizer) or prepared.scheduled is not None:
+                continue
+            held = {id(p) for group in prepared.param_groups for p in group["params"]}
+            model = next((m for m in self._models if held <= {id(p) for p in m.parameters()}), None)
+            if model is None:
+                continue  # its model is prepared later
+            if id(model) in self._scheduled:
+                raise ValueError(f"{type(model).__name__} already has a prepared optimizer: with "
+                                 "autobyte.accelerate.Accelerator a model trains with one optimizer; "
+                                 "put the parameter groups into one optimizer")
+            prepared.scheduled = self._build_scheduler(model, prepared)
+            self._scheduled[id(model)] = prepared.scheduled
+
+    def _build_scheduler(self, model: nn.Module, prepared: AcceleratedOptimizer) -> ScheduledOptimizer:
+        options: dict[str, Any] = {}
+        broadcast = self._broadcast_buffers()
+        if "broadcast_buffers" in inspect.signature(ScheduledOptimizer).parameters:
+            options["broadcast_buffers"] = broadcast
+        elif broadcast:
+            _check_static_buffers(model)
+        if self._daemon_args is not None and not self._session_started:
+            import autobyte
+
+            daemon, job, token, tune = self._daemon_args
+            autobyte.init(daemon, job, token, tune=tune)
+            self._session_started = True
+        scaler = self.scaler if self.scaler is not None and self.scaler.is_enabled() else None
+        scheduled = ScheduledOptimizer(
+            model, prepared.optimizer, self._config.partition_bytes, self._config.credit_bytes,
+            clip_grad_norm=self._clip, clip_norm_type=self._clip_norm_type, timeout_s=self._timeout_s,
+            grad_scaler=scaler, native=self._native, tail_bytes=self._config.tail_bytes, **options)
+        logger.info("autobyte scheduler on rank %d/%d: %s%s", self.process_index, self.num_processes,
+                    self._config.describe(), "" if self._clip is None else f", clip_grad_norm={self._clip:g}")
+        return scheduled
+
+    def _check_supported(self) -> None:
+        if self.distributed_type not in _DDP_TYPES or (
+                getattr(self, "parallelism_config", None) is not None
+                and self.parallelism_config.total_size > 1):
+            raise ValueError(f"autobyte.accelerate.Accelerator replaces DDP's gradient sync; "
+                             f"distributed_type={self.distributed_type.value} (or a parallelism_config) "
+                             "is not DDP: use accelerate's own Accelerator for it")
+        handler = self.ddp_handler
+        if handler is not None and (handler.comm_hook != DDPCommunicationHookType.NO
+                                    or handler.comm_wrapper != DDPCommunicationHookType.NO):
+            raise ValueError(f"DistributedDataParallelKwargs(comm_hook={handler.comm_hook.value!r}, "
+                             f"comm_wrapper={handler.comm_wrapper.value!r}) changes the reduced "
+                             "gradients, which the scheduler does not reproduce: remove the comm hook")
+
+    def _broadcast_buffers(self) -> bool:
+        return True if self.ddp_handler is None else bool(self.ddp_handler.broadcast_buffers)
+
+    def _only_scheduler(self) -> ScheduledOptimizer | None:
+        if len(self._scheduled) > 1:
+            raise ValueError("several models are scheduled: pass the model")
+        return next(iter(self._scheduled.values()), None)
+
+    # ------------------------------------------------------------------ the training step
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        scheduled = self.scheduled_optimizer(model) if self._scheduling else None
+        if scheduled is None:
+            with super().no_sync(model):
+                yield
+            return
+        with scheduled.no_sync():
+            yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        if not self._scheduled:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        if max_norm == math.inf:
+            return None  # a norm without clipping (Trainer's max_grad_norm=0): known only after the step
+        if self._clip is None or float(max_norm) != self._clip or float(norm_type) != self._clip_norm_type:
+            raise ValueError(f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): the scheduler "
+                             "clips the reduced gradients and needs the norm up front; construct "
+                             f"Accelerator(clip_grad_norm={max_norm}, clip_norm_type={norm_type}) "
+                             f"(it has clip_grad_norm={self._clip}, clip_norm_type={self._clip_norm_type})")
+        return None
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        if self._scheduled:
+            raise ValueError("clip_grad_value_ needs local gradients, which the scheduler reduces in "
+                             "the background: use clip_grad_norm (Accelerator(clip_grad_norm=...))")
+        super().clip_grad_value_(parameters, clip_value)
+
+    # ------------------------------------------------------------------ checkpoints and the end
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        self.synchronize()
+        return super().get_state_dict(model, unwrap=unwrap)
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> Any:
+        self.synchronize()
+        return super().save_state(output_dir, safe_serialization, **save_model_func_kwargs)
+
+    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
+                   **load_model_func_kwargs: Any) -> Any:
+        self.synchronize()
+        return super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
+
+    def close_schedulers(self) -> None:
+        """Wait for the last updates and stop every scheduler (collective: every rank calls it);
+        a later `prepare` builds new ones. Also shuts down the autobyted session opened here."""
+        schedulers, self._scheduled = list(self._scheduled.values()), {}
+        for prepared in self._optimizers:
+            if isinstance(prepared, _ScheduledStepOptimizer):
+                prepared.scheduled = None
+        try:
+            for scheduled in schedulers:
+                scheduled.close()
+        finally:
+            if self._session_started:
+                import autobyte
+
+                autobyte.shutdown()
+                self._session_started = False
+
+    def end_training(self) -> None:
+        self.close_schedulers()
+        super().end_training()
+
+
+class _ScheduledStepOptimizer(AcceleratedOptimizer):
+    """A prepared optimizer whose step is its `ScheduledOptimizer`'s (set once its model is prepared)."""
+
+    scheduled: ScheduledOptimizer | None
+
+    def step(self, closure: Any = None) -> None:
+        scheduled = self.scheduled
+        if scheduled is None:
+            raise RuntimeError("optimizer.step() before its model was prepared: pass the model to "
+                               "accelerator.prepare() too (the scheduler needs both)")
+        if not self.gradient_state.sync_gradients:
+            return  # an accumulation micro-batch: the gradients stay local, as accelerate's step
+        if self.scaler is not None and self.scaler.is_enabled():
+            self._skipped_before = scheduled.skipped_steps
+            if closure is not None:
+                scheduled.step(closure)  # raises: the update runs per parameter, later
+            self.scaler.step(scheduled)
+            self.scaler.update()
+            self._overflow_known = False
+        else:
+            scheduled.step(closure)
+
+    @property
+    def step_was_skipped(self) -> bool:
+        scheduled = self.scheduled
+        if scheduled is None or self.scaler is None or getattr(self, "_overflow_known", True):
+            return self._is_overflow
+        scheduled.synchronize()  # the step skipped or not once its updates landed, on every rank alike
+        self._is_overflow = scheduled.skipped_steps > self._skipped_before
+        self._overflow_known = True
+        return self._is_overflow
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        if self.scheduled is None:
+            super().zero_grad(set_to_none)
+        elif self.gradient_state.sync_gradients:
+            self.scheduled.zero_grad(True if set_to_none is None else set_to_none)
+
+    def state_dict(self) -> Any:
+        return self.scheduled.state_dict() if self.scheduled is not None else super().state_dict()
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        if self.scheduled is None:
+            super().load_state_dict(state_dict)
+        else:
+            self.scheduled.load_state_dict(state_dict)
+
+
+def _check_static_buffers(model: nn.Module) -> None:
+    """DDP's broadcast_buffers=True copies rank 0's buffers at every forward; the scheduler
+    broadcasts them once. Equal only where training never changes a buffer: refuse those it does."""
+    changing = [name for name, module in model.named_modules()
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats]
+    if changing:
+        raise ValueError(f"{type(model).__name__} has BatchNorm running statistics ({changing[0]}, ...) "
+                         "that DDP's broadcast_buffers=True would copy from rank 0 at every forward, "
+                         "which this scheduler does not: pass DistributedDataParallelKwargs("
+                         "broadcast_buffers=False) (Trainer: ddp_broadcast_buffers=False) or convert "
+                         "BatchNorm to SyncBatchNorm")

@@ -1,0 +1,169 @@
+"""`Trainer`: a `transformers.Trainer` whose data-parallel gradient sync is autobyte's scheduler.
+
+    from autobyte.hf import Trainer                     # was: from transformers import Trainer
+
+    trainer = Trainer(model=model, args=TrainingArguments(..., run_name="gpt2-ft"),
+                      train_dataset=train, eval_dataset=val,
+                      autobyte={"daemon": "localhost:7077"})   # optional: the scheduler's settings
+    trainer.train()
+
+The Trainer builds its accelerator as `autobyte.accelerate.Accelerator` (see there for how
+accelerate's calls map to the scheduler's) with `TrainingArguments.max_grad_norm` as the scheduler's
+clipping norm, so everything Trainer does with accelerate keeps its meaning: AdamW with its LR
+schedule, clipping (on by default), `gradient_accumulation_steps`, bf16 / fp16, evaluation during
+training, `save_steps` checkpoints (the model and optimizer state after every pending update landed)
+and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit.
+
+What it adds to the Trainer's logs:
+* `grad_norm` is the scheduler's (the norm of the reduced gradients before clipping, read at each
+  logging step once that step landed);
+* one log entry per configuration the scheduler applies (`autobyte/partition_bytes`,
+  `autobyte/credit_bytes`, `autobyte/tail_bytes`, `autobyte/decision`), so the tuner's decisions
+  appear in the console and in every logging integration Trainer reports to;
+* the job streams to autobyted under `TrainingArguments.run_name` when a daemon is given.
+
+`autobyte=` (a dict) takes `partition_bytes`, `credit_bytes`, `tail_bytes`, `daemon`, `job`,
+`token`, `tune`, `timeout_s`, `native` (`autobyte.accelerate.Accelerator`'s arguments).
+Refused with a ValueError: a DDP setting whose numbers the scheduler cannot reproduce (see
+`autobyte.accelerate`), an unknown `autobyte=` key.
+
+`transformers` and `accelerate` are an optional extra (`pip install 'autobyte[hf]'`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    import transformers
+    import transformers.trainer as trainer_module
+    from transformers import TrainerCallback
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("autobyte.hf needs transformers and accelerate: pip install 'autobyte[hf]' "
+                      f"({error})") from error
+
+from autobyte.accelerate import Accelerator
+from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Trainer"]
+
+OPTIONS = frozenset({"partition_bytes", "credit_bytes", "tail_bytes", "daemon", "job", "token", "tune",
+                     "timeout_s", "native"})
+
+
+class Trainer(transformers.Trainer):
+    """`transformers.Trainer` with autobyte's scheduler as the gradient sync (see the module doc).
+
+    Args:
+        autobyte: the scheduler's settings and the daemon to stream to (keys: see `OPTIONS`);
+            `job` defaults to `TrainingArguments.run_name`.
+        Everything else is `transformers.Trainer`'s.
+    """
+
+    def __init__(self, *args: Any, autobyte: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        options = dict(autobyte or {})
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise ValueError(f"autobyte= does not take {unknown}: its keys are {sorted(OPTIONS)}")
+        self._autobyte_options = options
+        super().__init__(*args, **kwargs)
+        self._configurations = _ConfigurationLog(self)
+        self.add_callback(self._configurations)
+
+    # ------------------------------------------------------------------ the accelerator
+
+    def create_accelerator_and_postprocess(self) -> None:
+        options = dict(self._autobyte_options)
+        if self.args.run_name and (options.get("daemon") or options.get("job")):
+            options.setdefault("job", self.args.run_name)
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+            options["clip_grad_norm"] = float(self.args.max_grad_norm)
+        with _trainer_accelerator(functools.partial(Accelerator, **options)):
+            super().create_accelerator_and_postprocess()
+
+    @property
+    def scheduled_optimizer(self) -> Any:
+        """The model's `ScheduledOptimizer` while training (None outside `train`, or single-process)."""
+        return self.accelerator.scheduled_optimizer(self.model)
+
+    # ------------------------------------------------------------------ training and checkpoints
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            # the last updates landed and the threads stop: self.model holds the final parameters
+            self.accelerator.close_schedulers()
+            self._configurations.scheduled = None
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        self.accelerator.synchronize()
+        super()._save_checkpoint(model, trial)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        self.accelerator.synchronize()
+        super().save_model(output_dir, _internal_call)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        scheduled = self.scheduled_optimizer
+        if scheduled is not None and "loss" in logs and self.accelerator.clip_grad_norm is not None:
+            norm = self.accelerator.last_grad_norm(self.model)
+            if norm is not None:
+                logs["grad_norm"] = norm
+        super().log(logs, *args, **kwargs)
+
+
+class _ConfigurationLog(TrainerCallback):
+    """One Trainer log entry (and one `autobyte.hf` log line) per configuration the scheduler
+    applied, read from the scheduler's step measurements on the training thread."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self.scheduled: Any = None
+        self._logged: tuple[Config, int] | None = None
+        self._applied: list[StepMetrics] = []
+
+    def _on_step(self, metrics: StepMetrics) -> None:
+        if (metrics.config, metrics.decision_id) != self._logged:
+            self._logged = (metrics.config, metrics.decision_id)
+            self._applied.append(metrics)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        scheduled = self._trainer.scheduled_optimizer
+        if scheduled is not None and scheduled is not self.scheduled:
+            self.scheduled = scheduled
+            scheduled.add_step_callback(self._on_step)
+        applied, self._applied = self._applied, []
+        should_log = control.should_log  # Trainer.log clears it: the step's own log must still run
+        for metrics in applied:
+            config = metrics.config
+            logger.info("autobyte configuration from step %d: %s (decision %d)", metrics.step,
+                        config.describe(), metrics.decision_id)
+            self._trainer.log({"autobyte/partition_bytes": _bytes(config.partition_bytes),
+                               "autobyte/credit_bytes": _bytes(config.credit_bytes),
+                               "autobyte/tail_bytes": _bytes(config.tail_bytes),
+                               "autobyte/decision": metrics.decision_id,
+                               "autobyte/from_step": metrics.step})
+        control.should_log = should_log
+
+
+def _bytes(value: int | None) -> int:
+    """A size for a log entry: NO_LIMIT_BYTES stands for None (no partitioning / unlimited / no tail)."""
+    return NO_LIMIT_BYTES if value is None else int(value)
+
+
+@contextlib.contextmanager
+def _trainer_accelerator(factory: Any) -> Iterator[None]:
+    """Trainer builds its accelerator from transformers.trainer's `Accelerator` name: ours, meanwhile."""
+    original = trainer_module.Accelerator
+    trainer_module.Accelerator = factory
+    try:
+        yield
+    finally:
+        trainer_module.Accelerator = original
