@@ -255,12 +255,10 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
 
     watch = HostWatch()
     options = scenario.testbed
-    workers = min(scenario.workers, int(options.get("max_workers", 2)))
+    workload = scenario.testbed_workload()
+    workers = workload.workers
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
-    command = [sys.executable, "-m", "benchmarks.train_worker",
-               "--model", str(options.get("model", "mlp")),
-               "--model-args", json.dumps(options.get("model_args", {})),
-               "--batch-size", str(int(options.get("batch_size", 0))),
+    command = [sys.executable, "-m", "benchmarks.train_worker", *workload.worker_args(),
                "--configs", label, "--steps", str(steps), "--warmup", "0",
                "--rounds", "1", "--steps-events"]
     if scenario.duration_s is not None:
