@@ -45,7 +45,7 @@ DDP_GRID = ("5MiB", "50MiB", "100MiB")
 SCHED_DEFAULT = "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
 SCHED_GRID = ("sched:1MiB,4MiB", "sched:16MiB,64MiB", "sched:none,none")
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
-RUNQUEUE_LIMIT = 0.05  # threads waiting for a CPU longer than this share of the step: CPU-limited
+RUNQUEUE_LIMIT = 0.10  # threads waiting for a CPU longer than this share of the step: CPU-limited
 HOST_BUSY_LIMIT = 0.85  # the ranks' CPU together above this share of the host's cores: CPU-limited
 
 
@@ -102,13 +102,14 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
         step = _median([r["median_step_s"] for r in rank0])
         exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
+        device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
         flags = []
         if step and max(runqueue) > RUNQUEUE_LIMIT * step:
             flags.append("runqueue")
         if sum(busy) > HOST_BUSY_LIMIT * cores:
             flags.append("host-busy")
         rows.append({"config": label, "wire": wire_lab, "step_s": step, "rounds": len(rank0),
-                     "exposed_comm_s": exposed, "device_idle_s": device_idle, "busy_share": busy,
+                     "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,
                      "backend_cpu_s_per_step": backend, "runqueue_s_per_step": runqueue,
                      "cpu_limited": flags})
     return rows

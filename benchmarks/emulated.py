@@ -50,6 +50,9 @@ _PR_SET_TIMERSLACK = 29  # prctl(2): the thread's timer slack in ns (default 50 
 # A gap between two waits of one thread that was more than this much off-CPU (blocked on a
 # parameter's update, or descheduled) is a real delay of the host: the device waits for it.
 BLOCKED_GAP_S = 200e-6
+# How far the launch clock may run ahead of the present (a GPU's launch queue runs ahead until a
+# sync; bounded here so that host work is never hidden behind more than this much device work).
+MAX_LAUNCH_LEAD_S = 5e-3
 
 
 class EmulatedDevice:
@@ -60,7 +63,8 @@ class EmulatedDevice:
     the launch clock; a wait starts on the device at max(its launch, the previous wait's end) and
     the calling thread sleeps until it ends. When the host was off the CPU for longer than
     BLOCKED_GAP_S between two waits (a forward blocked on a parameter's update, a descheduled
-    rank), the launch clock jumps to the present: that delay is the host's, and it shows. So the
+    rank), the launch clock jumps to the present: that delay is the host's, and it shows; nor does
+    it run more than MAX_LAUNCH_LEAD_S behind the present. So the
     sleep's oversleep (the wake-up is measured) and host work the device would have overlapped do
     not add up over a step, and every real wait of the host still does."""
 
@@ -92,7 +96,7 @@ class EmulatedDevice:
             if last is None or (now - last[0]) - (cpu - last[1]) > BLOCKED_GAP_S:
                 launch = now  # the host was held up: the device waits for it
             else:
-                launch = self._launch + (now - last[0])
+                launch = max(self._launch + (now - last[0]), now - MAX_LAUNCH_LEAD_S)
             self._launch = launch
             start = max(launch, self._free_at)
             if start > self._free_at and self.waits:

@@ -111,7 +111,10 @@ class Scenario:
                                    dict(self.testbed.get("model_args", {})),
                                    int(self.testbed.get("batch_size", 0)),
                                    min(count, int(self.testbed.get("max_workers", 2))))
-        args = {"profile": self.model_ref, "device_flops_per_s": self.device_flops_per_s,
+        profile = self.model_ref  # a recorded profile: absolute, as ranks start in another directory
+        if profile.endswith(".json"):
+            profile = str(pathlib.Path(profile).resolve())
+        args = {"profile": profile, "device_flops_per_s": self.device_flops_per_s,
                 "compute_scale": self.compute_scale, "byte_scale": self.byte_scale}
         if self.batch_size is not None:
             args["batch_size"] = self.batch_size

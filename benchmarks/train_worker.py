@@ -446,8 +446,7 @@ class _CpuSnapshot:
     def take(cls, device: Any) -> _CpuSnapshot:
         from benchmarks.profile_step import thread_times
 
-        times = os.times()
-        return cls(time.perf_counter(), times.user + times.system, thread_times(),
+        return cls(time.perf_counter(), time.process_time(), thread_times(),
                    device.stats() if device is not None else None)
 
     def since(self, before: _CpuSnapshot, steps: int) -> dict[str, Any]:
