@@ -14,9 +14,9 @@ DDP at its default bucket_cap_mb (25 MiB) and at a grid of them, the scheduler a
 (4 MiB, 16 MiB) and at a small grid. Sizes are the model's bytes: on the wire (and in the worker's
 labels) they are divided by the byte scale, as the tensors are. A row's step is the median over
 rounds of rank 0's median step; beside it each rank's CPU busy share (process CPU time / wall time),
-the backend threads' CPU per step (gloo's and torch's own, the busiest rank), the time threads were
-runnable but waited for a CPU, and a flag where the CPU was the limit (a goal does not use such a
-row). The machine's load average is recorded before and after every block.
+the backend threads' CPU per step (gloo's and torch's own, the busiest rank), the time the training
+thread was runnable but waited for a CPU (worst rank), the cores the whole machine kept busy (other
+users' processes too), and a flag where the CPU was the limit (a goal does not use such a row). The machine's load average is recorded before and after every block.
 
 `--check-compute`: one rank (world size 1, no communication) runs the compute probe, whose step must
 equal the profile's compute within 2% with the CPU not the limit (exit 1 otherwise), and beside it
@@ -45,8 +45,8 @@ DDP_GRID = ("5MiB", "50MiB", "100MiB")
 SCHED_DEFAULT = "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
 SCHED_GRID = ("sched:1MiB,4MiB", "sched:16MiB,64MiB", "sched:none,none")
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
-RUNQUEUE_LIMIT = 0.10  # threads waiting for a CPU longer than this share of the step: CPU-limited
-HOST_BUSY_LIMIT = 0.85  # the ranks' CPU together above this share of the host's cores: CPU-limited
+RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
+HOST_BUSY_LIMIT = 0.85  # the machine's busy cores (every process's) above this share: CPU-limited
 
 
 def wire_bytes(model_bytes: int | None, byte_scale: float) -> int | None:
@@ -58,16 +58,18 @@ def wire_bytes(model_bytes: int | None, byte_scale: float) -> int | None:
 
 def wire_label(label: str, byte_scale: float) -> str:
     """A configuration label in the model's bytes as the worker runs it on the scaled model."""
-    from benchmarks.train_worker import RunConfig
+    from benchmarks.train_worker import SCHED_KINDS, RunConfig
 
     config = RunConfig.parse(label)
     if config.kind == "ddp":
         size = wire_bytes(config.partition_bytes, byte_scale)
         return "ddp" if size is None else f"ddp:{size}"
-    if config.kind != "sched":
+    if config.kind not in SCHED_KINDS:
         return config.label
-    partition, credit = (wire_bytes(b, byte_scale) for b in (config.partition_bytes, config.credit_bytes))
-    return f"sched:{partition or 'none'},{credit or 'none'}"
+    sizes = [wire_bytes(b, byte_scale) for b in (config.partition_bytes, config.credit_bytes)]
+    if config.tail_bytes is not None:
+        sizes.append(wire_bytes(config.tail_bytes, byte_scale))
+    return f"{config.kind}:" + ",".join(str(size or "none") for size in sizes)
 
 
 def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str]:
@@ -99,18 +101,23 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
         busy = [_median([r["cpu"]["busy_share"] for r in results]) for results in per_rank]
         backend = [_median([r["cpu"]["s_per_step"]["backend"] for r in results]) for results in per_rank]
         runqueue = [_median([r["cpu"]["runqueue_s_per_step"] for r in results]) for results in per_rank]
+        training_runqueue = [_median([r["cpu"]["training_runqueue_s_per_step"] for r in results])
+                             for results in per_rank]
+        machine = _median([r["cpu"]["machine_busy_cores"] for r in rank0])
         step = _median([r["median_step_s"] for r in rank0])
         exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
         device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
         flags = []
-        if step and max(runqueue) > RUNQUEUE_LIMIT * step:
+        if step and max(training_runqueue) > RUNQUEUE_LIMIT * step:
             flags.append("runqueue")
-        if sum(busy) > HOST_BUSY_LIMIT * cores:
+        if machine is not None and machine > HOST_BUSY_LIMIT * cores:
             flags.append("host-busy")
         rows.append({"config": label, "wire": wire_lab, "step_s": step, "rounds": len(rank0),
+                     "hot_path": rank0[0].get("hot_path") if rank0 else None,
                      "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,
                      "backend_cpu_s_per_step": backend, "runqueue_s_per_step": runqueue,
+                     "training_runqueue_s_per_step": training_runqueue, "machine_busy_cores": machine,
                      "cpu_limited": flags})
     return rows
 
@@ -181,11 +188,13 @@ def format_block(block: dict[str, Any], scale: str) -> str:
              f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
              f"{block['host'].get('load_end')})",
              f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
-             f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} flag"]
+             f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
+             f"{'host':>4} flag"]
     for row in block["rows"]:
         busy = "/".join(f"{b:.2f}" for b in row["busy_share"] if b is not None)
         backend = max((b for b in row["backend_cpu_s_per_step"] if b is not None), default=None)
-        runqueue = max((b for b in row["runqueue_s_per_step"] if b is not None), default=None)
+        runqueue = max((b for b in row["training_runqueue_s_per_step"] if b is not None), default=None)
+        machine = row["machine_busy_cores"]
         extra = ""
         if "x_profile" in row:
             extra = (f"  x profile {_x(row['x_profile'])} "
@@ -193,11 +202,13 @@ def format_block(block: dict[str, Any], scale: str) -> str:
         lines.append(f"{row['config']:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
                      f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
                      f"{_ms(row['exposed_comm_s']):>7} {busy:>22} {_ms(backend):>7} {_ms(runqueue):>7} "
+                     f"{'-' if machine is None else f'{machine:.1f}':>4} "
                      f"{','.join(row['cpu_limited']) or '-'}{extra}")
     lines.append("/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
                  "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
-                 "make (gloo's), busiest rank; runq: runnable but without a CPU, per step; flag: the CPU "
-                 "was the limit (not for goals)")
+                 "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
+                 f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
+                 "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals")
     return "\n".join(lines)
 
 

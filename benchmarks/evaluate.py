@@ -622,6 +622,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m benchmarks.evaluate: error: {exc}", file=sys.stderr)
         return 2
+    scaled = [s.path for s in scenarios if s.byte_scale != 1.0]
+    if args.testbed and scaled:
+        # Its policies' sizes (grid labels, decisions, the daemon's) are the wire's, not yet
+        # divided by the emulation's byte scale as benchmarks/bench_emulated.py divides them.
+        print(f"python -m benchmarks.evaluate: error: {', '.join(scaled)}: --testbed does not yet "
+              "scale configuration sizes by [testbed] byte_scale; run python -m "
+              "benchmarks.bench_emulated on it (or set byte_scale = 1)", file=sys.stderr)
+        return 2
     results = []
     for scenario in scenarios:
         started = time.perf_counter()

@@ -45,8 +45,9 @@ barrier, and reconfigured in place.
 Every result carries the rank's CPU over its measured steps (`cpu`: the process's CPU time / wall
 time as `busy_share`, and CPU seconds per step of its training, update, dispatch and backend threads
 -- backend: the threads Python did not make, gloo's among them -- with the time they were runnable
-but waiting for a CPU, `runqueue_s_per_step`), so that a run where the host's CPU was the limit can
-be told apart. With `--model emulated` (benchmarks/emulated.py) it also carries the emulated
+but waiting for a CPU, `runqueue_s_per_step`, the training thread's apart, and the cores the whole
+machine kept busy, every process's, `machine_busy_cores`), so that a run where the host's CPU was
+the limit can be told apart. With `--model emulated` (benchmarks/emulated.py) it also carries the emulated
 device's accounting (`device`).
 
 Output (stdout, one JSON object per line; rank 0 also prints `step` events for step-based traces):
@@ -439,25 +440,29 @@ class _CpuSnapshot:
 
     wall_s: float
     process_cpu_s: float
+    machine_busy_s: float  # every process's (other ranks', other users'): /proc/stat
     threads: dict[int, Any]  # benchmarks.profile_step.thread_times()
     device: dict[str, float] | None
 
     @classmethod
     def take(cls, device: Any) -> _CpuSnapshot:
+        from benchmarks.profile_partition import machine_busy_s
         from benchmarks.profile_step import thread_times
 
-        return cls(time.perf_counter(), time.process_time(), thread_times(),
+        return cls(time.perf_counter(), time.process_time(), machine_busy_s(), thread_times(),
                    device.stats() if device is not None else None)
 
     def since(self, before: _CpuSnapshot, steps: int) -> dict[str, Any]:
         from benchmarks.step_breakdown import time_by_kind
 
         wall = self.wall_s - before.wall_s
+        runqueue = time_by_kind(before.threads, self.threads, steps, "runqueue_ns")
         out: dict[str, Any] = {"cpu": {
             "busy_share": (self.process_cpu_s - before.process_cpu_s) / wall if wall > 0 else None,
+            "machine_busy_cores": (self.machine_busy_s - before.machine_busy_s) / wall if wall > 0 else None,
             "s_per_step": time_by_kind(before.threads, self.threads, steps),
-            "runqueue_s_per_step": time_by_kind(before.threads, self.threads, steps,
-                                                "runqueue_ns")["total"]}}
+            "runqueue_s_per_step": runqueue["total"],
+            "training_runqueue_s_per_step": runqueue["training"]}}
         if self.device is not None and before.device is not None:
             out["device"] = {key: (self.device[key] - before.device[key]) / max(1, steps)
                              for key in self.device}

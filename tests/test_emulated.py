@@ -81,6 +81,7 @@ def test_emulated_scenarios_select_the_mode_profile_scale_and_ranks(ranks, byte_
     assert bench_emulated.wire_label("sched:4MiB,16MiB", byte_scale) == \
         f"sched:{(4 << 20) // byte_scale},{(16 << 20) // byte_scale}"
     assert bench_emulated.wire_label("ddp:25MiB", byte_scale) == f"ddp:{(25 << 20) // byte_scale}"
+    assert bench_emulated.wire_label("py:none,64KiB", byte_scale) == "py:none,4096"  # the floor
 
 
 @pytest.mark.parametrize("line, message", [("byte_scale = 0.5", "byte_scale"),
@@ -132,7 +133,8 @@ def needs_netns(test):
 @needs_netns
 def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_path):
     scenario = _tiny_scenario(tmp_path, 4)
-    labels = ["compute", "comm", "ddp:25MiB", "ddp:64KiB", "sched:4MiB,16MiB"]
+    # the scheduler on both hot paths (py: the Python one)
+    labels = ["compute", "comm", "ddp:25MiB", "ddp:64KiB", "sched:4MiB,16MiB", "py:64KiB,256KiB"]
     block = bench_emulated.run_block(scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1,
                                      timeout_s=240)
     assert block["wire_rate_bps"] == int(0.5 * GBIT * 8 / 2)
@@ -147,6 +149,9 @@ def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_p
         expected = 0.0 if row["config"] == "comm" else TINY.compute_s
         assert row["device_busy_s"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
     assert rows["ddp:64KiB"]["wire"] == "ddp:32768"
+    assert rows["py:64KiB,256KiB"]["wire"] == "py:32768,131072"
+    assert rows["py:64KiB,256KiB"]["hot_path"] == "python"
+    assert rows["sched:4MiB,16MiB"]["hot_path"] == "native"  # the worktree's built _native
     assert block["bound_s"] == max(rows["compute"]["step_s"], rows["comm"]["step_s"])
     assert rows["sched:4MiB,16MiB"]["exposed_comm_s"] is not None
     text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny")
