@@ -166,3 +166,11 @@ def test_the_compute_check_runs_one_rank_without_communication(tmp_path):
     compute = next(row for row in block["rows"] if row["config"] == "compute")
     assert compute["device_busy_s"] == pytest.approx(TINY.compute_s, rel=1e-6)
     assert math.isfinite(compute["x_profile"]) and isinstance(compute["within_tolerance"], bool)
+
+
+def test_evaluate_on_the_testbed_refuses_a_byte_scaled_scenario_with_a_message(capsys):
+    from benchmarks import evaluate
+
+    path = ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml"
+    assert evaluate.main([str(path), "--testbed", "--policy", "ddp", "--out", "unused"]) == 2
+    assert "byte_scale" in capsys.readouterr().err
