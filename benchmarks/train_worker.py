@@ -408,6 +408,9 @@ class Trainer:
         }
         if "device" in cpu:
             result["device"] = cpu["device"]
+        if self.args.param_digest and config.kind in ("ddp", *SCHED_KINDS):
+            model = self.sched_model if scheduled else self._ddp(config.partition_bytes)[0].module
+            result["param_digest"] = _param_digest(model)
         if dispatch is not None:
             result["dispatch"] = dispatch
             result["hot_path"] = self.sched.hot_path
@@ -467,6 +470,18 @@ class _CpuSnapshot:
             out["device"] = {key: (self.device[key] - before.device[key]) / max(1, steps)
                              for key in self.device}
         return out
+
+
+def _param_digest(model: nn.Module) -> str:
+    """sha256 of every parameter's bytes, in parameters() order: replicas that trained the same
+    steps agree to the bit exactly when their digests do."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for param in model.parameters():
+            digest.update(param.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _as_dict(metrics: Any) -> dict[str, Any]:
@@ -533,6 +548,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sched-group", action="store_true",
                         help="give the scheduler its own gloo group instead of the default one")
     parser.add_argument("--full-metrics", action="store_true", help="emit every StepMetrics")
+    parser.add_argument("--param-digest", action="store_true",
+                        help="each ddp/sched result carries a sha256 of its replica's parameters")
     parser.add_argument("--steps-events", action="store_true",
                         help="rank 0 prints a step event per step (needed for step-based traces)")
     return parser.parse_args(argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import textwrap
 import threading
 import time
@@ -16,6 +17,7 @@ import torch
 from benchmarks import bench_emulated
 from benchmarks.emulated import EmulatedModel, build_emulated, gradient_fill, scaled_elements
 from benchmarks.scenario import GBIT, load_scenario
+from benchmarks.train_worker import _param_digest
 from simulator.profiles import LayerProfile, ModelProfile, load_profile
 from tests.helpers.paths import ROOT
 
@@ -174,3 +176,21 @@ def test_evaluate_on_the_testbed_refuses_a_byte_scaled_scenario_with_a_message(c
     path = ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml"
     assert evaluate.main([str(path), "--testbed", "--policy", "ddp", "--out", "unused"]) == 2
     assert "byte_scale" in capsys.readouterr().err
+
+
+@needs_netns
+def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_path):
+    """Both hot paths and DDP from the same start with the emulated gradients (a different fill
+    on each rank): after the same steps every replica on every rank holds the same parameters."""
+    from benchmarks.testbed import Testbed
+
+    scenario = _tiny_scenario(tmp_path, 2)
+    labels = ["ddp", "sched:4096,16384", "py:4096,16384"]
+    command = [sys.executable, "-m", "benchmarks.train_worker", *scenario.testbed_workload().worker_args(),
+               "--configs", *labels, "--steps", "3", "--warmup", "0", "--param-digest"]
+    with Testbed(world_size=2, rate="200mbit") as bed:
+        result = bed.run(command, cwd=str(ROOT), timeout_s=180)
+    digests = {(rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results}
+    assert len(digests) == 6 and len(set(digests.values())) == 1, digests
+    start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
+    assert _param_digest(start) not in digests.values()
