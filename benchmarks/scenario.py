@@ -55,6 +55,7 @@ TESTBED_MODES = ("real", "emulated")
 class TestbedWorkload:
     """What each testbed rank trains: benchmarks.train_worker's --model, --model-args, --batch-size."""
 
+    __test__ = False  # not a pytest test class
     model: str
     model_args: dict[str, Any]
     batch_size: int  # 0: the workload's default
