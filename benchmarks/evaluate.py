@@ -255,12 +255,10 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
 
     watch = HostWatch()
     options = scenario.testbed
-    workers = min(scenario.workers, int(options.get("max_workers", 2)))
+    workload = scenario.testbed_workload()
+    workers = workload.workers
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
-    command = [sys.executable, "-m", "benchmarks.train_worker",
-               "--model", str(options.get("model", "mlp")),
-               "--model-args", json.dumps(options.get("model_args", {})),
-               "--batch-size", str(int(options.get("batch_size", 0))),
+    command = [sys.executable, "-m", "benchmarks.train_worker", *workload.worker_args(),
                "--configs", label, "--steps", str(steps), "--warmup", "0",
                "--rounds", "1", "--steps-events"]
     if scenario.duration_s is not None:
@@ -623,6 +621,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenarios = [load_scenario(path) for path in args.scenarios]
     except ValueError as exc:
         print(f"python -m benchmarks.evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    scaled = [s.path for s in scenarios if s.byte_scale != 1.0]
+    if args.testbed and scaled:
+        # Its policies' sizes (grid labels, decisions, the daemon's) are the wire's, not yet
+        # divided by the emulation's byte scale as benchmarks/bench_emulated.py divides them.
+        print(f"python -m benchmarks.evaluate: error: {', '.join(scaled)}: --testbed does not yet "
+              "scale configuration sizes by [testbed] byte_scale; run python -m "
+              "benchmarks.bench_emulated on it (or set byte_scale = 1)", file=sys.stderr)
         return 2
     results = []
     for scenario in scenarios:

@@ -265,14 +265,22 @@ def tiny_gpt(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4
     return Workload("tiny_gpt", model, make, loss, 8)
 
 
+def emulated(**overrides: Any) -> Workload:
+    """A profile's layers on an emulated accelerator (benchmarks/emulated.py): timed waits, real
+    gradients of the profile's sizes."""
+    from benchmarks.emulated import build_emulated
+
+    return build_emulated(**overrides)
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {"mlp": mlp, "vgg": vgg, "resnet50": resnet50,
                                                 "bert": bert, "transformer": transformer,
-                                                "tiny_gpt": tiny_gpt}
+                                                "tiny_gpt": tiny_gpt, "emulated": emulated}
 
 
 def build(name: str, **overrides: Any) -> Workload:
-    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert', 'transformer', 'tiny_gpt')
-    with keyword overrides."""
+    """Build a workload by name ('mlp', 'vgg', 'resnet50', 'bert', 'transformer', 'tiny_gpt',
+    'emulated') with keyword overrides."""
     try:
         builder = BUILDERS[name]
     except KeyError:

@@ -19,6 +19,13 @@ is `link_bandwidth`. With condition keys, `phases()` yields (start, end, bandwid
 flows, cpu share) instead of (start, end, bandwidth, compute), and `testbed_trace()` turns the
 scenario into a testbed trace (conditions on rank 1, the other ranks' links at `bandwidth`; the
 CPU quota on the last `quota_workers` ranks when [link] quota_period_s > 0).
+
+The testbed trains the [testbed] table's `model` (a workload of benchmarks/models.py), or with
+`mode = "emulated"` the scenario's own profile on an emulated accelerator (benchmarks/emulated.py):
+the top-level model, batch_size, device_flops_per_s and compute_scale, with every tensor's size and
+every link's rate divided by [testbed] `byte_scale` (default 1), on `workers` ranks (`max_workers`
+caps them; 2 by default for real models, which take a core each). `testbed_workload()` is what a
+rank is given.
 """
 
 from __future__ import annotations
@@ -41,6 +48,26 @@ _TOP_KEYS = {"name", "description", "model", "batch_size", "device_flops_per_s",
 CONDITION_KEYS = ("traffic", "cpu", "straggler")
 
 
+TESTBED_MODES = ("real", "emulated")
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedWorkload:
+    """What each testbed rank trains: benchmarks.train_worker's --model, --model-args, --batch-size."""
+
+    __test__ = False  # not a pytest test class
+    model: str
+    model_args: dict[str, Any]
+    batch_size: int  # 0: the workload's default
+    workers: int
+
+    def worker_args(self) -> list[str]:
+        import json
+
+        return ["--model", self.model, "--model-args", json.dumps(self.model_args),
+                "--batch-size", str(self.batch_size)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     name: str
@@ -61,6 +88,39 @@ class Scenario:
     flows: PiecewiseConstant | None = None  # competing TCP flows on the slowest worker's link
     cpu_share: PiecewiseConstant | None = None  # cores of the slowest worker
     straggler: PiecewiseConstant | None = None  # bytes/s of the slowest worker's link
+    # How the profile was given (emulated testbed ranks load it the same way).
+    model_ref: str = ""  # the model key, a relative profile path resolved against the file
+    batch_size: int | None = None
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+    compute_scale: float = 1.0
+
+    @property
+    def emulated(self) -> bool:
+        return self.testbed.get("mode", "real") == "emulated"
+
+    @property
+    def byte_scale(self) -> float:
+        """What the testbed divides tensor sizes and link rates by (emulated mode; 1 otherwise)."""
+        return float(self.testbed.get("byte_scale", 1.0)) if self.emulated else 1.0
+
+    def testbed_workload(self, workers: int | None = None) -> TestbedWorkload:
+        """The testbed's model for this scenario (see the module docstring); `workers` overrides
+        the scenario's count."""
+        count = self.workers if workers is None else workers
+        if not self.emulated:
+            return TestbedWorkload(str(self.testbed.get("model", "mlp")),
+                                   dict(self.testbed.get("model_args", {})),
+                                   int(self.testbed.get("batch_size", 0)),
+                                   min(count, int(self.testbed.get("max_workers", 2))))
+        profile = self.model_ref  # a recorded profile: absolute, as ranks start in another directory
+        if profile.endswith(".json"):
+            profile = str(pathlib.Path(profile).resolve())
+        args = {"profile": profile, "device_flops_per_s": self.device_flops_per_s,
+                "compute_scale": self.compute_scale, "byte_scale": self.byte_scale}
+        if self.batch_size is not None:
+            args["batch_size"] = self.batch_size
+        return TestbedWorkload("emulated", args, 0,
+                               min(count, int(self.testbed.get("max_workers", count))))
 
     @property
     def has_conditions(self) -> bool:
@@ -96,8 +156,8 @@ class Scenario:
         def pairs(trace: PiecewiseConstant, fmt: Any) -> list[tuple[float, Any]]:
             return [(start, fmt(value)) for start, _end, value in trace.phases(until_s)]
 
-        def mbit(value: float) -> str:
-            return f"{value / GBIT * 1000:.0f}mbit"
+        def mbit(value: float) -> str:  # on the wire: divided by the emulation's byte scale
+            return f"{value / self.byte_scale / GBIT * 1000:.0f}mbit"
 
         link = self.link_bandwidth or self.bandwidth
         trace = harness.Trace.from_times(pairs(link, mbit))
@@ -109,7 +169,7 @@ class Scenario:
         if self.cpu_share is not None:
             # a quota on `quota_workers` workers (the last ones) when the link model says so
             throttled = self.link.quota_workers if self.link.quota_period_s > 0 else 1
-            workers = min(self.workers, int(self.testbed.get("max_workers", 2)))
+            workers = self.testbed_workload().workers
             ranks = [rank] if throttled <= 1 else list(range(max(0, workers - throttled), workers))
             trace += harness.Trace.cpu_share(
                 pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=ranks)
@@ -168,11 +228,23 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
     workers = int(data["workers"])
     if workers < 1:
         raise ValueError(f"{path}: workers must be >= 1")
+    testbed = dict(data.get("testbed", {}))
+    if testbed.get("mode", "real") not in TESTBED_MODES:
+        raise ValueError(f"{path}: [testbed] mode {testbed['mode']!r}: use one of {TESTBED_MODES}")
+    try:
+        byte_scale = float(testbed.get("byte_scale", 1.0))
+    except (TypeError, ValueError):
+        byte_scale = 0.0
+    if not byte_scale >= 1.0:
+        raise ValueError(f"{path}: [testbed] byte_scale {testbed.get('byte_scale')!r} must be a "
+                         "number >= 1 (it divides tensor sizes and link rates)")
     return Scenario(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
         model=model, profile=profile, workers=workers, bandwidth=bandwidth, compute=compute,
         link=link,
         duration_s=float(data["duration_s"]) if "duration_s" in data else None,
         duration_steps=int(data["duration_steps"]) if "duration_steps" in data else None,
-        seed=int(data.get("seed", 0)), path=str(path), testbed=dict(data.get("testbed", {})),
-        **conditions)
+        seed=int(data.get("seed", 0)), path=str(path), testbed=testbed,
+        model_ref=model_ref, batch_size=int(data["batch_size"]) if "batch_size" in data else None,
+        device_flops_per_s=float(data.get("device_flops_per_s", DEFAULT_DEVICE_FLOPS_PER_S)),
+        compute_scale=float(data.get("compute_scale", 1.0)), **conditions)

@@ -4,6 +4,8 @@ Launched once per namespace by `benchmarks.testbed.Testbed.run` (it reads MASTER
 RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration is one of
 
     ddp              DistributedDataParallel with default buckets (25 MiB)
+    ddp:CAP          DistributedDataParallel with bucket_cap_mb = CAP (a size: 4MiB, 262144), a
+                     replica of its own per bucket size
     sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     sched:P,C,T      the same with tail_bytes=T (the tail window, issue 20)
@@ -36,8 +38,17 @@ keeps its value) passed to `reconfigure()`; a rejected one is reported as a
 same step. A policy in the harness process reads the `step` events (Testbed.run's on_event) and
 appends decisions: online tuning on the testbed.
 
-All configurations share one process: one model replica under DDP and one under the scheduler,
-switched at segment boundaries after `synchronize()` and a barrier, and reconfigured in place.
+All configurations share one process: one model replica under DDP (and one per other DDP bucket
+size) and one under the scheduler, switched at segment boundaries after `synchronize()` and a
+barrier, and reconfigured in place.
+
+Every result carries the rank's CPU over its measured steps (`cpu`: the process's CPU time / wall
+time as `busy_share`, and CPU seconds per step of its training, update, dispatch and backend threads
+-- backend: the threads Python did not make, gloo's among them -- with the time they were runnable
+but waiting for a CPU, `runqueue_s_per_step`, the training thread's apart, and the cores the whole
+machine kept busy, every process's, `machine_busy_cores`), so that a run where the host's CPU was
+the limit can be told apart. With `--model emulated` (benchmarks/emulated.py) it also carries the emulated
+device's accounting (`device`).
 
 Output (stdout, one JSON object per line; rank 0 also prints `step` events for step-based traces):
     {"event": "train_start", ...}
@@ -85,7 +96,8 @@ def lat_collectives(size_bytes: int) -> int:
 class RunConfig:
     """A parsed configuration label."""
 
-    kind: str  # ddp | sched | shared | compute | comm | lat | latc (partition: the probe's size)
+    kind: str  # ddp | sched | shared | compute | comm | lat | latc (partition: the probe's size;
+    # ddp: the bucket cap, None = DDP's default)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
     tail_bytes: int | None = None  # sched:P,C,T: the tail window (issue 20); absent = none
@@ -96,6 +108,9 @@ class RunConfig:
         if text in ("ddp", "compute", "comm"):
             return cls(text)
         kind, _, rest = text.partition(":")
+        if kind == "ddp":
+            from autobyte.types import parse_bytes
+            return cls("ddp", parse_bytes(rest))
         if kind in ("lat", "latc"):
             from autobyte.types import parse_bytes
             size = parse_bytes(rest) if rest else LAT_PROBE_BYTES
@@ -113,6 +128,9 @@ class RunConfig:
 
     @property
     def label(self) -> str:
+        if self.kind == "ddp" and self.partition_bytes is not None:
+            from autobyte.types import format_bytes
+            return f"ddp:{format_bytes(self.partition_bytes)}"
         if self.kind in ("lat", "latc"):
             from autobyte.types import format_bytes
             return (self.kind if self.partition_bytes == LAT_PROBE_BYTES
@@ -166,6 +184,7 @@ class Trainer:
         # DDP replica (also used for compute-only steps under no_sync).
         self.ddp_model = nn.parallel.DistributedDataParallel(self.workload.model)
         self.ddp_opt = self._optimizer(self.ddp_model.parameters())
+        self.ddp_replicas: dict[int, tuple[Any, Any]] = {}  # bucket cap (bytes) -> (DDP, optimizer)
         self.comm_buffers = self._comm_buffers()
         self.lat_buffers: dict[int, list[torch.Tensor]] = {}
         self.collective_spans: list[float] = []  # lat/latc probes: seconds per collective
@@ -196,6 +215,8 @@ class Trainer:
             self.replicas[kind] = (sched_model, sched, metrics)
         if "sched" in self.replicas:
             self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
+        # An emulated model's device (benchmarks/emulated.py: one per process, every replica's).
+        self.device = getattr(self.workload.model, "device", None)
 
     def _with_host_load(self, metrics: list[Any]) -> Any:
         from autobyte.hostload import HostLoadSampler
@@ -209,6 +230,19 @@ class Trainer:
     def _use(self, kind: str) -> None:
         """Make the replica of a scheduler kind the current one."""
         self.sched_model, self.sched, self.sched_metrics = self.replicas[kind]
+
+    def _ddp(self, bucket_bytes: int | None) -> tuple[Any, Any]:
+        """The DDP replica (and its optimizer) of a bucket cap: the default one for None, else one
+        built on first use from the same seed (bucket_cap_mb = bucket_bytes / 2**20)."""
+        if bucket_bytes is None:
+            return self.ddp_model, self.ddp_opt
+        if bucket_bytes not in self.ddp_replicas:
+            model_args = json.loads(self.args.model_args) if self.args.model_args else {}
+            torch.manual_seed(self.args.seed)
+            model = nn.parallel.DistributedDataParallel(build(self.args.model, **model_args).model,
+                                                        bucket_cap_mb=bucket_bytes / 2**20)
+            self.ddp_replicas[bucket_bytes] = (model, self._optimizer(model.parameters()))
+        return self.ddp_replicas[bucket_bytes]
 
     def _optimizer(self, params: Any) -> torch.optim.Optimizer:
         if self.args.optimizer == "sgd":
@@ -250,13 +284,14 @@ class Trainer:
             self._collectives(self.comm_buffers)
             return
         if config.kind in ("ddp", "compute"):
-            self.ddp_opt.zero_grad(set_to_none=True)
+            model, opt = self._ddp(config.partition_bytes if config.kind == "ddp" else None)
+            opt.zero_grad(set_to_none=True)
             if config.kind == "compute":
-                with self.ddp_model.no_sync():
-                    self.workload.loss_fn(self.ddp_model(inputs), targets).backward()
+                with model.no_sync():
+                    self.workload.loss_fn(model(inputs), targets).backward()
             else:
-                self.workload.loss_fn(self.ddp_model(inputs), targets).backward()
-            self.ddp_opt.step()
+                self.workload.loss_fn(model(inputs), targets).backward()
+            opt.step()
             return
         assert self.sched is not None and config.kind in SCHED_KINDS
         self.sched.zero_grad()
@@ -327,6 +362,9 @@ class Trainer:
         sched_first = self.sched.step_index if scheduled else 0
         dispatch_before = self.sched.dispatch_stats() if scheduled else None
         self.collective_spans.clear()
+        if config.kind == "ddp":
+            self._ddp(config.partition_bytes)  # a new replica is built before the clock starts
+        cpu_before = _CpuSnapshot.take(self.device)
         marks = [time.perf_counter()]
         for _ in range(segment.steps):
             if self._should_stop():
@@ -348,6 +386,7 @@ class Trainer:
         if self.stopped and scheduled:
             self.sched.synchronize()
         step_times = [b - a for a, b in zip(marks, marks[1:])]
+        cpu = _CpuSnapshot.take(self.device).since(cpu_before, len(step_times))
         metrics: list[dict[str, Any]] = []
         dispatch = None
         if scheduled:
@@ -365,7 +404,13 @@ class Trainer:
             "median_step_s": statistics.median(step_times) if step_times else None,
             "exposed_comm_s": statistics.median(exposed) if exposed else None,
             "first_step": self.global_step - len(step_times),
+            "cpu": cpu["cpu"],
         }
+        if "device" in cpu:
+            result["device"] = cpu["device"]
+        if self.args.param_digest and config.kind in ("ddp", *SCHED_KINDS):
+            model = self.sched_model if scheduled else self._ddp(config.partition_bytes)[0].module
+            result["param_digest"] = _param_digest(model)
         if dispatch is not None:
             result["dispatch"] = dispatch
             result["hot_path"] = self.sched.hot_path
@@ -390,6 +435,53 @@ class Trainer:
         for _, sched, _ in self.replicas.values():
             sched.synchronize()
             sched.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _CpuSnapshot:
+    """The rank's CPU and, with an emulated model, its device's accounting at one moment."""
+
+    wall_s: float
+    process_cpu_s: float
+    machine_busy_s: float  # every process's (other ranks', other users'): /proc/stat
+    threads: dict[int, Any]  # benchmarks.profile_step.thread_times()
+    device: dict[str, float] | None
+
+    @classmethod
+    def take(cls, device: Any) -> _CpuSnapshot:
+        from benchmarks.profile_partition import machine_busy_s
+        from benchmarks.profile_step import thread_times
+
+        return cls(time.perf_counter(), time.process_time(), machine_busy_s(), thread_times(),
+                   device.stats() if device is not None else None)
+
+    def since(self, before: _CpuSnapshot, steps: int) -> dict[str, Any]:
+        from benchmarks.step_breakdown import time_by_kind
+
+        wall = self.wall_s - before.wall_s
+        runqueue = time_by_kind(before.threads, self.threads, steps, "runqueue_ns")
+        out: dict[str, Any] = {"cpu": {
+            "busy_share": (self.process_cpu_s - before.process_cpu_s) / wall if wall > 0 else None,
+            "machine_busy_cores": (self.machine_busy_s - before.machine_busy_s) / wall if wall > 0 else None,
+            "s_per_step": time_by_kind(before.threads, self.threads, steps),
+            "runqueue_s_per_step": runqueue["total"],
+            "training_runqueue_s_per_step": runqueue["training"]}}
+        if self.device is not None and before.device is not None:
+            out["device"] = {key: (self.device[key] - before.device[key]) / max(1, steps)
+                             for key in self.device}
+        return out
+
+
+def _param_digest(model: nn.Module) -> str:
+    """sha256 of every parameter's bytes, in parameters() order: replicas that trained the same
+    steps agree to the bit exactly when their digests do."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for param in model.parameters():
+            digest.update(param.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _as_dict(metrics: Any) -> dict[str, Any]:
@@ -456,6 +548,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sched-group", action="store_true",
                         help="give the scheduler its own gloo group instead of the default one")
     parser.add_argument("--full-metrics", action="store_true", help="emit every StepMetrics")
+    parser.add_argument("--param-digest", action="store_true",
+                        help="each ddp/sched result carries a sha256 of its replica's parameters")
     parser.add_argument("--steps-events", action="store_true",
                         help="rank 0 prints a step event per step (needed for step-based traces)")
     return parser.parse_args(argv)

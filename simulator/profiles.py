@@ -4,8 +4,8 @@ A profile lists the layers (modules that own parameters) in the order the forwar
 them; that order is the scheduler's priority. Each layer carries the byte sizes of its parameter
 tensors, because the scheduler partitions every tensor separately and DDP buckets tensors.
 
-Three profiles are built from public layer shapes (VGG-16, ResNet-50 at 224x224, a BERT-base
-encoder at sequence length 128) with compute derived from FLOPs at a configurable device
+Four profiles are built from public layer shapes (VGG-16, ResNet-50 at 224x224, a BERT-base
+encoder at sequence length 128, the GPT-2 small decoder at context 1024) with compute derived from FLOPs at a configurable device
 throughput; `record_profile` measures one from a real torch model on this machine.
 """
 
@@ -267,10 +267,40 @@ def bert_base(batch_size: int = 32, seq_len: int = 128,
     return b.build("bert-base", _OPTIMIZER_S_PER_BYTE)
 
 
+def gpt2(batch_size: int = 8, seq_len: int = 1024,
+         device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S) -> ModelProfile:
+    """The GPT-2 small decoder (124.4M parameters): 50257-token vocabulary, 12 pre-norm blocks of
+    hidden 768 (12 heads, FFN 3072), a final layer norm and an LM head tied to the token embedding.
+
+    The tied table is first used by the input lookup, so it is the first layer, and its gradient is
+    dense (the LM head writes every row) and complete only at the end of the backward pass; the LM
+    head's product is charged to `ln_f`, the last layer of the forward pass (its backward runs first,
+    before `ln_f`'s gradient is ready)."""
+    hidden, ffn, layers, vocab = 768, 3072, 12, 50257
+    b = _ShapeBuilder(batch_size, device_flops_per_s)
+    elements = seq_len * hidden
+    b.add("wte", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [vocab * hidden])
+    b.embedding("wpe", 1024, hidden, seq_len, shared=True)
+    attention_flops = 4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len ** 2
+    for index in range(layers):
+        prefix = f"h.{index}"
+        b.norm(f"{prefix}.ln_1", hidden, elements)
+        b.linear(f"{prefix}.attn.c_attn", hidden, 3 * hidden, seq_len, extra_flops=attention_flops)
+        b.linear(f"{prefix}.attn.c_proj", hidden, hidden, seq_len)
+        b.norm(f"{prefix}.ln_2", hidden, elements)
+        b.linear(f"{prefix}.mlp.c_fc", hidden, ffn, seq_len,
+                 extra_flops=ELEMENTWISE_FLOPS_PER_ELEMENT * seq_len * ffn)
+        b.linear(f"{prefix}.mlp.c_proj", ffn, hidden, seq_len)
+    b.add("ln_f", ELEMENTWISE_FLOPS_PER_ELEMENT * elements + 2.0 * hidden * vocab * seq_len,
+          [hidden, hidden])
+    return b.build("gpt2", _OPTIMIZER_S_PER_BYTE)
+
+
 BUILTIN_PROFILES: dict[str, Callable[..., ModelProfile]] = {
     "vgg16": vgg16,
     "resnet50": resnet50,
     "bert-base": bert_base,
+    "gpt2": gpt2,
 }
 
 

@@ -1,0 +1,288 @@
+"""The accelerator regime on this host: DDP, the scheduler and the bound on emulated-accelerator ranks.
+
+    python -m benchmarks.bench_emulated benchmarks/scenarios/emulated-resnet50-4w.toml \
+        --ranks 2,4,8 --rounds 3 --steps 10 --warmup 3 --out results/emulated-resnet50.json
+    python -m benchmarks.bench_emulated SCENARIO --check-compute     # the host is not the limit
+    python -m benchmarks.bench_emulated --report results/emulated-resnet50.json
+
+The scenario (a `[testbed] mode = "emulated"` file, benchmarks/scenario.py) gives the profile, its
+device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rate`
+overrides it). For each rank count, one testbed (a namespace per rank, benchmarks/testbed) runs
+every configuration in the same processes, interleaved round by round (ABBA): the two probes of the
+bound (`compute`: DDP under no_sync; `comm`: a bare all-reduce of all gradients in DDP's buckets),
+DDP at its default bucket_cap_mb (25 MiB) and at a grid of them, the scheduler at its default
+(4 MiB, 16 MiB) and at a small grid. Sizes are the model's bytes: on the wire (and in the worker's
+labels) they are divided by the byte scale, as the tensors are. A row's step is the median over
+rounds of rank 0's median step; beside it each rank's CPU busy share (process CPU time / wall time),
+the backend threads' CPU per step (gloo's and torch's own, the busiest rank), the time the training
+thread was runnable but waited for a CPU (worst rank), the cores the whole machine kept busy (other
+users' processes too), and a flag where the CPU was the limit (a goal does not use such a row). The machine's load average is recorded before and after every block.
+
+`--check-compute`: one rank (world size 1, no communication) runs the compute probe, whose step must
+equal the profile's compute within 2% with the CPU not the limit (exit 1 otherwise), and beside it
+the scheduler with nothing to reduce (what its own threads add: reported, not judged).
+
+Only the arithmetic is emulated (benchmarks/emulated.py): every table says so and states the scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.host import HostWatch
+from benchmarks.scenario import GBIT, Scenario, load_scenario
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DDP_DEFAULT_BUCKET = "25MiB"  # torch's bucket_cap_mb default, in the model's bytes
+DDP_GRID = ("5MiB", "50MiB", "100MiB")
+SCHED_DEFAULT = "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
+SCHED_GRID = ("sched:1MiB,4MiB", "sched:16MiB,64MiB", "sched:none,none")
+COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
+RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
+HOST_BUSY_LIMIT = 0.85  # the machine's busy cores (every process's) above this share: CPU-limited
+
+
+def wire_bytes(model_bytes: int | None, byte_scale: float) -> int | None:
+    """A size in the model's bytes on the scaled wire: divided, whole floats, at least 4 KiB."""
+    if model_bytes is None:
+        return None
+    return max(4 << 10, int(model_bytes / byte_scale) // 4 * 4)
+
+
+def wire_label(label: str, byte_scale: float) -> str:
+    """A configuration label in the model's bytes as the worker runs it on the scaled model."""
+    from benchmarks.train_worker import SCHED_KINDS, RunConfig
+
+    config = RunConfig.parse(label)
+    if config.kind == "ddp":
+        size = wire_bytes(config.partition_bytes, byte_scale)
+        return "ddp" if size is None else f"ddp:{size}"
+    if config.kind not in SCHED_KINDS:
+        return config.label
+    sizes = [wire_bytes(b, byte_scale) for b in (config.partition_bytes, config.credit_bytes)]
+    if config.tail_bytes is not None:
+        sizes.append(wire_bytes(config.tail_bytes, byte_scale))
+    return f"{config.kind}:" + ",".join(str(size or "none") for size in sizes)
+
+
+def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str]:
+    """The configurations of one block, in the model's bytes (DDP's default bucket spelt out)."""
+    ddp = [f"ddp:{DDP_DEFAULT_BUCKET}"] + [f"ddp:{size}" for size in ddp_grid if size != DDP_DEFAULT_BUCKET]
+    sched = [SCHED_DEFAULT] + [label for label in sched_grid if label != SCHED_DEFAULT]
+    return ["compute", "comm", *ddp, *sched]
+
+
+def _worker_command(scenario: Scenario, ranks: int, wire: Sequence[str], rounds: int, steps: int,
+                    warmup: int) -> list[str]:
+    workload = scenario.testbed_workload(ranks)
+    return [sys.executable, "-m", "benchmarks.train_worker", *workload.worker_args(),
+            "--optimizer", "sgd", "--lr", "0.001", "--configs", *wire, "--rounds", str(rounds),
+            "--abba", "--steps", str(steps), "--warmup", str(warmup)]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[str, Any]]],
+              cores: int) -> list[dict[str, Any]]:
+    """One row per configuration from every rank's `result` events (see the module docstring)."""
+    rows = []
+    for label, wire_lab in zip(labels, wire):
+        per_rank = [[r for r in results if r["config"] == _worker_label(wire_lab)] for results in ranks]
+        rank0 = per_rank[0]
+        busy = [_median([r["cpu"]["busy_share"] for r in results]) for results in per_rank]
+        backend = [_median([r["cpu"]["s_per_step"]["backend"] for r in results]) for results in per_rank]
+        runqueue = [_median([r["cpu"]["runqueue_s_per_step"] for r in results]) for results in per_rank]
+        training_runqueue = [_median([r["cpu"]["training_runqueue_s_per_step"] for r in results])
+                             for results in per_rank]
+        machine = _median([r["cpu"]["machine_busy_cores"] for r in rank0])
+        step = _median([r["median_step_s"] for r in rank0])
+        exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
+        device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
+        device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
+        flags = []
+        if step and max(training_runqueue) > RUNQUEUE_LIMIT * step:
+            flags.append("runqueue")
+        if machine is not None and machine > HOST_BUSY_LIMIT * cores:
+            flags.append("host-busy")
+        rows.append({"config": label, "wire": wire_lab, "step_s": step, "rounds": len(rank0),
+                     "hot_path": rank0[0].get("hot_path") if rank0 else None,
+                     "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,
+                     "backend_cpu_s_per_step": backend, "runqueue_s_per_step": runqueue,
+                     "training_runqueue_s_per_step": training_runqueue, "machine_busy_cores": machine,
+                     "cpu_limited": flags})
+    return rows
+
+
+def _worker_label(wire_lab: str) -> str:
+    from benchmarks.train_worker import RunConfig
+
+    return RunConfig.parse(wire_lab).label
+
+
+def run_block(scenario: Scenario, ranks: int, rate_gbit: float, labels: Sequence[str], rounds: int,
+              steps: int, warmup: int, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Every configuration at `ranks` emulated ranks on one testbed, interleaved round by round."""
+    from benchmarks.testbed import Testbed
+
+    wire = [wire_label(label, scenario.byte_scale) for label in labels]
+    wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
+    watch = HostWatch()
+    with Testbed(world_size=ranks, rate=wire_rate_bps) as bed:
+        result = bed.run(_worker_command(scenario, ranks, wire, rounds, steps, warmup),
+                         timeout_s=timeout_s, cwd=str(REPO))
+    host = watch.report()
+    rows = summarise(labels, wire, [rank.results for rank in result.ranks], os.cpu_count() or 1)
+    by_config = {row["config"]: row for row in rows}
+    compute, comm = by_config.get("compute", {}).get("step_s"), by_config.get("comm", {}).get("step_s")
+    bound = max(compute, comm) if compute and comm else None
+    ddp_rows = [row for row in rows if row["config"].startswith("ddp") and row["step_s"]]
+    ddp_default = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}", {}).get("step_s")
+    ddp_best = min((row["step_s"] for row in ddp_rows), default=None)
+    for row in rows:
+        step = row["step_s"]
+        row["x_bound"] = step / bound if step and bound else None
+        row["speedup_vs_ddp_default"] = ddp_default / step if step and ddp_default else None
+        row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best else None
+    return {"ranks": ranks, "rate_gbit": rate_gbit, "wire_rate_bps": wire_rate_bps,
+            "profile_compute_s": scenario.profile.compute_s, "bound_s": bound, "compute_s": compute,
+            "comm_s": comm, "host": host, "rows": rows}
+
+
+def check_compute(scenario: Scenario, rounds: int = 3, steps: int = 10, warmup: int = 3,
+                  timeout_s: float = 600.0) -> dict[str, Any]:
+    """World size 1 (no communication): the compute probe and the scheduler's step against the
+    profile's compute."""
+    labels = ["compute", SCHED_DEFAULT]
+    block = run_block(scenario, 1, 1.0, labels, rounds, steps, warmup, timeout_s)
+    profile_s = scenario.profile.compute_s
+    for row in block["rows"]:
+        row["x_profile"] = row["step_s"] / profile_s if row["step_s"] else None
+        row["within_tolerance"] = (row["x_profile"] is not None
+                                   and abs(row["x_profile"] - 1.0) <= COMPUTE_TOLERANCE)
+    return block
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_block(block: dict[str, Any], scale: str) -> str:
+    lines = [scale,
+             f"{block['ranks']} ranks, {block['rate_gbit']:g} Gbit/s in model bytes "
+             f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire); profile compute "
+             f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
+             f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
+             f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
+             f"{block['host'].get('load_end')})",
+             f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
+             f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
+             f"{'host':>4} flag"]
+    for row in block["rows"]:
+        busy = "/".join(f"{b:.2f}" for b in row["busy_share"] if b is not None)
+        backend = max((b for b in row["backend_cpu_s_per_step"] if b is not None), default=None)
+        runqueue = max((b for b in row["training_runqueue_s_per_step"] if b is not None), default=None)
+        machine = row["machine_busy_cores"]
+        extra = ""
+        if "x_profile" in row:
+            extra = (f"  x profile {_x(row['x_profile'])} "
+                     f"({'within' if row['within_tolerance'] else 'OUTSIDE'} {COMPUTE_TOLERANCE:.0%})")
+        lines.append(f"{row['config']:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
+                     f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
+                     f"{_ms(row['exposed_comm_s']):>7} {busy:>22} {_ms(backend):>7} {_ms(runqueue):>7} "
+                     f"{'-' if machine is None else f'{machine:.1f}':>4} "
+                     f"{','.join(row['cpu_limited']) or '-'}{extra}")
+    lines.append("/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
+                 "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
+                 "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
+                 f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
+                 "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals")
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    return "\n\n".join(format_block(block, report["scale"]) for block in report["blocks"])
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scenario", nargs="?", help="an emulated-mode scenario file")
+    parser.add_argument("--ranks", default="", help="rank counts, e.g. 2,4,8 (default: the scenario's)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="Gbit/s in the model's bytes (default: the scenario's bandwidth at t=0)")
+    parser.add_argument("--ddp-grid", default=",".join(DDP_GRID),
+                        help="bucket_cap sizes beside the default 25MiB (model bytes)")
+    parser.add_argument("--sched-grid", default=";".join(SCHED_GRID),
+                        help="scheduler configurations beside the default, ';'-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per block")
+    parser.add_argument("--check-compute", action="store_true",
+                        help="world size 1: the step against the profile's compute (exit 1 beyond 2%%)")
+    parser.add_argument("--out", default="", help="write the results as JSON here")
+    parser.add_argument("--report", default="", help="print the tables of a results JSON and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        print(format_report(json.loads(pathlib.Path(args.report).read_text())))
+        return 0
+    if not args.scenario:
+        raise SystemExit("give an emulated-mode scenario file (benchmarks/scenarios/emulated-*.toml)")
+    try:
+        scenario = load_scenario(args.scenario)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"bench_emulated: {error}") from None
+    if not scenario.emulated:
+        raise SystemExit(f"bench_emulated: {args.scenario} has no [testbed] mode = \"emulated\"")
+    from benchmarks.emulated import describe_scale
+
+    scale = describe_scale(scenario.profile, scenario.byte_scale, scenario.device_flops_per_s,
+                           scenario.compute_scale)
+    if args.check_compute:
+        block = check_compute(scenario, args.rounds, args.steps, args.warmup, args.timeout_s)
+        blocks = [block]
+        # The verdict is the compute probe's (communication off); the scheduler's row beside it
+        # shows what its own threads add with nothing to reduce.
+        ok = all(row["within_tolerance"] and not row["cpu_limited"] for row in block["rows"]
+                 if row["config"] == "compute")
+    else:
+        try:
+            ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else [scenario.workers]
+        except ValueError:
+            raise SystemExit(f"bench_emulated: --ranks {args.ranks!r}: give counts such as 2,4,8") from None
+        if any(r < 2 for r in ranks):
+            raise SystemExit("bench_emulated: every --ranks count must be >= 2 (--check-compute runs 1)")
+        rate = args.rate if args.rate is not None else scenario.bandwidth.at(0.0) / GBIT
+        labels = block_labels([s for s in args.ddp_grid.split(",") if s],
+                              [s for s in args.sched_grid.split(";") if s])
+        blocks = [run_block(scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s)
+                  for n in ranks]
+        ok = True
+    report = {"scenario": scenario.path, "scale": scale, "byte_scale": scenario.byte_scale,
+              "emulated": True, "blocks": blocks}
+    print(format_report(report))
+    if args.out:
+        path = pathlib.Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The emulated accelerator (benchmarks/emulated.py): profile sizes, gradients in backward order,
+the device's accounting, emulated-mode scenarios, and real emulated ranks on the testbed."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from benchmarks import bench_emulated
+from benchmarks.emulated import EmulatedModel, build_emulated, gradient_fill, scaled_elements
+from benchmarks.scenario import GBIT, load_scenario
+from benchmarks.train_worker import _param_digest
+from simulator.profiles import LayerProfile, ModelProfile, load_profile
+from tests.helpers.paths import ROOT
+
+# Three layers, short waits: 5 ms of compute a step, 35 KiB of gradients in five tensors.
+TINY = ModelProfile("tiny", (
+    LayerProfile("embed", 0.0005, 0.0010, (16384,)),
+    LayerProfile("block", 0.0010, 0.0015, (12288, 4096)),
+    LayerProfile("head", 0.0005, 0.0005, (4000, 8)),
+), batch_size=4, source="recorded")
+
+
+def test_layers_carry_the_profile_sizes_and_gradients_arrive_in_backward_order():
+    model = EmulatedModel(TINY, byte_scale=2)
+    sizes = [[p.numel() for p in layer.parameter_list()] for layer in model.layers]
+    assert sizes == [[scaled_elements(b, 2) for b in layer.param_bytes] for layer in TINY.layers]
+    assert sizes[2] == [500, 1]  # 4000 / 4 / 2 and the floor of one element
+    order: list[str] = []
+    for name, param in model.named_parameters():
+        param.register_post_accumulate_grad_hook(lambda p, name=name: order.append(name))
+    elapsed: list[float] = []
+    before = model.device.stats()
+
+    def one_step() -> None:  # a fresh thread: the device's launch clock starts at its first wait
+        start = time.perf_counter()
+        model(torch.zeros(1)).sum().backward()
+        elapsed.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=one_step)
+    thread.start()
+    thread.join()
+    assert [n.split(".")[1] for n in order] == ["2", "2", "1", "1", "0"]
+    for k, layer in enumerate(model.layers):
+        for param in layer.parameter_list():
+            assert torch.equal(param.grad, torch.full_like(param, gradient_fill(k, 0)))
+    after = model.device.stats()
+    assert after["busy_s"] - before["busy_s"] == pytest.approx(TINY.compute_s, rel=1e-9)
+    assert after["waits"] - before["waits"] == 6
+    assert elapsed[0] >= TINY.compute_s  # the device never shortens a wait
+
+
+def test_the_builder_loads_the_simulators_profiles_scaled():
+    workload = build_emulated("resnet50", compute_scale=50, byte_scale=16)
+    profile = load_profile("resnet50").scaled(50)
+    assert workload.model.profile.compute_s == pytest.approx(profile.compute_s)
+    assert workload.gradient_bytes == sum(4 * scaled_elements(b, 16) for layer in profile.layers
+                                          for b in layer.param_bytes)
+    gpt2 = load_profile("gpt2")
+    assert 124e6 < gpt2.total_param_bytes / 4 < 125e6 and gpt2.layers[0].name == "wte"
+    with pytest.raises(ValueError, match="byte_scale"):
+        build_emulated("resnet50", byte_scale=0.5)
+
+
+@pytest.mark.parametrize("ranks, byte_scale", [(2, 16), (4, 16), (8, 32)])
+def test_emulated_scenarios_select_the_mode_profile_scale_and_ranks(ranks, byte_scale):
+    scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / f"emulated-resnet50-{ranks}w.toml")
+    workload = scenario.testbed_workload()
+    assert (workload.model, workload.workers, scenario.byte_scale) == ("emulated", ranks, byte_scale)
+    assert workload.model_args["profile"] == "resnet50"
+    built = build_emulated(**workload.model_args)
+    assert built.model.profile.compute_s == pytest.approx(scenario.profile.compute_s)
+    first = scenario.testbed_trace(10.0).changes[0]
+    assert first.rate_bps == pytest.approx(scenario.bandwidth.at(0.0) * 8 / byte_scale, rel=0.01)
+    assert bench_emulated.wire_label("sched:4MiB,16MiB", byte_scale) == \
+        f"sched:{(4 << 20) // byte_scale},{(16 << 20) // byte_scale}"
+    assert bench_emulated.wire_label("ddp:25MiB", byte_scale) == f"ddp:{(25 << 20) // byte_scale}"
+    assert bench_emulated.wire_label("py:none,64KiB", byte_scale) == "py:none,4096"  # the floor
+
+
+@pytest.mark.parametrize("line, message", [("byte_scale = 0.5", "byte_scale"),
+                                           ('mode = "gpu"', "mode")])
+def test_bad_emulated_settings_name_the_key(tmp_path, line, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(textwrap.dedent(f"""
+        model = "resnet50"
+        workers = 2
+        duration_steps = 10
+        [bandwidth]
+        kind = "constant"
+        value = 5
+        [testbed]
+        {line}
+    """))
+    with pytest.raises(ValueError, match=message):
+        load_scenario(path)
+
+
+def _tiny_scenario(tmp_path, workers: int):
+    TINY.save(tmp_path / "tiny.profile.json")
+    path = tmp_path / "tiny.toml"
+    path.write_text(textwrap.dedent(f"""
+        model = "tiny.profile.json"
+        workers = {workers}
+        duration_steps = 10
+        [bandwidth]
+        kind = "constant"
+        value = 0.5
+        [testbed]
+        mode = "emulated"
+        byte_scale = 2
+    """))
+    return load_scenario(path)
+
+
+def needs_netns(test):
+    """Ranks in the testbed's namespaces (the harness's code, which the markers' static reach does
+    not follow): marked here; they need root and iproute2."""
+    for mark in (pytest.mark.netns, pytest.mark.multiprocess, pytest.mark.slow,
+                 pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None
+                                    or shutil.which("tc") is None,
+                                    reason="builds network namespaces: needs root and iproute2")):
+        test = mark(test)
+    return test
+
+
+@needs_netns
+def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_path):
+    scenario = _tiny_scenario(tmp_path, 4)
+    # the scheduler on both hot paths (py: the Python one)
+    labels = ["compute", "comm", "ddp:25MiB", "ddp:64KiB", "sched:4MiB,16MiB", "py:64KiB,256KiB"]
+    block = bench_emulated.run_block(scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1,
+                                     timeout_s=240)
+    assert block["wire_rate_bps"] == int(0.5 * GBIT * 8 / 2)
+    rows = {row["config"]: row for row in block["rows"]}
+    assert list(rows) == labels
+    for row in rows.values():
+        assert row["rounds"] == 1 and row["step_s"] > 0
+        assert len(row["busy_share"]) == 4 and all(0 < b < 4 for b in row["busy_share"])
+        assert all(b >= 0 for b in row["backend_cpu_s_per_step"])
+        # The device gave exactly the profile's compute per step, whatever else ran (none to the
+        # bare all-reduce).
+        expected = 0.0 if row["config"] == "comm" else TINY.compute_s
+        assert row["device_busy_s"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert rows["ddp:64KiB"]["wire"] == "ddp:32768"
+    assert rows["py:64KiB,256KiB"]["wire"] == "py:32768,131072"
+    assert rows["py:64KiB,256KiB"]["hot_path"] == "python"
+    assert rows["sched:4MiB,16MiB"]["hot_path"] == "native"  # the worktree's built _native
+    assert block["bound_s"] == max(rows["compute"]["step_s"], rows["comm"]["step_s"])
+    assert rows["sched:4MiB,16MiB"]["exposed_comm_s"] is not None
+    text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny")
+    assert "EMULATED" in text and "x bound" in text
+
+
+@needs_netns
+def test_the_compute_check_runs_one_rank_without_communication(tmp_path):
+    scenario = _tiny_scenario(tmp_path, 2)
+    block = bench_emulated.check_compute(scenario, rounds=1, steps=3, warmup=1, timeout_s=180)
+    assert block["ranks"] == 1 and block["comm_s"] is None
+    compute = next(row for row in block["rows"] if row["config"] == "compute")
+    assert compute["device_busy_s"] == pytest.approx(TINY.compute_s, rel=1e-6)
+    assert math.isfinite(compute["x_profile"]) and isinstance(compute["within_tolerance"], bool)
+
+
+def test_evaluate_on_the_testbed_refuses_a_byte_scaled_scenario_with_a_message(capsys):
+    from benchmarks import evaluate
+
+    path = ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml"
+    assert evaluate.main([str(path), "--testbed", "--policy", "ddp", "--out", "unused"]) == 2
+    assert "byte_scale" in capsys.readouterr().err
+
+
+@needs_netns
+def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_path):
+    """Both hot paths and DDP from the same start with the emulated gradients (a different fill
+    on each rank): after the same steps every replica on every rank holds the same parameters."""
+    from benchmarks.testbed import Testbed
+
+    scenario = _tiny_scenario(tmp_path, 2)
+    labels = ["ddp", "sched:4096,16384", "py:4096,16384"]
+    command = [sys.executable, "-m", "benchmarks.train_worker", *scenario.testbed_workload().worker_args(),
+               "--configs", *labels, "--steps", "3", "--warmup", "0", "--param-digest"]
+    with Testbed(world_size=2, rate="200mbit") as bed:
+        result = bed.run(command, cwd=str(ROOT), timeout_s=180)
+    digests = {(rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results}
+    assert len(digests) == 6 and len(set(digests.values())) == 1, digests
+    start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
+    assert _param_digest(start) not in digests.values()
