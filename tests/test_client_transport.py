@@ -488,10 +488,11 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
 
 
 def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(thread_daemon):
-    """Issue 13 items 4 and 9. Run 1 gets a decision for step 25 but stops at step 19: the decision
-    stays pending. Run 1's exit path records its last step and tells the daemon it finished (status
-    says `finished` at once). Run 2 of the same job takes rank 0 over at once (rank 0 finished) and
-    starts counting steps from 0: the old decision expires and is never applied at ITS step 25."""
+    """Run 1 gets a decision for step 25 but stops at step 19. Run 1's exit path records its last
+    step and tells the daemon it finished (status says `finished` at once), and the decision it never
+    reached expires with it: a finished job leaves nothing pending. Run 2 of the same job takes rank
+    0 over at once (rank 0 finished) and starts counting steps from 0: the old decision is never
+    applied at ITS step 25."""
     client = Client(thread_daemon.address)
 
     proposer = propose_once_registered(client, "rerun", 1, 25, 16 << 10, None)
@@ -502,7 +503,7 @@ def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(t
     assert job.state == "finished" and job.steps == 20
     history = client.query.History(pb.HistoryRequest(job="rerun"), timeout=5)
     assert [s.step for s in history.steps] == list(range(20))  # the last step too, without synchronize()
-    assert [d.state for d in history.decisions] == ["pending"]
+    assert [d.state for d in history.decisions] == ["expired"]
 
     (second,) = run_ranks(_one_run, 1, thread_daemon.address, "rerun", 40, timeout_s=120)
     assert second["acked"] == 40 and second["received"] == 0
