@@ -284,7 +284,7 @@ def _read_ranks(target: Path) -> list[dict]:
 
 
 def _judge(name: str, ranks: list[dict]) -> dict[str, Any]:
-    """passed/failed of a cases step: bit for bit (max |Δparam| == 0.0) and equal on every rank."""
+    """passed/failed of a cases step: bit for bit (max |Δstate_dict| == 0.0) and equal on every rank."""
     if name.startswith("overhead"):
         errors = {m: row["error"] for r in ranks for m, row in r["models"].items() if "error" in row}
         return {"status": "failed", "reason": f"{sorted(errors)}: {next(iter(errors.values()))[-800:]}"} \
@@ -295,7 +295,7 @@ def _judge(name: str, ranks: list[dict]) -> dict[str, Any]:
         if any("error" in row for row in rows):
             bad.append(f"{case}: {next(row['error'] for row in rows if 'error' in row)[-600:]}")
         elif any(row["max_abs_diff"] != 0.0 for row in rows):
-            bad.append(f"{case}: max |Δparam| {max(row['max_abs_diff'] for row in rows)} (must be 0.0)")
+            bad.append(f"{case}: max |Δstate_dict| {max(row['max_abs_diff'] for row in rows)} (must be 0.0)")
         elif len({row["digest"] for row in rows}) != 1:
             bad.append(f"{case}: parameters differ between ranks")
     return {"status": "failed", "reason": "; ".join(bad)} if bad else {"status": "passed"}
@@ -319,7 +319,7 @@ def table(report: dict) -> str:
         ranks = report["steps"].get(name, {}).get("ranks") or []
         if not ranks or "cases" not in ranks[0]:
             continue
-        lines += ["", f"{name}: case, max |Δparam| per rank, equal on every rank, syncs/step plain -> scheduled"]
+        lines += ["", f"{name}: case, max |Δstate_dict| per rank, equal on every rank, syncs/step plain -> scheduled"]
         for case in ranks[0]["cases"]:
             rows = [r.get("cases", {}).get(case, {}) for r in ranks]
             if any("error" in row or not row for row in rows):

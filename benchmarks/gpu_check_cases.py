@@ -175,6 +175,14 @@ def equivalence_cases(device: torch.device, quick: bool) -> tuple[list[Case], di
                           steps, gpu_delays=True))
     else:
         skipped["stream_ordering_gpu_delays"] = "needs CUDA (delays injected on the GPU's streams)"
+    if device.type == "cuda":
+        # SyncBatchNorm's collectives run inside the forward, on the default group, beside the
+        # scheduler's own communicator; its running statistics are compared too (`_diff`)
+        syncbn = _seeded(lambda: nn.Sequential(nn.Linear(64, width), nn.SyncBatchNorm(width), nn.ReLU(),
+                                               nn.Linear(width, 10)), device)
+        cases.append(Case("sync_batchnorm", syncbn, sgd, _features(32, device), F.cross_entropy, steps))
+    else:
+        skipped["sync_batchnorm"] = "needs CUDA (torch's SyncBatchNorm runs on GPUs only)"
     hf = _hf_gpt2(device) if not quick else None
     if hf is not None:
         cases.append(Case("hf_gpt2_tied", hf, adamw, _tokens(512, 4, 64, device), _lm_loss, steps))
@@ -294,8 +302,12 @@ def train_scheduled(case: Case, device: torch.device, batches: list, rank: int) 
 
 
 def _diff(a: nn.Module, b: nn.Module) -> float:
-    return max((x.detach().float() - y.detach().float()).abs().max().item()
-               for x, y in zip(a.parameters(), b.parameters()))
+    """The largest difference of the whole state_dicts: parameters and buffers (BatchNorm statistics)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys():
+        return float("inf")
+    return max((0.0 if torch.equal(sa[k], sb[k]) else (sa[k].double() - sb[k].double()).abs().max().item())
+               for k in sa)
 
 
 def _digest(model: nn.Module) -> str:

@@ -53,6 +53,37 @@ def bert() -> BertForSequenceClassification:
         vocab_size=97, max_position_embeddings=16, num_labels=3))
 
 
+class BatchNormRegressor(torch.nn.Module):
+    """A small model with BatchNorm running statistics, in Trainer's calling convention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                        torch.nn.Linear(16, 1))
+
+    def forward(self, x, labels):
+        out = self.body(x).squeeze(-1)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+
+def batchnorm_regressor() -> BatchNormRegressor:
+    torch.manual_seed(0)
+    return BatchNormRegressor()
+
+
+class Features(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(2)
+        self.x = torch.randn(n, 6, generator=g) * torch.linspace(0.5, 3.0, n).unsqueeze(1)
+        self.y = torch.randn(n, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n: int, labels: bool = False) -> None:
         g = torch.Generator().manual_seed(1)
@@ -69,6 +100,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+BATCHNORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 SKIPPED: list[int] = []  # fp16 steps whose update the GradScaler skipped, per accelerate run
 
 
@@ -82,7 +114,7 @@ def state(model: torch.nn.Module) -> dict:
 
 
 def trainer_run(trainer_cls, make_model, out_dir, extra=None, resume=None, labels=False, callback=None,
-                **overrides):
+                data=None, **overrides):
     reset()
     settings = {"output_dir": out_dir, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
                     "max_steps": 4, "learning_rate": 1e-3, "warmup_steps": 1, "bf16": True, "use_cpu": True,
@@ -93,8 +125,8 @@ def trainer_run(trainer_cls, make_model, out_dir, extra=None, resume=None, label
     settings.update(overrides)
     args = TrainingArguments(**settings)
     kwargs = {} if extra is None else {"autobyte": extra}
-    trainer = trainer_cls(model=make_model(), args=args, train_dataset=Tokens(48, labels),
-                          eval_dataset=Tokens(8, labels), **kwargs)
+    train, evaluation = (Tokens(48, labels), Tokens(8, labels)) if data is None else data
+    trainer = trainer_cls(model=make_model(), args=args, train_dataset=train, eval_dataset=evaluation, **kwargs)
     if callback is not None:
         callback.trainer = trainer
         trainer.add_callback(callback)
@@ -143,6 +175,31 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
     return state(accelerator.unwrap_model(model)), scheduled
 
 
+def accelerate_batchnorm(accelerator):
+    """BatchNorm through accelerate: rank-local batches (and a rank-local initial running mean),
+    training, an evaluation under no_grad, training again."""
+    model = batchnorm_regressor()
+    if RANK == 1:
+        with torch.no_grad():
+            model.body[1].running_mean.add_(1.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    data = Features(48)
+    for step in range(6):
+        if step == 3:
+            model.eval()
+            with torch.no_grad():
+                model(data.x[:8], data.y[:8])
+            model.train()
+        rows = slice(8 * step + 4 * RANK, 8 * step + 4 * RANK + 4)
+        accelerator.backward(model(data.x[rows] * (1 + RANK), data.y[rows])["loss"])
+        optimizer.step()
+        optimizer.zero_grad()
+    if isinstance(accelerator, autobyte.accelerate.Accelerator):
+        accelerator.close_schedulers()
+    return state(accelerator.unwrap_model(model))
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("autobyte.hf").setLevel(logging.INFO)  # the configuration lines
@@ -165,6 +222,14 @@ def main() -> None:
     ours_b, _ = trainer_run(autobyte.hf.Trainer, bert, f"{OUT}/bours", labels=True, bf16=False,
                             gradient_accumulation_steps=1, max_steps=3, save_steps=10)
     results["bert"] = (ddp_b, ours_b)
+    # BatchNorm: rank 0's statistics reach every rank before each training forward, as DDP's
+    # (ddp_broadcast_buffers=None: DDP's default True); the evaluation runs on the unwrapped model
+    features = dict(labels=True, bf16=False, max_steps=4, save_steps=10, max_grad_norm=0.0,
+                    data=(Features(64), Features(16)))
+    ddp_n, ddp_n_logs = trainer_run(transformers.Trainer, batchnorm_regressor, f"{OUT}/nddp", **features)
+    ours_n, ours_n_logs = trainer_run(autobyte.hf.Trainer, batchnorm_regressor, f"{OUT}/nours", **features)
+    results["batchnorm"] = (ddp_n, ours_n)
+    batchnorm_evals = [[e["eval_loss"] for e in logs if "eval_loss" in e] for logs in (ddp_n_logs, ours_n_logs)]
 
     reset()
     a, _ = accelerate_run(DDPAccelerator(mixed_precision="bf16", gradient_accumulation_steps=2, cpu=True),
@@ -184,6 +249,12 @@ def main() -> None:
         save_dir=f"{OUT}/acc16_ours")
     skipped_ours = SKIPPED.pop()
     results["accelerate_fp16"] = (a16, b16)
+    no_broadcast = [DistributedDataParallelKwargs(broadcast_buffers=False)]
+    reset()
+    a_n = accelerate_batchnorm(DDPAccelerator(cpu=True, kwargs_handlers=no_broadcast))
+    reset()
+    b_n = accelerate_batchnorm(autobyte.accelerate.Accelerator(cpu=True, kwargs_handlers=no_broadcast, **dense))
+    results["accelerate_batchnorm_no_broadcast"] = (a_n, b_n)
 
     refusals = {}
     reset()
@@ -203,30 +274,26 @@ def main() -> None:
     except ValueError as error:
         refusals["clip"] = str(error)
     acc.close_schedulers()
-    bn = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
-    try:
-        acc.prepare(bn, torch.optim.SGD(bn.parameters(), lr=0.1))
-        refusals["batchnorm"] = ""
-    except ValueError as error:
-        refusals["batchnorm"] = str(error)
-    acc.close_schedulers()
 
     diffs = {name: {k: float((x[k].double() - y[k].double()).abs().max()) for k in x}
              for name, (x, y) in results.items()}
     keys_equal = {name: sorted(x) == sorted(y) for name, (x, y) in results.items()}
-    # every rank identical: rank 0's tensors against this rank's
-    across = {}
+    # every rank's parameters identical: rank 0's tensors against this rank's (BatchNorm statistics
+    # apart: each rank's last forward updates its own, with DDP too)
+    across, across_statistics = {}, {}
     for name, (_, y) in results.items():
-        worst = 0.0
-        for v in y.values():
+        worst = {False: 0.0, True: 0.0}
+        for k, v in y.items():
             v0 = v.clone()
             dist.broadcast(v0, 0)
-            worst = max(worst, float((v0.double() - v.double()).abs().max()))
-        across[name] = worst
+            statistic = k.endswith(BATCHNORM_STATISTICS)
+            worst[statistic] = max(worst[statistic], float((v0.double() - v.double()).abs().max()))
+        across[name], across_statistics[name] = worst[False], worst[True]
     with open(f"{OUT}/rank{RANK}.json", "w") as f:
         json.dump({"diffs": diffs, "keys_equal": keys_equal, "across": across, "refusals": refusals,
                    "fp16": {"skipped_ddp": skipped_ddp, "skipped_ours": skipped_ours, "scheduled": fp16_scheduled},
-                   "session_closed": session_closed, "accelerate_scheduled": accelerate_scheduled,
+                   "session_closed": session_closed, "batchnorm_evals": batchnorm_evals,
+                   "across_statistics": across_statistics, "accelerate_scheduled": accelerate_scheduled,
                    "ddp_logs": ddp_logs, "our_logs": our_logs}, f, default=str)
 
 

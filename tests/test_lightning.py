@@ -30,12 +30,14 @@ def _module_class():
     from torch import nn
 
     class Net(L.LightningModule):
-        """A small MLP; SGD with momentum or AdamW, a per-step LR schedule, logged losses."""
+        """A small MLP (with BatchNorm if asked); SGD with momentum or AdamW, a per-step LR schedule,
+        logged losses."""
 
-        def __init__(self, optimizer: str = "sgd") -> None:
+        def __init__(self, optimizer: str = "sgd", batchnorm: bool = False) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU())
+            norm = [nn.BatchNorm1d(64)] if batchnorm else []
+            self.body = nn.Sequential(nn.Linear(16, 64), *norm, nn.ReLU(), nn.Linear(64, 32), nn.ReLU())
             self.head = nn.Linear(32, 4)
             self.optimizer_name = optimizer
 
@@ -92,7 +94,8 @@ def _grad_norms():
 
 def _fit(strategy_name: str, *, max_steps: int, precision: str = "32-true", fp16_scaler: bool = False,
          clip: float | None = None, optimizer: str = "sgd", accumulate: int = 1, with_validation: bool = True,
-         ckpt_dir: str | None = None, resume_from: str | None = None, strategy_kwargs: dict | None = None):
+         ckpt_dir: str | None = None, resume_from: str | None = None, strategy_kwargs: dict | None = None,
+         batchnorm: bool = False, broadcast_buffers: bool = True):
     import lightning as L
     import torch
     from autobyte.lightning import AutobyteStrategy
@@ -102,9 +105,9 @@ def _fit(strategy_name: str, *, max_steps: int, precision: str = "32-true", fp16
 
     if strategy_name == "autobyte":
         strategy = AutobyteStrategy(**{"partition_bytes": 4 << 10, "credit_bytes": 8 << 10,
-                                       **(strategy_kwargs or {})})
+                                       "broadcast_buffers": broadcast_buffers, **(strategy_kwargs or {})})
     else:
-        strategy = DDPStrategy()
+        strategy = DDPStrategy() if broadcast_buffers else DDPStrategy(broadcast_buffers=False)
     plugins = []
     if fp16_scaler:  # Lightning turns "16-mixed" on CPU into bf16 unless the plugin is given
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
@@ -120,10 +123,12 @@ def _fit(strategy_name: str, *, max_steps: int, precision: str = "32-true", fp16
                         num_sanity_val_steps=1 if with_validation else 0, callbacks=callbacks,
                         logger=False, enable_checkpointing=ckpt_dir is not None, enable_progress_bar=False,
                         enable_model_summary=False)
-    module = _module_class()(optimizer)
+    module = _module_class()(optimizer, batchnorm)
     trainer.fit(module, *_loaders(with_validation), ckpt_path=resume_from)
     # plain floats (exact for float32): tensors do not outlive a spawned rank through its queue
-    out = {"params": [p.detach().reshape(-1).tolist() for p in module.parameters()],
+    # the whole state_dict: parameters and buffers (BatchNorm statistics)
+    out = {"state": {k: v.detach().reshape(-1).tolist() for k, v in module.state_dict().items()},
+           "params": [p.detach().reshape(-1).tolist() for p in module.parameters()],
            "lr": trainer.optimizers[0].param_groups[0]["lr"], "global_step": trainer.global_step,
            "norms": norms.norms}
     if fp16_scaler:
@@ -140,9 +145,13 @@ def _fit_both(rank, world, settings):
 
 
 def _max_diff(a, b) -> float:
+    """The largest difference of two parameter lists, or of two state_dicts (name -> values)."""
     import torch
 
     assert len(a) == len(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        a, b = [a[k] for k in a], [b[k] for k in a]
     return max((torch.tensor(x, dtype=torch.float64) - torch.tensor(y, dtype=torch.float64)).abs().max().item()
                for x, y in zip(a, b))
 
@@ -151,7 +160,7 @@ def _assert_equal_to_ddp(results) -> None:
     for rank, result in enumerate(results):
         ddp, ours = result["ddp"], result["autobyte"]
         assert ddp["global_step"] == ours["global_step"] > 0
-        assert _max_diff(ddp["params"], ours["params"]) == 0.0, f"rank {rank} differs from DDPStrategy"
+        assert _max_diff(ddp["state"], ours["state"]) == 0.0, f"rank {rank} differs from DDPStrategy"
         assert ddp["lr"] == ours["lr"]
         assert ddp.get("scale") == ours.get("scale")
     assert _max_diff(results[0]["autobyte"]["params"], results[1]["autobyte"]["params"]) == 0.0
@@ -185,6 +194,18 @@ def test_gradient_accumulation_equals_ddp_strategy():
     assert max(results[0]["autobyte"]["norms"]) > 0.5
 
 
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_batchnorm_statistics_equal_ddp_strategys(broadcast_buffers):
+    """BatchNorm's running statistics, with validation during fit (a sanity check first, as
+    DDPStrategy runs through its DDP wrapper) and accumulation: every rank's whole state_dict is
+    DDPStrategy's, broadcast_buffers=True (the default) and False."""
+    results = run_ranks(_fit_both, 2, {"max_steps": 7, "accumulate": 2, "batchnorm": True,
+                                       "broadcast_buffers": broadcast_buffers}, timeout_s=240)
+    _assert_equal_to_ddp(results)
+    first, second = (result["autobyte"]["state"]["body.1.running_mean"] for result in results)
+    assert first != second  # each rank's last training forward updates its own statistics
+
+
 def _resume(rank, world, ckpt_dir):
     import torch
 
@@ -207,8 +228,8 @@ def test_checkpoint_saved_during_fit_resumes_as_ddp_strategys(tmp_path):
         assert ours["first"]["global_step"] == 6 and ours["resumed"]["global_step"] == 12
         # the checkpoint holds every update of the first fit (and the momentum buffers: the resumed
         # fit would drift from DDPStrategy's otherwise)
-        assert _max_diff(ddp["first"]["params"], ours["first"]["params"]) == 0.0
-        assert _max_diff(ddp["resumed"]["params"], ours["resumed"]["params"]) == 0.0
+        assert _max_diff(ddp["first"]["state"], ours["first"]["state"]) == 0.0
+        assert _max_diff(ddp["resumed"]["state"], ours["resumed"]["state"]) == 0.0
         assert ddp["resumed"]["lr"] == ours["resumed"]["lr"]
     assert _max_diff(results[0]["autobyte"]["resumed"]["params"], results[1]["autobyte"]["resumed"]["params"]) == 0.0
 

@@ -17,7 +17,7 @@ def _compiled_worker(rank: int, world: int, steps: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from autobyte import ScheduledOptimizer
-    from tests.test_scheduler_recipes import (lm_loss, make_lm, max_param_diff, param_digests,
+    from tests.test_scheduler_recipes import (lm_loss, make_lm, max_state_diff, param_digests,
                                         token_batches)
 
     batches = token_batches(rank, steps)
@@ -43,7 +43,7 @@ def _compiled_worker(rank: int, world: int, steps: int) -> dict:
             sched.step()
             compiled_frames.append((counters["frames"]["total"],
                                     counters["stats"]["unique_graphs"]))
-    return {"diff": max_param_diff(ref, model), "frames": compiled_frames,
+    return {"diff": max_state_diff(ref, model), "frames": compiled_frames,
             "digests": param_digests(model), "hot_path": sched.hot_path}
 
 

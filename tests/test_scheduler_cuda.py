@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import run_ranks
-from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.equiv import max_state_diff, train_ddp, train_scheduled
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")]
@@ -58,7 +58,7 @@ def _cuda_worker(rank: int, world: int, sync_bn: bool) -> dict:
                 torch.randint(0, 10, (8,), generator=gen).to(device)) for _ in range(60)]
     ref, _ = train_ddp(make_model, make_opt, batches, F.cross_entropy)
     model, _, seen, _ = train_scheduled(make_model, make_opt, batches, F.cross_entropy, rank)
-    return {"diff": max_param_diff(ref, model), "steps": len(seen)}
+    return {"diff": max_state_diff(ref, model), "steps": len(seen)}
 
 
 @pytest.mark.timeout(300)

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
-from tests.helpers.equiv import jitter, max_param_diff
+from tests.helpers.equiv import jitter, max_state_diff
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def _clip_worker(rank: int, world: int, steps: int) -> dict:
                     schedule.step()
                 sched.synchronize()
                 last_norm = sched.last_grad_norm
-            results[(kind, foreach)] = {"diff": max_param_diff(ref, model),
+            results[(kind, foreach)] = {"diff": max_state_diff(ref, model),
                                         "digests": param_digests(model),
                                         "clipped": sum(n > 0.5 for n in norms),
                                         "last_norm_equal": last_norm == norms[-1]}
@@ -231,7 +231,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
                 schedule.step()
             sched.synchronize()
             scale = sched_scaler.get_scale() if sched_scaler else None
-        results[case] = {"diff": max_param_diff(ref, model), "digests": param_digests(model),
+        results[case] = {"diff": max_state_diff(ref, model), "digests": param_digests(model),
                          "scale_equal": scale == (ref_scaler.get_scale() if ref_scaler else None)}
         results["hot_paths"].append(sched.hot_path)
 

@@ -34,8 +34,10 @@ accelerate. The parameters are DDP's to the bit. How accelerate's calls map to t
 
 Refused with a ValueError (never silently different): distributed types other than DDP's
 (FSDP, DeepSpeed, XLA, tensor parallel), DDP communication hooks (they change the numbers),
-`broadcast_buffers=True` on a model whose buffers training changes (BatchNorm statistics) while the
-scheduler cannot broadcast buffers, a clipping norm other than the one configured.
+a clipping norm other than the one configured.
+
+Buffers (BatchNorm statistics): `DistributedDataParallelKwargs(broadcast_buffers=...)` (default True)
+becomes the scheduler's `broadcast_buffers`, which copies rank 0's buffers as DDP does.
 
 `accelerate` is an optional extra (`pip install 'autobyte[hf]'`), never a dependency of the core.
 """
@@ -43,7 +45,6 @@ scheduler cannot broadcast buffers, a clipping norm other than the one configure
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 from collections.abc import Iterator
@@ -185,12 +186,6 @@ class Accelerator(accelerate.Accelerator):
             self._scheduled[id(model)] = prepared.scheduled
 
     def _build_scheduler(self, model: nn.Module, prepared: AcceleratedOptimizer) -> ScheduledOptimizer:
-        options: dict[str, Any] = {}
-        broadcast = self._broadcast_buffers()
-        if "broadcast_buffers" in inspect.signature(ScheduledOptimizer).parameters:
-            options["broadcast_buffers"] = broadcast
-        elif broadcast:
-            _check_static_buffers(model)
         if self._daemon_args is not None and not self._session_started:
             import autobyte
 
@@ -201,7 +196,8 @@ class Accelerator(accelerate.Accelerator):
         scheduled = ScheduledOptimizer(
             model, prepared.optimizer, self._config.partition_bytes, self._config.credit_bytes,
             clip_grad_norm=self._clip, clip_norm_type=self._clip_norm_type, timeout_s=self._timeout_s,
-            grad_scaler=scaler, native=self._native, tail_bytes=self._config.tail_bytes, **options)
+            grad_scaler=scaler, native=self._native, tail_bytes=self._config.tail_bytes,
+            broadcast_buffers=self._broadcast_buffers())
         logger.info("autobyte scheduler on rank %d/%d: %s%s", self.process_index, self.num_processes,
                     self._config.describe(), "" if self._clip is None else f", clip_grad_norm={self._clip:g}")
         return scheduled
@@ -342,16 +338,3 @@ class _ScheduledStepOptimizer(AcceleratedOptimizer):
             super().load_state_dict(state_dict)
         else:
             self.scheduled.load_state_dict(state_dict)
-
-
-def _check_static_buffers(model: nn.Module) -> None:
-    """DDP's broadcast_buffers=True copies rank 0's buffers at every forward; the scheduler
-    broadcasts them once. Equal only where training never changes a buffer: refuse those it does."""
-    changing = [name for name, module in model.named_modules()
-                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats]
-    if changing:
-        raise ValueError(f"{type(model).__name__} has BatchNorm running statistics ({changing[0]}, ...) "
-                         "that DDP's broadcast_buffers=True would copy from rank 0 at every forward, "
-                         "which this scheduler does not: pass DistributedDataParallelKwargs("
-                         "broadcast_buffers=False) (Trainer: ddp_broadcast_buffers=False) or convert "
-                         "BatchNorm to SyncBatchNorm")

@@ -12,7 +12,10 @@ accelerate's calls map to the scheduler's) with `TrainingArguments.max_grad_norm
 clipping norm, so everything Trainer does with accelerate keeps its meaning: AdamW with its LR
 schedule, clipping (on by default), `gradient_accumulation_steps`, bf16 / fp16, evaluation during
 training, `save_steps` checkpoints (the model and optimizer state after every pending update landed)
-and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit.
+and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit, and so are
+the buffers (BatchNorm statistics): `TrainingArguments.ddp_broadcast_buffers` (default: DDP's True)
+is the scheduler's `broadcast_buffers`, and the evaluation's forwards, which Trainer runs on the
+unwrapped model, receive no broadcast there either (`ScheduledOptimizer.unwrapped()`).
 
 What it adds to the Trainer's logs:
 * `grad_norm` is the scheduler's (the norm of the reduced gradients before clipping, read at each
@@ -101,6 +104,12 @@ class Trainer(transformers.Trainer):
             # the last updates landed and the threads stop: self.model holds the final parameters
             self.accelerator.close_schedulers()
             self._configurations.scheduled = None
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        # Trainer evaluates the unwrapped model, not DDP's wrapper: no buffer broadcast there
+        scheduled = self.scheduled_optimizer
+        with scheduled.unwrapped() if scheduled is not None else contextlib.nullcontext():
+            return super().evaluation_loop(*args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         self.accelerator.synchronize()

@@ -29,6 +29,10 @@ DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
 * LR schedulers step the LightningModule's optimizer as usual: the scheduler captures the
   hyper-parameters at each `step()`.
 * validation / test / predict: forward passes without backward simply wait for pending updates.
+* buffers (BatchNorm statistics): `broadcast_buffers=True` (DDP's default) copies rank 0's buffers
+  at the forwards DDP copies them at (`autobyte.scheduler.buffers`); validation steps during `fit`
+  enter the LightningModule's `__call__`, as DDPStrategy enters its DDP wrapper, so they count as
+  DDP's forwards do. `broadcast_buffers=False`: as DDPStrategy(broadcast_buffers=False).
 * `job=` / `daemon=` / `token=` / `tune=` call `autobyte.init` at setup (and `autobyte.shutdown` at
   teardown); without them nothing is sent, unless the script called `autobyte.init()` itself.
 
@@ -85,6 +89,8 @@ class AutobyteStrategy(DDPStrategy):
             configurations (`daemon` may also come from AUTOBYTE_DAEMON, `job` from AUTOBYTE_JOB).
         timeout_s: how long the scheduler waits for parameters or shutdown before raising.
         native: run the scheduler's C++ hot path where it can (see `ScheduledOptimizer`).
+        broadcast_buffers: rank 0's buffers to every rank as DDP's `broadcast_buffers` (see
+            `ScheduledOptimizer`).
         The remaining arguments are `DDPStrategy`'s (accelerator, parallel_devices,
         cluster_environment, checkpoint_io, precision_plugin, process_group_backend, timeout,
         start_method). DDP's own options (find_unused_parameters, static_graph, comm hooks, ...)
@@ -95,7 +101,7 @@ class AutobyteStrategy(DDPStrategy):
 
     def __init__(self, partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20, *,
                  job: str | None = None, daemon: str | None = None, token: str | None = None,
-                 tune: bool = True, timeout_s: float = 300.0, native: bool = True,
+                 tune: bool = True, timeout_s: float = 300.0, native: bool = True, broadcast_buffers: bool = True,
                  tail_bytes: int | None = None, accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
                  cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
                  process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
@@ -119,6 +125,9 @@ class AutobyteStrategy(DDPStrategy):
             else None
         self._timeout_s = float(timeout_s)
         self._native = bool(native)
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+        self._broadcast_buffers = broadcast_buffers
         self._scheduled: ScheduledOptimizer | None = None
         self._session_started = False
 
@@ -160,7 +169,7 @@ class AutobyteStrategy(DDPStrategy):
         self._scheduled = ScheduledOptimizer(
             self.lightning_module, optimizer, self._config.partition_bytes, self._config.credit_bytes,
             clip_grad_norm=clip, timeout_s=self._timeout_s, grad_scaler=scaler, native=self._native,
-            tail_bytes=self._config.tail_bytes)
+            tail_bytes=self._config.tail_bytes, broadcast_buffers=self._broadcast_buffers)
         logger.info("autobyte scheduler on rank %d/%d: %s%s", self.global_rank, self.world_size,
                     self._config.describe(), "" if clip is None else f", clip_grad_norm={clip:g}")
 
@@ -198,6 +207,16 @@ class AutobyteStrategy(DDPStrategy):
             if self._scheduled is None:
                 return module.training_step(*args, **kwargs)
             return self._forward_redirection(module, module, "training_step", *args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """As DDPStrategy's through its DDP wrapper: through the LightningModule's `__call__`, so
+        the scheduler sees the forward (the buffer broadcast DDP's forward would do)."""
+        module = self.lightning_module
+        assert module is not None
+        with self.precision_plugin.val_step_context():
+            if self._scheduled is None:
+                return module.validation_step(*args, **kwargs)
+            return self._forward_redirection(module, module, "validation_step", *args, **kwargs)
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None,
                        **kwargs: Any) -> Any:

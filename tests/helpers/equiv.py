@@ -20,9 +20,25 @@ CREDITS = [None, 4 << 10, 16 << 10, 1 << 20]
 TAILS = [None, None, 8 << 10, 64 << 10, 1 << 30]
 
 
-def max_param_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((x.detach() - y.detach()).abs().max().item()
-               for x, y in zip(a.parameters(), b.parameters()))
+def max_state_diff(a: nn.Module, b: nn.Module) -> float:
+    """The largest difference between the two models' whole `state_dict()`s: parameters and
+    buffers (BatchNorm statistics, counters); inf if their entries differ in name or shape."""
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
+        return float("inf")
+    diffs = [(sa[k].detach().to(torch.float64) - sb[k].detach().to(torch.float64)).abs().max().item()
+             for k in sa if sa[k].numel()]
+    return max(diffs, default=0.0)
+
+
+def unequal_state_entries(a: nn.Module, b: nn.Module) -> list[str]:
+    """The `state_dict()` entries (parameters and buffers) that are not equal bit for bit."""
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sorted(set(sa) ^ set(sb)) + [k for k in sa if k in sb and not torch.equal(sa[k], sb[k])]
 
 
 def jitter(model: nn.Module, rng: random.Random, p: float = 0.3, max_s: float = 0.002) -> None:
@@ -94,7 +110,7 @@ def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Ca
     """One case of the model-equivalence tests: the same batches (drawn by `data(generator)`, a
     generator per rank) through DDP and through the scheduler (jitter, random reconfigurations),
     both with AdamW from the same initial parameters. The result: the largest parameter
-    difference, the steps and distinct configurations the scheduler ran, its hot path and its
+    difference (parameters and buffers), the steps and distinct configurations the scheduler ran, its hot path and its
     `dispatch_stats()` at the end."""
     import torch
 
@@ -112,7 +128,7 @@ def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Ca
     model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=run_seed,
                                                on_close=lambda sched: stats.update(sched.dispatch_stats()),
                                                **sched_kwargs)
-    return {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
+    return {"diff": max_state_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
             "configs": len({tuple(c) for _, *c in seen}), "stats": stats}
 
 

@@ -26,6 +26,7 @@ from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler import device as device_sync
 from autobyte.scheduler import checks, compiled, groups, health, native, process_exit, tracking
+from autobyte.scheduler import buffers as buffers_mod
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.progress import Progress, SchedulerError
@@ -69,6 +70,10 @@ class ScheduledOptimizer:
         sparse_rows: reduce the gradients of large `nn.Embedding` / `nn.EmbeddingBag` weights
             row-sparse: only the rows some rank touched go on the wire, with DDP's numbers to the
             bit (`autobyte.scheduler.sparse_rows`; CPU/gloo). False: every gradient dense.
+        broadcast_buffers: as DDP's: rank 0's buffers (BatchNorm running statistics, ...) are
+            copied to every rank at construction and at the start of each forward pass that DDP
+            would copy them at (`autobyte.scheduler.buffers`). False: buffers stay each rank's own,
+            at construction too.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
@@ -76,7 +81,8 @@ class ScheduledOptimizer:
                  process_group: Any = None, *, clip_grad_norm: float | None = None,
                  clip_norm_type: float = 2.0, timeout_s: float = 300.0,
                  own_communicator: bool = True, grad_scaler: Any = None, native: bool = True,
-                 tail_bytes: int | None = None, sparse_rows: bool = True) -> None:
+                 tail_bytes: int | None = None, sparse_rows: bool = True,
+                 broadcast_buffers: bool = True) -> None:
         config = Config(partition_bytes, credit_bytes, tail_bytes)
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
         optimizers, params, index_of, names = setup.optimizers, setup.params, setup.index_of, setup.names
@@ -102,6 +108,8 @@ class ScheduledOptimizer:
         self._native_wanted = bool(native)
         if not isinstance(sparse_rows, bool):
             raise ValueError(f"sparse_rows must be True or False, got {sparse_rows!r}")
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
         self._hot_path: str | None = None
         self._hot_path_reason = ""
 
@@ -118,14 +126,19 @@ class ScheduledOptimizer:
         self._sparse_idx = sparse_rows_mod.eligible(model, params) if sparse_rows and self._world > 1 else []
         self._sparse: list[sparse_rows_mod.SparseRows] = []
 
-        self._broadcast_initial_state()
+        self._broadcast_initial_state(broadcast_buffers)
         self._decision_group = None
         self._data_group = self._pg
         self._follower_globals: list[int] = []
+        buffer_group = self._pg  # DDP's: the training thread's collectives, in program order
         if self._world > 1:
             if own_communicator:
                 self._data_group = groups.new_member_group(self._pg, groups.backend_of(self._pg),
                                                            self._timeout_s)
+            elif broadcast_buffers and buffers_mod.synced_buffers(model):
+                # process_group carries the dispatch thread's collectives: not the training thread's
+                buffer_group = groups.new_member_group(self._pg, groups.backend_of(self._pg),
+                                                       self._timeout_s)
             self._decision_group = groups.new_member_group(self._pg, "gloo", self._timeout_s)
             self._follower_globals = [r for r in groups.member_ranks(self._pg) if r != self._leader_global]
 
@@ -145,6 +158,7 @@ class ScheduledOptimizer:
         self._backward_end_queued = -1  # step whose end-of-backward callback is queued
         self._forward_seen = -1  # step whose first forward has been checked
         self._accumulation = Accumulation(self._n)
+        self._buffers = buffers_mod.BufferBroadcast(model, buffer_group, broadcast_buffers and self._world > 1)
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
         self._channel: OrderChannel | None = None
@@ -163,7 +177,8 @@ class ScheduledOptimizer:
 
         # eager even inside a torch.compile'd forward (a graph break there: `compiled`)
         self._handles = [model.register_forward_pre_hook(
-            tracking.CopySafeHook(compiled.run_eagerly(self._root_pre_hook)), prepend=True)]
+            tracking.CopySafeHook(compiled.run_eagerly(self._root_pre_hook)), prepend=True),
+            model.register_forward_hook(tracking.CopySafeHook(compiled.run_eagerly(self._root_hook)))]
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
         for module in model.modules():
@@ -307,6 +322,14 @@ class ScheduledOptimizer:
         The loss scaling stays the user's (the scheduler never rescales). If every backward of a
         step ran inside it, `step()` sends the accumulated gradients."""
         with self._accumulation.no_sync():
+            yield
+
+    @contextlib.contextmanager
+    def unwrapped(self) -> Iterator[None]:
+        """Forward passes inside run as DDP's unwrapped `ddp_model.module(...)` would: no buffer
+        broadcast, and which later forward receives rank 0's buffers stays as it was (Hugging Face's
+        Trainer evaluates the unwrapped model; see `autobyte.scheduler.buffers`)."""
+        with self._buffers.outside_wrapper():
             yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -505,8 +528,9 @@ class ScheduledOptimizer:
 
     # ------------------------------------------------------------------ setup
 
-    def _broadcast_initial_state(self) -> None:
-        tensors = list(dict.fromkeys([*self._model.parameters(), *self._model.buffers()]))
+    def _broadcast_initial_state(self, with_buffers: bool) -> None:
+        buffers = buffers_mod.synced_buffers(self._model) if with_buffers else []
+        tensors = list(dict.fromkeys([*self._model.parameters(), *buffers]))
         by_kind: dict[tuple, list[torch.Tensor]] = {}
         for t in tensors:
             by_kind.setdefault((t.device, t.dtype), []).append(t)
@@ -596,6 +620,10 @@ class ScheduledOptimizer:
             self._steps.record(s).t_forward = time.perf_counter()
         if self._order is not None:
             self._recording = True
+        self._buffers.before_forward()
+
+    def _root_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._buffers.after_forward(synchronising=not self._accumulation.active)
 
     def _check_frozen(self) -> None:
         """A parameter frozen at construction and unfrozen since would train unsynchronised."""
