@@ -53,6 +53,22 @@ class ThreadDaemon:
             raise RuntimeError(f"daemon failed to start: {self._error!r}")
         return self
 
+    def wait_tuner_looked(self, job: str, timeout_s: float = 20.0) -> None:
+        """Returns once the tuner has looked at `job` in a cycle that began after this call, so it
+        has seen everything stored before; wakes it meanwhile as the ingest writer does."""
+        from tests.helpers.wait import wait_for
+
+        tuner = self.daemon.tuner
+        # a cycle in progress now may have read the job before the caller's last write: two more
+        target = tuner.cycles_of.get(job, 0) + 2
+
+        def looked() -> bool:
+            tuner.notify([job])
+            return tuner.cycles_of.get(job, 0) >= target
+
+        wait_for(looked, timeout_s, what=f"two tuner cycles of job {job!r}",
+                 show=lambda: f"{tuner.cycles_of.get(job, 0)} of {target} cycles")
+
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.daemon.port}"
