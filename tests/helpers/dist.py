@@ -48,7 +48,9 @@ def _rank_context():
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.helpers._rank_preload"])
+    # torch by name as well: the server imports from its working directory, where the repository's
+    # tests package may not be found (then only the gc.freeze() is missed)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.helpers._rank_preload"])
     return ctx
 
 
