@@ -48,6 +48,7 @@ class Daemon:
         self.daemon_id: str | None = None
         self.tuner = None  # the TunerManager while running (None with --tuner off)
         self.writer = None
+        self.hub = None
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -107,6 +108,7 @@ class Daemon:
             raise
         self.port = port
         self.writer = writer  # the ingest queue, for introspection (queued rows)
+        self.hub = services.hub  # the open control streams, for introspection (watched jobs)
         self._stop = asyncio.Event()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

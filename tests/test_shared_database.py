@@ -72,7 +72,8 @@ def test_a_decision_reaches_the_watchers_of_every_daemon(daemons):
         client.register(job="job", rank=rank, instance=f"rank{rank}")
     watch_a = on_a.control.WatchConfig(pb.WatchConfigRequest(job="job", rank=0), timeout=20)
     watch_b = on_b.control.WatchConfig(pb.WatchConfigRequest(job="job", rank=1), timeout=20)
-    time.sleep(2 * POLL_S)  # both streams are open
+    for daemon in (a, b):  # both streams are open: a decision reaches them only through the hubs
+        wait_for(lambda d=daemon: "job" in d.daemon.hub.watched_jobs(), what="the control stream to open")
     for proposer, partition in ((on_b, 1 << 20), (on_a, 2 << 20)):
         started = time.monotonic()
         decision = proposer.control.ProposeConfig(pb.ProposeConfigRequest(
@@ -106,7 +107,7 @@ def test_one_daemon_tunes_a_job_and_hands_it_over_when_it_stops(daemons):
     assert "job" in tuning.daemon.tuner._jobs and "job" not in other.daemon.tuner._jobs
     for _ in range(3):  # more steps: still one tuner, the other keeps out
         job.steps(20, bandwidth_bytes_per_s=1e8)
-        time.sleep(LEASE_S / 3)
+        other.wait_tuner_looked("job", cycles=1)  # it asked for the lease again and was refused
         assert "job" not in other.daemon.tuner._jobs
     before = max(d.decision_id for d in job.history().decisions)
     tuning.stop()  # gives its lease back: the other takes the job over at once, from its newest steps

@@ -273,9 +273,16 @@ def test_leases_are_exclusive_renewed_and_taken_over_once_expired(store):
     renewed = store.lease("tuner:j")
     assert renewed.expires_in_s > 55 and renewed.acquired_at_s == first.acquired_at_s
     assert store.acquire_lease("other", "daemon-b", 30)  # leases are independent
-    assert store.acquire_lease("tuner:j", "daemon-a", 0.05)
-    time.sleep(0.2)  # daemon-a stops renewing (it died): once expired, daemon-b takes over
-    assert store.acquire_lease("tuner:j", "daemon-b", 30)
+    assert store.acquire_lease("tuner:j", "daemon-a", 30)
+    # daemon-a stops renewing (it died): daemon-b, seen on a clock driven past the expiry, takes over
+    # once it expired and not a second before
+    clock_s = [time.time()]
+    driven = SqlStorage(store._engine, lease_clock=lambda: clock_s[0])
+    clock_s[0] += 25
+    assert not driven.acquire_lease("tuner:j", "daemon-b", 30)
+    assert driven.lease("tuner:j").expires_in_s < 6
+    clock_s[0] += 10
+    assert driven.acquire_lease("tuner:j", "daemon-b", 30)
     taken = store.lease("tuner:j")
     assert taken.holder == "daemon-b" and taken.acquired_at_s > first.acquired_at_s
     assert not store.acquire_lease("tuner:j", "daemon-a", 30)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
 
 import grpc
 import pytest
@@ -51,7 +50,7 @@ def test_operator_proposal_pauses_the_tuner_until_resumed(daemon):
     assert tuner.paused and "--resume" in tuner.detail
     before = len(job.history().decisions)
     job.steps(200, bandwidth_bytes_per_s=1e8)
-    time.sleep(1.0)
+    daemon.wait_tuner_looked("job")
     assert len(job.history().decisions) == before  # the operator's word stands
     resumed = client.control.SetTuning(pb.SetTuningRequest(job="job", paused=False), timeout=10)
     assert not resumed.paused
@@ -82,7 +81,7 @@ def test_a_job_that_opted_out_is_never_tuned(daemon):
     job.steps(80, bandwidth_bytes_per_s=1e8)
     tuner = wait_for(lambda: (t := job.tuner()).state == "off" and t, what="off")
     assert tuner.mode == "opted out" and "tune=False" in tuner.detail
-    time.sleep(1.0)
+    daemon.wait_tuner_looked("job")  # it has seen all 80 steps
     assert list(job.history().decisions) == []
     client.close()
 

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -138,9 +138,12 @@ def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
 
 
 class SqlStorage(BaseStorage):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, lease_clock: Callable[[], float] | None = None) -> None:
+        """lease_clock: seconds since the epoch for lease expiry instead of the database's clock
+        (tests drive it; daemons leave it None so that they agree whatever their hosts' clocks)."""
         self._engine = engine
         self._scope = SessionScope(engine)
+        self._lease_clock = lease_clock
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -388,7 +391,10 @@ class SqlStorage(BaseStorage):
 
     # ------------------------------------------------------------------ leases
     def _db_now(self):
-        """The database's clock in seconds since the epoch (daemons on several hosts agree on it)."""
+        """The database's clock in seconds since the epoch (daemons on several hosts agree on it),
+        or the lease_clock given."""
+        if self._lease_clock is not None:
+            return sa.literal(self._lease_clock(), sa.Float)
         dialect = self._engine.dialect.name
         if dialect == "postgresql":
             return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Float)

@@ -125,6 +125,10 @@ class TunerManager:
         self.new_windows = 0
         self.cycle_cpu_s: list[float] = []  # CPU of cycles that issued a decision (bench_tuner reads it)
         self.cycles = 0
+        # Per job, the cycles that looked at it (whatever they found: another daemon's lease, an
+        # opted-out or paused job, nothing new): what a caller waits on to know the tuner has seen
+        # what it stored.
+        self.cycles_of: dict[str, int] = {}
         self._started_wall_s = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -242,10 +246,20 @@ class TunerManager:
                 self.cycle(job)
 
     def cycle(self, job: str) -> None:
-        """Look at one job: new samples through its search, pause/resume, idle, errors."""
+        """Look at one job: new samples through its search, pause/resume, idle, errors. Counted in
+        cycles_of unless the job is in its error back-off or another daemon's lease is not asked
+        for again yet."""
         now = self._clock()
         if self._skip_until.get(job, 0.0) > now:
             return
+        if job not in self._renewed_at and self._lease_retry_at.get(job, 0.0) > time.monotonic():
+            return
+        try:
+            self._look(job, now)
+        finally:
+            self.cycles_of[job] = self.cycles_of.get(job, 0) + 1
+
+    def _look(self, job: str, now: float) -> None:
         cpu0 = time.thread_time()
         try:
             if not self._hold(job):
@@ -317,8 +331,6 @@ class TunerManager:
         held = job in self._renewed_at
         if held and now - self._renewed_at[job] < self.lease_s / 3:
             return True
-        if not held and self._lease_retry_at.get(job, 0.0) > now:
-            return False
         if self.storage.acquire_lease(tuner_lease(job), self.holder, self.lease_s):
             if not held:
                 log.info("tuning job %s (lease taken)", job)

@@ -53,6 +53,23 @@ class ThreadDaemon:
             raise RuntimeError(f"daemon failed to start: {self._error!r}")
         return self
 
+    def wait_tuner_looked(self, job: str, cycles: int = 2, timeout_s: float = 20.0) -> None:
+        """Returns once the tuner has looked at `job` `cycles` more times (TunerManager.cycles_of),
+        waking it meanwhile as the ingest writer does. Two (the default) include a cycle begun
+        after this call: the tuner has seen everything stored before it (a cycle in progress at
+        the call may have read the job before the caller's last write)."""
+        from tests.helpers.wait import wait_for
+
+        tuner = self.daemon.tuner
+        target = tuner.cycles_of.get(job, 0) + cycles
+
+        def looked() -> bool:
+            tuner.notify([job])
+            return tuner.cycles_of.get(job, 0) >= target
+
+        wait_for(looked, timeout_s, what=f"{cycles} tuner cycle(s) of job {job!r}",
+                 show=lambda: f"{tuner.cycles_of.get(job, 0)} of {target} cycles")
+
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.daemon.port}"

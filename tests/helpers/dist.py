@@ -13,7 +13,10 @@ from devtools.ports import free_port
 
 
 def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any,
-           backend: str = "gloo") -> None:
+           backend: str, environ: dict[str, str]) -> None:
+    # the caller's environment now (a forked rank has the fork server's, from its start)
+    os.environ.clear()
+    os.environ.update(environ)
     import datetime
 
     import torch
@@ -38,20 +41,33 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
         results.put((rank, False, traceback.format_exc()))
 
 
+def _rank_context():
+    """Ranks are forked from one fork server per test session that has imported torch once
+    (tests/helpers/_rank_preload.py), not spawned: each rank a process of its own that has not run
+    any test's code, without a torch import of its own."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    # torch by name as well: the server imports from its working directory, where the repository's
+    # tests package may not be found (then only the gc.freeze() is missed)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.helpers._rank_preload"])
+    return ctx
+
+
 def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
               backend: str = "gloo") -> list[Any]:
-    """Run fn(rank, world_size, *args) in `world_size` spawned gloo ranks; return their results.
+    """Run fn(rank, world_size, *args) in `world_size` gloo ranks, each a fresh process forked by
+    the session's fork server (_rank_context), under the caller's environment; return their results.
 
     fn must be importable (module level). A rank's exception fails the call with its traceback; a
     rank that does not finish within timeout_s fails it too. Every process is killed on the way out.
     """
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results, backend), daemon=True)
-             for rank in range(world_size)]
+    environ = dict(os.environ)
+    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results, backend, environ),
+                         daemon=True) for rank in range(world_size)]
     for proc in procs:
         proc.start()
     values: dict[int, Any] = {}
