@@ -21,7 +21,7 @@ from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionReco
                                        JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
                                        SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
                                        tuner_lease)
-from autobyted.tuner.drift import robust_sigma
+from autobyted.signals import robust_sigma
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.verdict import beats
 
