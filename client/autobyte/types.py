@@ -98,13 +98,14 @@ _DAY_S = 86_400.0
 
 
 def metric(unit: str, column: str, limit: float | None = None, default: object = dataclasses.MISSING,
-           server_default: str | None = None) -> dataclasses.Field:
+           server_default: str | None = None, history: bool = False) -> dataclasses.Field:
     """A field of StepMetrics with what every derived form needs (autobyte/sample_schema.py): its
     unit, its stored column kind ("int64", "int32" or "float"), the upper bound no real measurement
-    reaches (check_metrics; None: not bounded there), and the column's server default where a
-    migration added the column to tables that already held rows."""
+    reaches (check_metrics; None: not bounded there), the column's server default where a
+    migration added the column to tables that already held rows, and whether `autobyte history
+    --steps` lists it (its JSON and CSV columns, autobyte/cli.py)."""
     return dataclasses.field(default=default, metadata={"unit": unit, "column": column, "limit": limit,
-                                                        "server_default": server_default})
+                                                        "server_default": server_default, "history": history})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +118,14 @@ class StepMetrics:
     the value checks (METRIC_LIMITS) are derived from these fields and their metadata. A new field
     needs this line, its field in protos/autobyte/protocol/autobyte.proto and one migration."""
 
-    step: int = metric("steps", "int64", limit=1 << 53)
-    wall_time_s: float = metric("s", "float")  # a unix time: check_metrics bounds it by the clock
-    step_time_s: float = metric("s", "float", limit=_DAY_S)
+    step: int = metric("steps", "int64", limit=1 << 53, history=True)
+    wall_time_s: float = metric("s", "float", history=True)  # a unix time: check_metrics bounds it by the clock
+    step_time_s: float = metric("s", "float", limit=_DAY_S, history=True)
     forward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
     backward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
-    exposed_comm_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    exposed_comm_s: float = metric("s", "float", limit=_DAY_S, default=0.0, history=True)
     queueing_delay_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
-    bytes_reduced: int = metric("bytes", "int64", limit=1 << 50, default=0)
+    bytes_reduced: int = metric("bytes", "int64", limit=1 << 50, default=0, history=True)
     partitions: int = metric("partitions", "int32", limit=100_000_000, default=0)
     bandwidth_bytes_per_s: float = metric("bytes/s", "float", limit=1e13, default=0.0)
     # The configuration the step ran with: stored as Config's own fields' columns.
