@@ -34,7 +34,11 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_seen_at: Mapped[float] = mapped_column(Float)
     max_step: Mapped[int] = mapped_column(BigInteger, default=-1)
-    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited).
+    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited). Its one source
+    # is what rank 0's steps ran with: every sample carries it, and the ReportConfig a rank sends when
+    # a decision took effect is built from that step's sample (autobyte/transport/control.py). Both
+    # arrive here through one writer (storage/sql.py, _set_config): samples as they are stored, the
+    # report at once (it also marks the decision applied).
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
