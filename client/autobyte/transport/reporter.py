@@ -18,8 +18,6 @@ import threading
 import time
 import uuid
 import warnings
-from typing import TYPE_CHECKING
-
 import grpc
 
 from autobyte import __version__
@@ -29,10 +27,8 @@ from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
+from autobyte.transport.place import RankPlace
 from autobyte.types import Config, StepMetrics, check_metrics
-
-if TYPE_CHECKING:
-    from autobyte.transport.session import RankPlace
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
