@@ -21,12 +21,13 @@ import warnings
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_addresses, open_channel
+from autobyte.channel import RETRY_AFTER_KEY, auth_metadata
 from autobyte.convert import config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
+from autobyte.transport.endpoints import DaemonEndpoints
 from autobyte.transport.place import RankPlace
 from autobyte.types import Config, StepMetrics, check_metrics
 
@@ -84,17 +85,12 @@ class Reporter:
                  buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
                  tune: bool = True) -> None:
         self.job, self.rank, self.world_size = job, rank, world_size
-        # Daemons sharing one database, any of which serves this rank: the one in use is
-        # addresses[_endpoint]; the send loop moves to the next when it fails (never the training thread).
-        self.addresses = daemon_addresses(address)
-        self._endpoint = 0
-        self._channels: dict[str, grpc.Channel] = {}
-        self._channels_lock = threading.Lock()
-        self.failovers = 0  # moves to another address after a failure
+        # Daemons sharing one database, any of which serves this rank; the send loop moves to the
+        # next when one fails.
+        self.endpoints = DaemonEndpoints(address, tls_ca)
         self.tune = tune
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
-        self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # (seq, metrics, host load when the step ended): the scheduler leaves StepMetrics.host_load
         # at 0.0 (unknown); the reporter's sampler (autobyte.hostload) supplies it.
@@ -145,13 +141,14 @@ class Reporter:
                 log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
             return
         self._optimizer = optimizer
+        self.control.attach(optimizer)
         self.place = place
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self._fingerprint = fingerprint
         self._backend = backend
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
-        self._endpoint = self.place.rank % len(self.addresses)  # ranks spread over the daemons
+        self.endpoints.start_at(self.place.rank)
         self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
             self._threads.append(threading.Thread(target=self.control.watch_loop, name="autobyte-control", daemon=True))
@@ -194,27 +191,27 @@ class Reporter:
         return self._closed
 
     @property
+    def addresses(self) -> list[str]:
+        return self.endpoints.addresses
+
+    @property
+    def failovers(self) -> int:
+        return self.endpoints.failovers
+
+    @property
     def address(self) -> str:
         """The daemon this rank uses now."""
-        return self.addresses[self._endpoint]
+        return self.endpoints.address
 
     def channel(self) -> grpc.Channel:
-        """The channel to the daemon in use (opened once per address, closed by close())."""
-        address = self.address
-        with self._channels_lock:
-            if address not in self._channels:
-                self._channels[address] = open_channel(address, self._tls_ca)
-            return self._channels[address]
+        """The channel to the daemon in use."""
+        return self.endpoints.channel()
 
     def _fail_over(self, why: str) -> bool:
         """Move to the next daemon of the list (send loop); the control stream follows. False when
         there is only one."""
-        if len(self.addresses) == 1:
+        if not self.endpoints.fail_over(why):
             return False
-        previous = self.address
-        self._endpoint = (self._endpoint + 1) % len(self.addresses)
-        self.failovers += 1
-        log.debug("autobyted at %s failed (%s); moving to %s", previous, why, self.address)
         self.control.cancel_watch()
         return True
 
@@ -483,9 +480,7 @@ class Reporter:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
         self.control.cancel_watch()
-        with self._channels_lock:
-            for channel in self._channels.values():
-                channel.close()
+        self.endpoints.close()
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
 
