@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from autobyte.types import Config
-from autobyted.tuner.drift import SIGNALS
+from autobyted.signals import SIGNALS
 
 BLOCK_STEPS = 10
 CONFIRM_BLOCKS = 3  # blocks in a row that must show a move before it counts (>= 2)

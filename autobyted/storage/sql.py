@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -11,7 +12,9 @@ from typing import Callable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from autobyte.types import Config, StepMetrics, describe_speedup, speedup
+from autobyte.records import history_step
+from autobyte.sample_schema import SAMPLE_COLUMN_NAMES, sample_from_row, sample_row
+from autobyte.types import Config, describe_speedup, speedup
 from autobyted.contexts import StepPoint, split_contexts
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage import models as m
@@ -21,7 +24,7 @@ from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionReco
                                        JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
                                        SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
                                        tuner_lease)
-from autobyted.tuner.drift import robust_sigma
+from autobyted.signals import robust_sigma
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.verdict import beats
 
@@ -30,12 +33,23 @@ WARMUP_STEPS = 5
 RETENTION_CHUNK_ROWS = 20_000
 
 
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+
+
 def _config(row) -> Config:
-    return Config(row.partition_bytes, row.credit_bytes, row.tail_bytes)
+    """The configuration a row holds in its columns named as Config's fields."""
+    return Config(*(getattr(row, name) for name in _CONFIG_FIELDS))
 
 
-def _config_of(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
-    return Config(partition_bytes, credit_bytes, tail_bytes)
+def _config_columns(config: Config) -> dict[str, int | None]:
+    """A configuration as the values of the columns named as Config's fields (every table that holds one)."""
+    return dataclasses.asdict(config)
+
+
+def _set_config(row, config: Config) -> None:
+    """Write a configuration into a row's columns named as Config's fields."""
+    for name, value in _config_columns(config).items():
+        setattr(row, name, value)
 
 
 def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) -> BestRecord:
@@ -106,18 +120,10 @@ def _tuner_status(row: m.TunerState) -> TunerStatusRecord:
                              trials_planned=row.trials_planned, paused=row.paused, updated_at_s=row.updated_at)
 
 
-def _metrics(r: m.StepSample) -> StepMetrics:
-    return StepMetrics(step=r.step, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s, forward_s=r.forward_s,
-                       backward_s=r.backward_s, exposed_comm_s=r.exposed_comm_s,
-                       queueing_delay_s=r.queueing_delay_s, bytes_reduced=r.bytes_reduced, partitions=r.partitions,
-                       bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, config=_config(r), decision_id=r.decision_id,
-                       host_load=r.host_load)
-
-
-# The columns of a stored sample, in the order append_samples builds its rows.
-SAMPLE_COLUMNS = ("job_id", "rank", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s",
-                  "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s",
-                  "partition_bytes", "credit_bytes", "decision_id", "host_load", "tail_bytes")
+# The columns of a stored sample, in the order append_samples builds its rows: the job and rank,
+# then StepMetrics' own (autobyte/sample_schema.py).
+SAMPLE_COLUMNS = ("job_id", "rank", *SAMPLE_COLUMN_NAMES)
+_METRIC_COLUMNS = tuple(m.StepSample.__table__.c[name] for name in SAMPLE_COLUMN_NAMES)
 
 
 def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
@@ -128,12 +134,12 @@ def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
     dialect = connection.dialect
     if dialect.name == "postgresql" and dialect.driver == "psycopg":
         with connection.connection.dbapi_connection.cursor() as cursor:
-            with cursor.copy(f"COPY {m.StepSample.__tablename__} ({columns}) FROM STDIN") as copy:
+            with cursor.copy(f"COPY {m.StepSample.__table__.name} ({columns}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
         return
     marker = "?" if dialect.paramstyle == "qmark" else "%s"
-    connection.exec_driver_sql(f"INSERT INTO {m.StepSample.__tablename__} ({columns}) VALUES "
+    connection.exec_driver_sql(f"INSERT INTO {m.StepSample.__table__.name} ({columns}) VALUES "
                                f"({', '.join([marker] * len(SAMPLE_COLUMNS))})", rows)
 
 
@@ -169,9 +175,7 @@ class SqlStorage(BaseStorage):
                                       parameter_bytes=fp.parameter_bytes, tensor_count=fp.tensor_count,
                                       largest_tensor_bytes=fp.largest_tensor_bytes,
                                       median_tensor_bytes=fp.median_tensor_bytes, created_at=now,
-                                      last_seen_at=now, max_step=-1, partition_bytes=r.config.partition_bytes,
-                                      credit_bytes=r.config.credit_bytes, tail_bytes=r.config.tail_bytes,
-                                      dropped_total=0,
+                                      last_seen_at=now, max_step=-1, **_config_columns(r.config), dropped_total=0,
                                       tuning_disabled=r.tuning_disabled))
         except AlreadyExists:
             pass
@@ -249,18 +253,12 @@ class SqlStorage(BaseStorage):
                     acked.append(-1)
                     continue
                 fresh = [(seq, s) for seq, s in batch.samples if seq > rank.last_acked_seq]
-                for seq, s in fresh:
-                    rows.append((job.id, batch.rank, s.step, s.wall_time_s, s.step_time_s, s.forward_s,
-                                 s.backward_s, s.exposed_comm_s, s.queueing_delay_s, s.bytes_reduced, s.partitions,
-                                 s.bandwidth_bytes_per_s, s.config.partition_bytes, s.config.credit_bytes,
-                                 s.decision_id, s.host_load, s.config.tail_bytes))  # in SAMPLE_COLUMNS order
+                rows += [(job.id, batch.rank, *sample_row(s)) for _, s in fresh]  # in SAMPLE_COLUMNS order
                 if fresh:
                     rank.last_acked_seq = fresh[-1][0]
                     job.max_step = max(job.max_step, max(s.step for _, s in fresh))
                     if batch.rank == 0:
-                        job.partition_bytes = fresh[-1][1].config.partition_bytes
-                        job.credit_bytes = fresh[-1][1].config.credit_bytes
-                        job.tail_bytes = fresh[-1][1].config.tail_bytes
+                        _set_config(job, fresh[-1][1].config)
                 if batch.final:
                     rank.finished_at = now
                     finished.add(job.id)
@@ -287,8 +285,8 @@ class SqlStorage(BaseStorage):
         with self._scope() as session:
             job_row = self._job(session, job)
             session.add(m.AppliedConfig(job_id=job_row.id, rank=rank, decision_id=decision_id,
-                                        partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        tail_bytes=config.tail_bytes, applied_at_step=applied_at_step, reported_at=time.time()))
+                                        **_config_columns(config), applied_at_step=applied_at_step,
+                                        reported_at=time.time()))
             if decision_id:
                 decision = session.get(m.Decision, decision_id)
                 if decision is None or decision.job_id != job_row.id:
@@ -296,8 +294,7 @@ class SqlStorage(BaseStorage):
                 if rank == 0:
                     decision.state, decision.applied_at_step = "applied", applied_at_step
             if rank == 0:
-                job_row.partition_bytes, job_row.credit_bytes = config.partition_bytes, config.credit_bytes
-                job_row.tail_bytes = config.tail_bytes
+                _set_config(job_row, config)
 
     def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
                      predicted_step_time_s: float | None = None, source: str = "operator",
@@ -324,8 +321,7 @@ class SqlStorage(BaseStorage):
                 session.execute(sa.update(m.Decision).where(m.Decision.job_id == job_row.id,
                                                             m.Decision.state == "pending")
                                 .values(state="superseded"))
-            row = m.Decision(job_id=job_row.id, partition_bytes=config.partition_bytes,
-                             credit_bytes=config.credit_bytes, tail_bytes=config.tail_bytes, apply_at_step=apply_at_step, reason=reason,
+            row = m.Decision(job_id=job_row.id, **_config_columns(config), apply_at_step=apply_at_step, reason=reason,
                              predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
                              state=state, source=source)
             session.add(row)
@@ -482,30 +478,24 @@ class SqlStorage(BaseStorage):
                 limit: int = 1000) -> list[HistoryStep]:
         with self._scope() as session:
             job_row = self._job(session, job)
-            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id,
-                                                  m.StepSample.wall_time_s >= since_s)
+            query = sa.select(m.StepSample.rank, *_METRIC_COLUMNS).where(m.StepSample.job_id == job_row.id,
+                                                                         m.StepSample.wall_time_s >= since_s)
             if rank is not None:
                 query = query.where(m.StepSample.rank == rank)
-            rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
+            rows = session.execute(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
                                    .limit(limit)).all()
-            return [HistoryStep(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
-                                exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r),
-                                forward_s=r.forward_s, backward_s=r.backward_s,
-                                bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, host_load=r.host_load,
-                                decision_id=r.decision_id)
-                    for r in reversed(rows)]
+            return [history_step(r[0], sample_from_row(r[1:])) for r in reversed(rows)]
 
     def best(self, job: str, min_samples: int = 5) -> BestRecord:
         with self._scope() as session:
             job_row = self._job(session, job)
-            rows = session.execute(sa.select(m.StepSample.step, m.StepSample.wall_time_s, m.StepSample.step_time_s,
-                                             m.StepSample.partition_bytes, m.StepSample.credit_bytes,
-                                             m.StepSample.bandwidth_bytes_per_s, m.StepSample.host_load,
-                                             m.StepSample.tail_bytes)
+            rows = session.execute(sa.select(*_METRIC_COLUMNS)
                                    .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
                                    .order_by(m.StepSample.wall_time_s, m.StepSample.id)).all()
-        return best_in_latest_context(job, [StepPoint(r[0], r[1], r[2], _config_of(r[3], r[4], r[7]), r[5], r[6])
-                                            for r in rows], min_samples)
+        samples = [sample_from_row(r) for r in rows]
+        return best_in_latest_context(job, [StepPoint(s.step, s.wall_time_s, s.step_time_s, s.config,
+                                                      s.bandwidth_bytes_per_s, s.host_load) for s in samples],
+                                      min_samples)
 
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:
@@ -561,11 +551,12 @@ class SqlStorage(BaseStorage):
                       limit: int = 10_000) -> list[SampleRow]:
         with self._scope() as session:
             job_row = self._job(session, job)
-            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id, m.StepSample.id > after_row_id)
+            query = sa.select(m.StepSample.id, m.StepSample.rank, *_METRIC_COLUMNS).where(
+                m.StepSample.job_id == job_row.id, m.StepSample.id > after_row_id)
             if rank is not None:
                 query = query.where(m.StepSample.rank == rank)
-            rows = session.scalars(query.order_by(m.StepSample.id).limit(limit)).all()
-            return [SampleRow(r.id, r.rank, _metrics(r)) for r in rows]
+            rows = session.execute(query.order_by(m.StepSample.id).limit(limit)).all()
+            return [SampleRow(r[0], r[1], sample_from_row(r[2:])) for r in rows]
 
     def last_sample_row(self, job: str, rank: int | None = 0) -> int:
         with self._scope() as session:
@@ -584,8 +575,7 @@ class SqlStorage(BaseStorage):
         with self._scope() as session:
             row = session.get(m.TunerState, self._job(session, job).id)
             row.mode, row.state, row.detail = status.mode, status.state, status.detail
-            row.partition_bytes, row.credit_bytes = status.config.partition_bytes, status.config.credit_bytes
-            row.tail_bytes = status.config.tail_bytes
+            _set_config(row, status.config)
             row.baseline_step_time_s = status.baseline_step_time_s
             row.measured_step_time_s = status.measured_step_time_s
             row.predicted_step_time_s = status.predicted_step_time_s
@@ -605,8 +595,8 @@ class SqlStorage(BaseStorage):
         with self._scope() as session:
             job_row = self._job(session, window.job)
             row = m.TunerWindow(job_id=job_row.id, segment=window.segment, created_at=window.created_at_s or time.time(),
-                                partition_bytes=window.config.partition_bytes, credit_bytes=window.config.credit_bytes,
-                                tail_bytes=window.config.tail_bytes, step_time_s=window.step_time_s, samples=window.samples, context=window.context)
+                                **_config_columns(window.config), step_time_s=window.step_time_s,
+                                samples=window.samples, context=window.context)
             session.add(row)
             session.flush()
             return row.id

@@ -98,34 +98,9 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from autobyte.types import StepMetrics
+from autobyted.signals import SIGNALS, Signal, log_or_nan, robust_sigma
 
 
-@dataclasses.dataclass(frozen=True)
-class Signal:
-    name: str  # what is measured: bandwidth, compute, host_load, step_time
-    extract: Callable[[StepMetrics], float]  # NaN: not measured in this sample
-    min_shift: float
-    sigma_floor: float
-    rise: str  # how an upward shift reads in a reason ("re-tuning after bandwidth rise")
-    fall: str
-    rank: int | None = None  # one rank's own value (compute per rank); None: the job's
-
-    @property
-    def key(self) -> str:
-        return self.name if self.rank is None else f"{self.name}@{self.rank}"
-
-
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else math.nan
-
-
-SIGNALS = (
-    Signal("bandwidth", lambda m: _log(m.bandwidth_bytes_per_s), 0.25, 0.02, "bandwidth rise", "bandwidth drop"),
-    Signal("compute", lambda m: _log(m.forward_s + m.backward_s), 0.15, 0.01, "compute slowdown", "compute speed-up"),
-    Signal("host_load", lambda m: m.host_load if m.host_load > 0 else math.nan, 0.2, 0.02,
-           "host load rise", "host load drop"),
-    Signal("step_time", lambda m: _log(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
-)
 MIN_REFERENCE = 5
 Z_APART = 2.5  # TunerParams.z_switch: a difference of 2.5 standard errors (~0.6% one-sided)
 FRESH_BLOCKS = 4  # blocks after an alarm's change point that its label is measured on
@@ -137,7 +112,7 @@ def _rank_compute(rank: int) -> Callable[[StepMetrics], float]:
     def extract(m: StepMetrics) -> float:
         for r, seconds in getattr(m, "rank_compute_s", ()):
             if r == rank:
-                return _log(seconds)
+                return log_or_nan(seconds)
         return math.nan
     return extract
 
@@ -206,11 +181,6 @@ class Cusum:
         if self.down > self.h:
             return -1
         return 0
-
-
-def robust_sigma(values: Sequence[float]) -> float:
-    median = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - median) for v in values)
 
 
 class DriftDetector:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import io
 import json
@@ -19,7 +20,7 @@ from autobyte.convert import (best_from_proto, config_dict, config_from_proto, d
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MAX_TAIL_BYTES, MIN_CREDIT_BYTES,
-                            MIN_PARTITION_BYTES, MIN_TAIL_BYTES, Config, describe_speedup, format_bytes, parse_bytes,
+                            MIN_PARTITION_BYTES, MIN_TAIL_BYTES, Config, StepMetrics, describe_speedup, format_bytes, parse_bytes,
                             speedup)
 
 RPC_TIMEOUT_S = 10.0
@@ -267,9 +268,13 @@ def status_table(jobs) -> str:
     return "\n".join(out)
 
 
-HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
-                       "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step",
-                       "source", "predicted_step_time_s", "measured_step_time_s", "tail_bytes"]
+# A step's fields that `history --steps` lists (the step, its rank, then those StepMetrics marks
+# history=True, autobyte/types.py), then its configuration.
+HISTORY_STEP_FIELDS = ("step", "rank", *(f.name for f in dataclasses.fields(StepMetrics)
+                                         if f.metadata.get("history") and f.name != "step"))
+HISTORY_CSV_COLUMNS = ["kind", *HISTORY_STEP_FIELDS, "partition_bytes", "credit_bytes", "decision_id", "state",
+                       "reason", "applied_at_step", "source", "predicted_step_time_s", "measured_step_time_s",
+                       "tail_bytes"]
 
 
 @main.command()
@@ -295,8 +300,7 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
         request.rank = rank
     response = connection.call(pb_grpc.QueryStub, "History", request)
     step_records = [history_step_from_proto(s) for s in response.steps] if with_steps else []
-    steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
-              "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": s.config.to_dict()}
+    steps = [{**{name: getattr(s, name) for name in HISTORY_STEP_FIELDS}, "config": s.config.to_dict()}
              for s in step_records]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
@@ -306,20 +310,16 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
         click.echo(json.dumps(out, indent=2))
     elif fmt == "csv":
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(HISTORY_CSV_COLUMNS)
+        writer = csv.DictWriter(out, HISTORY_CSV_COLUMNS, restval="", lineterminator="\n")
+        writer.writeheader()
         for d in decisions:
             # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
-            writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
-                             d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
-                             d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
-                             d["source"], *("" if d[k] is None else d[k]
-                                            for k in ("predicted_step_time_s", "measured_step_time_s")),
-                             d["config"].get("tail_bytes", "")])
+            writer.writerow({"kind": "decision", "step": d["apply_at_step"], "wall_time_s": d["created_at_s"],
+                             **d["config"], **{k: "" if d[k] is None else d[k]
+                                               for k in ("decision_id", "state", "reason", "applied_at_step",
+                                                         "source", "predicted_step_time_s", "measured_step_time_s")}})
         for s in steps:
-            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
-                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", "", "", "", "", s["config"].get("tail_bytes", "")])
+            writer.writerow({"kind": "step", **{name: s[name] for name in HISTORY_STEP_FIELDS}, **s["config"]})
         click.echo(out.getvalue(), nl=False)
     else:
         steps_hint = "" if with_steps else f"; its steps: `autobyte history {job} --steps`"

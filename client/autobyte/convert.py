@@ -14,30 +14,25 @@ from autobyte.types import Config, StepMetrics
 # StepMetrics' fields that map one to one onto the message's (every sample goes through here: the
 # daemon converts tens of thousands a second, so this is computed once).
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StepMetrics) if f.name != "config")
+# Config's fields are the message's optional fields of the same names (unset: None).
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+# HistoryStep's fields map one to one onto StepRecord's, its config as a message.
+_HISTORY_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryStep) if f.name != "config")
 
 
 def config_to_proto(config: Config) -> pb.Config:
-    message = pb.Config()
-    if config.partition_bytes is not None:
-        message.partition_bytes = config.partition_bytes
-    if config.credit_bytes is not None:
-        message.credit_bytes = config.credit_bytes
-    if config.tail_bytes is not None:
-        message.tail_bytes = config.tail_bytes
-    return message
+    return pb.Config(**{name: value for name in _CONFIG_FIELDS if (value := getattr(config, name)) is not None})
 
 
 def config_from_proto(message: pb.Config) -> Config:
     """Raises ValueError for values outside the safe limits."""
-    return _config(message.partition_bytes if message.HasField("partition_bytes") else None,
-                   message.credit_bytes if message.HasField("credit_bytes") else None,
-                   message.tail_bytes if message.HasField("tail_bytes") else None)
+    return _config(*(getattr(message, name) if message.HasField(name) else None for name in _CONFIG_FIELDS))
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
+def _config(*values: int | None) -> Config:
     """Config is frozen: the few configurations a job runs are validated once (a ValueError is not cached)."""
-    return Config(partition_bytes=partition_bytes, credit_bytes=credit_bytes, tail_bytes=tail_bytes)
+    return Config(*values)
 
 
 def metrics_to_proto(metrics: StepMetrics, seq: int) -> pb.StepMetrics:
@@ -160,20 +155,12 @@ def job_status_from_proto(message: pb.JobStatus) -> JobRecord:
 
 
 def history_step_to_proto(step: HistoryStep) -> pb.StepRecord:
-    return pb.StepRecord(step=step.step, rank=step.rank, wall_time_s=step.wall_time_s, step_time_s=step.step_time_s,
-                         exposed_comm_s=step.exposed_comm_s, bytes_reduced=step.bytes_reduced,
-                         config=config_to_proto(step.config), forward_s=step.forward_s,
-                         backward_s=step.backward_s, bandwidth_bytes_per_s=step.bandwidth_bytes_per_s,
-                         host_load=step.host_load, decision_id=step.decision_id)
+    return pb.StepRecord(config=config_to_proto(step.config), **{name: getattr(step, name) for name in _HISTORY_FIELDS})
 
 
 def history_step_from_proto(message: pb.StepRecord) -> HistoryStep:
-    return HistoryStep(step=message.step, rank=message.rank, wall_time_s=message.wall_time_s,
-                       step_time_s=message.step_time_s, exposed_comm_s=message.exposed_comm_s,
-                       bytes_reduced=message.bytes_reduced, config=config_from_proto(message.config),
-                       forward_s=message.forward_s, backward_s=message.backward_s,
-                       bandwidth_bytes_per_s=message.bandwidth_bytes_per_s, host_load=message.host_load,
-                       decision_id=message.decision_id)
+    return HistoryStep(config=config_from_proto(message.config),
+                       **{name: getattr(message, name) for name in _HISTORY_FIELDS})
 
 
 def history_to_proto(job: str, steps: Iterable[HistoryStep], decisions: Iterable[DecisionRecord]) -> pb.HistoryResponse:

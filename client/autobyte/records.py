@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autobyte.types import Config
+from autobyte.types import Config, StepMetrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +81,14 @@ class HistoryStep:
     bandwidth_bytes_per_s: float = 0.0
     host_load: float = 0.0
     decision_id: int = 0
+
+
+def history_step(rank: int, metrics: StepMetrics) -> HistoryStep:
+    """A stored sample as History answers it: HistoryStep's fields are a subset of StepMetrics'."""
+    return HistoryStep(rank=rank, **{name: getattr(metrics, name) for name in _HISTORY_METRIC_FIELDS})
+
+
+_HISTORY_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryStep) if f.name != "rank")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,9 +47,11 @@ class Config:
     only when collectives start, never which elements they sum: the math is the same in every mode.
     """
 
-    partition_bytes: int | None = None
-    credit_bytes: int | None = None
-    tail_bytes: int | None = None
+    # Stored as nullable 64-bit columns beside every record that holds a configuration
+    # (autobyte/sample_schema.py reads the kind from here).
+    partition_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes", "column": "int64"})
+    credit_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes", "column": "int64"})
+    tail_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes", "column": "int64"})
 
     def __post_init__(self) -> None:
         _check_bytes("partition_bytes", self.partition_bytes, MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)
@@ -92,34 +94,51 @@ def config_from_ints(partition_bytes: int, credit_bytes: int, tail_bytes: int = 
     return Config(*(None if value < 0 else value for value in (partition_bytes, credit_bytes, tail_bytes)))
 
 
+_DAY_S = 86_400.0
+
+
+def metric(unit: str, column: str, limit: float | None = None, default: object = dataclasses.MISSING,
+           server_default: str | None = None, history: bool = False) -> dataclasses.Field:
+    """A field of StepMetrics with what every derived form needs (autobyte/sample_schema.py): its
+    unit, its stored column kind ("int64", "int32" or "float"), the upper bound no real measurement
+    reaches (check_metrics; None: not bounded there), the column's server default where a
+    migration added the column to tables that already held rows, and whether `autobyte history
+    --steps` lists it (its JSON and CSV columns, autobyte/cli.py)."""
+    return dataclasses.field(default=default, metadata={"unit": unit, "column": column, "limit": limit,
+                                                        "server_default": server_default, "history": history})
+
+
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
-    """What one rank measured in one optimizer step (DESIGN §3). Times in seconds. forward_s and
-    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted."""
+    """What one rank measured in one optimizer step. Times in seconds. forward_s and
+    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted.
 
-    step: int
-    wall_time_s: float
-    step_time_s: float
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    exposed_comm_s: float = 0.0
-    queueing_delay_s: float = 0.0
-    bytes_reduced: int = 0
-    partitions: int = 0
-    bandwidth_bytes_per_s: float = 0.0
+    The one declaration of a sample's fields: the protocol conversion (autobyte/convert.py), the
+    stored columns, row packing and read-back (autobyte/sample_schema.py, autobyted/storage/) and
+    the value checks (METRIC_LIMITS) are derived from these fields and their metadata. A new field
+    needs this line, its field in protos/autobyte/protocol/autobyte.proto and one migration."""
+
+    step: int = metric("steps", "int64", limit=1 << 53, history=True)
+    wall_time_s: float = metric("s", "float", history=True)  # a unix time: check_metrics bounds it by the clock
+    step_time_s: float = metric("s", "float", limit=_DAY_S, history=True)
+    forward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    backward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    exposed_comm_s: float = metric("s", "float", limit=_DAY_S, default=0.0, history=True)
+    queueing_delay_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    bytes_reduced: int = metric("bytes", "int64", limit=1 << 50, default=0, history=True)
+    partitions: int = metric("partitions", "int32", limit=100_000_000, default=0)
+    bandwidth_bytes_per_s: float = metric("bytes/s", "float", limit=1e13, default=0.0)
+    # The configuration the step ran with: stored as Config's own fields' columns.
     config: Config = Config()
-    decision_id: int = 0
+    decision_id: int = metric("id", "int64", limit=1 << 62, default=0)
     # Share of the host's CPU capacity used by other processes over the last second, in [0, 1]
     # (autobyte.hostload); 0.0 = unknown.
-    host_load: float = 0.0
+    host_load: float = metric("share of the host's CPU", "float", limit=1e3, default=0.0, server_default="0")
 
 
-_DAY_S = 86_400.0
 # Upper bounds no real measurement reaches; a value beyond them is a bug, not a measurement.
-METRIC_LIMITS = {"step_time_s": _DAY_S, "forward_s": _DAY_S, "backward_s": _DAY_S, "exposed_comm_s": _DAY_S,
-                 "queueing_delay_s": _DAY_S, "bytes_reduced": 1 << 50, "partitions": 100_000_000,
-                 "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62,
-                 "host_load": 1e3}
+METRIC_LIMITS = {f.name: f.metadata["limit"] for f in dataclasses.fields(StepMetrics)
+                 if f.metadata.get("limit") is not None}
 
 
 def check_metrics(metrics: StepMetrics, now_s: float) -> None:

@@ -1,5 +1,6 @@
-"""The metrics stream of one rank: a bounded buffer the training thread appends to, seq/ack
-bookkeeping, and the send loop that registers, streams and fails over between daemons.
+"""The metrics stream of one rank: the send loop that registers, streams the samples of its buffer
+(transport/sample_buffer.py: seq/ack bookkeeping) and fails over between daemons
+(transport/endpoints.py); the control plane (transport/control.py) rides on its connection.
 
 The training thread only appends to a bounded buffer (a few µs); everything that touches the network
 runs on background threads with timeouts, reconnects with backoff and jitter, and keeps the last good
@@ -8,8 +9,6 @@ configuration when the daemon is slow, down or wrong.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
 import os
 import random
@@ -18,21 +17,19 @@ import threading
 import time
 import uuid
 import warnings
-from typing import TYPE_CHECKING
-
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_addresses, open_channel
+from autobyte.channel import RETRY_AFTER_KEY, auth_metadata
 from autobyte.convert import config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
+from autobyte.transport.endpoints import DaemonEndpoints
+from autobyte.transport.place import RankPlace
+from autobyte.transport.sample_buffer import SampleBuffer
 from autobyte.types import Config, StepMetrics, check_metrics
-
-if TYPE_CHECKING:
-    from autobyte.transport.session import RankPlace
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -88,35 +85,21 @@ class Reporter:
                  buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
                  tune: bool = True) -> None:
         self.job, self.rank, self.world_size = job, rank, world_size
-        # Daemons sharing one database, any of which serves this rank: the one in use is
-        # addresses[_endpoint]; the send loop moves to the next when it fails (never the training thread).
-        self.addresses = daemon_addresses(address)
-        self._endpoint = 0
-        self._channels: dict[str, grpc.Channel] = {}
-        self._channels_lock = threading.Lock()
-        self.failovers = 0  # moves to another address after a failure
+        # Daemons sharing one database, any of which serves this rank; the send loop moves to the
+        # next when one fails.
+        self.endpoints = DaemonEndpoints(address, tls_ca)
         self.tune = tune
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
-        self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # (seq, metrics, host load when the step ended): the scheduler leaves StepMetrics.host_load
-        # at 0.0 (unknown); the reporter's sampler (autobyte.hostload) supplies it.
-        self._buffer: collections.deque[tuple[int, StepMetrics, float]] = collections.deque()
+        # The scheduler leaves StepMetrics.host_load at 0.0 (unknown); the reporter's sampler
+        # (autobyte.hostload) supplies it, kept beside each buffered sample.
+        self._buffer = SampleBuffer(buffer_samples)
         self._host_load = HostLoadSampler()
-        self._capacity = buffer_samples
         self._flush_interval_s = flush_interval_s
         self._send_due = 0.0
         self._flush_requested = False
-        self._cond = threading.Condition()
-        self._seq = 0
-        self._acked_seq = 0
-        self._sent_seq = 0
-        self._dropped_overflow = 0
-        self._invalid = 0  # samples that failed check_metrics
-        self._counted_invalid: set[int] = set()  # their seqs while buffered (each is counted once)
-        self._rejected = 0  # samples in batches the daemon refused
-        self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
+        self._cond = self._buffer.cond  # also guards the stream state below
         self._generation = 0  # bumped at every registration: one live request iterator at a time
         self._yielded = 0  # batches handed to the current stream
         # Shutdown: the last batch carries final=True; the daemon then marks this rank finished.
@@ -127,7 +110,6 @@ class Reporter:
         self._unreachable_since: float | None = None
         self._warned_unreachable = False
         self._refused = False
-        self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
         # gRPC's internal threads are not counted.
         self.background_cpu_s = 0.0
@@ -149,13 +131,14 @@ class Reporter:
                 log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
             return
         self._optimizer = optimizer
+        self.control.attach(optimizer)
         self.place = place
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self._fingerprint = fingerprint
         self._backend = backend
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
-        self._endpoint = self.place.rank % len(self.addresses)  # ranks spread over the daemons
+        self.endpoints.start_at(self.place.rank)
         self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
             self._threads.append(threading.Thread(target=self.control.watch_loop, name="autobyte-control", daemon=True))
@@ -168,12 +151,7 @@ class Reporter:
         if self._closed.is_set():
             return
         with self._cond:
-            self._seq += 1
-            if len(self._buffer) >= self._capacity:
-                self._buffer.popleft()
-                self._dropped_overflow += 1
-            self._buffer.append((self._seq, metrics, self._host_load.value))
-            if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
+            if self._buffer.append(metrics, self._host_load.value) >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
         self.control.on_step(metrics)
 
@@ -198,27 +176,27 @@ class Reporter:
         return self._closed
 
     @property
+    def addresses(self) -> list[str]:
+        return self.endpoints.addresses
+
+    @property
+    def failovers(self) -> int:
+        return self.endpoints.failovers
+
+    @property
     def address(self) -> str:
         """The daemon this rank uses now."""
-        return self.addresses[self._endpoint]
+        return self.endpoints.address
 
     def channel(self) -> grpc.Channel:
-        """The channel to the daemon in use (opened once per address, closed by close())."""
-        address = self.address
-        with self._channels_lock:
-            if address not in self._channels:
-                self._channels[address] = open_channel(address, self._tls_ca)
-            return self._channels[address]
+        """The channel to the daemon in use."""
+        return self.endpoints.channel()
 
     def _fail_over(self, why: str) -> bool:
         """Move to the next daemon of the list (send loop); the control stream follows. False when
         there is only one."""
-        if len(self.addresses) == 1:
+        if not self.endpoints.fail_over(why):
             return False
-        previous = self.address
-        self._endpoint = (self._endpoint + 1) % len(self.addresses)
-        self.failovers += 1
-        log.debug("autobyted at %s failed (%s); moving to %s", previous, why, self.address)
         self.control.cancel_watch()
         return True
 
@@ -234,9 +212,7 @@ class Reporter:
             # A new stream starts from what the daemon holds; a request iterator of an earlier
             # stream that is still parked in gRPC sees the generation change and ends, unsent.
             self._generation += 1
-            self._covers.clear()
-            self._in_flight.clear()
-            self._sent_seq = self._acked_seq
+            self._buffer.restart()
             self._yielded, self._final_at = 0, None
             self._cond.notify_all()
         self._ack(response.last_acked_seq)
@@ -264,10 +240,7 @@ class Reporter:
                     self._final_at = self._yielded
                     goodbye = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id, final=True)
                 else:
-                    offset = max(0, self._sent_seq - self._buffer[0][0] + 1)
-                    pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
-                    previous_sent, in_flight = self._sent_seq, self._sent_seq > self._acked_seq
-                    self._sent_seq = pending[-1][0]
+                    pending, previous_sent, in_flight = self._buffer.take_unsent(MAX_BATCH_SAMPLES)
                     self._send_due = time.monotonic() + self._flush_interval_s
             if goodbye is not None:
                 goodbye.dropped_total = self.dropped_total
@@ -280,9 +253,7 @@ class Reporter:
                 try:
                     check_metrics(metrics, now)
                 except ValueError as error:  # a broken measurement: never worth a refused batch
-                    if seq not in self._counted_invalid:
-                        self._counted_invalid.add(seq)
-                        self._invalid += 1
+                    if self._buffer.count_invalid(seq):
                         log.warning("dropping step %d's sample: %s", metrics.step, error)
                     continue
                 sample = metrics_to_proto(metrics, seq)
@@ -293,17 +264,17 @@ class Reporter:
             self.background_cpu_s += time.thread_time() - cpu0
             last = pending[-1][0]
             with self._cond:
-                if self._final_requested and last == self._seq and batch.samples:
+                if self._final_requested and last == self._buffer.seq and batch.samples:
                     batch.final = True
                 # The daemon acknowledges the highest seq it stored: make that ack cover the invalid
                 # samples behind it, or those of a batch with nothing valid in it.
                 if batch.samples and batch.samples[-1].seq != last:
-                    self._covers[batch.samples[-1].seq] = last
+                    self._buffer.cover(batch.samples[-1].seq, last)
                 elif not batch.samples and in_flight:
-                    self._covers[previous_sent] = last
+                    self._buffer.cover(previous_sent, last)
             if batch.samples:
                 with self._cond:
-                    self._in_flight.append(last)
+                    self._buffer.sent(last)
                     self._yielded += 1
                     if batch.final:
                         self._final_at = self._yielded
@@ -312,7 +283,7 @@ class Reporter:
                 self._ack(last)
 
     def _unsent_count(self) -> int:
-        return self._buffer[-1][0] - self._sent_seq if self._buffer else 0
+        return self._buffer.unsent_count()
 
     def _send_loop(self) -> None:
         attempt = 0
@@ -417,41 +388,22 @@ class Reporter:
                     code.name, PERMANENT_REFUSALS[code], REFUSED_RETRY_S)
 
     def _ack(self, seq: int) -> None:
-        with self._cond:
-            while seq in self._covers:
-                seq = max(seq, self._covers.pop(seq))
-            self._acked_seq = max(self._acked_seq, seq)
-            while self._buffer and self._buffer[0][0] <= self._acked_seq:
-                self._buffer.popleft()
-            while self._in_flight and self._in_flight[0] <= self._acked_seq:
-                self._in_flight.popleft()
-            if self._counted_invalid:
-                self._counted_invalid = {s for s in self._counted_invalid if s > self._acked_seq}
-            self._cond.notify_all()
+        self._buffer.ack(seq)
 
     def _drop_rejected(self, reason: str) -> None:
-        """The daemon refused a batch (acks come in order: the oldest unacknowledged one). Resending
-        it would be refused again, so drop it, count it; later batches are resent after registering."""
-        with self._cond:
-            last = self._in_flight[0] if self._in_flight else self._acked_seq
-            rejected = 0
-            while self._buffer and self._buffer[0][0] <= last:
-                self._buffer.popleft()
-                rejected += 1
-            self._rejected += rejected
-            self._acked_seq = max(self._acked_seq, last)
-            self._cond.notify_all()
+        """The daemon refused a batch; later batches are resent after registering."""
+        rejected = self._buffer.drop_rejected()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def dropped_total(self) -> int:
         """Samples that never reached the daemon: buffer overflow plus invalid or refused ones."""
-        return self._dropped_overflow + self._invalid + self._rejected
+        return self._buffer.dropped_total
 
     @property
     def acked_seq(self) -> int:
-        return self._acked_seq
+        return self._buffer.acked_seq
 
     @property
     def buffered(self) -> int:
@@ -487,9 +439,7 @@ class Reporter:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
         self.control.cancel_watch()
-        with self._channels_lock:
-            for channel in self._channels.values():
-                channel.close()
+        self.endpoints.close()
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
 

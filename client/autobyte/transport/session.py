@@ -8,11 +8,12 @@ import hashlib
 import os
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 from autobyte import hooks, jobid
 from autobyte.channel import daemon_address, daemon_addresses, daemon_token
 from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.transport.place import RankPlace
 from autobyte.transport.reporter import Reporter, warn_user
 from autobyte.types import MAX_WORLD_SIZE, summarize_tensor_sizes
 
@@ -126,16 +127,6 @@ def model_fingerprint(parameters) -> pb.ModelFingerprint:
     return pb.ModelFingerprint(parameter_count=count, digest=digest.hexdigest()[:32],
                                **summarize_tensor_sizes(sizes)._asdict())
 
-
-
-class RankPlace(NamedTuple):
-    """Where a process sits: its job-wide rank (identity) and its place in its data-parallel group."""
-
-    rank: int
-    world_size: int
-    dp_rank: int
-    dp_size: int
-    dp_leader: int
 
 
 def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
