@@ -387,7 +387,7 @@ def _refused_worker(rank, world, address):
 
 
 def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
-    """Issue 13 item 4: wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
+    """Wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
     retries; training goes on and the samples wait in the buffer."""
     daemon = ThreadDaemon(db_url, token="t0k").start()
     try:
@@ -407,7 +407,7 @@ def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
 
 
 def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url):
-    """Issue 13 item 2: the writer's queue fills while the database is locked; refused batches come
+    """The writer's queue fills while the database is locked; refused batches come
     with `retry-after-ms`; the client waits that long before registering again, keeps its samples,
     and every step arrives exactly once."""
     import sqlite3
@@ -488,7 +488,7 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
 
 
 def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(thread_daemon):
-    """Issue 13 items 4 and 9. Run 1 gets a decision for step 25 but stops at step 19: the decision
+    """Run 1 gets a decision for step 25 but stops at step 19: the decision
     stays pending. Run 1's exit path records its last step and tells the daemon it finished (status
     says `finished` at once). Run 2 of the same job takes rank 0 over at once (rank 0 finished) and
     starts counting steps from 0: the old decision expires and is never applied at ITS step 25."""

@@ -1,6 +1,6 @@
 """The scheduler: priority + partition + credit gradient synchronisation for torch.distributed.
 
-`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (DESIGN §3). It wraps a model
+`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (docs/architecture.md, "The scheduler"). It wraps a model
 and per-parameter ("element-wise") `torch.optim` optimizers (one, or a list):
 
 * Construction broadcasts every parameter and buffer from rank 0 (as DDP does) and checks the setup;
