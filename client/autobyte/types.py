@@ -94,8 +94,9 @@ def config_from_ints(partition_bytes: int, credit_bytes: int, tail_bytes: int = 
 
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
-    """What one rank measured in one optimizer step (docs/architecture.md, "The measurements of a step"). Times in seconds. forward_s and
-    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted."""
+    """What one rank measured in one optimizer step (docs/architecture.md, "The measurements of a
+    step"). Times in seconds. forward_s and backward_s are compute: the waits for parameters inside
+    them are exposed_comm_s, not counted."""
 
     step: int
     wall_time_s: float
