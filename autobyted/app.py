@@ -21,7 +21,7 @@ from autobyted.settings import (DEFAULT_DB, DEFAULT_LISTEN, DEFAULT_MAX_CONCURRE
 
 log = logging.getLogger("autobyted")
 
-# Named exit codes (README "Exit codes").
+# Named exit codes (docs/reference.md, "Exit codes").
 EXIT_OK = 0
 EXIT_CONFIG = 2          # bad settings or command line (click's usage errors exit 2 as well)
 EXIT_DATABASE = 3        # database refused (foreign, newer) or unusable

@@ -55,7 +55,7 @@ def config_labels(grid: Sequence[tuple[str, str]], with_sched: bool,
     `python_twins` a `py:` twin (the Python hot path) of every grid entry."""
     labels = ["compute", "comm", "ddp"]
     if with_sched:
-        # grid entries are (P, C) or (P, C, T) with a tail window (issue 20): --grid 1MiB:4MiB:8MiB
+        # grid entries are (P, C) or (P, C, T) with a tail window: --grid 1MiB:4MiB:8MiB
         pairs = [("none", "none")] + [entry for entry in grid if tuple(entry) != ("none", "none")]
         labels += [f"sched:{','.join(entry)}" for entry in pairs]
         labels += [f"shared:{','.join(entry)}" for entry in shared]

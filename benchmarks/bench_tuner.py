@@ -230,7 +230,7 @@ def warmstart_sim(args) -> None:
         cold = [run(p, prior, (), f"{p.stem}-cold") for p in paths]
         # warm: the history of every *other* scenario's job (the windows its run measured);
         # second: the same, plus the first (cold) job of this very scenario: a second job of a
-        # model and conditions the daemon has seen (issue 19.6)
+        # model and conditions the daemon has seen
         warm, second = [], []
         for index, path in enumerate(paths):
             history = [w for j, (policy, _r, _x) in enumerate(cold) if j != index for w in policy.sink.windows]

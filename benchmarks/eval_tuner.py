@@ -13,7 +13,7 @@ reports, from the simulator's true step times:
 - the share of steps run under a trial configuration more than 10% slower than the incumbent (the
   configuration held before the trial) would have been at that moment;
 - trials, cut trials, re-tunes, rollbacks;
-- trials that paid (issue 19.3): a trial *measured a gain* when the median true step time of its
+- trials that paid: a trial *measured a gain* when the median true step time of its
   steps after the transition (`TunerParams.transition_steps`) is below the median of what the
   incumbent (the configuration held before it) would have taken at those moments; the share of
   trials that did, and the steps spent in trials that did not (every step of such a trial).

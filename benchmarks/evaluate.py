@@ -7,7 +7,7 @@ Writes a table to stdout, results.csv and results.json to --out, and one PNG per
 (each policy's throughput as a rolling mean over time with its decisions marked, the phases of
 the traces shaded, the bandwidth trace underneath). For every policy: throughput,
 ratio to the per-phase oracle, ratio to the best static configuration (grid-best) and ratio to the
-lower bound (perfect overlap of compute and communication). See benchmarks/README.md.
+lower bound (perfect overlap of compute and communication). See docs/benchmarks.md.
 """
 
 from __future__ import annotations

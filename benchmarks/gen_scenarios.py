@@ -8,7 +8,7 @@ NCCL-like link costs, or CPU with gloo-like costs), and a bandwidth trace: a ste
 changes, a ramp, or a periodic trace, with levels between 1 and 40 Gbit/s; about a third also get
 a compute slowdown (a busier node) at a random time. `--stationary` writes constant-bandwidth,
 constant-compute scenarios of one simulated hour (false re-tunes are counted on those). The files
-use the documented scenario format (benchmarks/README.md), so `python -m benchmarks.evaluate`
+use the documented scenario format (docs/benchmarks.md), so `python -m benchmarks.evaluate`
 runs them as any other.
 """
 

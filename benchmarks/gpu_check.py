@@ -1,5 +1,5 @@
 """The GPU check in one call: on a fresh GPU machine, each step under a time cap, one JSON report and a
-readable table (issue 22). `scripts/gpu-check.sh` runs it with the checkout on PYTHONPATH:
+readable table. `scripts/gpu-check.sh` runs it with the checkout on PYTHONPATH:
 
     python -m benchmarks.gpu_check --out DIR [--budget-s 470] [--allow-cpu] [--quick] [--only STEP,...]
 

@@ -6,7 +6,7 @@ steps/s over the whole trace and in each of the scenario's phases (its bandwidth
 changes), each also against the oracle's run of the same phase, and for every run that did not
 start where the oracle did (a poor start, `autobyte:P,C`) the steps it took to come within
 `--within` (3%) of the oracle: the first step from which the median of the next `--window` (20)
-step times is within that of the oracle's median step time in the same phase. Issue 19's goal: a job
+step times is within that of the oracle's median step time in the same phase. The goal: a job
 started in a poor configuration within 3% of the oracle in at most 150 steps.
 
     python -m benchmarks.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet

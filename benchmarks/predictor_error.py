@@ -31,7 +31,7 @@ Reported per fold and pooled over the folds of a kind (every block is left out o
 When the dataset holds blocks recorded with windows of different lengths (`--steps`), the pooled
 errors (at the first share) and the noise floor are also given per window length: a window of
 more steps is a less noisy measurement, both as the reference and as the truth.
-Goals (issue 19): median <= 5%, p90 <= 15%, tau >= 0.6.
+Goals: median <= 5%, p90 <= 15%, tau >= 0.6.
 """
 
 from __future__ import annotations

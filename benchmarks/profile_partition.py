@@ -1,4 +1,4 @@
-"""Profile of one extra partition: where its end-to-end cost goes, piece by piece (issue 11, item 1).
+"""Profile of one extra partition: where its end-to-end cost goes, piece by piece.
 
     python -m benchmarks.profile_partition [--where loopback,testbed] [--rate 10gbit]
         [--sizes 16KiB,64KiB] [--count 300] [--out results/profile_partition.json]

@@ -1,4 +1,4 @@
-"""Profile where a scheduled step's time goes on the 2-rank testbed (issue 20.1).
+"""Profile where a scheduled step's time goes on the 2-rank testbed.
 
     python -m benchmarks.profile_step --model mlp --rates 1gbit,2gbit \
         --configs sched:1MiB,4MiB,sched:4MiB,16MiB --rounds 3 --steps 8 --warmup 3 \

@@ -1,9 +1,9 @@
 """Scenario files (benchmarks/scenarios/*.toml): model, workers, bandwidth trace, duration.
 
-The format is documented in benchmarks/README.md ("Scenario format"). A scenario is loaded once
+The format is documented in docs/benchmarks.md ("Scenario format"). A scenario is loaded once
 into a frozen `Scenario`; `make_simulator()` builds a fresh simulator for it.
 
-Optional condition keys (issue 10; files without them load and behave exactly as before). Each is a
+Optional condition keys (files without them load and behave exactly as before). Each is a
 trace table of the same kinds as [bandwidth] and describes the slowest worker, which sets the pace
 of every collective (the other workers wait for it):
 

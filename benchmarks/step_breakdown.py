@@ -3,7 +3,7 @@
 `benchmarks/profile_step.py` records, per step, the training thread's marks (forward, backward,
 `step()`), every wait of the forward pass for parameters, every partition's ready / issue / done
 (the native engine's trace) and every thread's CPU time; these functions turn them into the
-breakdown of `benchmarks/README.md` ("Where the step goes (issue 20)"). Times are seconds on one
+breakdown `benchmarks.profile_step` prints. Times are seconds on one
 clock (time.perf_counter), sizes bytes.
 """
 

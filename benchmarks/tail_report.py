@@ -1,4 +1,4 @@
-"""The tail window (issue 20) against its twin, from `benchmarks.profile_step` runs.
+"""The tail window against its twin, from `benchmarks.profile_step` runs.
 
 For every block (model @ rate) of one or more profile_step outputs: each configuration's median step,
 x DDP, step / bound (max(compute, comm) measured beside it), step / compute (forward + backward +

@@ -8,7 +8,7 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      replica of its own per bucket size
     sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
-    sched:P,C,T      the same with tail_bytes=T (the tail window, issue 20)
+    sched:P,C,T      the same with tail_bytes=T (the tail window)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -100,7 +100,7 @@ class RunConfig:
     # ddp: the bucket cap, None = DDP's default)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
-    tail_bytes: int | None = None  # sched:P,C,T: the tail window (issue 20); absent = none
+    tail_bytes: int | None = None  # sched:P,C,T: the tail window; absent = none
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:

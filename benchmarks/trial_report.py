@@ -9,7 +9,7 @@ step the next decision applied at. It measured a gain when its median step time 
 `--settle` steps) is below the incumbent's (the configuration the reason names, "faster than X"),
 measured nearest the search: its last `--reference` steps before the search's first trial and its
 re-measurements during the search (the tuner's checks), each without its first `--settle` steps. Steps spent
-in trials that lost, and the time they cost over the incumbent, are summed. Issue 19's goal: at
+in trials that lost, and the time they cost over the incumbent, are summed. The goal: at
 least half the trials measure a gain.
 """
 

@@ -39,10 +39,10 @@ START = "sched:64KiB,64KiB"
 
 NEXT = """
 What to look at next:
-  - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
+  - autobyte history quickstart --format json   the same, for scripts (docs/reference.md)
   - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
-  - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
-  - benchmarks/README.md                        what the scheduler and the tuner gain, measured"""
+  - docs/tuner.md, docs/reference.md            its states, operator control, autobyted's settings
+  - docs/results.md                             what the scheduler and the tuner gain, measured"""
 KEEP_HINT = "To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."
 
 

@@ -106,7 +106,7 @@ def describe_config(config: RunConfig) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LinkModel:
-    """Costs of one all-reduce besides the bytes on the wire (defaults: gloo-like, see README)."""
+    """Costs of one all-reduce besides the bytes on the wire (defaults: gloo-like, calibrated in benchmarks/calibration/)."""
 
     latency_s: float = 25e-6  # per ring hop message; a ring all-reduce pays it 2(N-1) times
     collective_overhead_s: float = 200e-6  # fixed backend cost of one collective, occupies the link
@@ -126,7 +126,7 @@ class LinkModel:
     # ((bytes, seconds), ...) interpolated in log2(bytes), flat beyond the first and last point.
     # `message_extra_s` always applies; `flow_message_extra_s` once per competing TCP flow on the
     # link (measured: a collective's TCP transfer ramps up behind the competitor's queue, so a
-    # mid-size message costs several inflated round trips; see benchmarks/README.md).
+    # mid-size message costs several inflated round trips; benchmarks/calibrate_map.py fits it).
     message_extra_s: tuple[tuple[float, float], ...] = ()
     flow_message_extra_s: tuple[tuple[float, float], ...] = ()
     # Share of a link a job keeps against `flows` backlogged competing TCP flows:

@@ -151,7 +151,7 @@ def periodic_trace(high: float, low: float, period_s: float, low_s: float, offse
 
 def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.0,
                     nonnegative: bool = False) -> PiecewiseConstant:
-    """Build a trace from a scenario table (see benchmarks/README.md for the keys per kind).
+    """Build a trace from a scenario table (docs/benchmarks.md, "Scenario format", has the keys per kind).
 
     `unit_scale` converts the spec's unit into the trace's (e.g. Mbit/s -> bytes/s);
     `nonnegative` allows zero values (counts, such as competing flows).

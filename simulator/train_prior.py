@@ -61,7 +61,7 @@ GBIT = 1e9 / 8
 # few jobs (12 blocks) but many pairs in a narrow region of the features, so even a quarter of the
 # weight dominates the leaves of that region. Chosen by benchmarks/predictor_error.py on left-out
 # blocks (pooled median error, left-out model / left-out condition): 25% 7.9% / 10.5%, 50% 8.2% /
-# 11.0%, 75% 8.7% / 11.2% (simulator only: 10.1% / 10.1%); see benchmarks/README.md.
+# 11.0%, 75% 8.7% / 11.2% (simulator only: 10.1% / 10.1%).
 REAL_SHARE = 0.25
 
 GLOO_CPU = LinkModel(latency_s=0.0, collective_overhead_s=1.35e-3, launch_s=40e-6, ddp_launch_s=20e-6,

@@ -1,4 +1,4 @@
-"""Issue 19 item 5: `autobyte best` compares only configurations measured in the same context, says
+"""`autobyte best` compares only configurations measured in the same context, says
 which context and how many steps each, and gives one speed-up figure (x faster than a reference)."""
 
 import json

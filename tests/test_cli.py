@@ -47,7 +47,7 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
 
 @pytest.mark.parametrize("args, message", [
     (["propose", "job", "--partition", "0", "--credit", "1MiB"], "positive byte size"),
-    # Issue 13 item 8: the CLI spells the special sizes none/unlimited, and so must its errors.
+    # The CLI spells the special sizes none/unlimited, and so must its errors.
     (["propose", "job", "--partition", "1e30", "--credit", "1MiB"], "use none for no partitioning"),
     (["propose", "job", "--partition", "1MiB", "--credit", "1e30"], "use unlimited for unlimited credit"),
     (["propose", "job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "1e30"], "use none for no tail window"),
@@ -56,14 +56,14 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
     (["frobnicate"], "No such command"),
 ])
 def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
-    """Issue 13 item 8: a usage error (2) is never mistaken for 'cannot reach the daemon' (3)."""
+    """A usage error (2) is never mistaken for 'cannot reach the daemon' (3)."""
     result = run_cli(*args, "--daemon", thread_daemon.address)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "None" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_history_and_best_agree_with_themselves(thread_daemon):
-    """Issue 13 item 9: the table shows the step a decision was applied at, the CSV carries it, reasons
+    """The table shows the step a decision was applied at, the CSV carries it, reasons
     are whole, and `best` shows every configuration it compared and says when the baseline is missing."""
     client = Client(thread_daemon.address)
     session = client.register().session_id

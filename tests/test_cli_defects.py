@@ -1,4 +1,4 @@
-"""Issue 21 item 5 and issue 19 item 5: what the CLI says about finished jobs, resumes, sizes,
+"""What the CLI says about finished jobs, resumes, sizes,
 history and the tuner's status text (real daemons on real SQLite files)."""
 
 import csv

@@ -386,7 +386,7 @@ def _refused_worker(rank, world, address):
 
 
 def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
-    """Issue 13 item 4: wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
+    """Wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
     retries; training goes on and the samples wait in the buffer."""
     daemon = ThreadDaemon(db_url, token="t0k").start()
     try:
@@ -406,7 +406,7 @@ def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
 
 
 def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url):
-    """Issue 13 item 2: the writer's queue fills while the database is locked; refused batches come
+    """The writer's queue fills while the database is locked; refused batches come
     with `retry-after-ms`; the client waits that long before registering again, keeps its samples,
     and every step arrives exactly once."""
     import sqlite3

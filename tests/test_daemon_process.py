@@ -85,9 +85,9 @@ def test_versions_and_help():
         assert version.returncode == 0 and "0." in version.stdout
         help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
         assert help_text.returncode == 0 and "Usage" in help_text.stdout
-        # Issue 13 item 5: name the exit codes
+        # Name the exit codes
         assert "Exit codes" in help_text.stdout
-    # Issue 8: the daemon now chooses configurations itself; its help says so and how to turn it off
+    # The daemon now chooses configurations itself; its help says so and how to turn it off
     daemon_help = subprocess.run([str(BIN / "autobyted"), "--help"], capture_output=True, text=True).stdout
     assert "predictor" in daemon_help and "does not choose configurations" not in daemon_help
     start_help = subprocess.run([str(BIN / "autobyted"), "start", "--help"], capture_output=True, text=True).stdout
@@ -95,7 +95,7 @@ def test_versions_and_help():
 
 
 def test_port_in_use_is_one_line_and_creates_nothing(daemon_process, tmp_path):
-    """Issue 13 item 8: the address is checked before the database is created or migrated."""
+    """The address is checked before the database is created or migrated."""
     db = tmp_path / "never.db"
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", daemon_process.address,
                              "--db", f"sqlite:///{db}"], capture_output=True, text=True, timeout=60)
@@ -114,7 +114,7 @@ def test_metrics_port_in_use_creates_nothing(daemon_process, tmp_path):
 
 
 def test_second_daemon_on_one_sqlite_file_is_refused(db_url):
-    """Issue 13 item 7: one SQLite file, one daemon; the lock dies with its holder, even on SIGKILL."""
+    """One SQLite file, one daemon; the lock dies with its holder, even on SIGKILL."""
     first_port = free_port()
     first = start_daemon_process(db_url, first_port)
     second = None
@@ -139,7 +139,7 @@ def test_second_daemon_on_one_sqlite_file_is_refused(db_url):
                                  "postgresql://alice:hunter2@127.0.0.1:notaport/autobyte",
                                  "nosuchdialect://alice:hunter2@127.0.0.1/autobyte"])
 def test_database_password_never_echoed(tmp_path, url, how):
-    """Issue 13 item 8: a bad --db URL is reported without its password."""
+    """A bad --db URL is reported without its password."""
     args = [str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}", "--log-format", "text"]
     env = dict(os.environ)
     if how == "flag":
@@ -153,7 +153,7 @@ def test_database_password_never_echoed(tmp_path, url, how):
 
 
 def test_malformed_database_is_reported_not_unreachable(tmp_path):
-    """Issue 13 item 8: part of the file overwritten; the daemon starts (the schema pages are intact),
+    """Part of the file overwritten; the daemon starts (the schema pages are intact),
     a query fails: the daemon logs it and the CLI shows the daemon's message, not 'cannot reach'."""
     from autobyte.types import StepMetrics
     from autobyted.storage.db import make_engine, migrate
@@ -191,7 +191,7 @@ def test_malformed_database_is_reported_not_unreachable(tmp_path):
 
 
 def test_insecure_listening_is_logged_loudly(tmp_path):
-    """Issue 13 item 3: --insecure beyond loopback starts, and says so. Run in a network namespace of
+    """--insecure beyond loopback starts, and says so. Run in a network namespace of
     its own (unshare -n), so that 0.0.0.0 means nothing but that namespace's loopback."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private network namespace")
@@ -215,7 +215,7 @@ def test_insecure_listening_is_logged_loudly(tmp_path):
 
 
 def test_sqlite_synchronous_setting(tmp_path):
-    """Issue 13 item 5: the durability the proto promises is the one configured."""
+    """The durability the proto promises is the one configured."""
     from autobyted.storage.db import make_engine
 
     for setting, pragma in (("normal", 1), ("full", 2)):

@@ -1,4 +1,4 @@
-"""Issue 13 items 10 and 11: evaluation plots people can read, and --policy given either way."""
+"""Evaluation plots people can read, and --policy given either way."""
 
 from __future__ import annotations
 

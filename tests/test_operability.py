@@ -1,4 +1,4 @@
-"""Issue 13 items 2 and 3 against a real daemon: the standard health service, the concurrent-RPC limit,
+"""Against a real daemon: the standard health service, the concurrent-RPC limit,
 a bounded ingest queue that pushes back with a retry hint, capped registrations, large requests kept
 off the event loop, and the token on every RPC of every service."""
 
@@ -214,7 +214,7 @@ def test_the_token_guards_every_rpc_of_every_service(db_url):
 
 
 def test_prometheus_binds_loopback_by_default(db_url):
-    """Issue 13 item 3: `--metrics-listen PORT` serves on 127.0.0.1 only."""
+    """`--metrics-listen PORT` serves on 127.0.0.1 only."""
     import urllib.request
 
     import psutil

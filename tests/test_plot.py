@@ -1,5 +1,5 @@
 """`autobyte plot JOB`: a PNG of a real job (a real daemon, a real 2-rank gloo run), a clean error
-for an unknown job, and the extra to install when matplotlib is missing (issue 21 item 3)."""
+for an unknown job, and the extra to install when matplotlib is missing."""
 
 import os
 import struct

@@ -1,4 +1,4 @@
-"""Issue 13 item 9: the README's quick start runs, cleans up after itself and says what to look at next."""
+"""The README's quick start runs, cleans up after itself and says what to look at next."""
 
 import os
 import re

@@ -388,8 +388,8 @@ def _overlap_worker(rank: int, world: int, steps: int) -> dict:
 
 @pytest.mark.timeout(120)
 def test_step_metrics_are_measured():
-    """Every step reports what DESIGN §3 lists. (Whether exposed communication drops below DDP's is a
-    timing claim: on loopback the margin is within noise, so it is asserted on a shaped link in
+    """Every step reports what docs/architecture.md ("The measurements of a step") lists. (Whether
+    exposed communication drops below DDP's is a timing claim: on loopback the margin is within noise, so it is asserted on a shaped link in
     tests/test_testbed.py::test_cross_iteration_overlap_exposes_less_communication_than_ddp.)"""
     results = run_ranks(_overlap_worker, 2, 25, timeout_s=100)
     for r in results:

@@ -1,4 +1,4 @@
-"""Row-sparse reduction of embedding gradients (`autobyte.scheduler.sparse_rows`, issue 20): only the
+"""Row-sparse reduction of embedding gradients (`autobyte.scheduler.sparse_rows`): only the
 rows some rank touched go on the wire, and the parameters stay DDP's bit for bit.
 
 - the reduction itself against `all_reduce` of the same tensors, bit for bit, with the cases a

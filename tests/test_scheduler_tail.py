@@ -1,4 +1,4 @@
-"""The tail window (Config.tail_bytes, issue 20): in the last tail_bytes of a backward pass rank 0
+"""The tail window (Config.tail_bytes): in the last tail_bytes of a backward pass rank 0
 issues a collective only while nothing is in flight, on both hot paths; outside it the credit
 window holds as before. Its math is DDP's (tests/helpers/equiv.py draws tail windows in every
 equivalence, model and habit test; the jitter test in test_scheduler.py reconfigures among them).

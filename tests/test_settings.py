@@ -41,7 +41,7 @@ def test_bad_settings_are_named(tmp_path, text, message):
 
 
 def test_beyond_loopback_needs_a_token_and_tls_unless_insecure():
-    """Issue 13 item 3: the token never travels in clear text off loopback by accident."""
+    """The token never travels in clear text off loopback by accident."""
     with pytest.raises(ConfigError, match="without TLS"):
         load_settings({"listen": "0.0.0.0:7077"}, None, {"AUTOBYTE_TOKEN": "x"})
     with_tls = load_settings({"listen": "0.0.0.0:7077", "tls_cert": "c.pem", "tls_key": "k.pem"}, None,

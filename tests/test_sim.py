@@ -291,7 +291,7 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
     assert slow["link"] == fast["link"]
 
 
-# ---- issue 10: the scheduler's flat-buffer partitions, per-message costs, condition keys ---------
+# ---- the scheduler's flat-buffer partitions, per-message costs, condition keys ---------
 
 def test_partitions_are_slices_of_the_flat_buffer_as_the_scheduler_cuts_them():
     # Tensors laid out in reverse forward order (KiB): C.1 30, C.0 30, B 1000, A.1 40, A.0 400.

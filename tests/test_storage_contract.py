@@ -229,7 +229,7 @@ def test_job_info_and_opt_out(store):
 
 
 def test_final_batches_finish_a_job_and_free_its_ranks(store):
-    """Issue 13 item 9: a job is `finished` once every rank it knows sent its final batch; a finished
+    """A job is `finished` once every rank it knows sent its final batch; a finished
     rank is free for a new process at once (no liveness wait)."""
     sessions = [store.register(reg(rank=r), 30).session_id for r in (0, 1)]
     store.append_samples([SampleBatch("j", 0, sessions[0], samples(1, 5), final=True)])
@@ -242,7 +242,7 @@ def test_final_batches_finish_a_job_and_free_its_ranks(store):
 
 @pytest.mark.parametrize("how", ["finished", "silent"])
 def test_a_new_run_expires_the_pending_decisions_of_the_old_one(store, how):
-    """Issue 13 item 4: a new process on rank 0 starts a new run (steps count from 0 again): a decision
+    """A new process on rank 0 starts a new run (steps count from 0 again): a decision
     still pending for the old run expires, a decision made afterwards is pending for the new run."""
     session = store.register(reg(), 30).session_id
     store.append_samples([SampleBatch("j", 0, session, samples(1, 30))])
@@ -351,7 +351,7 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
 
 
 def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store):
-    """Config.tail_bytes (issue 20, migration 0005) in samples, the job, decisions, applied
+    """Config.tail_bytes (migration 0005) in samples, the job, decisions, applied
     configurations, the tuner's status and windows, and `best`; a configuration without it reads
     back as it was written (NULL is no tail window)."""
     from autobyted.storage.records import TunerStatusRecord, WindowRecord

@@ -268,7 +268,7 @@ def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: P
     """On a shaped link where compute ≈ communication (the 6.8M MLP, batch 512, 1gbit), the scheduler
     exposes less communication than DDP. Like with like: for both, exposed communication is the
     median step time minus the median step time of the same model without gradient sync, all three
-    measured the same way by the same worker in one run. benchmarks/README.md measured 206 ms for
+    measured the same way by the same worker in one run. The scheduler benchmark measured 206 ms for
     DDP and 95-112 ms for sched:1MiB,2MiB here (0.46-0.54 of DDP's); the test asks for at most 0.8."""
     command = [sys.executable, "-m", "benchmarks.train_worker", "--model", "mlp", "--batch-size", "512",
                "--configs", "compute", "ddp", "sched:1MiB,2MiB", "--rounds", "2", "--steps", "4",
@@ -284,7 +284,7 @@ def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: P
     assert ours_exposed < 0.8 * ddp_exposed, median
 
 
-# ---- conditions: CPU quota, competing traffic, busy processes (issue 10) ---------------------------
+# ---- conditions: CPU quota, competing traffic, busy processes ---------------------------------------
 
 # Every rank burns CPU for `duration` seconds and prints its CPU rate (CPU seconds per wall second)
 # every `interval` seconds, from train_start (the origin of a time-based trace).

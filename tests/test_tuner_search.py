@@ -195,7 +195,7 @@ def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     assert all((c.credit_bytes or 0) <= MAX_CREDIT_BYTES for c in grid)
     # partitions beyond the whole gradient all send one message: only one of them is kept
     assert {c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes} == {4 * MIB}
-    # the tail window (issue 20) is searched only when asked for; a job that starts with one keeps it
+    # the tail window is searched only when asked for; a job that starts with one keeps it
     assert all(c.tail_bytes is None for c in grid)
     tailed = candidate_grid(small, odd, tail_window=True)
     extra = [c for c in tailed if c.tail_bytes is not None]

@@ -11,14 +11,14 @@ Every veth end is created directly inside a namespace this module made (``ip -n 
 link is shaped in both directions with ``tbf`` (the rank's egress on ``ab0`` and the hub's egress
 towards the rank), so a rank's link is full duplex at the configured rate. Rates change with ``tc
 qdisc change`` keeping the burst fixed: lowering tbf's burst while traffic flows froze the link for
-good on this kernel (DESIGN §6), and there is no netem here.
+good on this kernel, and there is no netem here.
 
 Besides the rate, a trace (or a direct call) sets *conditions* on ranks (`benchmarks.conditions`):
 
 - ``set_cpu_share(0.5, ranks=[1])``: a cgroup CPU quota on rank 1's process (every thread of it):
   a busy worker node, confined to that rank;
 - ``set_busy(1, ranks=[1])``: busy-loop processes started inside rank 1's namespace (a namespace
-  does not partition CPU: on this 2-core machine they take CPU from every rank, see README);
+  does not partition CPU: on this 2-core machine they take CPU from every rank, see docs/benchmarks.md);
 - ``set_flows(2, ranks=[1], direction="both")``: competing TCP flows through rank 1's shaped link,
   to and from a traffic namespace ``<prefix>-tx`` on an unshaped port of the hub (created on first
   use), so the flows share the rank's tbf rate and queue with its all-reduces;

@@ -24,7 +24,7 @@ from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYT
                             speedup)
 
 RPC_TIMEOUT_S = 10.0
-# Exit codes (README "Exit codes").
+# Exit codes (docs/reference.md, "Exit codes").
 EXIT_ERROR = 1        # the daemon answered with an error (unknown job, wrong token, its database failed)
 EXIT_USAGE = 2        # bad command line (click's usage errors)
 EXIT_UNREACHABLE = 3  # no daemon answered at the address

@@ -11,8 +11,8 @@
 It is Lightning's `DDPStrategy` (same launchers, process group, ranks, sampler, barrier/broadcast/
 reduce) without the `DistributedDataParallel` wrapper: at `fit` the LightningModule's optimizer is
 wrapped by a `ScheduledOptimizer` over the LightningModule, which reduces the gradients by priority
-under a credit window and applies the updates in the background (DESIGN §3). The parameters are
-DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
+under a credit window and applies the updates in the background (docs/architecture.md, "The
+scheduler"). The parameters are DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
 
 * `gradient_clip_val` (norm) becomes `clip_grad_norm=`: the scheduler clips the *reduced* gradients,
   as DDP + `clip_grad_norm_` does. Lightning's own clipping is not called (it would see no

@@ -40,7 +40,7 @@ _NONE_MEANS = {"partition_bytes": "no partitioning", "credit_bytes": "unlimited 
 class Config:
     """A scheduler configuration. None means no partitioning / unlimited credit / no tail window.
 
-    tail_bytes (issue 20) is the *tail window*: while a step's gradients not yet produced are at
+    tail_bytes is the *tail window*: while a step's gradients not yet produced are at
     most tail_bytes (the end of the backward pass, where the layers the next forward needs first
     are produced), rank 0 issues a partition only when nothing is in flight, so the first layers'
     partitions queue behind at most one collective instead of a full credit window. It changes
@@ -110,8 +110,9 @@ def metric(unit: str, column: str, limit: float | None = None, default: object =
 
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
-    """What one rank measured in one optimizer step. Times in seconds. forward_s and
-    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted.
+    """What one rank measured in one optimizer step (docs/architecture.md, "The measurements of a
+    step"). Times in seconds. forward_s and backward_s are compute: the waits for parameters inside
+    them are exposed_comm_s, not counted.
 
     The one declaration of a sample's fields: the protocol conversion (autobyte/convert.py), the
     stored columns, row packing and read-back (autobyte/sample_schema.py, autobyted/storage/) and
@@ -188,7 +189,7 @@ def format_bytes(value: int | None, none: str = "-") -> str:
     return f"{value}B"
 
 
-# What a size's unit means (`autobyte propose --help` and the README say the same): the IEC units
+# What a size's unit means (`autobyte propose --help` and docs/reference.md say the same): the IEC units
 # and the bare letters are powers of 2, the SI units powers of 10, as GNU coreutils reads them.
 BYTE_UNITS = {"b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
               "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}

@@ -1,4 +1,4 @@
-"""tail_bytes: the tail window, a third scheduling dimension (issue 20), on every configuration
+"""tail_bytes: the tail window, a third scheduling dimension, on every configuration
 
 Every table that stores a configuration gets a nullable tail_bytes beside partition_bytes and
 credit_bytes; NULL is "no tail window", so every row written before reads as the configuration it

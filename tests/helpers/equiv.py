@@ -16,7 +16,7 @@ from torch import nn
 
 SIZES = [None, 4 << 10, 8 << 10, 64 << 10, 1 << 20]
 CREDITS = [None, 4 << 10, 16 << 10, 1 << 20]
-# The tail window (issue 20): none, a few partitions, more than any test model (the whole step).
+# The tail window (autobyte.types.Config.tail_bytes): none, a few partitions, more than any test model (the whole step).
 TAILS = [None, None, 8 << 10, 64 << 10, 1 << 30]
 
 

@@ -1,7 +1,8 @@
 """The scheduler: priority + partition + credit gradient synchronisation for torch.distributed.
 
-`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (DESIGN §3). It wraps a model
-and per-parameter ("element-wise") `torch.optim` optimizers (one, or a list):
+`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (docs/architecture.md, "The
+scheduler"). It wraps a model and per-parameter ("element-wise") `torch.optim` optimizers (one, or
+a list):
 
 * Construction broadcasts every parameter and buffer from rank 0 (as DDP does) and checks the setup;
   unsupported setups (sparse gradients, LBFGS/SparseAdam, mixed dtypes or devices, an optimizer

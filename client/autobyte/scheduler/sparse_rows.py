@@ -4,8 +4,7 @@ An embedding's gradient has a non-zero row only for the tokens a batch looked up
 tokens touches at most 1,024 of the benchmark transformer's 8,192 rows; a 32,000-token vocabulary
 far fewer). Sent dense, the whole table crosses the link every step, and it is the *last* gradient
 of the backward pass and the *first* parameter the next forward reads: on the testbed its 8 MiB are
-67 ms of the transformer's 85-110 ms first wait at 1 Gbit/s (`benchmarks/README.md`, "Where the step
-goes").
+67 ms of the transformer's 85-110 ms first wait at 1 Gbit/s (`benchmarks.profile_step`).
 
 How (both hot paths, every rank the same collectives in the same order): such a weight is one
 partition of its own in every plan (`Layout(standalone=)`), and its collective becomes
