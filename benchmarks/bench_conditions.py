@@ -450,9 +450,9 @@ def _commit() -> str:
     import subprocess
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                              capture_output=True, timeout=10).stdout.strip()
+                              capture_output=True, timeout=10, check=False).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, text=True, capture_output=True, timeout=10).stdout.strip()
+                               cwd=REPO, text=True, capture_output=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}{'-dirty' if dirty else ''}" if head else "unknown"

@@ -23,7 +23,7 @@ AUTOBYTE = str(Path(sys.executable).parent / "autobyte")
 def _check_build(**env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if k != "AUTOBYTE_NATIVE"} | env
     result = subprocess.run([AUTOBYTE, "check-build", "--format", "json"], capture_output=True, text=True,
-                            env=environ, timeout=120)
+                            env=environ, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
