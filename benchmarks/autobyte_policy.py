@@ -201,13 +201,13 @@ class HubDaemon:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
-            except Exception:
+            except Exception:  # noqa: BLE001 - not stopped within 30 s: killed
                 self.proc.kill()
         storage = SqlStorage(make_engine(self.db_url))
         try:
             decisions = storage.decisions(self.job)
             status = storage.tuner_status(self.job)
-        except Exception as error:  # the job never registered: say so in the results
+        except Exception as error:  # noqa: BLE001 - the job never registered: say so in the results
             return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})", "daemon_cpu_s": cpu_s}
         return {
             "decisions": [{"decision_id": d.decision_id, "config": describe(d.config), "reason": d.reason,

@@ -252,7 +252,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             results["misuse_step"] = type(error).__name__
         try:
             sched.close()
-        except Exception:  # noqa: BLE001 - close after a failure may report it again
+        except Exception:  # noqa: BLE001, S110 - close after a failure may report it again
             pass
     return results
 
