@@ -225,8 +225,8 @@ def run_testbed(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def format_block(where: str, results: list[dict[str, Any]]) -> str:
     lines = [f"{where}: per collective, µs (medians, hand-off also mean/p90; CPU = total / count)",
-             f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'mean/p90':>11} "
-             f"{'wall/op':>8} {'cpu/op':>7} {'machine cpu/op':>14}"]
+             (f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'mean/p90':>11} "
+             f"{'wall/op':>8} {'cpu/op':>7} {'machine cpu/op':>14}")]
 
     def f(value: Any) -> str:
         return "-" if value is None else f"{value:.0f}"
