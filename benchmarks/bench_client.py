@@ -28,6 +28,7 @@ import time
 from autobyte.transport.reporter import Reporter
 from benchmarks.host import free_port
 from autobyte.types import Config, StepMetrics
+import itertools
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
@@ -132,7 +133,7 @@ def training(steps: int, repeats: int) -> None:
                 subprocess.run(command, env=env, check=True, capture_output=True)
                 report = json.loads(pathlib.Path(str(out).format(rank=0)).read_text())
                 ends = report["step_ends"][20:]
-                results[mode].append(statistics.median(b - a for a, b in zip(ends, ends[1:])))
+                results[mode].append(statistics.median(b - a for a, b in itertools.pairwise(ends)))
                 if "telemetry_cpu_s" in report:
                     background[mode].append(report["telemetry_cpu_s"] / steps)
     finally:

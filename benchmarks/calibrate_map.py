@@ -199,7 +199,7 @@ def shared_constants(blocks: Sequence[dict[str, Any]], dispatch: dict[str, Any] 
     cpu: dict[str, float] = {}
     for block in blocks:
         if block["condition"] == "rate=10gbit" and block["world_size"] == 2:
-            grad_bytes, buckets = sizes[_model_key(block)]
+            grad_bytes, _buckets = sizes[_model_key(block)]
             wire_s = block["probes"]["comm_s"]
             if grad_bytes * 8 / wire_s < 0.95 * 10e9:  # CPU-bound, not held by tbf
                 cpu[block["model"]] = wire_s / grad_bytes

@@ -137,7 +137,7 @@ class CpuCgroups:
         if share is not None and not 0.01 <= share <= 64:
             raise ValueError(f"cpu share {share!r} must be in [0.01, 64] cores (or None)")
         group = self.path(rank)
-        quota = -1 if share is None else max(1000, int(round(share * self.period_us)))
+        quota = -1 if share is None else max(1000, round(share * self.period_us))
         if self.version == 1:
             _write(group / "cpu.cfs_period_us", str(self.period_us))
             _write(group / "cpu.cfs_quota_us", str(quota))

@@ -290,7 +290,7 @@ def _judge(name: str, ranks: list[dict]) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{sorted(errors)}: {next(iter(errors.values()))[-800:]}"} \
             if errors else {"status": "measured"}
     bad = []
-    for case, first in ranks[0]["cases"].items():
+    for case in ranks[0]["cases"]:
         rows = [r["cases"].get(case, {"error": "missing on this rank"}) for r in ranks]
         if any("error" in row for row in rows):
             bad.append(f"{case}: {next(row['error'] for row in rows if 'error' in row)[-600:]}")

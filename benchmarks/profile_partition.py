@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 from benchmarks.host import load_average
+import itertools
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -179,7 +180,7 @@ def _med(values: list[float]) -> float | None:
 
 def _gaps(times: list[float]) -> list[float]:
     """Spacing of consecutive completions (within a burst): the per-collective throughput cost."""
-    return [b - a for a, b in zip(times, times[1:]) if b - a < 0.01]
+    return [b - a for a, b in itertools.pairwise(times) if b - a < 0.01]
 
 
 def _free_port() -> int:

@@ -44,6 +44,7 @@ from autobyte.types import Config, format_bytes, parse_bytes
 
 from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable
 from simulator.trace import PiecewiseConstant
+import itertools
 
 MIB = 1 << 20
 MAX_COMM_CPU_SHARE = 0.95  # communication never takes more than this share of a rank's CPU
@@ -194,7 +195,7 @@ def _interpolate_log2(table: tuple[tuple[float, float], ...], nbytes: float) -> 
         return 0.0
     if nbytes <= table[0][0]:
         return table[0][1]
-    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(table):
         if nbytes <= x1:
             w = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
             return y0 + w * (y1 - y0)

@@ -62,8 +62,8 @@ def _warning_worker(rank, world, refusing_address, nobody_address):
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = {}
-    for case, kwargs in (("token", dict(daemon=refusing_address, job="guarded")),
-                         ("unreachable", dict(daemon=nobody_address, job="lonely"))):
+    for case, kwargs in (("token", {"daemon": refusing_address, "job": "guarded"}),
+                         ("unreachable", {"daemon": nobody_address, "job": "lonely"})):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("default")
             autobyte.init(**kwargs)  # no token: the daemon wants one

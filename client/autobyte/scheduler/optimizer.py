@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -491,7 +491,7 @@ class ScheduledOptimizer:
             self._device_sync.close()
         return stuck
 
-    def __enter__(self) -> "ScheduledOptimizer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
