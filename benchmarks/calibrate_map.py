@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 import statistics
 from collections.abc import Sequence
@@ -335,7 +336,7 @@ def kendall_tau(measured: dict[str, float], predicted: dict[str, float]) -> floa
     from scipy.stats import kendalltau
     labels = sorted(set(measured) & set(predicted))
     value = kendalltau([measured[k] for k in labels], [predicted[k] for k in labels]).statistic
-    return float(value) if value == value else 0.0  # nan (constant input) -> 0
+    return 0.0 if math.isnan(value) else float(value)  # nan (constant input) -> 0
 
 
 def noise_ceiling(block: dict[str, Any]) -> float | None:

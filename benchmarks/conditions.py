@@ -170,9 +170,8 @@ def cleanup_stale_cgroups(name_pattern: re.Pattern[str], is_stale: Callable[[str
     root, _ = found
     removed = []
     for group in sorted(root.iterdir()):
-        if group.is_dir() and name_pattern.match(group.name) and is_stale(group.name):
-            if _remove_group(group, root):
-                removed.append(str(group))
+        if group.is_dir() and name_pattern.match(group.name) and is_stale(group.name) and _remove_group(group, root):
+            removed.append(str(group))
     return removed
 
 

@@ -37,7 +37,7 @@ import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from autobyte.types import Config, format_bytes, parse_bytes
@@ -82,7 +82,7 @@ class DDPConfig:
         return "ddp"
 
 
-RunConfig = Union[Config, DDPConfig]
+RunConfig = Config | DDPConfig
 DDP = DDPConfig()
 
 

@@ -104,9 +104,8 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
             train()
     else:
         train()
-    if mode == "close" or mode == "close_destroy":
-        if not ddp:
-            opt.close()
+    if mode in ("close", "close_destroy") and not ddp:
+        opt.close()
     if mode == "destroy" and not ddp:
         opt.synchronize()
     if mode in ("destroy", "destroy_only", "close_destroy"):
