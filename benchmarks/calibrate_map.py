@@ -518,7 +518,7 @@ def format_map_report(report: dict[str, Any]) -> str:
         lines += [header, "-" * len(header)]
         for row in report["mixed_direct"]:
             def pct(key: str) -> str:
-                value = row.get(key)
+                value = row.get(key)  # noqa: B023 - called within this iteration
                 return "-" if value is None else f"{value * 100:.1f}%"
             lines.append(f"{row['model']:<12} {' | '.join(row['conditions']):<32} "
                          f"{pct('measured_direct'):>7} {row['pairs']:>5} {pct('from_map'):>7} "

@@ -182,11 +182,11 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
 
         def scaler():
             return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) \
-                if case == "amp" else None
+                if case == "amp" else None  # noqa: B023 - called within this iteration
 
         def autocast():
             return torch.autocast("cpu", dtype=torch.float16) if case == "amp" \
-                else contextlib.nullcontext()
+                else contextlib.nullcontext()  # noqa: B023 - called within this iteration
 
         model = make_lm()
         ddp = DDP(model)
@@ -196,7 +196,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             opt.zero_grad()
 
             def backward(loss):
-                (ref_scaler.scale(loss) if ref_scaler else loss).backward()
+                (ref_scaler.scale(loss) if ref_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
             with autocast():
                 _accumulate(ddp, micro, backward, ddp.no_sync)
@@ -219,7 +219,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
         with sched:
             for micro in steps_of:
                 def backward(loss):
-                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()
+                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
                 with autocast():
                     _accumulate(model, micro, backward, sched.no_sync)
