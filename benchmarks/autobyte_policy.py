@@ -139,7 +139,8 @@ def _process_cpu_s(pid: int) -> float | None:
     import os
 
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
@@ -176,7 +177,7 @@ class HubDaemon:
         import sys
         import time
 
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w")  # noqa: SIM115 - the daemon's output, open while it runs
         self.proc = self.bed.start_in_hub(
             [sys.executable, "-m", "autobyted.app", "start", "--listen", self.address, "--db", self.db_url,
              "--token", self.token, "--insecure", "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)

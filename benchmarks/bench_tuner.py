@@ -422,7 +422,7 @@ def daemon_cpu(args) -> None:
         db = f"sqlite:///{work}/autobyted.db"
         proc = subprocess.Popen([sys.executable, "-m", "autobyted.app", "start", "--listen", f"127.0.0.1:{port}",
                                  "--db", db, "--tuner", mode, "--log-level", "WARNING"],
-                                stdout=open(work / "log", "w"), stderr=subprocess.STDOUT)
+                                stdout=open(work / "log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the daemon's output
         try:
             time.sleep(3.0)
             cpu0, wall0 = _proc_cpu_s(proc.pid), time.monotonic()

@@ -174,7 +174,7 @@ class Trainer:
         self.global_step = 0
         self.control = None
         if args.control and dist.get_rank() == 0:
-            self.control = open(args.control, "a+")  # create it if the harness has not yet
+            self.control = open(args.control, "a+")  # noqa: SIM115 - read at every step, closed by close(); a+ creates it if the harness has not yet
             self.control.seek(0)
         self._control_partial = ""
         # --max-seconds: rank 0's clock decides, a flag on a group of its own tells every rank at the

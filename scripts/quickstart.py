@@ -135,7 +135,7 @@ def loopback_demo(work: pathlib.Path) -> bool:
     port = free_port()
     address = f"127.0.0.1:{port}"
     os.environ.update(AUTOBYTE_DAEMON=address, AUTOBYTE_JOB=JOB)
-    log = open(work / "autobyted.log", "w")
+    log = open(work / "autobyted.log", "w")  # noqa: SIM115 - the daemon's output, closed in the finally below
     say(f"(no namespace testbed, so no bandwidth drop) starting autobyted on {address} with "
         f"sqlite:///{work}/autobyte.db")
     daemon = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", address, "--db",

@@ -125,7 +125,7 @@ class _nothing:
 def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tuple | None:
     """The parent: runs the jobs (mode, ddp), `parallel` at a time; returns None. A forked rank
     returns its job's arguments instead."""
-    results = open(os.path.join(out_dir, "results.jsonl"), "a")
+    results = open(os.path.join(out_dir, "results.jsonl"), "a")  # noqa: SIM115 - appended to as each job ends; forked ranks return out of this loop
     for first in range(0, len(specs), parallel):
         jobs = {}
         for rep in range(first, min(len(specs), first + parallel)):
