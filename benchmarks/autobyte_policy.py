@@ -18,7 +18,8 @@ from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import JobTuner, TunerParams, describe
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.search import JobTuner, describe
 from benchmarks.policy import Policy, PolicyContext
 from simulator.adapter import SCHEDULER_DEFAULT, T0, MetricsAdapter, job_shape
 from simulator.engine import DDPConfig, RunConfig, SimulatedStep
