@@ -420,9 +420,10 @@ def daemon_cpu(args) -> None:
         work = pathlib.Path(tempfile.mkdtemp(prefix="bench-tuner-"))
         port = free_port()
         db = f"sqlite:///{work}/autobyted.db"
+        log = open(work / "log", "w")  # noqa: SIM115 - the daemon's output, open while it runs
         proc = subprocess.Popen([sys.executable, "-m", "autobyted.app", "start", "--listen", f"127.0.0.1:{port}",
                                  "--db", db, "--tuner", mode, "--log-level", "WARNING"],
-                                stdout=open(work / "log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the daemon's output
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
             time.sleep(3.0)
             cpu0, wall0 = _proc_cpu_s(proc.pid), time.monotonic()

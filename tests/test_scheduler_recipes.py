@@ -181,12 +181,14 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
         clip = 0.5 if case == "clip" else None
 
         def scaler():
-            return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) \
-                if case == "amp" else None  # noqa: B023 - called within this iteration
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+            return None
 
         def autocast():
-            return torch.autocast("cpu", dtype=torch.float16) if case == "amp" \
-                else contextlib.nullcontext()  # noqa: B023 - called within this iteration
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.autocast("cpu", dtype=torch.float16)
+            return contextlib.nullcontext()
 
         model = make_lm()
         ddp = DDP(model)
