@@ -54,7 +54,7 @@ async def retention_loop(storage: BaseStorage, settings: Settings, holder: str, 
                                               settings.downsample_every)
             if removed:
                 log.info("retention downsampled samples", extra={"removed": removed})
-        except Exception as error:  # keep serving; the next round tries again
+        except Exception as error:  # noqa: BLE001 - keep serving; the next round tries again
             log.warning("retention pass failed: %s", error)
 
 
@@ -72,7 +72,7 @@ async def decision_poll_loop(storage: BaseStorage, hub: DecisionHub, interval_s:
             continue
         try:
             newest = await asyncio.to_thread(storage.newest_decision_ids, jobs)
-        except Exception as error:  # keep polling; the streams still see this daemon's own decisions
+        except Exception as error:  # noqa: BLE001 - keep polling; the streams still see this daemon's own decisions
             log.warning("polling for decisions failed: %s", error)
             continue
         for job, decision_id in newest.items():

@@ -154,7 +154,7 @@ class IngestWriter:
         self._write_started = started = time.monotonic()
         try:
             acked = self._storage.append_samples([batch for batch, _ in pending])
-        except Exception as error:  # the stream handlers report it; the writer keeps going
+        except Exception as error:  # noqa: BLE001 - the stream handlers report it; the writer keeps going
             log.error("writing %d batches failed: %s", len(pending), error)
             for _, future in pending:
                 if not future.cancelled():

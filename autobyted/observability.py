@@ -42,7 +42,7 @@ class _JobsCollector:
         family = GaugeMetricFamily("autobyted_jobs", "Jobs known to the daemon", labels=["state"])
         try:
             states = self._job_states()
-        except Exception:  # a scrape must not fail because the database is busy
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the database is busy
             states = {}
         for state in ("running", "idle", "finished"):
             family.add_metric([state], states.get(state, 0))

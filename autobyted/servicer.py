@@ -62,7 +62,7 @@ def _abort_on_error(metrics: DaemonMetrics):
                         yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
-                except Exception as error:
+                except Exception as error:  # noqa: BLE001 - every other error becomes the call's gRPC status
                     await report(error, context)
             return stream_wrapper
 
@@ -74,7 +74,7 @@ def _abort_on_error(metrics: DaemonMetrics):
                 return await method(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - every other error becomes the call's gRPC status
                 await report(error, context)
         return wrapper
 

@@ -59,7 +59,7 @@ class Settings:
     decision_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
-        host, port = split_host_port(self.listen, "listen")
+        host, _port = split_host_port(self.listen, "listen")
         if self.metrics_listen:
             metrics = str(self.metrics_listen)
             if metrics.isdigit():  # a bare port: loopback only

@@ -18,7 +18,8 @@ from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import JobTuner, TunerParams, describe
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.search import JobTuner, describe
 from benchmarks.policy import Policy, PolicyContext
 from simulator.adapter import SCHEDULER_DEFAULT, T0, MetricsAdapter, job_shape
 from simulator.engine import DDPConfig, RunConfig, SimulatedStep
@@ -139,7 +140,8 @@ def _process_cpu_s(pid: int) -> float | None:
     import os
 
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
@@ -176,7 +178,7 @@ class HubDaemon:
         import sys
         import time
 
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w")  # noqa: SIM115 - the daemon's output, open while it runs
         self.proc = self.bed.start_in_hub(
             [sys.executable, "-m", "autobyted.app", "start", "--listen", self.address, "--db", self.db_url,
              "--token", self.token, "--insecure", "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)
@@ -201,13 +203,13 @@ class HubDaemon:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
-            except Exception:
+            except Exception:  # noqa: BLE001 - not stopped within 30 s: killed
                 self.proc.kill()
         storage = SqlStorage(make_engine(self.db_url))
         try:
             decisions = storage.decisions(self.job)
             status = storage.tuner_status(self.job)
-        except Exception as error:  # the job never registered: say so in the results
+        except Exception as error:  # noqa: BLE001 - the job never registered: say so in the results
             return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})", "daemon_cpu_s": cpu_s}
         return {
             "decisions": [{"decision_id": d.decision_id, "config": describe(d.config), "reason": d.reason,

@@ -28,6 +28,7 @@ import time
 from autobyte.transport.reporter import Reporter
 from benchmarks.host import free_port
 from autobyte.types import Config, StepMetrics
+import itertools
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
@@ -120,7 +121,7 @@ def training(steps: int, repeats: int) -> None:
     try:
         time.sleep(2.0)
         for repeat in range(repeats):
-            for mode in results:  # interleaved, side by side
+            for mode, medians in results.items():  # interleaved, side by side
                 out = work / f"{mode}-{repeat}-{{rank}}.json"
                 env = {**os.environ, "AUTOBYTE_DAEMON": absent if mode == "absent" else f"127.0.0.1:{port}",
                        "AUTOBYTE_JOB": f"{mode}-{repeat}", "OMP_NUM_THREADS": "1", "AUTOBYTE_FLUSH_TIMEOUT_S": "0.5"}
@@ -132,7 +133,7 @@ def training(steps: int, repeats: int) -> None:
                 subprocess.run(command, env=env, check=True, capture_output=True)
                 report = json.loads(pathlib.Path(str(out).format(rank=0)).read_text())
                 ends = report["step_ends"][20:]
-                results[mode].append(statistics.median(b - a for a, b in zip(ends, ends[1:])))
+                medians.append(statistics.median(b - a for a, b in itertools.pairwise(ends)))
                 if "telemetry_cpu_s" in report:
                     background[mode].append(report["telemetry_cpu_s"] / steps)
     finally:

@@ -302,9 +302,9 @@ def format_block(block: dict[str, Any]) -> str:
     rows, probes = block["rows"], block["probes"]
     times = optimum.step_times(block)
     fastest = min(times.values(), default=1.0)
-    lines = [f"{block['model']} | {block['condition']} | {block['world_size']} ranks | "
+    lines = [(f"{block['model']} | {block['condition']} | {block['world_size']} ranks | "
              f"{block['rate']} | load {block['load']} -> {block['load_after']} | "
-             f"{block['wall_s']:.0f} s"]
+             f"{block['wall_s']:.0f} s")]
     for label in optimum.configs_of(block):
         row = rows[label]
         ratio = row["ratio_vs_ddp"]
@@ -348,8 +348,8 @@ def report(path: Path, max_phases: int, limit: int | None) -> str:
                              for c in data["chunks"]]
     parts += ["", optimum.format_summary(blocks), "", optimum.format_ratio_matrix(blocks),
               optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit), "",
-              "one configuration for every condition of a model (step time / the condition's "
-              "best: worst case and geometric mean over the conditions)",
+              ("one configuration for every condition of a model (step time / the condition's "
+              "best: worst case and geometric mean over the conditions)"),
               optimum.format_one_for_all(optimum.one_for_all(blocks)), "",
               "busy worker: a CPU quota or a busy process (which ranks does it slow?)",
               optimum.format_busy_worker(blocks)]
@@ -450,9 +450,9 @@ def _commit() -> str:
     import subprocess
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                              capture_output=True, timeout=10).stdout.strip()
+                              capture_output=True, timeout=10, check=False).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, text=True, capture_output=True, timeout=10).stdout.strip()
+                               cwd=REPO, text=True, capture_output=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}{'-dirty' if dirty else ''}" if head else "unknown"

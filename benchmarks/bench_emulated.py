@@ -181,15 +181,15 @@ def _x(value: float | None) -> str:
 
 def format_block(block: dict[str, Any], scale: str) -> str:
     lines = [scale,
-             f"{block['ranks']} ranks, {block['rate_gbit']:g} Gbit/s in model bytes "
+             (f"{block['ranks']} ranks, {block['rate_gbit']:g} Gbit/s in model bytes "
              f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire); profile compute "
              f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
              f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
              f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
-             f"{block['host'].get('load_end')})",
-             f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
+             f"{block['host'].get('load_end')})"),
+             (f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
              f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
-             f"{'host':>4} flag"]
+             f"{'host':>4} flag")]
     for row in block["rows"]:
         busy = "/".join(f"{b:.2f}" for b in row["busy_share"] if b is not None)
         backend = max((b for b in row["backend_cpu_s_per_step"] if b is not None), default=None)

@@ -228,11 +228,11 @@ def one_run(executable: str, db: Database, daemon_count: int, streams: int, tota
         print(f"\nRSS of the largest daemon over the run (t_s, MiB), {daemon_count} daemon(s), {streams} streams:")
         for t, r in rss_log[::max(1, len(rss_log) // 12)] + rss_log[-1:]:
             print(f"  {t:7.1f}  {r:7.1f}")
-    return dict(sent=sent, elapsed_s=elapsed, rate=sent / elapsed, acked=sum(run.acked for run in runs),
-                stored=stored, duplicates=stored - distinct, lost=sent - distinct,
-                p50_ms=1e3 * latencies[len(latencies) // 2], p99_ms=1e3 * latencies[int(len(latencies) * 0.99)],
-                rss_max=max(rss, default=0.0), rss_end=rss[-1] if rss else 0.0, daemon_cpu=daemon_cpu,
-                server_cpu=server_cpu, client_cpu=client_cpu, exit_codes=codes)
+    return {"sent": sent, "elapsed_s": elapsed, "rate": sent / elapsed, "acked": sum(run.acked for run in runs),
+                "stored": stored, "duplicates": stored - distinct, "lost": sent - distinct,
+                "p50_ms": 1e3 * latencies[len(latencies) // 2], "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)],
+                "rss_max": max(rss, default=0.0), "rss_end": rss[-1] if rss else 0.0, "daemon_cpu": daemon_cpu,
+                "server_cpu": server_cpu, "client_cpu": client_cpu, "exit_codes": codes}
 
 
 def run(args) -> int:
@@ -267,7 +267,7 @@ def run(args) -> int:
     print(header)
     for (build, daemons, streams), runs in results.items():
         def med(key):
-            return statistics.median(r[key] for r in runs)
+            return statistics.median(r[key] for r in runs)  # noqa: B023 - called within this iteration
         label = "this" if build == str(BIN / "autobyted") else f"#{builds.index(build)}"
         elapsed = med("elapsed_s")
         print(f"{label:>8} {daemons:>7} {streams:>7} {runs[0]['sent']:>8} {med('rate'):>10.0f} "

@@ -138,8 +138,8 @@ def own_vs_shared(results: list[dict[str, Any]], kind: str = "shared") -> dict[s
 
 
 def format_table(blocks: list[dict[str, Any]]) -> str:
-    lines = [f"{'model':<11} {'rate':>8} {'configuration':<24} {'step ms':>9} {'x DDP':>7} "
-             f"{'exposed ms':>10}"]
+    lines = [(f"{'model':<11} {'rate':>8} {'configuration':<24} {'step ms':>9} {'x DDP':>7} "
+             f"{'exposed ms':>10}")]
     lines.append("-" * len(lines[0]))
     for block in blocks:
         rows = block["rows"]
@@ -227,10 +227,10 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_dispatch(d: dict[str, Any]) -> str:
-    lines = [f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32; a bare "
-             f"collective of these sizes: {d.get('bare_collective_s', 0) * 1e6:.0f} us)",
-             f"{'configuration':<22} {'path':>6} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
-             f"{'launch us/part':>14} {'extra step us/part':>18}"]
+    lines = [(f"dispatch overhead (2 ranks @ {d['rate']}, MLP 0.3M params, batch 32; a bare "
+             f"collective of these sizes: {d.get('bare_collective_s', 0) * 1e6:.0f} us)"),
+             (f"{'configuration':<22} {'path':>6} {'parts/step':>10} {'step ms':>8} {'sched us/part':>13} "
+             f"{'launch us/part':>14} {'extra step us/part':>18}")]
     for label, row in d["configs"].items():
         ext = row["external_us_per_extra_partition"]
         lines.append(f"{label:<22} {row.get('hot_path') or '-':>6} {row['partitions_per_step']:10.0f} "

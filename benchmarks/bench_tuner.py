@@ -307,11 +307,11 @@ def cpu_sim(args) -> None:
         original = tuner.observe
 
         def timed(samples, original=original, tuner=tuner):
-            before = len(policy.sink.decisions)
+            before = len(policy.sink.decisions)  # noqa: B023 - called only within this iteration's _run_until_done
             cpu0 = time.thread_time()
             original(samples)
             spent = time.thread_time() - cpu0
-            if len(policy.sink.decisions) > before:
+            if len(policy.sink.decisions) > before:  # noqa: B023 - called only within this iteration's _run_until_done
                 per_decision.append(spent)
             elif samples:
                 per_sample.append(spent / len(samples))
@@ -420,9 +420,10 @@ def daemon_cpu(args) -> None:
         work = pathlib.Path(tempfile.mkdtemp(prefix="bench-tuner-"))
         port = free_port()
         db = f"sqlite:///{work}/autobyted.db"
+        log = open(work / "log", "w")  # noqa: SIM115 - the daemon's output, open while it runs
         proc = subprocess.Popen([sys.executable, "-m", "autobyted.app", "start", "--listen", f"127.0.0.1:{port}",
                                  "--db", db, "--tuner", mode, "--log-level", "WARNING"],
-                                stdout=open(work / "log", "w"), stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
             time.sleep(3.0)
             cpu0, wall0 = _proc_cpu_s(proc.pid), time.monotonic()
@@ -557,7 +558,7 @@ def hostload(args) -> None:
     for _ in range(args.calls // 1000):
         t0 = time.perf_counter_ns()
         for _ in range(1000):
-            sampler.value
+            sampler.value  # noqa: B018 - the property read is what is timed
         reads.append((time.perf_counter_ns() - t0) / 1000)
     samples = []
     for _ in range(200):

@@ -137,7 +137,7 @@ class CpuCgroups:
         if share is not None and not 0.01 <= share <= 64:
             raise ValueError(f"cpu share {share!r} must be in [0.01, 64] cores (or None)")
         group = self.path(rank)
-        quota = -1 if share is None else max(1000, int(round(share * self.period_us)))
+        quota = -1 if share is None else max(1000, round(share * self.period_us))
         if self.version == 1:
             _write(group / "cpu.cfs_period_us", str(self.period_us))
             _write(group / "cpu.cfs_quota_us", str(quota))
@@ -170,9 +170,8 @@ def cleanup_stale_cgroups(name_pattern: re.Pattern[str], is_stale: Callable[[str
     root, _ = found
     removed = []
     for group in sorted(root.iterdir()):
-        if group.is_dir() and name_pattern.match(group.name) and is_stale(group.name):
-            if _remove_group(group, root):
-                removed.append(str(group))
+        if group.is_dir() and name_pattern.match(group.name) and is_stale(group.name) and _remove_group(group, root):
+            removed.append(str(group))
     return removed
 
 

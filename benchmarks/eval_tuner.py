@@ -141,8 +141,8 @@ def evaluate_one(path: str) -> dict[str, Any]:
 
 
 def summarise(results: Sequence[dict[str, Any]]) -> str:
-    lines = [f"{'scenario':<40} {'/oracle':>7} {'/bo-once':>8} {'/ddp':>6} {'/grid':>6} {'headroom':>8} "
-             f"{'conv med':>8} {'slow%':>6} {'trials':>6} {'retunes':>7}"]
+    lines = [(f"{'scenario':<40} {'/oracle':>7} {'/bo-once':>8} {'/ddp':>6} {'/grid':>6} {'headroom':>8} "
+             f"{'conv med':>8} {'slow%':>6} {'trials':>6} {'retunes':>7}")]
     conv_all, censored = [], 0
     for r in results:
         steps = [c["steps"] for c in r["convergence"][1:]] if len(r["convergence"]) > 1 else []
@@ -160,18 +160,18 @@ def summarise(results: Sequence[dict[str, Any]]) -> str:
     lines += [
         "",
         f"scenarios {len(results)}",
-        f"autobyte/oracle   median {statistics.median(oracle):.3f}  worst {min(oracle):.3f}   "
-        "(goal median >= 0.97, worst >= 0.93)",
-        f"autobyte/bo-once  median {statistics.median(bo):.3f}  max {max(bo):.3f}  min {min(bo):.3f}  "
-        f"> 1.0 in {sum(v > 1.0 for v in bo)}/{len(bo)}   (goal > 1.0 everywhere)",
-        f"autobyte/ddp      median {statistics.median(ddp):.3f}  min {min(ddp):.3f}  "
-        f">= 1.0 in {sum(v >= 1.0 for v in ddp)}/{len(ddp)}   (goal >= 1.0 everywhere)",
-        f"steps from a change (or the start) to within 5% of the oracle: median {statistics.median(conv_all):.0f}, "
+        (f"autobyte/oracle   median {statistics.median(oracle):.3f}  worst {min(oracle):.3f}   "
+        "(goal median >= 0.97, worst >= 0.93)"),
+        (f"autobyte/bo-once  median {statistics.median(bo):.3f}  max {max(bo):.3f}  min {min(bo):.3f}  "
+        f"> 1.0 in {sum(v > 1.0 for v in bo)}/{len(bo)}   (goal > 1.0 everywhere)"),
+        (f"autobyte/ddp      median {statistics.median(ddp):.3f}  min {min(ddp):.3f}  "
+        f">= 1.0 in {sum(v >= 1.0 for v in ddp)}/{len(ddp)}   (goal >= 1.0 everywhere)"),
+        (f"steps from a change (or the start) to within 5% of the oracle: median {statistics.median(conv_all):.0f}, "
         f"p90 {sorted(conv_all)[int(0.9 * (len(conv_all) - 1))]:.0f}, {censored}/{len(conv_all)} never within 5% "
-        "before the next change (goal median <= 300)",
-        f"share of steps in trials > 10% slower than the incumbent: median "
+        "before the next change (goal median <= 300)"),
+        (f"share of steps in trials > 10% slower than the incumbent: median "
         f"{100 * statistics.median(col('slow_trial_share')):.2f}%, max {100 * max(col('slow_trial_share')):.2f}% "
-        "(goal <= 5%)",
+        "(goal <= 5%)"),
     ]
     won, lost = sum(col("trials_won")), sum(col("trials_lost"))
     lines.append(f"trials that measured a gain: {won}/{won + lost} "

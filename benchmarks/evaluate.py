@@ -453,9 +453,12 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         label = _testbed_label(initial)
         logger.info("%s: online %s from %s", scenario.name, name, label)
         ran: list[bool] = []
-        series = _cached_run(cache, scenario, f"policy-{name}",
-                             lambda: ran.append(True) or _run_on_testbed(scenario, label, trace, policy=policy,
-                                                                         initial=initial))
+
+        def run_online() -> TestbedSeries:  # called (or not) by _cached_run within this iteration
+            ran.append(True)  # noqa: B023
+            return _run_on_testbed(scenario, label, trace, policy=policy, initial=initial)  # noqa: B023
+
+        series = _cached_run(cache, scenario, f"policy-{name}", run_online)
         # A run read from the cache has no policy object that saw it: say what it decided instead.
         described = policy.describe() if ran or cache is None else "(cached run)"
         hosts[name] = series.host

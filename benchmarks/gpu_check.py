@@ -290,7 +290,7 @@ def _judge(name: str, ranks: list[dict]) -> dict[str, Any]:
         return {"status": "failed", "reason": f"{sorted(errors)}: {next(iter(errors.values()))[-800:]}"} \
             if errors else {"status": "measured"}
     bad = []
-    for case, first in ranks[0]["cases"].items():
+    for case in ranks[0]["cases"]:
         rows = [r["cases"].get(case, {"error": "missing on this rank"}) for r in ranks]
         if any("error" in row for row in rows):
             bad.append(f"{case}: {next(row['error'] for row in rows if 'error' in row)[-600:]}")
@@ -303,8 +303,8 @@ def _judge(name: str, ranks: list[dict]) -> dict[str, Any]:
 
 def table(report: dict) -> str:
     """The readable summary: one line per step, then the cases and the overhead rows."""
-    lines = [f"autobyte GPU check: {report['verdict'].upper()} (device {report['device']}"
-             f"{', CPU self-test' if report['allow_cpu'] and report['device'] == 'cpu' else ''})", ""]
+    lines = [(f"autobyte GPU check: {report['verdict'].upper()} (device {report['device']}"
+             f"{', CPU self-test' if report['allow_cpu'] and report['device'] == 'cpu' else ''})"), ""]
     lines.append(f"{'STEP':<15}{'STATUS':<11}{'SECONDS':>8}  NOTE")
     for name, step in report["steps"].items():
         note = step.get("reason") or step.get("result") or ""
@@ -338,9 +338,9 @@ def table(report: dict) -> str:
         ranks = report["steps"].get(name, {}).get("ranks") or []
         if not ranks or "models" not in ranks[0]:
             continue
-        lines += ["", f"{name} (rank 0; ms per step): model, DDP, scheduled, speed vs DDP, host loop (no "
+        lines += ["", (f"{name} (rank 0; ms per step): model, DDP, scheduled, speed vs DDP, host loop (no "
                       "sync) DDP/sched, training-thread CPU DDP/sched, other threads CPU DDP/sched, "
-                      "wait-before-use, syncs/step"]
+                      "wait-before-use, syncs/step")]
         for model, row in ranks[0]["models"].items():
             if "error" in row:
                 lines.append(f"  {model:<12} ERROR")

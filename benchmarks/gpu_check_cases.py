@@ -35,7 +35,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -346,7 +346,7 @@ class SyncCounter:
         self.count = 0
         self.where: collections.Counter = collections.Counter()
 
-    def __enter__(self) -> SyncCounter:
+    def __enter__(self) -> Self:
         self._catch = warnings.catch_warnings(record=True)
         self._records = self._catch.__enter__()
         warnings.simplefilter("always")

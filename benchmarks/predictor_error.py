@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 from autobyte.types import Config
+import itertools
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -159,7 +160,7 @@ def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
     errors, taus = [], []
     for rounds in by_block.values():
         keys = sorted(rounds)
-        for a, b in zip(keys, keys[1:]):
+        for a, b in itertools.pairwise(keys):
             common = [c for c in rounds[a] if c in rounds[b]]
             errors += [abs(rounds[a][c] / rounds[b][c] - 1.0) for c in common]
             taus.append(kendall([rounds[a][c] for c in common], [rounds[b][c] for c in common]))

@@ -165,7 +165,7 @@ class Scenario:
             trace += harness.Trace.from_times(
                 pairs(self.straggler.combine(link, min), mbit), ranks=[rank])
         if self.flows is not None:
-            trace += harness.Trace.flows(pairs(self.flows, lambda v: int(round(v))), ranks=[rank])
+            trace += harness.Trace.flows(pairs(self.flows, lambda v: round(v)), ranks=[rank])
         if self.cpu_share is not None:
             # a quota on `quota_workers` workers (the last ones) when the link model says so
             throttled = self.link.quota_workers if self.link.quota_period_s > 0 else 1

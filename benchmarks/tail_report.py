@@ -114,10 +114,10 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
 def format_report(report: dict[str, Any]) -> str:
     load = report["load"]
     first = [str(value).split()[0] if not isinstance(value, (list, tuple)) else value[0] for value in load]
-    lines = [f"{report['model']} @ {report['rate']}  (load {first[0]} -> {first[1]}; DDP "
-             f"{report['ddp_s'] * 1e3:.1f} ms, bound {report['bound_s'] * 1e3:.1f}, compute {report['compute_s'] * 1e3:.1f})",
-             f"{'configuration':24} {'step ms':>8} {'x DDP':>6} {'/bound':>7} {'/compute':>9} {'fwd wait':>9} "
-             f"{'vs twin':>8} {'sim ms':>7}"]
+    lines = [(f"{report['model']} @ {report['rate']}  (load {first[0]} -> {first[1]}; DDP "
+             f"{report['ddp_s'] * 1e3:.1f} ms, bound {report['bound_s'] * 1e3:.1f}, compute {report['compute_s'] * 1e3:.1f})"),
+             (f"{'configuration':24} {'step ms':>8} {'x DDP':>6} {'/bound':>7} {'/compute':>9} {'fwd wait':>9} "
+             f"{'vs twin':>8} {'sim ms':>7}")]
     for row in report["rows"]:
         wait = row["forward_wait_s"]
         vs = row["vs_twin"]

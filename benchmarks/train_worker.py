@@ -77,6 +77,7 @@ import torch.distributed as dist
 from torch import nn
 
 from benchmarks.models import build
+import itertools
 
 DDP_BUCKET_BYTES = 25 << 20
 LAT_PROBE_BYTES = 4 << 10
@@ -173,7 +174,7 @@ class Trainer:
         self.global_step = 0
         self.control = None
         if args.control and dist.get_rank() == 0:
-            self.control = open(args.control, "a+")  # create it if the harness has not yet
+            self.control = open(args.control, "a+")  # noqa: SIM115 - read at every step, closed by close(); a+ creates it if the harness has not yet
             self.control.seek(0)
         self._control_partial = ""
         # --max-seconds: rank 0's clock decides, a flag on a group of its own tells every rank at the
@@ -385,7 +386,7 @@ class Trainer:
                       "step_time_s": marks[-1] - marks[-2], "t": time.time()})
         if self.stopped and scheduled:
             self.sched.synchronize()
-        step_times = [b - a for a, b in zip(marks, marks[1:])]
+        step_times = [b - a for a, b in itertools.pairwise(marks)]
         cpu = _CpuSnapshot.take(self.device).since(cpu_before, len(step_times))
         metrics: list[dict[str, Any]] = []
         dispatch = None

@@ -87,7 +87,7 @@ class PgCluster:
         return cluster
 
     def _run(self, *args: str, timeout_s: float = 60.0) -> None:
-        result = subprocess.run([*self._as_user, *args], capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run([*self._as_user, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
         if result.returncode:
             raise RuntimeError(f"{' '.join(args[:2])} failed ({result.returncode}): "
                                f"{(result.stdout + result.stderr).strip()[-2000:]}")

@@ -37,13 +37,14 @@ import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from autobyte.types import Config, format_bytes, parse_bytes
 
 from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable
 from simulator.trace import PiecewiseConstant
+import itertools
 
 MIB = 1 << 20
 MAX_COMM_CPU_SHARE = 0.95  # communication never takes more than this share of a rank's CPU
@@ -81,7 +82,7 @@ class DDPConfig:
         return "ddp"
 
 
-RunConfig = Union[Config, DDPConfig]
+RunConfig = Config | DDPConfig
 DDP = DDPConfig()
 
 
@@ -194,7 +195,7 @@ def _interpolate_log2(table: tuple[tuple[float, float], ...], nbytes: float) -> 
         return 0.0
     if nbytes <= table[0][0]:
         return table[0][1]
-    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(table):
         if nbytes <= x1:
             w = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
             return y0 + w * (y1 - y0)

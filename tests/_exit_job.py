@@ -105,9 +105,8 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
             train()
     else:
         train()
-    if mode == "close" or mode == "close_destroy":
-        if not ddp:
-            opt.close()
+    if mode in ("close", "close_destroy") and not ddp:
+        opt.close()
     if mode == "destroy" and not ddp:
         opt.synchronize()
     if mode in ("destroy", "destroy_only", "close_destroy"):
@@ -127,7 +126,7 @@ class _nothing:
 def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tuple | None:
     """The parent: runs the jobs (mode, ddp), `parallel` at a time; returns None. A forked rank
     returns its job's arguments instead."""
-    results = open(os.path.join(out_dir, "results.jsonl"), "a")
+    results = open(os.path.join(out_dir, "results.jsonl"), "a")  # noqa: SIM115 - appended to as each job ends; forked ranks return out of this loop
     # torch's objects, imported once, out of every forked rank's garbage collections: each rank
     # would otherwise walk (and copy, page by page) all of them at its first collection and at its
     # interpreter's shutdown, seconds of CPU a rank; the shutdown itself is unchanged

@@ -111,8 +111,8 @@ def test_resume_says_what_comes_next_not_the_old_pause(db_url):
         resumed = run_cli("tune", "paused-job", "--resume", "--daemon", address)
         assert resumed.returncode == 0, resumed.stderr
         assert "tuner resumed" in resumed.stdout and "paused:" not in resumed.stdout, resumed.stdout
-        after = _wait_for(lambda: (lambda t: t if t["detail"].startswith("resumed") else None)(
-            _tuner_status(address, "paused-job")), show=lambda: _tuner_status(address, "paused-job"))
+        after = _wait_for(lambda: t if (t := _tuner_status(address, "paused-job"))["detail"].startswith("resumed")
+                          else None, show=lambda: _tuner_status(address, "paused-job"))
         assert after["paused"] is False
         assert "none/inf" not in after["detail"] and "the configuration in effect" in after["detail"], after
         table = run_cli("status", "--daemon", address).stdout

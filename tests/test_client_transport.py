@@ -100,7 +100,7 @@ def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
 
 def test_without_init_nothing_is_sent_or_started():
     rank0, _ = run_ranks(_train, 2, None, None, 5, 0.0, timeout_s=90)
-    assert not any(name.startswith("autobyte-telemetry") or name.startswith("autobyte-control")
+    assert not any(name.startswith(("autobyte-telemetry", "autobyte-control"))
                    for name in rank0["threads"])
 
 
@@ -369,7 +369,7 @@ def _refused_worker(rank, world, address):
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = {}
-    for case, kwargs in (("token", dict(job="guarded", token="wrong")), ("world", dict(job="sized", token="t0k"))):
+    for case, kwargs in (("token", {"job": "guarded", "token": "wrong"}), ("world", {"job": "sized", "token": "t0k"})):
         del logs.records[:]
         autobyte.init(daemon=address, **kwargs)
         for _ in range(10):

@@ -49,7 +49,7 @@ def test_refuses_a_foreign_database(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("create table invoices (id integer primary key)")
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}",
-                             "--db", f"sqlite:///{path}"], capture_output=True, text=True, timeout=60)
+                             "--db", f"sqlite:///{path}"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 3
     assert "did not create" in result.stderr and "Traceback" not in result.stderr
     with sqlite3.connect(path) as conn:
@@ -60,7 +60,7 @@ def test_refuses_a_foreign_database(tmp_path):
 def test_refuses_beyond_loopback_without_token(tmp_path):
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", "0.0.0.0:0",
                              "--db", f"sqlite:///{tmp_path}/x.db"], capture_output=True, text=True, timeout=60,
-                            env={"PATH": str(BIN)})
+                            env={"PATH": str(BIN)}, check=False)
     assert result.returncode == 2
     assert "without a token" in result.stderr and "Traceback" not in result.stderr
 
@@ -81,16 +81,16 @@ def test_token_guards_every_rpc(db_url):
 
 def test_versions_and_help():
     for command in ("autobyte", "autobyted"):
-        version = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True)
+        version = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, check=False)
         assert version.returncode == 0 and "0." in version.stdout
-        help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True)
+        help_text = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, check=False)
         assert help_text.returncode == 0 and "Usage" in help_text.stdout
         # Name the exit codes
         assert "Exit codes" in help_text.stdout
     # The daemon now chooses configurations itself; its help says so and how to turn it off
-    daemon_help = subprocess.run([str(BIN / "autobyted"), "--help"], capture_output=True, text=True).stdout
+    daemon_help = subprocess.run([str(BIN / "autobyted"), "--help"], capture_output=True, text=True, check=False).stdout
     assert "predictor" in daemon_help and "does not choose configurations" not in daemon_help
-    start_help = subprocess.run([str(BIN / "autobyted"), "start", "--help"], capture_output=True, text=True).stdout
+    start_help = subprocess.run([str(BIN / "autobyted"), "start", "--help"], capture_output=True, text=True, check=False).stdout
     assert "--tuner [auto|observe|off]" in start_help
 
 
@@ -98,7 +98,7 @@ def test_port_in_use_is_one_line_and_creates_nothing(daemon_process, tmp_path):
     """The address is checked before the database is created or migrated."""
     db = tmp_path / "never.db"
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", daemon_process.address,
-                             "--db", f"sqlite:///{db}"], capture_output=True, text=True, timeout=60)
+                             "--db", f"sqlite:///{db}"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 4, result.stderr
     assert result.stderr.strip().splitlines() == [
         f"autobyted: cannot listen on {daemon_process.address}: address already in use"], result.stderr
@@ -108,7 +108,7 @@ def test_port_in_use_is_one_line_and_creates_nothing(daemon_process, tmp_path):
 def test_metrics_port_in_use_creates_nothing(daemon_process, tmp_path):
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}",
                              "--metrics-listen", daemon_process.address.rpartition(":")[2],
-                             "--db", f"sqlite:///{tmp_path}/never.db"], capture_output=True, text=True, timeout=60)
+                             "--db", f"sqlite:///{tmp_path}/never.db"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 4 and "cannot listen on 127.0.0.1:" in result.stderr, result.stderr
     assert not list(tmp_path.glob("never.db*"))
 
@@ -120,7 +120,7 @@ def test_second_daemon_on_one_sqlite_file_is_refused(db_url):
     second = None
     try:
         refused = subprocess.run([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}",
-                                  "--db", db_url], capture_output=True, text=True, timeout=60)
+                                  "--db", db_url], capture_output=True, text=True, timeout=60, check=False)
         assert refused.returncode == 5, refused.stderr
         (line,) = refused.stderr.strip().splitlines()
         assert "in use by another autobyted" in line and f"pid {first.pid}" in line
@@ -146,7 +146,7 @@ def test_database_password_never_echoed(tmp_path, url, how):
         args += ["--db", url]
     else:
         env["AUTOBYTED_DB"] = url
-    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
     assert result.returncode == 3, result.stderr
     assert "hunter2" not in result.stdout + result.stderr
     assert "alice:***@" in result.stderr and "Traceback" not in result.stderr
@@ -210,7 +210,7 @@ def test_insecure_listening_is_logged_loudly(tmp_path):
     assert re.search(r"WARNING autobyted: INSECURE: listening on 0.0.0.0:7077 .*without TLS", text), text
     assert "t0k" not in text
     refused = subprocess.run([str(BIN / "autobyted"), "start", "--listen", "0.0.0.0:7077", "--token", "t0k",
-                              "--db", f"sqlite:///{tmp_path}/y.db"], capture_output=True, text=True, timeout=60)
+                              "--db", f"sqlite:///{tmp_path}/y.db"], capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 2 and "without TLS" in refused.stderr
 
 
@@ -228,6 +228,6 @@ def test_sqlite_synchronous_setting(tmp_path):
 def test_unusable_database_exits_3(tmp_path):
     result = subprocess.run([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{free_port()}",
                              "--db", f"sqlite:///{tmp_path}/missing/dir/x.db"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, check=False)
     assert result.returncode == 3, result.stderr
     assert "cannot open or migrate database" in result.stderr and "Traceback" not in result.stderr

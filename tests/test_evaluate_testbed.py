@@ -51,7 +51,8 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     scenario.write_text(SCENARIO.format(profile=profile))
     out = tmp_path / "out"
     assert main([str(scenario), "--policy", "bo-once", "observe:1MiB,4MiB", "--testbed", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    with open(out / "results.csv", newline="") as table_file:
+        rows = list(csv.DictReader(table_file))
     assert [row["policy"] for row in rows] == ["bo-once", "observe:1MiB,4MiB"]
     assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
     result = json.loads((out / "results.json").read_text())["scenarios"][0]

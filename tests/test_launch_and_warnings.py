@@ -36,7 +36,7 @@ def test_bare_init_under_torchrun_derives_one_job_id_for_the_launch(db_url, tmp_
                  "--master-port", str(free_port()), str(ROOT / "tests" / "_bare_init_job.py"),
                  str(out)], env=env, capture_output=True, text=True, timeout=180, check=False)
             assert job.returncode == 0, job.stderr[-3000:]
-            ranks = [json.loads(open(str(out).format(rank=r)).read()) for r in range(2)]
+            ranks = [json.loads(out.with_name(out.name.format(rank=r)).read_text()) for r in range(2)]
             assert ranks[0]["job"] == ranks[1]["job"], ranks
             assert ranks[0]["job"].startswith("torchrun-"), ranks
             assert all(r["flushed"] for r in ranks), ranks  # the daemon took every rank's steps
@@ -62,8 +62,8 @@ def _warning_worker(rank, world, refusing_address, nobody_address):
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = {}
-    for case, kwargs in (("token", dict(daemon=refusing_address, job="guarded")),
-                         ("unreachable", dict(daemon=nobody_address, job="lonely"))):
+    for case, kwargs in (("token", {"daemon": refusing_address, "job": "guarded"}),
+                         ("unreachable", {"daemon": nobody_address, "job": "lonely"})):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("default")
             autobyte.init(**kwargs)  # no token: the daemon wants one

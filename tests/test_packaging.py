@@ -96,12 +96,12 @@ def test_fresh_venv_base_install_then_daemon_extra(wheel, tmp_path):
         # dependencies come from the package index or pip's cache, the package from the built wheel.
         result = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                                  "--disable-pip-version-check", requirement], cwd=work, env=env,
-                                capture_output=True, text=True, timeout=600)
+                                capture_output=True, text=True, timeout=600, check=False)
         assert result.returncode == 0, result.stderr[-3000:]
 
     def run(*args, timeout=60):
         return subprocess.run([str(a) for a in args], cwd=work, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, check=False)
 
     pip_install(str(wheel))
     where = run(python, "-c", "import autobyte, autobyted, sys; print(autobyte.__file__); "
@@ -166,25 +166,25 @@ def test_wheel_without_native_runs_the_python_path(wheel, tmp_path):
     work.mkdir()
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                                 "--no-deps", "--disable-pip-version-check", str(wheel)],
-                               cwd=work, env=env, capture_output=True, text=True, timeout=300)
+                               cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert installed.returncode == 0, installed.stderr[-3000:]
 
     check = subprocess.run([str(bin_dir / "autobyte"), "check-build", "--format", "json"], cwd=work, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, check=False)
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout)
     assert report["torch"]["installed"] is True
     assert report["native"]["built"] is False and report["native"]["active"] is False
     assert "not in this installation" in report["native"]["reason"]
     text = subprocess.run([str(bin_dir / "autobyte"), "check-build"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120).stdout
+                          capture_output=True, text=True, timeout=120, check=False).stdout
     assert "built no, active no" in text and "why not" in text
 
     script = work / "train.py"
     script.write_text(TWO_RANK_JOB)
     out = work / "result"
     trained = subprocess.run([str(python), str(script), str(out)], cwd=work, env=env, capture_output=True,
-                             text=True, timeout=180)
+                             text=True, timeout=180, check=False)
     assert trained.returncode == 0, trained.stderr[-3000:]
     for rank in range(2):
         result = json.loads((work / f"result.{rank}.json").read_text())

@@ -582,5 +582,5 @@ def test_import_is_lazy_about_torch():
 
     code = ("import sys; sys.modules['torch'] = None; import autobyte; "
             "assert 'ScheduledOptimizer' in autobyte.__all__; print('ok')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.strip() == "ok", done.stderr

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import run_ranks, run_ranks_on
+import itertools
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +102,7 @@ def _amp_worker(rank: int, world: int) -> dict:
         model, opt, scales, skipped = run(dtype, scaled, True)
         out[name] = {"params": _diff(ref, model), "state": _state_diff(ref_opt, opt),
                      "scales": scales == ref_scales, "skipped": skipped,
-                     "backoffs": sum(b < a for a, b in zip(ref_scales, ref_scales[1:]))}
+                     "backoffs": sum(b < a for a, b in itertools.pairwise(ref_scales))}
     return out
 
 

@@ -181,12 +181,14 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
         clip = 0.5 if case == "clip" else None
 
         def scaler():
-            return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) \
-                if case == "amp" else None
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+            return None
 
         def autocast():
-            return torch.autocast("cpu", dtype=torch.float16) if case == "amp" \
-                else contextlib.nullcontext()
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.autocast("cpu", dtype=torch.float16)
+            return contextlib.nullcontext()
 
         model = make_lm()
         ddp = DDP(model)
@@ -196,7 +198,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             opt.zero_grad()
 
             def backward(loss):
-                (ref_scaler.scale(loss) if ref_scaler else loss).backward()
+                (ref_scaler.scale(loss) if ref_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
             with autocast():
                 _accumulate(ddp, micro, backward, ddp.no_sync)
@@ -219,7 +221,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
         with sched:
             for micro in steps_of:
                 def backward(loss):
-                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()
+                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
                 with autocast():
                     _accumulate(model, micro, backward, sched.no_sync)
@@ -252,7 +254,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             results["misuse_step"] = type(error).__name__
         try:
             sched.close()
-        except Exception:  # noqa: BLE001 - close after a failure may report it again
+        except Exception:  # noqa: BLE001, S110 - close after a failure may report it again
             pass
     return results
 

@@ -48,7 +48,7 @@ def answers(client: Client, job: str) -> tuple:
 
 
 def test_a_rank_moves_between_daemons_and_every_daemon_answers_the_same(daemons):
-    (a, b), (on_a, on_b) = daemons
+    (a, _b), (on_a, on_b) = daemons
     session = on_a.register(job="job", rank=0, instance="rank0").session_id
     assert on_a.stream([batch(session, range(1, 51))]) == [50]
     # the daemon went away for this rank: it registers with the other one, which knows what is stored
@@ -67,7 +67,7 @@ def test_a_rank_moves_between_daemons_and_every_daemon_answers_the_same(daemons)
 
 
 def test_a_decision_reaches_the_watchers_of_every_daemon(daemons):
-    (a, b), (on_a, on_b) = daemons
+    (_a, _b), (on_a, on_b) = daemons
     for client, rank in ((on_a, 0), (on_b, 1)):
         client.register(job="job", rank=rank, instance=f"rank{rank}")
     watch_a = on_a.control.WatchConfig(pb.WatchConfigRequest(job="job", rank=0), timeout=20)
@@ -102,7 +102,7 @@ def test_one_daemon_tunes_a_job_and_hands_it_over_when_it_stops(daemons):
     first = wait_for(lambda: job.history().decisions, what="the tuner's first decision")
     assert first[0].source == "tuner"
     holder = a.storage().lease("tuner:job").holder
-    tuning, tuning_client = by_id[holder]
+    tuning, _tuning_client = by_id[holder]
     other, other_client = next(v for k, v in by_id.items() if k != holder)
     assert "job" in tuning.daemon.tuner._jobs and "job" not in other.daemon.tuner._jobs
     for _ in range(3):  # more steps: still one tuner, the other keeps out

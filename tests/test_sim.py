@@ -32,6 +32,7 @@ from simulator import (
 )
 from simulator.engine import _dispatch
 from simulator.trace import periodic_trace, step_trace
+import itertools
 
 GBIT = 1e9 / 8
 MIB = 1 << 20
@@ -157,7 +158,7 @@ def test_cached_and_exact_paths_agree_across_trace_changes(resnet):
     low = [r.step_time_s for r in records if 4 < r.start_s < 7]
     high = [r.step_time_s for r in records if 1 < r.start_s < 3]
     assert min(low) > max(high)
-    for a, b in zip(records, records[1:]):
+    for a, b in itertools.pairwise(records):
         assert b.start_s == a.end_s
 
 

@@ -42,7 +42,8 @@ def test_runner_writes_table_csv_json_and_png(tmp_path, capsys):
                           "oracle", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     assert "grid-best" in table and "headroom" in table
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    with open(out / "results.csv", newline="") as table_file:
+        rows = list(csv.DictReader(table_file))
     assert [r["policy"] for r in rows] == ["ddp", "static:4MiB,16MiB", "grid-best", "oracle"]
     data = json.loads((out / "results.json").read_text())
     result = data["scenarios"][0]

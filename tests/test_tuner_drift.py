@@ -46,10 +46,10 @@ def test_stationary_noise_with_spikes_never_alarms(seed):
 
 
 @pytest.mark.parametrize("change, signal, reason", [
-    (dict(bandwidth=2.5e8, step_s=0.2), "bandwidth", "bandwidth drop"),
-    (dict(bandwidth=3e9), "bandwidth", "bandwidth rise"),
-    (dict(compute=0.09, step_s=0.13), "compute", "compute slowdown"),
-    (dict(step_s=0.125), "step_time", "step time rise"),
+    ({"bandwidth": 2.5e8, "step_s": 0.2}, "bandwidth", "bandwidth drop"),
+    ({"bandwidth": 3e9}, "bandwidth", "bandwidth rise"),
+    ({"compute": 0.09, "step_s": 0.13}, "compute", "compute slowdown"),
+    ({"step_s": 0.125}, "step_time", "step time rise"),
 ])
 def test_a_real_change_alarms_within_a_few_seconds_and_names_its_cause(change, signal, reason):
     rng = random.Random(7)

@@ -34,7 +34,7 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
              str(free_port()), str(ROOT / "devtools" / "mlp_job.py"), "--steps", "3000", "--width", "128",
              "--depth", "2", "--partition", "4KiB", "--credit", "none", "--out", str(tmp_path / "r{rank}.json")],
-            env=env, capture_output=True, text=True, timeout=300)
+            env=env, capture_output=True, text=True, timeout=300, check=False)
         assert job.returncode == 0, job.stderr[-3000:]
         ranks = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
         client = Client(f"127.0.0.1:{port}")

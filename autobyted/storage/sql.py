@@ -133,10 +133,10 @@ def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
     columns = ", ".join(SAMPLE_COLUMNS)
     dialect = connection.dialect
     if dialect.name == "postgresql" and dialect.driver == "psycopg":
-        with connection.connection.dbapi_connection.cursor() as cursor:
-            with cursor.copy(f"COPY {m.StepSample.__table__.name} ({columns}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+        with (connection.connection.dbapi_connection.cursor() as cursor,
+              cursor.copy(f"COPY {m.StepSample.__table__.name} ({columns}) FROM STDIN") as copy):
+            for row in rows:
+                copy.write_row(row)
         return
     marker = "?" if dialect.paramstyle == "qmark" else "%s"
     connection.exec_driver_sql(f"INSERT INTO {m.StepSample.__table__.name} ({columns}) VALUES "

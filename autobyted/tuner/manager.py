@@ -170,7 +170,7 @@ class TunerManager:
                     log.info("stored predictor was trained on another prior; retraining from the windows")
                     self.new_windows += 1
                     self._train_wake.set()
-        except Exception as error:  # an unreadable model is not worth a dead tuner
+        except Exception as error:  # noqa: BLE001 - an unreadable model is not worth a dead tuner
             log.warning("cannot load the stored predictor (%s); using the prior", error)
         self.predictor = Predictor(ensemble)
 
@@ -237,7 +237,7 @@ class TunerManager:
                 next_poll = now + self.poll_interval_s
                 try:
                     jobs |= set(self.storage.active_jobs(self.idle_after_s))
-                except Exception as error:
+                except Exception as error:  # noqa: BLE001 - the database is unreachable: the known jobs are still tuned
                     log.warning("tuner cannot list active jobs: %s", error)
                 jobs |= set(self._jobs)
             for job in sorted(jobs):
@@ -264,7 +264,7 @@ class TunerManager:
         try:
             if not self._hold(job):
                 return
-        except Exception as error:  # the database is unreachable: try again later
+        except Exception as error:  # noqa: BLE001 - the database is unreachable: try again later
             log.warning("tuner cannot take or renew the lease of job %s: %s", job, error)
             self._lease_retry_at[job] = time.monotonic() + self.lease_s / 3
             return
@@ -319,7 +319,7 @@ class TunerManager:
                 self.storage.save_tuner_status(job, TunerStatusRecord(
                     mode=self.mode, state="error", detail=f"error: {type(error).__name__}: {error}"[:500],
                     updated_at_s=time.time()))
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - best effort: the failure is logged above
                 pass
 
     def _hold(self, job: str) -> bool:
@@ -348,7 +348,7 @@ class TunerManager:
         self._renewed_at.pop(job, None)
         try:
             self.storage.release_lease(tuner_lease(job), self.holder)
-        except Exception as error:  # it expires by itself
+        except Exception as error:  # noqa: BLE001 - it expires by itself
             log.warning("cannot release the tuner lease of job %s: %s", job, error)
 
     def _open(self, job: str) -> _JobState | None:

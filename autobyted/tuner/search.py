@@ -935,9 +935,9 @@ class JobTuner:
         gate = -math.log1p(self.p.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
-            if candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate:
-                if best is None or mu < best[1]:
-                    best = (candidate, float(mu))
+            if (candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate
+                    and (best is None or mu < best[1])):
+                best = (candidate, float(mu))
         if best is None:
             return
         self.stats["retunes"] += 1

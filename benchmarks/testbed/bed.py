@@ -57,7 +57,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from benchmarks import conditions
 from benchmarks.conditions import ConditionError, ConditionProcess, CpuCgroups, kill_group
@@ -135,7 +135,7 @@ class Testbed:
 
     # -- lifecycle --
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Self:
         self.create()
         return self
 

@@ -23,7 +23,7 @@ class TestbedError(RuntimeError):
 
 def _run_cmd(args: Sequence[str], check: bool = True,
              timeout: float = 30) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise TestbedError(f"command failed ({proc.returncode}): {' '.join(args)}\n"
                            f"{proc.stderr.strip()}")

@@ -214,7 +214,7 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
             note.remove()
         else:
             hidden += 1
-    handles, labels = top.get_legend_handles_labels()
+    handles, _labels = top.get_legend_handles_labels()
     handles += [Patch(color=colour, label=f"in effect: {name}") for name, colour in colours.items()]
     if any(d.state == "rolled_back" for _, d in shown):
         handles.append(Patch(facecolor="white", edgecolor="#7f1d1d", label="red: rolled back"))

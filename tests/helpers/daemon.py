@@ -38,7 +38,7 @@ class ThreadDaemon:
     def _run(self) -> None:
         try:
             asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False))
-        except BaseException as error:  # surfaced by start()
+        except BaseException as error:  # noqa: BLE001 - surfaced by start()
             self._error = error
             self._ready.set()
 

@@ -34,9 +34,9 @@ class Client:
 
 
 def sample(seq: int, step: int | None = None, **fields) -> pb.StepMetrics:
-    values = dict(seq=seq, step=seq - 1 if step is None else step, wall_time_s=time.time(), step_time_s=0.05,
-                  forward_s=0.01, backward_s=0.02, exposed_comm_s=0.005, bytes_reduced=1 << 20, partitions=4,
-                  bandwidth_bytes_per_s=1e8)
+    values = {"seq": seq, "step": seq - 1 if step is None else step, "wall_time_s": time.time(), "step_time_s": 0.05,
+                  "forward_s": 0.01, "backward_s": 0.02, "exposed_comm_s": 0.005, "bytes_reduced": 1 << 20, "partitions": 4,
+                  "bandwidth_bytes_per_s": 1e8}
     values.update(fields)
     return pb.StepMetrics(**values)
 

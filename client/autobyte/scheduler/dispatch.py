@@ -145,7 +145,7 @@ class Dispatcher:
             future.value()
             if unpack is not None:
                 unpack()  # a row-sparse weight's packed rows back into the flat buffer
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
             return
         self._on_done(s, start, length, work, None)
@@ -165,7 +165,7 @@ class Dispatcher:
         try:
             with torch.no_grad(), self.device_sync.issue_context():
                 self._leader_loop(start_step)
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _leader_loop(self, start_step: int) -> None:
@@ -259,7 +259,7 @@ class Dispatcher:
                     return
                 else:
                     raise SchedulerError(f"unknown decision message kind {kind}")
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             if not self.closed:
                 self.progress.fail(SchedulerError(str(error)) if isinstance(error, ConnectionError)
                                    else error)
@@ -268,7 +268,7 @@ class Dispatcher:
         try:
             with torch.no_grad(), self.device_sync.issue_context():
                 self._follower_loop()
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _follower_loop(self) -> None:

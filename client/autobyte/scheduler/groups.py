@@ -49,7 +49,7 @@ def new_member_group(group: Any, backend: str | None, timeout_s: float) -> Any:
 def backend_of(group: Any) -> str | None:
     try:
         return str(dist.get_backend(group))
-    except Exception:  # a group object the backend lookup does not know: use the default
+    except Exception:  # noqa: BLE001 - a group object the backend lookup does not know: use the default
         return None
 
 

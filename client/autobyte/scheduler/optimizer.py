@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -445,7 +445,7 @@ class ScheduledOptimizer:
                 self.synchronize()
                 if watchdog is not None:  # every rank closes at our step count, or all raise
                     watchdog.agree_on_close(bound_s)
-            except BaseException as error:  # still stop the threads below
+            except BaseException as error:  # noqa: BLE001 - still stop the threads below
                 stop_error = error
                 self._progress.fail(error)
         stuck = self._stop(closed=stop_error is None and not failed, bound_s=bound_s)
@@ -514,7 +514,7 @@ class ScheduledOptimizer:
             self._device_sync.close()
         return stuck
 
-    def __enter__(self) -> "ScheduledOptimizer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -704,7 +704,7 @@ class ScheduledOptimizer:
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
             self._hand_off(i, grad, s)
-        except BaseException as error:  # surfaced at the next step()/synchronize()
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self._keep_sequence(i, error)
 
     def _hand_off(self, i: int, grad: torch.Tensor, s: int) -> None:

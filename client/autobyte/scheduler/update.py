@@ -99,7 +99,7 @@ class Updater:
         try:
             with torch.no_grad(), self.device_sync.update_context():
                 self._loop()
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _loop(self) -> None:

@@ -78,7 +78,7 @@ class Control:
             self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
                                                  tail_bytes=config.tail_bytes, decision_id=decision_id,
                                                  at_step=apply_at_step)
-        except Exception as error:  # keep the last good configuration
+        except Exception as error:  # noqa: BLE001 - keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
 
     def flush_reports(self, control) -> None:

@@ -450,7 +450,7 @@ class Reporter:
             return
         try:
             self._optimizer.synchronize(timeout_s=timeout_s)
-        except Exception as error:  # closed already (then its close() reported every step), failed, slow
+        except Exception as error:  # noqa: BLE001 - closed already (then its close() reported every step), failed, slow
             log.debug("not waiting for the optimizer's last updates: %s", error)
 
     def _finish(self, timeout_s: float) -> bool:

@@ -143,7 +143,7 @@ def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
             dp_rank, dp_size, dp_leader = place_in(group)
-    except Exception:  # a transport that is not torch.distributed
+    except Exception:  # noqa: BLE001, S110 - a transport that is not torch.distributed
         pass
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
@@ -157,6 +157,6 @@ def _backend_of(optimizer) -> str:
         import torch.distributed as dist
 
         return str(dist.get_backend(getattr(optimizer, "process_group", None)))
-    except Exception:  # not initialised, or a transport that is not torch.distributed
+    except Exception:  # noqa: BLE001 - not initialised, or a transport that is not torch.distributed
         return "unknown"
 
