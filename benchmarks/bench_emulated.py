@@ -180,9 +180,10 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
                              for results in per_rank]
         machine = _median([r["cpu"]["machine_busy_cores"] for r in rank0])
         if step_stat == "mean":
-            step = _median([statistics.fmean(r["step_times_s"]) for r in rank0 if r["step_times_s"]])
+            round_steps = [statistics.fmean(r["step_times_s"]) for r in rank0 if r["step_times_s"]]
         else:
-            step = _median([r["median_step_s"] for r in rank0])
+            round_steps = [r["median_step_s"] for r in rank0 if r["median_step_s"] is not None]
+        step = _median(round_steps)
         exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
         device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
@@ -192,6 +193,7 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
         if machine is not None and machine > HOST_BUSY_LIMIT * cores:
             flags.append("host-busy")
         rows.append({"config": label, "wire": wire_lab, "step_s": step, "step_stat": step_stat,
+                     "round_steps_s": round_steps,
                      "rounds": len(rank0),
                      "hot_path": rank0[0].get("hot_path") if rank0 else None,
                      "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,

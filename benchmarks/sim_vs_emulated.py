@@ -14,7 +14,14 @@ the simulated step times over the grid. Two simulators:
 - `probes`: the same, calibrated only by the block's two probes of the bound, which are no
   configuration of the grid: the compute scaled to the measured compute probe, and the link's rate
   to the one at which a bare ring all-reduce of all gradients takes the measured comm probe (TCP's
-  and the shaper's share of the nominal rate, and gloo's own cost per byte on this host).
+  and the shaper's share of the nominal rate, and gloo's own cost per byte on this host);
+- `gloo`: `probes` with the link's per-collective costs of this testbed instead of the scenario's
+  NCCL-like ones (benchmarks/calibration/testbed.report.json: gloo over veth on this host). A
+  collective's fixed cost is time, which the byte scale does not divide.
+
+Beside them, the testbed's own noise floor where the rows carry their rounds (`round_steps_s`): the
+median |difference| between a block's first two rounds and the tau between them: no simulator can
+rank a grid more consistently than the testbed repeats itself.
 
 The profile's `optimizer_s` is left out in both: the emulated ranks do not wait it (their update runs
 on the host, inside the compute probe). Goals (issue 38): median <= 5%, tau >= 0.7 in every block.
@@ -34,11 +41,14 @@ from typing import Any
 from benchmarks.bench_emulated import rate_changes, scenario_at_rate
 from benchmarks.predictor_error import kendall
 from benchmarks.scenario import GBIT, Scenario, load_scenario
-from simulator.engine import DDPConfig, RunConfig, Simulator
+from simulator.engine import DDPConfig, LinkModel, RunConfig, Simulator
 
 ERROR_GOAL = 0.05
 TAU_GOAL = 0.7
-TRACE_HORIZON_S = 30.0  # simulated time over which a changing rate's mean step is taken
+TRACE_HORIZON_S = 30.0
+VARIANTS = ("scenario", "probes", "gloo")
+GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "testbed.report.json"
+GLOO_LINK_KEYS = ("latency_s", "collective_overhead_s", "launch_s", "ddp_launch_s")  # simulated time over which a changing rate's mean step is taken
 
 
 def simulator_config(label: str) -> RunConfig:
@@ -54,8 +64,17 @@ def simulator_config(label: str) -> RunConfig:
     return Config(parsed.partition_bytes, parsed.credit_bytes, parsed.tail_bytes)
 
 
-def block_simulator(scenario: Scenario, block: dict[str, Any], calibrate: bool) -> Simulator:
-    """The block's scenario at its rate and ranks; `calibrate`: compute and rate from its probes."""
+def gloo_link(link: LinkModel) -> LinkModel:
+    """`link` with this testbed's per-collective costs (GLOO_LINK's calibration)."""
+    measured = json.loads(GLOO_LINK.read_text())["link"]
+    return dataclasses.replace(link, **{key: float(measured[key]) for key in GLOO_LINK_KEYS})
+
+
+def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> Simulator:
+    """The block's scenario at its rate and ranks as `variant` (see the module docstring)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"simulator variant {variant!r}: use one of {VARIANTS}")
+    calibrate = variant != "scenario"
     at_rate = scenario_at_rate(scenario, block["rate_gbit"])
     profile = dataclasses.replace(at_rate.profile, optimizer_s=0.0)
     bandwidth = at_rate.bandwidth
@@ -69,7 +88,8 @@ def block_simulator(scenario: Scenario, block: dict[str, Any], calibrate: bool) 
         measured_bps = wire_factor * profile.total_param_bytes / block["comm_s"]
         nominal_bps = statistics.fmean([bandwidth.at(t) for t in range(int(TRACE_HORIZON_S))])
         bandwidth = bandwidth.scaled(measured_bps / nominal_bps)
-    return Simulator(profile, ranks, bandwidth, at_rate.link, flows_trace=at_rate.flows,
+    link = gloo_link(at_rate.link) if variant == "gloo" else at_rate.link
+    return Simulator(profile, ranks, bandwidth, link, flows_trace=at_rate.flows,
                      cpu_share_trace=at_rate.cpu_share)
 
 
@@ -84,6 +104,16 @@ def simulated_step_s(sim: Simulator, config: RunConfig, changing: bool) -> float
     return statistics.fmean(record.step_time_s for record in records[2:] or records)
 
 
+def noise_floor(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The first two rounds of a block against each other (None where a row lacks two)."""
+    pairs = [row.get("round_steps_s") or [] for row in rows]
+    if len(rows) < 2 or any(len(p) < 2 for p in pairs):
+        return {"median_abs_difference": None, "kendall_tau": None}
+    first, second = [p[0] for p in pairs], [p[1] for p in pairs]
+    return {"median_abs_difference": statistics.median(abs(b - a) / a for a, b in zip(first, second)),
+            "kendall_tau": kendall(first, second)}
+
+
 def compare_block(scenario: Scenario, block: dict[str, Any]) -> dict[str, Any]:
     rows = [row for row in block["rows"] if row["config"] not in ("compute", "comm") and row["step_s"]]
     changing = rate_changes(scenario_at_rate(scenario, block["rate_gbit"]))
@@ -91,8 +121,8 @@ def compare_block(scenario: Scenario, block: dict[str, Any]) -> dict[str, Any]:
                            "rate_gbit": block["rate_gbit"], "conditions": block.get("conditions", "none"),
                            "flagged": sum(1 for row in rows if row["cpu_limited"]), "configs": len(rows)}
     measured = [row["step_s"] for row in rows]
-    for variant in ("scenario", "probes"):
-        sim = block_simulator(scenario, block, calibrate=variant == "probes")
+    for variant in VARIANTS:
+        sim = block_simulator(scenario, block, variant)
         predicted = [simulated_step_s(sim, simulator_config(row["config"]), changing) for row in rows]
         errors = [(p - m) / m for p, m in zip(predicted, measured)]
         out[variant] = {
@@ -101,6 +131,7 @@ def compare_block(scenario: Scenario, block: dict[str, Any]) -> dict[str, Any]:
             "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
             "kendall_tau": kendall(measured, predicted) if len(rows) > 1 else None,
             "bound_s": sim.lower_bound_step_s(0.0)}
+    out["noise_floor"] = noise_floor(rows)
     out["measured_s"] = dict(zip((row["config"] for row in rows), measured))
     out["measured_bound_s"] = block.get("bound_s")
     return out
@@ -126,18 +157,22 @@ def format_comparison(blocks: Sequence[dict[str, Any]]) -> str:
     lines = ["EMULATED arithmetic on the testbed vs the simulator (benchmarks/sim_vs_emulated.py); "
              f"goals: median |error| <= {ERROR_GOAL:.0%}, tau >= {TAU_GOAL}",
              f"{'profile':10} {'ranks':>5} {'Gbit/s':>7} {'conditions':34} {'n':>2} {'flag':>4} "
-             f"{'err scen':>8} {'tau':>5} {'err probes':>10} {'tau':>5} {'worst (probes)':>24}"]
+             f"{'err scen':>8} {'tau':>5} {'err probes':>10} {'tau':>5} {'err gloo':>8} {'tau':>5} "
+             f"{'worst (gloo)':>24} {'rounds: diff':>12} {'tau':>5}"]
     for b in blocks:
-        worst = max(b["probes"]["errors"].items(), key=lambda kv: abs(kv[1]), default=None)
+        worst = max(b["gloo"]["errors"].items(), key=lambda kv: abs(kv[1]), default=None)
         worst_text = f"{worst[0]} {_pct(worst[1])}" if worst else "-"
         lines.append(f"{b['profile']:10} {b['ranks']:>5} {b['rate_gbit']:>7.3g} {b['conditions'][:34]:34} "
                      f"{b['configs']:>2} {b['flagged']:>4} {_pct(b['scenario']['median_abs_error']):>8} "
                      f"{_tau(b['scenario']['kendall_tau']):>5} {_pct(b['probes']['median_abs_error']):>10} "
-                     f"{_tau(b['probes']['kendall_tau']):>5} {worst_text:>24}")
+                     f"{_tau(b['probes']['kendall_tau']):>5} {_pct(b['gloo']['median_abs_error']):>8} "
+                     f"{_tau(b['gloo']['kendall_tau']):>5} {worst_text:>24} "
+                     f"{_pct(b['noise_floor']['median_abs_difference']):>12} {_tau(b['noise_floor']['kendall_tau']):>5}")
     lines.append("err: median |simulated - measured| / measured over the block's grid (DDP's bucket caps and "
                  "the scheduler's configurations); scen: the scenario's simulator as written; probes: "
-                 "compute and link rate from the block's compute and comm probes; flag: rows measured "
-                 "with the CPU the limit")
+                 "compute and link rate from the block's compute and comm probes; gloo: probes and this "
+                 "testbed's per-collective costs; rounds: the block's first two rounds against each other "
+                 "(the testbed's noise floor); flag: rows measured with the CPU the limit")
     return "\n".join(lines)
 
 
