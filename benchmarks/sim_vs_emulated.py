@@ -16,8 +16,10 @@ the simulated step times over the grid. Two simulators:
   to the one at which a bare ring all-reduce of all gradients takes the measured comm probe (TCP's
   and the shaper's share of the nominal rate, and gloo's own cost per byte on this host);
 - `gloo`: `probes` with the link's per-collective costs of this testbed instead of the scenario's
-  NCCL-like ones (benchmarks/calibration/testbed.report.json: gloo over veth on this host). A
-  collective's fixed cost is time, which the byte scale does not divide.
+  NCCL-like ones (benchmarks/calibration/optimum-map.report.json "constants": gloo over veth on
+  this host, the cost of a collective behind a competing flow by message size). A collective's
+  fixed cost is time, which the byte scale does not divide; the by-size tables are in wire bytes,
+  so their sizes are multiplied by the byte scale into the model's.
 
 Beside them, the testbed's own noise floor where the rows carry their rounds (`round_steps_s`): the
 median |difference| between a block's first two rounds and the tau between them: no simulator can
@@ -47,8 +49,9 @@ ERROR_GOAL = 0.05
 TAU_GOAL = 0.7
 TRACE_HORIZON_S = 30.0
 VARIANTS = ("scenario", "probes", "gloo")
-GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "testbed.report.json"
-GLOO_LINK_KEYS = ("latency_s", "collective_overhead_s", "launch_s", "ddp_launch_s")  # simulated time over which a changing rate's mean step is taken
+GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "optimum-map.report.json"
+GLOO_LINK_KEYS = ("collective_overhead_s", "launch_s")
+GLOO_BY_SIZE_KEYS = ("message_extra_s", "flow_message_extra_s")  # simulated time over which a changing rate's mean step is taken
 
 
 def simulator_config(label: str) -> RunConfig:
@@ -64,10 +67,16 @@ def simulator_config(label: str) -> RunConfig:
     return Config(parsed.partition_bytes, parsed.credit_bytes, parsed.tail_bytes)
 
 
-def gloo_link(link: LinkModel) -> LinkModel:
-    """`link` with this testbed's per-collective costs (GLOO_LINK's calibration)."""
-    measured = json.loads(GLOO_LINK.read_text())["link"]
-    return dataclasses.replace(link, **{key: float(measured[key]) for key in GLOO_LINK_KEYS})
+def gloo_link(link: LinkModel, byte_scale: float) -> LinkModel:
+    """`link` with this testbed's per-collective costs (GLOO_LINK's calibration); the by-size
+    tables' wire sizes in the model's bytes."""
+    measured = json.loads(GLOO_LINK.read_text())["constants"]
+    costs: dict[str, Any] = {key: float(measured[key]) for key in GLOO_LINK_KEYS}
+    costs["latency_s"] = 0.0  # in collective_overhead_s (measured per collective)
+    for key in GLOO_BY_SIZE_KEYS:
+        if key in measured:
+            costs[key] = tuple((size * byte_scale, seconds) for size, seconds in measured[key])
+    return dataclasses.replace(link, **costs)
 
 
 def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> Simulator:
@@ -88,7 +97,7 @@ def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> 
         measured_bps = wire_factor * profile.total_param_bytes / block["comm_s"]
         nominal_bps = statistics.fmean([bandwidth.at(t) for t in range(int(TRACE_HORIZON_S))])
         bandwidth = bandwidth.scaled(measured_bps / nominal_bps)
-    link = gloo_link(at_rate.link) if variant == "gloo" else at_rate.link
+    link = gloo_link(at_rate.link, scenario.byte_scale) if variant == "gloo" else at_rate.link
     return Simulator(profile, ranks, bandwidth, link, flows_trace=at_rate.flows,
                      cpu_share_trace=at_rate.cpu_share)
 
