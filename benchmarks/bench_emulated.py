@@ -6,8 +6,14 @@
     python -m benchmarks.bench_emulated --report results/emulated-resnet50.json
 
 The scenario (a `[testbed] mode = "emulated"` file, benchmarks/scenario.py) gives the profile, its
-device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rate`
-overrides it). For each rank count, one testbed (a namespace per rank, benchmarks/testbed) runs
+device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rates`
+overrides it: Gbit/s, or `1x` for the rate at which a ring all-reduce of all gradients takes the
+profile's compute at that rank count, `0.5x`, `2x` half and twice that). Its conditions ([straggler],
+[traffic], [cpu] and a bandwidth trace that changes) are applied as the testbed's trace
+(`Scenario.testbed_trace`: the conditions on rank 1), scaled with the rate, so every configuration
+and both probes of the bound run under them. Under a trace that changes the rate, a row's step is
+the mean of its steps (each configuration's steps span several periods of the trace), otherwise
+their median. For each rank count, one testbed (a namespace per rank, benchmarks/testbed) runs
 every configuration in the same processes, interleaved round by round (ABBA): the two probes of the
 bound (`compute`: DDP under no_sync; `comm`: a bare all-reduce of all gradients in DDP's buckets),
 DDP at its default bucket_cap_mb (25 MiB) and at a grid of them, the scheduler at its default
@@ -28,6 +34,7 @@ Only the arithmetic is emulated (benchmarks/emulated.py): every table says so an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -79,6 +86,74 @@ def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str
     return ["compute", "comm", *ddp, *sched]
 
 
+def balanced_rate_gbit(profile: Any, ranks: int) -> float:
+    """Gbit/s (model bytes) at which a ring all-reduce of all gradients takes the profile's compute."""
+    wire_factor = 2 * (ranks - 1) / ranks
+    return wire_factor * profile.total_param_bytes / profile.compute_s / GBIT
+
+
+def parse_rates(text: str, profile: Any, ranks: int, default_gbit: float) -> list[float]:
+    """`--rates`: Gbit/s or multiples of the balanced rate (`0.5x,1x,2x`); empty: the scenario's."""
+    if not text:
+        return [default_gbit]
+    rates = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        try:
+            value = (float(item[:-1]) * balanced_rate_gbit(profile, ranks) if item.endswith("x")
+                     else float(item))
+        except ValueError:
+            raise ValueError(f"--rates {item!r}: give Gbit/s (7.5) or a multiple of the balanced rate (1x)") from None
+        if not value > 0:
+            raise ValueError(f"--rates {item!r}: a rate must be > 0")
+        rates.append(value)
+    return rates
+
+
+def scenario_at_rate(scenario: Scenario, rate_gbit: float) -> Scenario:
+    """The scenario with its bandwidth trace (and straggler link) scaled so the link starts at
+    `rate_gbit`; the conditions' shape (when, how much slower, how many flows) is kept."""
+    link = scenario.link_bandwidth or scenario.bandwidth
+    factor = rate_gbit * GBIT / link.at(0.0)
+    if factor == 1.0:
+        return scenario
+    scaled: dict[str, Any] = {"bandwidth": scenario.bandwidth.scaled(factor)}
+    if scenario.link_bandwidth is not None:
+        scaled["link_bandwidth"] = scenario.link_bandwidth.scaled(factor)
+    if scenario.straggler is not None:
+        scaled["straggler"] = scenario.straggler.scaled(factor)
+    return dataclasses.replace(scenario, **scaled)
+
+
+def rate_changes(scenario: Scenario) -> bool:
+    """Whether the links' rate changes during the run (the rows then report mean steps)."""
+    link = scenario.link_bandwidth or scenario.bandwidth
+    return not link.is_constant or (scenario.straggler is not None and not scenario.straggler.is_constant)
+
+
+def block_trace(scenario: Scenario, until_s: float) -> Any:
+    """The testbed trace of a scenario with conditions or a changing rate; None otherwise."""
+    if not scenario.has_conditions and not rate_changes(scenario):
+        return None
+    return scenario.testbed_trace(until_s)
+
+
+def describe_conditions(scenario: Scenario) -> str:
+    """The conditions a block ran under, in words (the model's bytes)."""
+    parts = []
+    link = scenario.link_bandwidth or scenario.bandwidth
+    if not link.is_constant:
+        levels = sorted({value for _s, _e, value in link.phases(60.0)})
+        parts.append("rate changes between " + " and ".join(f"{v / GBIT:.3g}" for v in levels)
+                     + " Gbit/s (every link)")
+    if scenario.straggler is not None:
+        parts.append(f"rank 1's link at {scenario.straggler.at(0.0) / GBIT:.3g} Gbit/s (straggler)")
+    if scenario.flows is not None:
+        parts.append(f"{scenario.flows.at(0.0):g} competing TCP flow(s) each way on rank 1's link")
+    if scenario.cpu_share is not None:
+        parts.append(f"CPU share {scenario.cpu_share.at(0.0):g} on rank 1")
+    return "; ".join(parts) or "none"
+
+
 def _worker_command(scenario: Scenario, ranks: int, wire: Sequence[str], rounds: int, steps: int,
                     warmup: int) -> list[str]:
     workload = scenario.testbed_workload(ranks)
@@ -92,7 +167,7 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[str, Any]]],
-              cores: int) -> list[dict[str, Any]]:
+              cores: int, step_stat: str = "median") -> list[dict[str, Any]]:
     """One row per configuration from every rank's `result` events (see the module docstring)."""
     rows = []
     for label, wire_lab in zip(labels, wire):
@@ -104,7 +179,11 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
         training_runqueue = [_median([r["cpu"]["training_runqueue_s_per_step"] for r in results])
                              for results in per_rank]
         machine = _median([r["cpu"]["machine_busy_cores"] for r in rank0])
-        step = _median([r["median_step_s"] for r in rank0])
+        if step_stat == "mean":
+            round_steps = [statistics.fmean(r["step_times_s"]) for r in rank0 if r["step_times_s"]]
+        else:
+            round_steps = [r["median_step_s"] for r in rank0 if r["median_step_s"] is not None]
+        step = _median(round_steps)
         exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
         device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
@@ -113,7 +192,9 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
             flags.append("runqueue")
         if machine is not None and machine > HOST_BUSY_LIMIT * cores:
             flags.append("host-busy")
-        rows.append({"config": label, "wire": wire_lab, "step_s": step, "rounds": len(rank0),
+        rows.append({"config": label, "wire": wire_lab, "step_s": step, "step_stat": step_stat,
+                     "round_steps_s": round_steps,
+                     "rounds": len(rank0),
                      "hot_path": rank0[0].get("hot_path") if rank0 else None,
                      "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,
                      "backend_cpu_s_per_step": backend, "runqueue_s_per_step": runqueue,
@@ -135,12 +216,16 @@ def run_block(scenario: Scenario, ranks: int, rate_gbit: float, labels: Sequence
 
     wire = [wire_label(label, scenario.byte_scale) for label in labels]
     wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
+    at_rate = scenario_at_rate(scenario, rate_gbit)
+    trace = block_trace(at_rate, timeout_s) if ranks > 1 else None
+    step_stat = "mean" if rate_changes(at_rate) else "median"
     watch = HostWatch()
     with Testbed(world_size=ranks, rate=wire_rate_bps) as bed:
-        result = bed.run(_worker_command(scenario, ranks, wire, rounds, steps, warmup),
+        result = bed.run(_worker_command(scenario, ranks, wire, rounds, steps, warmup), trace=trace,
                          timeout_s=timeout_s, cwd=str(REPO))
     host = watch.report()
-    rows = summarise(labels, wire, [rank.results for rank in result.ranks], os.cpu_count() or 1)
+    rows = summarise(labels, wire, [rank.results for rank in result.ranks], os.cpu_count() or 1,
+                     step_stat)
     by_config = {row["config"]: row for row in rows}
     compute, comm = by_config.get("compute", {}).get("step_s"), by_config.get("comm", {}).get("step_s")
     bound = max(compute, comm) if compute and comm else None
@@ -153,6 +238,17 @@ def run_block(scenario: Scenario, ranks: int, rate_gbit: float, labels: Sequence
         row["speedup_vs_ddp_default"] = ddp_default / step if step and ddp_default else None
         row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best else None
     return {"ranks": ranks, "rate_gbit": rate_gbit, "wire_rate_bps": wire_rate_bps,
+            "balanced_rate_gbit": balanced_rate_gbit(scenario.profile, ranks) if ranks > 1 else None,
+            "conditions": describe_conditions(at_rate) if trace is not None else "none",
+            "step_stat": step_stat,
+            # what the testbed applied: the first few changes of each kind and how many in all
+            "rate_changes": {"count": len(result.rate_log), "first": [
+                {"t_s": e.get("t_s"), "rate_bps": e.get("rate_bps"), "ranks": e.get("ranks")}
+                for e in result.rate_log[:4]]},
+            "condition_changes": [{k: v for k, v in e.items() if k not in ("wall_time", "stopped")}
+                                  for e in result.condition_log],
+            "ddp_default_s": ddp_default, "ddp_best_s": ddp_best,
+            "ddp_best_config": min(ddp_rows, key=lambda row: row["step_s"])["config"] if ddp_rows else None,
             "profile_compute_s": scenario.profile.compute_s, "bound_s": bound, "compute_s": compute,
             "comm_s": comm, "host": host, "rows": rows}
 
@@ -171,6 +267,18 @@ def check_compute(scenario: Scenario, rounds: int = 3, steps: int = 10, warmup: 
     return block
 
 
+def _ddps(block: dict[str, Any]) -> str:
+    if not block.get("ddp_best_config"):
+        return ""
+    return (f"; DDP default (25MiB) {_ms(block['ddp_default_s'])} ms, DDP best "
+            f"({block['ddp_best_config']}) {_ms(block['ddp_best_s'])} ms")
+
+
+def _balanced(block: dict[str, Any]) -> str:
+    balanced = block.get("balanced_rate_gbit")
+    return f", {block['rate_gbit'] / balanced:.2g}x the balanced rate" if balanced else ""
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f}"
 
@@ -181,12 +289,14 @@ def _x(value: float | None) -> str:
 
 def format_block(block: dict[str, Any], scale: str) -> str:
     lines = [scale,
-             (f"{block['ranks']} ranks, {block['rate_gbit']:g} Gbit/s in model bytes "
-             f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire); profile compute "
+             (f"{block['ranks']} ranks, {block['rate_gbit']:.3g} Gbit/s in model bytes "
+             f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire{_balanced(block)}); conditions: "
+             f"{block.get('conditions', 'none')}; step: {block.get('step_stat', 'median')} of a "
+             f"configuration's steps; profile compute "
              f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
              f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
              f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
-             f"{block['host'].get('load_end')})"),
+             f"{block['host'].get('load_end')})" + _ddps(block)),
              (f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
              f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
              f"{'host':>4} flag")]
@@ -220,8 +330,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenario", nargs="?", help="an emulated-mode scenario file")
     parser.add_argument("--ranks", default="", help="rank counts, e.g. 2,4,8 (default: the scenario's)")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="Gbit/s in the model's bytes (default: the scenario's bandwidth at t=0)")
+    parser.add_argument("--rates", default="",
+                        help="Gbit/s in the model's bytes, or multiples of the rate where a ring all-reduce "
+                             "takes the compute at each rank count (0.5x,1x,2x); default: the scenario's")
     parser.add_argument("--ddp-grid", default=",".join(DDP_GRID),
                         help="bucket_cap sizes beside the default 25MiB (model bytes)")
     parser.add_argument("--sched-grid", default=";".join(SCHED_GRID),
@@ -268,11 +379,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"bench_emulated: --ranks {args.ranks!r}: give counts such as 2,4,8") from None
         if any(r < 2 for r in ranks):
             raise SystemExit("bench_emulated: every --ranks count must be >= 2 (--check-compute runs 1)")
-        rate = args.rate if args.rate is not None else scenario.bandwidth.at(0.0) / GBIT
+        default_rate = (scenario.link_bandwidth or scenario.bandwidth).at(0.0) / GBIT
+        try:
+            rates = {n: parse_rates(args.rates, scenario.profile, n, default_rate) for n in ranks}
+        except ValueError as error:
+            raise SystemExit(f"bench_emulated: {error}") from None
         labels = block_labels([s for s in args.ddp_grid.split(",") if s],
                               [s for s in args.sched_grid.split(";") if s])
         blocks = [run_block(scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s)
-                  for n in ranks]
+                  for n in ranks for rate in rates[n]]
         ok = True
     report = {"scenario": scenario.path, "scale": scale, "byte_scale": scenario.byte_scale,
               "emulated": True, "blocks": blocks}

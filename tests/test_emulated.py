@@ -104,7 +104,7 @@ def test_bad_emulated_settings_name_the_key(tmp_path, line, message):
         load_scenario(path)
 
 
-def _tiny_scenario(tmp_path, workers: int):
+def _tiny_scenario(tmp_path, workers: int, conditions: str = ""):
     TINY.save(tmp_path / "tiny.profile.json")
     path = tmp_path / "tiny.toml"
     path.write_text(textwrap.dedent(f"""
@@ -117,8 +117,74 @@ def _tiny_scenario(tmp_path, workers: int):
         [testbed]
         mode = "emulated"
         byte_scale = 2
-    """))
+    """) + textwrap.dedent(conditions))
     return load_scenario(path)
+
+
+def test_rates_are_multiples_of_the_balanced_rate_and_conditions_scale_with_them():
+    from benchmarks.testbed.traces import FlowChange, RateChange
+
+    scenarios = ROOT / "benchmarks" / "scenarios"
+    straggler = load_scenario(scenarios / "emulated-resnet50-4w-straggler.toml")
+    profile = straggler.profile
+    balanced = bench_emulated.balanced_rate_gbit(profile, 4)
+    # at the balanced rate a ring all-reduce of all gradients (1.5x them on a link) takes the compute
+    assert 1.5 * profile.total_param_bytes / (balanced * GBIT) == pytest.approx(profile.compute_s)
+    assert bench_emulated.parse_rates("0.5x,2x,3", profile, 4, 7.5) == pytest.approx(
+        [balanced / 2, balanced * 2, 3.0])
+    assert bench_emulated.parse_rates("", profile, 4, 7.5) == [7.5]
+    for bad in ("fast", "0x", "-1"):
+        with pytest.raises(ValueError, match="--rates"):
+            bench_emulated.parse_rates(bad, profile, 4, 7.5)
+    # twice the scenario's rate: every link at 15 Gbit/s of model bytes, rank 1's at half of it
+    trace = bench_emulated.block_trace(bench_emulated.scenario_at_rate(straggler, 15.0), 10.0)
+    rates = {c.ranks: c.rate_bps for c in trace.changes if isinstance(c, RateChange)}
+    assert rates == {None: round(15 * GBIT * 8 / 16 / 1e6) * 10**6,  # whole Mbit/s
+                     (1,): round(7.5 * GBIT * 8 / 16 / 1e6) * 10**6}
+    flows = load_scenario(scenarios / "emulated-resnet50-4w-flows.toml")
+    changes = bench_emulated.block_trace(flows, 10.0).changes
+    assert [(c.ranks, c.flows) for c in changes if isinstance(c, FlowChange)] == [((1,), 1)]
+    assert not bench_emulated.rate_changes(flows)
+    changing = load_scenario(scenarios / "emulated-resnet50-4w-rate-changes.toml")
+    assert bench_emulated.rate_changes(changing)
+    assert len({c.rate_bps for c in bench_emulated.block_trace(changing, 4.0).changes}) == 2
+    assert bench_emulated.block_trace(load_scenario(scenarios / "emulated-resnet50-4w.toml"), 10.0) is None
+
+
+def test_the_simulator_comparison_scores_a_block_against_its_own_predictions():
+    """A block whose measurements are the scenario's simulator's own steps (and whose probes are its
+    compute and bare all-reduce) scores no error and tau 1 both ways; a grid measured in reverse order
+    scores tau -1."""
+    from benchmarks import sim_vs_emulated
+
+    scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml")
+    labels = ["ddp:25MiB", "ddp:5MiB", "sched:4MiB,16MiB", "sched:1MiB,4MiB", "sched:none,none"]
+    rate = 3.0
+    block = {"ranks": 2, "rate_gbit": rate, "rows": [], "compute_s": scenario.profile.compute_s,
+             "comm_s": scenario.profile.total_param_bytes / (rate * GBIT)}
+    sim = sim_vs_emulated.block_simulator(scenario, block, "scenario")
+    steps = [sim_vs_emulated.simulated_step_s(sim, sim_vs_emulated.simulator_config(label), False)
+             for label in labels]
+    assert len(set(steps)) == len(steps)  # the grid's configurations differ in the simulator
+    block["rows"] = [{"config": label, "step_s": step, "cpu_limited": []} for label, step in zip(labels, steps)]
+    result = sim_vs_emulated.compare_block(scenario, block)
+    for variant in ("scenario", "probes"):
+        assert result[variant]["median_abs_error"] == pytest.approx(0.0, abs=1e-9)
+        assert result[variant]["kendall_tau"] == pytest.approx(1.0)
+    # gloo's per-collective cost on this host only adds time to what the NCCL-like link predicts
+    assert all(error >= 0 for error in result["gloo"]["errors"].values())
+    assert result["gloo"]["errors"]["sched:1MiB,4MiB"] > 0
+    for row in block["rows"]:  # a second round 10% slower: the testbed repeats its order
+        row["round_steps_s"] = [row["step_s"], 1.1 * row["step_s"]]
+    floor = sim_vs_emulated.compare_block(scenario, block)["noise_floor"]
+    assert floor["median_abs_difference"] == pytest.approx(0.1) and floor["kendall_tau"] == pytest.approx(1.0)
+    order = sorted(steps)
+    for row in block["rows"]:  # the fastest measured slowest and so on
+        row["step_s"] = order[len(order) - 1 - order.index(row["step_s"])]
+    assert sim_vs_emulated.compare_block(scenario, block)["scenario"]["kendall_tau"] == pytest.approx(-1.0)
+    assert "tau" in sim_vs_emulated.format_comparison([result])
+    with pytest.raises(ValueError, match="no configuration"):
+        sim_vs_emulated.simulator_config("comm")
 
 
 def needs_netns(test):
@@ -134,7 +200,11 @@ def needs_netns(test):
 
 @needs_netns
 def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_path):
-    scenario = _tiny_scenario(tmp_path, 4)
+    scenario = _tiny_scenario(tmp_path, 4, """
+        [straggler]  # the testbed's trace puts it on rank 1
+        kind = "constant"
+        value = 0.25
+    """)
     # the scheduler on both hot paths (py: the Python one)
     labels = ["compute", "comm", "ddp:25MiB", "ddp:64KiB", "sched:4MiB,16MiB", "py:64KiB,256KiB"]
     block = bench_emulated.run_block(scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1,
@@ -156,8 +226,11 @@ def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_p
     assert rows["sched:4MiB,16MiB"]["hot_path"] == "native"  # the worktree's built _native
     assert block["bound_s"] == max(rows["compute"]["step_s"], rows["comm"]["step_s"])
     assert rows["sched:4MiB,16MiB"]["exposed_comm_s"] is not None
+    applied = {tuple(c["ranks"] or ()): c["rate_bps"] for c in block["rate_changes"]["first"]}
+    assert applied == {(): int(0.5 * GBIT * 8 / 2), (1,): int(0.25 * GBIT * 8 / 2)}
+    assert "straggler" in block["conditions"]
     text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny")
-    assert "EMULATED" in text and "x bound" in text
+    assert "EMULATED" in text and "x bound" in text and "straggler" in text
 
 
 @needs_netns
