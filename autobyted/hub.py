@@ -42,16 +42,21 @@ class DecisionHub:
 RETENTION_LEASE = "retention"
 
 
-async def retention_loop(storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0) -> None:
+async def retention_loop(
+    storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0
+) -> None:
     """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs. Of the
     daemons sharing a database, the one holding the retention lease does it (kept while it runs)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            if not await asyncio.to_thread(storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s):
+            if not await asyncio.to_thread(
+                storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s
+            ):
                 continue
-            removed = await asyncio.to_thread(storage.enforce_retention, settings.retention_raw_samples,
-                                              settings.downsample_every)
+            removed = await asyncio.to_thread(
+                storage.enforce_retention, settings.retention_raw_samples, settings.downsample_every
+            )
             if removed:
                 log.info("retention downsampled samples", extra={"removed": removed})
         except Exception as error:  # noqa: BLE001 - keep serving; the next round tries again

@@ -34,11 +34,38 @@ def log_or_nan(value: float) -> float:
 
 
 SIGNALS = (
-    Signal("bandwidth", lambda m: log_or_nan(m.bandwidth_bytes_per_s), 0.25, 0.02, "bandwidth rise", "bandwidth drop"),
-    Signal("compute", lambda m: log_or_nan(m.forward_s + m.backward_s), 0.15, 0.01, "compute slowdown", "compute speed-up"),
-    Signal("host_load", lambda m: m.host_load if m.host_load > 0 else math.nan, 0.2, 0.02,
-           "host load rise", "host load drop"),
-    Signal("step_time", lambda m: log_or_nan(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
+    Signal(
+        "bandwidth",
+        lambda m: log_or_nan(m.bandwidth_bytes_per_s),
+        0.25,
+        0.02,
+        "bandwidth rise",
+        "bandwidth drop",
+    ),
+    Signal(
+        "compute",
+        lambda m: log_or_nan(m.forward_s + m.backward_s),
+        0.15,
+        0.01,
+        "compute slowdown",
+        "compute speed-up",
+    ),
+    Signal(
+        "host_load",
+        lambda m: m.host_load if m.host_load > 0 else math.nan,
+        0.2,
+        0.02,
+        "host load rise",
+        "host load drop",
+    ),
+    Signal(
+        "step_time",
+        lambda m: log_or_nan(m.step_time_s),
+        0.10,
+        0.01,
+        "step time rise",
+        "step time drop",
+    ),
 )
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -42,7 +43,7 @@ from typing import Any
 
 from benchmarks.bench_emulated import rate_changes, scenario_at_rate
 from benchmarks.predictor_error import kendall
-from benchmarks.scenario import GBIT, Scenario, load_scenario
+from benchmarks.scenario import Scenario, load_scenario
 from simulator.engine import DDPConfig, LinkModel, RunConfig, Simulator
 
 ERROR_GOAL = 0.05
@@ -51,17 +52,25 @@ TRACE_HORIZON_S = 30.0
 VARIANTS = ("scenario", "probes", "gloo")
 GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "optimum-map.report.json"
 GLOO_LINK_KEYS = ("collective_overhead_s", "launch_s")
-GLOO_BY_SIZE_KEYS = ("message_extra_s", "flow_message_extra_s")  # simulated time over which a changing rate's mean step is taken
+GLOO_BY_SIZE_KEYS = (
+    "message_extra_s",
+    "flow_message_extra_s",
+)  # simulated time over which a changing rate's mean step is taken
 
 
 def simulator_config(label: str) -> RunConfig:
     """A grid label of bench_emulated (model bytes: ddp:25MiB, sched:4MiB,16MiB) as the simulator's."""
     from autobyte.types import Config
+
     from benchmarks.train_worker import RunConfig as WorkerConfig
 
     parsed = WorkerConfig.parse(label)
     if parsed.kind == "ddp":
-        return DDPConfig() if parsed.partition_bytes is None else DDPConfig(bucket_bytes=parsed.partition_bytes)
+        return (
+            DDPConfig()
+            if parsed.partition_bytes is None
+            else DDPConfig(bucket_bytes=parsed.partition_bytes)
+        )
     if parsed.kind != "sched":
         raise ValueError(f"{label!r} is no configuration of the grid (ddp:SIZE or sched:P,C)")
     return Config(parsed.partition_bytes, parsed.credit_bytes, parsed.tail_bytes)
@@ -90,7 +99,9 @@ def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> 
     ranks = block["ranks"]
     if calibrate:
         if not block.get("compute_s") or not block.get("comm_s"):
-            raise ValueError(f"block {ranks} ranks at {block['rate_gbit']:.3g} Gbit/s has no probes")
+            raise ValueError(
+                f"block {ranks} ranks at {block['rate_gbit']:.3g} Gbit/s has no probes"
+            )
         profile = profile.with_compute_s(block["compute_s"])
         wire_factor = 2 * (ranks - 1) / ranks
         # the rate the bare all-reduce ran at, as a share of the rate the job's links were set to
@@ -98,8 +109,14 @@ def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> 
         nominal_bps = statistics.fmean([bandwidth.at(t) for t in range(int(TRACE_HORIZON_S))])
         bandwidth = bandwidth.scaled(measured_bps / nominal_bps)
     link = gloo_link(at_rate.link, scenario.byte_scale) if variant == "gloo" else at_rate.link
-    return Simulator(profile, ranks, bandwidth, link, flows_trace=at_rate.flows,
-                     cpu_share_trace=at_rate.cpu_share)
+    return Simulator(
+        profile,
+        ranks,
+        bandwidth,
+        link,
+        flows_trace=at_rate.flows,
+        cpu_share_trace=at_rate.cpu_share,
+    )
 
 
 def simulated_step_s(sim: Simulator, config: RunConfig, changing: bool) -> float:
@@ -119,27 +136,39 @@ def noise_floor(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     if len(rows) < 2 or any(len(p) < 2 for p in pairs):
         return {"median_abs_difference": None, "kendall_tau": None}
     first, second = [p[0] for p in pairs], [p[1] for p in pairs]
-    return {"median_abs_difference": statistics.median(abs(b - a) / a for a, b in zip(first, second)),
-            "kendall_tau": kendall(first, second)}
+    return {
+        "median_abs_difference": statistics.median(abs(b - a) / a for a, b in zip(first, second)),
+        "kendall_tau": kendall(first, second),
+    }
 
 
 def compare_block(scenario: Scenario, block: dict[str, Any]) -> dict[str, Any]:
-    rows = [row for row in block["rows"] if row["config"] not in ("compute", "comm") and row["step_s"]]
+    rows = [
+        row for row in block["rows"] if row["config"] not in ("compute", "comm") and row["step_s"]
+    ]
     changing = rate_changes(scenario_at_rate(scenario, block["rate_gbit"]))
-    out: dict[str, Any] = {"profile": scenario.profile.name, "ranks": block["ranks"],
-                           "rate_gbit": block["rate_gbit"], "conditions": block.get("conditions", "none"),
-                           "flagged": sum(1 for row in rows if row["cpu_limited"]), "configs": len(rows)}
+    out: dict[str, Any] = {
+        "profile": scenario.profile.name,
+        "ranks": block["ranks"],
+        "rate_gbit": block["rate_gbit"],
+        "conditions": block.get("conditions", "none"),
+        "flagged": sum(1 for row in rows if row["cpu_limited"]),
+        "configs": len(rows),
+    }
     measured = [row["step_s"] for row in rows]
     for variant in VARIANTS:
         sim = block_simulator(scenario, block, variant)
-        predicted = [simulated_step_s(sim, simulator_config(row["config"]), changing) for row in rows]
+        predicted = [
+            simulated_step_s(sim, simulator_config(row["config"]), changing) for row in rows
+        ]
         errors = [(p - m) / m for p, m in zip(predicted, measured)]
         out[variant] = {
             "predicted_s": dict(zip((row["config"] for row in rows), predicted)),
             "errors": dict(zip((row["config"] for row in rows), errors)),
             "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
             "kendall_tau": kendall(measured, predicted) if len(rows) > 1 else None,
-            "bound_s": sim.lower_bound_step_s(0.0)}
+            "bound_s": sim.lower_bound_step_s(0.0),
+        }
     out["noise_floor"] = noise_floor(rows)
     out["measured_s"] = dict(zip((row["config"] for row in rows), measured))
     out["measured_bound_s"] = block.get("bound_s")
@@ -150,7 +179,9 @@ def compare(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     blocks = []
     for report in reports:
         scenario = load_scenario(report["scenario"])
-        blocks += [compare_block(scenario, block) for block in report["blocks"] if block["ranks"] > 1]
+        blocks += [
+            compare_block(scenario, block) for block in report["blocks"] if block["ranks"] > 1
+        ]
     return blocks
 
 
@@ -159,35 +190,47 @@ def _pct(value: float | None) -> str:
 
 
 def _tau(value: float | None) -> str:
-    return "-" if value is None or value != value else f"{value:.2f}"
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
 def format_comparison(blocks: Sequence[dict[str, Any]]) -> str:
-    lines = ["EMULATED arithmetic on the testbed vs the simulator (benchmarks/sim_vs_emulated.py); "
-             f"goals: median |error| <= {ERROR_GOAL:.0%}, tau >= {TAU_GOAL}",
-             f"{'profile':10} {'ranks':>5} {'Gbit/s':>7} {'conditions':34} {'n':>2} {'flag':>4} "
-             f"{'err scen':>8} {'tau':>5} {'err probes':>10} {'tau':>5} {'err gloo':>8} {'tau':>5} "
-             f"{'worst (gloo)':>24} {'rounds: diff':>12} {'tau':>5}"]
+    lines = [
+        (
+            "EMULATED arithmetic on the testbed vs the simulator (benchmarks/sim_vs_emulated.py); "
+            f"goals: median |error| <= {ERROR_GOAL:.0%}, tau >= {TAU_GOAL}"
+        ),
+        (
+            f"{'profile':10} {'ranks':>5} {'Gbit/s':>7} {'conditions':34} {'n':>2} {'flag':>4} "
+            f"{'err scen':>8} {'tau':>5} {'err probes':>10} {'tau':>5} {'err gloo':>8} {'tau':>5} "
+            f"{'worst (gloo)':>24} {'rounds: diff':>12} {'tau':>5}"
+        ),
+    ]
     for b in blocks:
         worst = max(b["gloo"]["errors"].items(), key=lambda kv: abs(kv[1]), default=None)
         worst_text = f"{worst[0]} {_pct(worst[1])}" if worst else "-"
-        lines.append(f"{b['profile']:10} {b['ranks']:>5} {b['rate_gbit']:>7.3g} {b['conditions'][:34]:34} "
-                     f"{b['configs']:>2} {b['flagged']:>4} {_pct(b['scenario']['median_abs_error']):>8} "
-                     f"{_tau(b['scenario']['kendall_tau']):>5} {_pct(b['probes']['median_abs_error']):>10} "
-                     f"{_tau(b['probes']['kendall_tau']):>5} {_pct(b['gloo']['median_abs_error']):>8} "
-                     f"{_tau(b['gloo']['kendall_tau']):>5} {worst_text:>24} "
-                     f"{_pct(b['noise_floor']['median_abs_difference']):>12} {_tau(b['noise_floor']['kendall_tau']):>5}")
-    lines.append("err: median |simulated - measured| / measured over the block's grid (DDP's bucket caps and "
-                 "the scheduler's configurations); scen: the scenario's simulator as written; probes: "
-                 "compute and link rate from the block's compute and comm probes; gloo: probes and this "
-                 "testbed's per-collective costs; rounds: the block's first two rounds against each other "
-                 "(the testbed's noise floor); flag: rows measured with the CPU the limit")
+        lines.append(
+            f"{b['profile']:10} {b['ranks']:>5} {b['rate_gbit']:>7.3g} {b['conditions'][:34]:34} "
+            f"{b['configs']:>2} {b['flagged']:>4} {_pct(b['scenario']['median_abs_error']):>8} "
+            f"{_tau(b['scenario']['kendall_tau']):>5} {_pct(b['probes']['median_abs_error']):>10} "
+            f"{_tau(b['probes']['kendall_tau']):>5} {_pct(b['gloo']['median_abs_error']):>8} "
+            f"{_tau(b['gloo']['kendall_tau']):>5} {worst_text:>24} "
+            f"{_pct(b['noise_floor']['median_abs_difference']):>12} {_tau(b['noise_floor']['kendall_tau']):>5}"
+        )
+    lines.append(
+        "err: median |simulated - measured| / measured over the block's grid (DDP's bucket caps and "
+        "the scheduler's configurations); scen: the scenario's simulator as written; probes: "
+        "compute and link rate from the block's compute and comm probes; gloo: probes and this "
+        "testbed's per-collective costs; rounds: the block's first two rounds against each other "
+        "(the testbed's noise floor); flag: rows measured with the CPU the limit"
+    )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("results", nargs="+", help="JSON files written by benchmarks.bench_emulated --out")
+    parser.add_argument(
+        "results", nargs="+", help="JSON files written by benchmarks.bench_emulated --out"
+    )
     parser.add_argument("--out", default="", help="write the comparison as JSON here")
     args = parser.parse_args(argv)
     try:

@@ -4,6 +4,7 @@ import os
 import time
 
 from autobyte.hostload import MIN_KNOWN_LOAD, HostLoadSampler
+
 from tests.helpers.wait import wait_for
 
 
@@ -41,7 +42,9 @@ def test_the_real_proc_stat_gives_a_known_share():
     sampler = HostLoadSampler(interval_s=0.1)
     assert sampler.start()
     try:
-        known = wait_for(lambda: sampler.value, timeout_s=10, what="the sampler thread's first sample")
+        known = wait_for(
+            lambda: sampler.value, timeout_s=10, what="the sampler thread's first sample"
+        )
         assert MIN_KNOWN_LOAD <= known <= 1.0
     finally:
         sampler.stop()

@@ -21,19 +21,26 @@ import torch
 from torch import nn
 
 from tests.helpers.dist import run_ranks_on
-from tests.helpers.equiv import SIZES, CREDITS, jitter, unequal_state_entries
+from tests.helpers.equiv import CREDITS, SIZES, jitter, unequal_state_entries
 
 
 def _build(rank: int) -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                          Tally(), nn.Linear(64, 16), nn.BatchNorm1d(16, momentum=None), nn.ReLU(),
-                          nn.Linear(16, 4))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        Tally(),
+        nn.Linear(64, 16),
+        nn.BatchNorm1d(16, momentum=None),
+        nn.ReLU(),
+        nn.Linear(16, 4),
+    )
     if rank == 1:
         with torch.no_grad():  # a rank-local start: DDP's init sync copies it away unless disabled
             model[1].running_mean.add_(1.0)
     return model
-
 
 
 class Tally(nn.Module):
@@ -56,18 +63,28 @@ class Tally(nn.Module):
 # "eval" forwards under torch.no_grad() in eval mode, "eval_grad" training steps in eval mode,
 # "late" registers the Tally's buffer.
 PHASES = {
-    "batchnorm": [("train", 3), ("eval", 2), ("train", 2), ("late", 0), ("train", 2), ("eval", 2),
-                  ("train", 1), ("accumulate", 1), ("train", 1), ("eval_grad", 2), ("train", 1),
-                  ("eval", 1)],
+    "batchnorm": [
+        ("train", 3),
+        ("eval", 2),
+        ("train", 2),
+        ("late", 0),
+        ("train", 2),
+        ("eval", 2),
+        ("train", 1),
+        ("accumulate", 1),
+        ("train", 1),
+        ("eval_grad", 2),
+        ("train", 1),
+        ("eval", 1),
+    ],
     "frozen_batchnorm": [("train", 4), ("eval", 1), ("train", 2)],
     "no_broadcast": [("train", 3), ("eval", 1), ("train", 2)],
 }
 
 
 def _run(rank: int, case: str, scheduled: bool) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     broadcast = case != "no_broadcast"
     model = _build(rank)
@@ -91,7 +108,9 @@ def _run(rank: int, case: str, scheduled: bool) -> nn.Module:
         stepper, no_sync = opt, net.no_sync
 
     def batch():
-        return torch.randn(8, 3, 6, 6, generator=gen) * (1 + rank), torch.randint(0, 4, (8,), generator=gen)
+        return torch.randn(8, 3, 6, 6, generator=gen) * (1 + rank), torch.randint(
+            0, 4, (8,), generator=gen
+        )
 
     def frozen_eval():
         if case == "frozen_batchnorm":  # frozen BatchNorm: eval mode while the rest trains
@@ -140,9 +159,14 @@ def _worker(rank: int, world: int, cases: list[str]) -> dict:
         got = _run(rank, case, scheduled=True)
         buffers = {name for name, _ in got.named_buffers()}
         unequal = unequal_state_entries(ref, got)
-        out[case] = {"unequal": unequal, "buffers": sorted(buffers),
-                     "states": {k: v.tolist() for k, v in got.state_dict().items() if k in buffers},
-                     "bn_modules": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in got.modules())}
+        out[case] = {
+            "unequal": unequal,
+            "buffers": sorted(buffers),
+            "states": {k: v.tolist() for k, v in got.state_dict().items() if k in buffers},
+            "bn_modules": sum(
+                isinstance(m, nn.modules.batchnorm._BatchNorm) for m in got.modules()
+            ),
+        }
     return out
 
 
@@ -172,6 +196,8 @@ def test_cases_are_ones_where_buffers_matter(buffer_cases):
     assert first == second
     late = [per_rank["batchnorm"]["states"]["4.total"] for per_rank in buffer_cases]
     assert all(total != 0.0 for total in late)
-    rank0, rank1 = (torch.tensor(per_rank["no_broadcast"]["states"]["1.running_mean"])
-                    for per_rank in buffer_cases)
+    rank0, rank1 = (
+        torch.tensor(per_rank["no_broadcast"]["states"]["1.running_mean"])
+        for per_rank in buffer_cases
+    )
     assert (rank1 - rank0).abs().min().item() > 0.5

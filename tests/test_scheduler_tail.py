@@ -30,7 +30,6 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
     import os
 
     import torch.distributed as dist
-
     from autobyte import ScheduledOptimizer
 
     os.environ["AUTOBYTE_TRACE_PARTITIONS"] = "1"
@@ -45,7 +44,9 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
             if kwargs.get("async_op"):
                 record = [t0, float("inf")]
                 calls.append(record)
-                work.get_future().add_done_callback(lambda _f: record.__setitem__(1, time.perf_counter()))
+                work.get_future().add_done_callback(
+                    lambda _f: record.__setitem__(1, time.perf_counter())
+                )
             return work
 
         dist.all_reduce = stamped
@@ -54,7 +55,9 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
     model = nn.Sequential(*(nn.Linear(48, 48) for _ in range(6)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # 4 KiB partitions, a 64 KiB window: ~16 collectives could be in flight at once.
-    sched = ScheduledOptimizer(model, opt, partition_bytes=4 << 10, credit_bytes=64 << 10, tail_bytes=tail_bytes)
+    sched = ScheduledOptimizer(
+        model, opt, partition_bytes=4 << 10, credit_bytes=64 << 10, tail_bytes=tail_bytes
+    )
     hooks: list[float] = []
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda _p: hooks.append(time.perf_counter()))

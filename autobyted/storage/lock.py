@@ -23,7 +23,11 @@ def sqlite_path(url: str) -> str | None:
         parsed = make_url(url)
     except Exception:  # noqa: BLE001 - make_engine reports an unparsable URL
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not parsed.database
+        or parsed.database == ":memory:"
+    ):
         return None
     return os.path.abspath(parsed.database)
 

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, LargeBinary, String, Table,
-                        Text, UniqueConstraint, false)
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
 from autobyte.sample_schema import SAMPLE_COLUMNS
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    false,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 class Base(DeclarativeBase):
@@ -41,7 +53,9 @@ class Job(Base):
     # report at once (it also marks the decision applied).
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
     # Rank 0 registered with autobyte.init(tune=False): the tuner leaves this job alone.
     tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -74,14 +88,23 @@ class StepSample(Base):
     """One rank's step: its columns are StepMetrics' fields (autobyte/sample_schema.py)."""
 
     __table__ = Table(
-        "step_metrics", Base.metadata,
+        "step_metrics",
+        Base.metadata,
         Column("id", BigId, primary_key=True),
         Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
         Column("rank", Integer, nullable=False),
-        *(Column(column.name, _COLUMN_KINDS[column.kind](), nullable=column.nullable,
-                 server_default=column.server_default) for column in SAMPLE_COLUMNS),
+        *(
+            Column(
+                column.name,
+                _COLUMN_KINDS[column.kind](),
+                nullable=column.nullable,
+                server_default=column.server_default,
+            )
+            for column in SAMPLE_COLUMNS
+        ),
         Index("ix_step_metrics_job_step", "job_id", "step"),
-        Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"))
+        Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"),
+    )
 
 
 class Decision(Base):
@@ -93,7 +116,9 @@ class Decision(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     apply_at_step: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -116,7 +141,9 @@ class AppliedConfig(Base):
     decision_id: Mapped[int] = mapped_column(BigInteger)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     applied_at_step: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[float] = mapped_column(Float)
 
@@ -133,7 +160,9 @@ class TunerState(Base):
     detail: Mapped[str] = mapped_column(Text)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     baseline_step_time_s: Mapped[float] = mapped_column(Float)
     measured_step_time_s: Mapped[float] = mapped_column(Float)
     predicted_step_time_s: Mapped[float] = mapped_column(Float)
@@ -155,7 +184,9 @@ class TunerWindow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     step_time_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer)
     context: Mapped[str] = mapped_column(Text)

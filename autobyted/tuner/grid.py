@@ -4,6 +4,7 @@ is written in its reasons."""
 from __future__ import annotations
 
 from autobyte.types import Config
+
 from autobyted.tuner.features import JobShape
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -25,7 +26,9 @@ GRID_TAIL_UNPARTITIONED_CREDITS = (16 * MIB, 64 * MIB)
 GRID_TAIL_PER_CREDIT = 2
 
 
-def candidate_grid(shape: JobShape, starting: Config | None = None, tail_window: bool = False) -> tuple[Config, ...]:
+def candidate_grid(
+    shape: JobShape, starting: Config | None = None, tail_window: bool = False
+) -> tuple[Config, ...]:
     """Configurations the real scheduler runs, inside autobyte.types' safe limits (Config checks
     them): partitions 256 KiB-64 MiB x credit of 1/2/4/16 partitions or unlimited, unpartitioned
     with 4/16/64 MiB or unlimited credit, with `tail_window` the deeper windows (4 and 16
@@ -47,7 +50,10 @@ def candidate_grid(shape: JobShape, starting: Config | None = None, tail_window:
             grid.append(Config(partition, credit, credit * GRID_TAIL_PER_CREDIT))
     grid += [Config(None, credit) for credit in GRID_UNPARTITIONED_CREDITS]
     if tail_window:
-        grid += [Config(None, credit, credit * GRID_TAIL_PER_CREDIT) for credit in GRID_TAIL_UNPARTITIONED_CREDITS]
+        grid += [
+            Config(None, credit, credit * GRID_TAIL_PER_CREDIT)
+            for credit in GRID_TAIL_UNPARTITIONED_CREDITS
+        ]
     if starting is not None and starting not in grid:
         grid.append(starting)
     return tuple(dict.fromkeys(grid))

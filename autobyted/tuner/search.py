@@ -102,9 +102,18 @@ import statistics
 from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
+
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, fastest_in_context,
-                                   robust_sigma, window_shift)
+from autobyted.tuner.drift import (
+    JUMP_LIMITS,
+    SIGNALS,
+    Alarm,
+    DriftDetector,
+    context_jump,
+    fastest_in_context,
+    robust_sigma,
+    window_shift,
+)
 from autobyted.tuner.features import Context, JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.params import TunerParams
@@ -115,9 +124,12 @@ log = logging.getLogger(__name__)
 ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
 ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
-MIN_SHIFTS = {signal.name: signal.min_shift for signal in SIGNALS}  # the drift test's "same context"
-KNOWN_SE_FLOOR = 0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
-
+MIN_SHIFTS = {
+    signal.name: signal.min_shift for signal in SIGNALS
+}  # the drift test's "same context"
+KNOWN_SE_FLOOR = (
+    0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
+)
 
 
 def _normal_cdf(z: float) -> float:
@@ -139,7 +151,9 @@ class TrialValue:
 SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
 
 
-def gain_calibration(pairs: Sequence[tuple[float, float]], prior_sd: float, error_sd: float) -> float:
+def gain_calibration(
+    pairs: Sequence[tuple[float, float]], prior_sd: float, error_sd: float
+) -> float:
     """How much of the gains the model predicts this search's trials delivered: the slope b of
     measured on predicted log ratio (each trial's, against the reference it was scored from),
     through the origin, with a Normal(1, prior_sd) prior and each trial's measurement off its
@@ -151,14 +165,21 @@ def gain_calibration(pairs: Sequence[tuple[float, float]], prior_sd: float, erro
     curse of trying the most optimistic predictions first); the untried candidates' predicted
     gains shrink by the same slope, and a search whose first trials measured none of what was
     predicted stops (no trial pays) instead of trying the rest of its list."""
-    precision = 1.0 / prior_sd ** 2 + sum(x * x for x, _ in pairs) / error_sd ** 2
-    mean = (1.0 / prior_sd ** 2 + sum(x * y for x, y in pairs) / error_sd ** 2) / precision
+    precision = 1.0 / prior_sd**2 + sum(x * x for x, _ in pairs) / error_sd**2
+    mean = (1.0 / prior_sd**2 + sum(x * y for x, y in pairs) / error_sd**2) / precision
     return max(0.0, mean)
 
 
-def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: float,
-                cut_steps: float, min_gain: float, clearly_worse: float,
-                switch_steps: float = SWITCH_STEPS) -> TrialValue:
+def trial_value(
+    mean: float,
+    spread: float,
+    horizon_steps: float,
+    trial_steps: float,
+    cut_steps: float,
+    min_gain: float,
+    clearly_worse: float,
+    switch_steps: float = SWITCH_STEPS,
+) -> TrialValue:
     """The value of trying a candidate whose log step-time ratio X to the best measured
     configuration is Normal(mean, spread); E[e^X 1{X < g}] = e^(mean + spread^2 / 2) x
     Phi((g - mean - spread^2) / spread)."""
@@ -176,14 +197,19 @@ def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: f
     gain_per_step = p_win - e_win  # E[(1 - e^X) 1{X < gate}]
     excess_kept = e_kept - p_kept  # E[(e^X - 1) 1{X < cut}]
     excess_cut = (lognormal_mean - e_kept) - (1 - p_kept)  # E[(e^X - 1) 1{X >= cut}]
-    value = (horizon_steps * gain_per_step - trial_steps * excess_kept - cut_steps * excess_cut
-             - switch_steps)
+    value = (
+        horizon_steps * gain_per_step
+        - trial_steps * excess_kept
+        - cut_steps * excess_cut
+        - switch_steps
+    )
     return TrialValue(p_win, value)
 
 
 def _same_context(past: Context, now: Context) -> bool:
     """Two contexts of one configuration that the drift test would not tell apart: bandwidth
     estimate, compute and host load (when both know it) within their minimum relevant shifts."""
+
     def log_shift(a: float, b: float) -> float:
         return abs(math.log(a / b)) if a > 0 and b > 0 else math.inf
 
@@ -191,25 +217,38 @@ def _same_context(past: Context, now: Context) -> bool:
         return False
     if log_shift(past.compute_s, now.compute_s) > MIN_SHIFTS["compute"]:
         return False
-    return not (past.host_load > 0 and now.host_load > 0
-                and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"])
+    return not (
+        past.host_load > 0
+        and now.host_load > 0
+        and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"]
+    )
 
 
-_Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
+_Valued = tuple[
+    Config, float, TrialValue
+]  # (candidate, predicted mean log ratio, its trial's value)
 
 
 class TunerSink(abc.ABC):
     """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
 
     @abc.abstractmethod
-    def decide(self, config: Config, apply_at_step: int, reason: str, predicted_step_time_s: float | None,
-               kind: str) -> int | None:
+    def decide(
+        self,
+        config: Config,
+        apply_at_step: int,
+        reason: str,
+        predicted_step_time_s: float | None,
+        kind: str,
+    ) -> int | None:
         """Issue a decision (kind: trial, switch, return, rollback) or only record one (kind
         "recommend", observe mode); its id, or None if refused because an operator has paused the
         tuner for the job."""
 
     @abc.abstractmethod
-    def close_decision(self, decision_id: int, measured_step_time_s: float | None, state: str | None) -> None: ...
+    def close_decision(
+        self, decision_id: int, measured_step_time_s: float | None, state: str | None
+    ) -> None: ...
 
     @abc.abstractmethod
     def record_window(self, window: Window) -> None: ...
@@ -244,15 +283,26 @@ class _Expect:
     decision_id: int
     config: Config
     apply_at_step: int
-    issued_wall_s: float  # the newest sample's wall time when the decision was made (the job's clock)
+    issued_wall_s: (
+        float  # the newest sample's wall time when the decision was made (the job's clock)
+    )
 
 
 class JobTuner:
     """The search for one job. Feed it the job's samples (rank 0's, or every rank's merged per step
     by tuner.ranks.merge_ranks) in step order with `observe`."""
 
-    def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams(), known: Sequence[Window] = (), first_segment: int = 0) -> None:
+    def __init__(
+        self,
+        job: str,
+        shape: JobShape,
+        predictor: Predictor,
+        sink: TunerSink,
+        mode: str = "auto",
+        params: TunerParams = TunerParams(),
+        known: Sequence[Window] = (),
+        first_segment: int = 0,
+    ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         # Earlier jobs' windows of this shape, by (job, segment) (module docstring). The segments of
@@ -271,7 +321,14 @@ class JobTuner:
                     # search's winner (a trial's window, then the switch's; baselines open segments).
                     self.known_held.add((*key, window.config))
                 self.known.setdefault(key, {})[window.config] = window
-        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = (
+            job,
+            shape,
+            predictor,
+            sink,
+            mode,
+            params,
+        )
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
         self.first_segment = self.segment = first_segment
@@ -280,8 +337,12 @@ class JobTuner:
         self.newest_step = -1
         self.newest_wall_s = 0.0
         self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
-        self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
-        self.checked: list[_Measured] = []  # this search's trials a check of the incumbent followed (A-B-A)
+        self.cleared: set[tuple[str, int]] = (
+            set()
+        )  # context jumps a check showed to be the configs'
+        self.checked: list[
+            _Measured
+        ] = []  # this search's trials a check of the incumbent followed (A-B-A)
         self.mine: set[int] = set()
         self.expect: _Expect | None = None
         self.settle = 0
@@ -315,7 +376,14 @@ class JobTuner:
         self.next_rescore_wall_s = 0.0
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
-        self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
+        self.stats = {
+            "trials": 0,
+            "cut": 0,
+            "switches": 0,
+            "rollbacks": 0,
+            "retunes": 0,
+            "not_applied": 0,
+        }
         self.recommended: Config | None = None
 
     # ------------------------------------------------------------------ public
@@ -337,19 +405,32 @@ class JobTuner:
         self.paused = False
         self.searched_once = False  # the operator's configuration is the new starting point
         self.starting = None
-        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps)
+        self._rebaseline(
+            "resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps
+        )
 
     @property
     def status(self) -> TunerStatusRecord:
         held = self.held or self.incumbent
         return TunerStatusRecord(
-            mode=self.mode, state=self.phase, detail=self.detail,
-            config=(self.recommended if self.mode == "observe" and self.recommended else
-                    held.config if held else self.config) or Config(),
+            mode=self.mode,
+            state=self.phase,
+            detail=self.detail,
+            config=(
+                self.recommended
+                if self.mode == "observe" and self.recommended
+                else held.config
+                if held
+                else self.config
+            )
+            or Config(),
             baseline_step_time_s=self.starting.median_s if self.starting else 0.0,
             measured_step_time_s=held.median_s if held else 0.0,
-            predicted_step_time_s=self.best_predicted_s, trials_done=len(self.trials),
-            trials_planned=self.trials_planned, paused=self.paused)
+            predicted_step_time_s=self.best_predicted_s,
+            trials_done=len(self.trials),
+            trials_planned=self.trials_planned,
+            paused=self.paused,
+        )
 
     # ------------------------------------------------------------------ per sample
     def _on_sample(self, m: StepMetrics) -> None:
@@ -373,25 +454,35 @@ class JobTuner:
             if m.decision_id == self.expect.decision_id:
                 self.expect = None
                 self.settle = self.p.transition_steps
-            elif (m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
-                  and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s):
+            elif (
+                m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
+                and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s
+            ):
                 self._not_applied()
                 return
             else:
                 return  # the job has not switched yet: these steps belong to the previous plan
         elif changed and m.decision_id not in self.mine:
             # Someone else's decision took effect (an operator's, or one from before a restart).
-            self._rebaseline(f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
-                             new_segment=True, steps=self.p.baseline_steps)
+            self._rebaseline(
+                f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
+                new_segment=True,
+                steps=self.p.baseline_steps,
+            )
             self.settle = self.p.transition_steps
         if self.settle > 0:
             self.settle -= 1
             return
         if self.phase == "warm-up":
             self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
-        handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
-                   "checking": self._on_check, "confirming": self._on_confirm,
-                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
+        handler = {
+            "baseline": self._on_baseline,
+            "re-tuning": self._on_baseline,
+            "exploring": self._on_trial,
+            "checking": self._on_check,
+            "confirming": self._on_confirm,
+            "verifying": self._on_verify,
+        }.get(self.phase, self._on_watch)
         handler(m)
 
     # ------------------------------------------------------------------ baseline and planning
@@ -410,7 +501,9 @@ class JobTuner:
         prefix = f"{reason}: " if reason else ""
         # Before the job's next step the tuner may not know what is in effect (a tuner opened on a
         # running job reads from its newest step): say so rather than print none/inf.
-        in_effect = describe(self.config) if self.config is not None else "the configuration in effect"
+        in_effect = (
+            describe(self.config) if self.config is not None else "the configuration in effect"
+        )
         self._set(phase, f"{prefix}measuring {in_effect}")
 
     def _on_baseline(self, m: StepMetrics) -> None:
@@ -426,16 +519,27 @@ class JobTuner:
         self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self._with_known(self._corrected(
-            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent)
-        self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
-                                    for i in range(len(self.candidates)))
+        prediction = self._with_known(
+            self._corrected(
+                self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config
+            ),
+            incumbent,
+        )
+        self.best_predicted_s = min(
+            prediction.step_time_s(incumbent.median_s, i) for i in range(len(self.candidates))
+        )
         gate = -math.log1p(self.p.min_gain)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
-        paying, _best = self._paying(incumbent, [(c, float(mu), float(sd)) for c, mu, sd in zip(
-            prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config])
+        paying, _best = self._paying(
+            incumbent,
+            [
+                (c, float(mu), float(sd))
+                for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                if c != incumbent.config
+            ],
+        )
         self.trials_planned = min(self.p.max_trials, len(paying))
         if not paying:
             self._finish(self._none_pays(_best))
@@ -450,16 +554,25 @@ class JobTuner:
         lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment - self.first_segment + 1)
         return lifetime_s / max(step_s, 1e-6)
 
-    def _paying(self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
-                ) -> tuple[list[_Valued], _Valued | None]:
+    def _paying(
+        self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
+    ) -> tuple[list[_Valued], _Valued | None]:
         """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
         (trial_value), best value first; and the best of all (for the reason when none pays)."""
         horizon = self._horizon_steps(reference.median_s)
         trial = self.p.transition_steps + self._window(self.p.trial_steps, self.p.trial_window_s)
         cut = self.p.transition_steps + self.p.min_trial_steps
-        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.p.min_gain,
-                                             self.p.clearly_worse)) for c, mu, sd in scored),
-                        key=lambda t: -t[2].value_steps)
+        valued = sorted(
+            (
+                (
+                    c,
+                    mu,
+                    trial_value(mu, sd, horizon, trial, cut, self.p.min_gain, self.p.clearly_worse),
+                )
+                for c, mu, sd in scored
+            ),
+            key=lambda t: -t[2].value_steps,
+        )
         paying = [t for t in valued if t[2].pays]
         best = max(valued, key=lambda t: t[2].win_probability, default=None)
         return paying, best
@@ -468,25 +581,40 @@ class JobTuner:
         if best is None:
             return "no candidate left to try"
         config, mu, value = best
-        return (f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
-                f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
-                f"{100 * value.win_probability:.0f}% likely to win")
+        return (
+            f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
+            f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
+            f"{100 * value.win_probability:.0f}% likely to win"
+        )
 
     def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
-        confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                     if mu - self.p.kappa * sd < gate and mu < gate]
+        confident = [
+            (mu, c)
+            for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+            if mu - self.p.kappa * sd < gate and mu < gate
+        ]
         self._hold(incumbent, watch_reference=incumbent.samples)
         if not confident:
-            self._set("observing", f"observe: no configuration is predicted to beat {describe(incumbent.config)}")
+            self._set(
+                "observing",
+                f"observe: no configuration is predicted to beat {describe(incumbent.config)}",
+            )
             return
         mu, best = min(confident, key=lambda t: t[0])
         predicted = incumbent.median_s * math.exp(mu)
-        reason = (f"observe: recommend {describe(best)}, predicted "
-                  f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}")
-        self.sink.decide(best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend")
+        reason = (
+            f"observe: recommend {describe(best)}, predicted "
+            f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}"
+        )
+        self.sink.decide(
+            best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend"
+        )
         self.recommended = best
-        self._set("observing", f"observe: recommends {describe(best)} (predicted "
-                               f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})")
+        self._set(
+            "observing",
+            f"observe: recommends {describe(best)} (predicted "
+            f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})",
+        )
 
     def _context_note(self) -> str:
         return f" ({self.retune_reason})" if self.retune_reason else ""
@@ -515,18 +643,32 @@ class JobTuner:
             return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
-        prediction = self._corrected(self.predictor.predict(context, reference.config,
-                                                            untried + [t.config for t in others]), reference.config)
+        prediction = self._corrected(
+            self.predictor.predict(context, reference.config, untried + [t.config for t in others]),
+            reference.config,
+        )
         prediction = self._with_known(prediction, reference, len(untried))
         slope = gain_calibration(
-            [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
-            self.p.gain_slope_prior_sd, self.p.gain_error_sd)
-        uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
-        residuals = [(t.log_median - reference.log_median) - slope * float(mu)
-                     for t, mu in zip(others, prediction.mean[len(untried):])]
+            [
+                (t.model_log, t.log_median - t.reference_log)
+                for t in self.trials
+                if t.model_log is not None
+            ],
+            self.p.gain_slope_prior_sd,
+            self.p.gain_error_sd,
+        )
+        uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[: len(untried)])}
+        residuals = [
+            (t.log_median - reference.log_median) - slope * float(mu)
+            for t, mu in zip(others, prediction.mean[len(untried) :])
+        ]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        scored = [(c, slope * float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-                  zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])]
+        scored = [
+            (c, slope * float(mu), math.sqrt(float(sd) ** 2 + error2))
+            for c, mu, sd in zip(
+                untried, prediction.mean[: len(untried)], prediction.std[: len(untried)]
+            )
+        ]
         paying, best = self._paying(reference, scored)
         if not paying:
             self._finish("" if self.trials else self._none_pays(best))
@@ -536,26 +678,42 @@ class JobTuner:
         config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
         predicted = reference.median_s * math.exp(mu)
         spread = next(sd for c, _mu, sd in scored if c == config)
-        if (config in self.known_winners and not self.trials and reference is incumbent
-                and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)):
+        if (
+            config in self.known_winners
+            and not self.trials
+            and reference is incumbent
+            and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)
+        ):
             self._switch_known(config, predicted)
             return
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
-        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
-                  f"{self._versus_incumbent(predicted)}{self._context_note()}")
+        reason = (
+            f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
+            f"{self._versus_incumbent(predicted)}{self._context_note()}"
+        )
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median,
-                               model_log=uncalibrated[config], reference_log=reference.log_median)
+        self.trial = _Measured(
+            config,
+            [],
+            decision,
+            math.log(predicted) - incumbent.log_median,
+            model_log=uncalibrated[config],
+            reference_log=reference.log_median,
+        )
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
-        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
+        self._set(
+            "exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}"
+        )
 
     def _versus_incumbent(self, step_time_s: float) -> str:
         """'1.12x faster than 4MiB/16MiB': a step time against the search's incumbent."""
         assert self.incumbent is not None
-        return describe_speedup(speedup(self.incumbent.median_s, step_time_s), describe(self.incumbent.config))
+        return describe_speedup(
+            speedup(self.incumbent.median_s, step_time_s), describe(self.incumbent.config)
+        )
 
     def _switch_known(self, config: Config, predicted: float) -> None:
         """Warm start: an earlier job of this shape held `config` after its search in this context,
@@ -565,8 +723,10 @@ class JobTuner:
         search goes on)."""
         incumbent = self.incumbent
         assert incumbent is not None
-        reason = (f"warm start: {describe(config)}, held by an earlier job of this model in this context, "
-                  f"predicted {self._versus_incumbent(predicted)}{self._context_note()}; switching without a trial")
+        reason = (
+            f"warm start: {describe(config)}, held by an earlier job of this model in this context, "
+            f"predicted {self._versus_incumbent(predicted)}{self._context_note()}; switching without a trial"
+        )
         decision = self._decide(config, reason, predicted, "switch")
         if decision is None:
             return
@@ -576,7 +736,10 @@ class JobTuner:
         self.stats["switches"] += 1
         self.window = []
         self.need = self._window(self.p.trial_steps, self.p.trial_window_s)
-        self._set("verifying", f"switching to {describe(config)} (an earlier job's winner here), verifying")
+        self._set(
+            "verifying",
+            f"switching to {describe(config)} (an earlier job's winner here), verifying",
+        )
 
     def _on_trial(self, m: StepMetrics) -> None:
         trial = self.trial
@@ -593,7 +756,9 @@ class JobTuner:
         assert self.incumbent is not None
         jump = self._unexplained_jump(trial)
         self.stats["trials"] += 1
-        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        self.sink.close_decision(
+            trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None
+        )
         # A check costs its window at the incumbent's step time (3x the trial's from a poor start),
         # and it can change the answer only when the context the trial ran in could have made the
         # incumbent as fast as the trial (drift.fastest_in_context): a trial faster than that bound
@@ -601,18 +766,28 @@ class JobTuner:
         # search's end still measures the incumbent again against what no signal shows: confirm).
         fastest = fastest_in_context(self.incumbent.samples, trial.samples)
         if jump is not None and not trial.cut and trial.median_s * (1 + self.p.min_gain) < fastest:
-            log.debug("%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
-                      self.job, jump.reason, len(self.trials) + 1, trial.median_s * 1e3, fastest * 1e3)
+            log.debug(
+                "%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
+                self.job,
+                jump.reason,
+                len(self.trials) + 1,
+                trial.median_s * 1e3,
+                fastest * 1e3,
+            )
             jump = None
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             self.suspect = (trial, jump)
             need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
-            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
-                      f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
-                      f"measuring {describe(self.incumbent.config)} again, ~{need} steps")
-            decision = self.check_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
+            reason = (
+                f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
+                f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
+                f"measuring {describe(self.incumbent.config)} again, ~{need} steps"
+            )
+            decision = self.check_id = self._decide(
+                self.incumbent.config, reason, self.incumbent.median_s, "check"
+            )
             if decision is None:
                 return
             self.window = []
@@ -628,7 +803,9 @@ class JobTuner:
         bandwidth estimate against a 4 MiB one's)."""
         assert self.incumbent is not None
         jump = context_jump(self.incumbent.samples, trial.samples)
-        if jump is None or any(context_jump(other.samples, trial.samples) is None for other in self.trials):
+        if jump is None or any(
+            context_jump(other.samples, trial.samples) is None for other in self.trials
+        ):
             return None
         return jump
 
@@ -637,7 +814,11 @@ class JobTuner:
         after `min_trial_steps` steps: the window so far when `trial` already beats both
         measurements of the incumbent (the answer of the full window cannot change then); else
         None (measure on)."""
-        if trial is None or len(self.window) != self.p.min_trial_steps or len(self.window) >= self.need:
+        if (
+            trial is None
+            or len(self.window) != self.p.min_trial_steps
+            or len(self.window) >= self.need
+        ):
             return None
         again = _Measured(before.config, list(self.window))
         return again if self._beats_both(trial, before, again) else None
@@ -695,8 +876,10 @@ class JobTuner:
         delta = math.log1p(self.p.clearly_worse)
         sigma2 = self.sigma * self.sigma
         low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
-        llr = sum(delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
-                  for s in trial.samples)
+        llr = sum(
+            delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
+            for s in trial.samples
+        )
         return llr >= math.log((1 - self.p.sprt_beta) / self.p.sprt_alpha)
 
     def _finish(self, why: str) -> None:
@@ -707,8 +890,17 @@ class JobTuner:
         for trial in self.trials:
             if trial.cut:
                 continue
-            if beats(trial.log_median, len(trial.samples), incumbent.log_median, len(incumbent.samples),
-                     self.sigma, self.p) and trial.log_median < winner.log_median:
+            if (
+                beats(
+                    trial.log_median,
+                    len(trial.samples),
+                    incumbent.log_median,
+                    len(incumbent.samples),
+                    self.sigma,
+                    self.p,
+                )
+                and trial.log_median < winner.log_median
+            ):
                 winner = trial
         self.winner = winner
         # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
@@ -716,31 +908,47 @@ class JobTuner:
         # switched resets it.
         if self.retune_reason:
             self.fruitless = self.fruitless + 1 if winner is incumbent else 0
-        if winner is not incumbent and not self.confirmed and not any(t is winner for t in self.checked):
+        if (
+            winner is not incumbent
+            and not self.confirmed
+            and not any(t is winner for t in self.checked)
+        ):
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
             need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
-            reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
-                      f"{describe(winner.config)} (~{need} steps, {self.p.min_trial_steps} when the winner "
-                      f"beats both measurements){self._context_note()}")
-            decision = self.check_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
+            reason = (
+                f"confirm: measuring {describe(incumbent.config)} again before switching to "
+                f"{describe(winner.config)} (~{need} steps, {self.p.min_trial_steps} when the winner "
+                f"beats both measurements){self._context_note()}"
+            )
+            decision = self.check_id = self._decide(
+                incumbent.config, reason, incumbent.median_s, "check"
+            )
             if decision is None:
                 return
             self.window = []
             self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
-            self._set("confirming", f"measuring {describe(incumbent.config)} again before switching to "
-                                    f"{describe(winner.config)}")
+            self._set(
+                "confirming",
+                f"measuring {describe(incumbent.config)} again before switching to "
+                f"{describe(winner.config)}",
+            )
             return
         if winner.config == self.config:
             # Already in effect (nothing was tried, or it is the incumbent): its window is the proof.
             self._settle_winner(winner, winner.samples, why)
             return
         returning = winner is incumbent
-        reason = (f"return to {describe(winner.config)}: no trial beat it{self._context_note()}" if returning else
-                  f"hold best: {describe(winner.config)} measured {self._measured_gain(winner)}"
-                  f"{self._context_note()}")
-        decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
+        reason = (
+            f"return to {describe(winner.config)}: no trial beat it{self._context_note()}"
+            if returning
+            else f"hold best: {describe(winner.config)} measured {self._measured_gain(winner)}"
+            f"{self._context_note()}"
+        )
+        decision = self._decide(
+            winner.config, reason, winner.median_s, "return" if returning else "switch"
+        )
         if decision is None:
             return
         self.switch_id = decision
@@ -759,7 +967,9 @@ class JobTuner:
         again = early or _Measured(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_id, again.median_s, None)
         moved = None if early is not None else self._moved(incumbent, again)
-        if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
+        if moved is not None and not (
+            self.winner is not None and self._beats_both(self.winner, incumbent, again)
+        ):
             self._abort(moved, again)
             return
         self.confirmed = True
@@ -789,12 +999,18 @@ class JobTuner:
             self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
         self.search_errors = []
         if self.aborts < self.p.max_aborts:
-            self._rebaseline(f"re-tuning after {moved.reason}, during the search", new_segment=True,
-                             steps=self.p.rebaseline_steps)
+            self._rebaseline(
+                f"re-tuning after {moved.reason}, during the search",
+                new_segment=True,
+                steps=self.p.rebaseline_steps,
+            )
             return
         self._hold(in_effect, watch_reference=in_effect.samples)
-        self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
-                             f"search completes ({moved.reason})")
+        self._set(
+            "holding",
+            f"holding {describe(in_effect.config)}: the context changes faster than a "
+            f"search completes ({moved.reason})",
+        )
 
     def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
         """The same configuration measured twice: did its context (or its step time) move?"""
@@ -804,7 +1020,12 @@ class JobTuner:
         se = 1.253 * self.sigma * math.sqrt(1 / len(after.samples) + 1 / len(before.samples))
         moved = after.log_median - before.log_median
         if abs(moved) > max(math.log1p(self.p.min_gain), self.p.z_switch * se):
-            return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+            return Alarm(
+                "step_time",
+                1 if moved > 0 else -1,
+                moved,
+                "step time rise" if moved > 0 else "step time drop",
+            )
         return None
 
     def _on_verify(self, m: StepMetrics) -> None:
@@ -833,11 +1054,14 @@ class JobTuner:
             return
         se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
         if winner is not incumbent and measured.log_median - incumbent.log_median > max(
-                math.log1p(self.p.min_gain) / 2, self.p.z_switch * se):
+            math.log1p(self.p.min_gain) / 2, self.p.z_switch * se
+        ):
             self.stats["rollbacks"] += 1
             self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
-            reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
-                      f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms")
+            reason = (
+                f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
+                f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms"
+            )
             decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
             if decision is None:
                 return
@@ -857,15 +1081,22 @@ class JobTuner:
         self.searched_once = True
         starting = self.starting
         assert starting is not None
-        self._hold(_Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        self._hold(
+            _Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference
+        )
         held_context = summarize(reference, self.shape)
         prediction = self.predictor.predict(held_context, winner.config, self.candidates)
-        self.best_predicted_s = min(prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
-                                    for i in range(len(self.candidates)))
+        self.best_predicted_s = min(
+            prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
+            for i in range(len(self.candidates))
+        )
         if winner.config == starting.config and first:
             note = f" ({why})" if why else ""
-            tried = (f"nothing beat the starting configuration {describe(starting.config)}" if self.trials else
-                     f"the starting configuration {describe(starting.config)} stays, no trial made")
+            tried = (
+                f"nothing beat the starting configuration {describe(starting.config)}"
+                if self.trials
+                else f"the starting configuration {describe(starting.config)} stays, no trial made"
+            )
             self._set("no headroom", f"no headroom: {tried}{note}")
             return
         held, incumbent = self.held, self.incumbent
@@ -873,10 +1104,16 @@ class JobTuner:
         if held.config == incumbent.config and self.retune_reason:
             # A new context in which nothing is worth switching to: say so, and why, at once.
             reason = self.retune_reason
-            head = (f"no headroom after {reason.removeprefix('re-tuning after ')}"
-                    if reason.startswith("re-tuning after ") else f"no headroom ({reason})")
-            self._set("no headroom", f"{head}: {describe(held.config)} stays"
-                                     f"{f' ({why})' if why else ': no trial beat it'}")
+            head = (
+                f"no headroom after {reason.removeprefix('re-tuning after ')}"
+                if reason.startswith("re-tuning after ")
+                else f"no headroom ({reason})"
+            )
+            self._set(
+                "no headroom",
+                f"{head}: {describe(held.config)} stays"
+                f"{f' ({why})' if why else ': no trial beat it'}",
+            )
             return
         if held.config == incumbent.config:
             gain = "no candidate beat it"
@@ -908,17 +1145,25 @@ class JobTuner:
             # Holding without a reference yet (after a decision the job did not apply): collect one.
             self.window.append(m)
             if len(self.window) >= self.need:
-                self._hold(_Measured(m.config, list(self.window), self.decision_in_effect or 0), self.window)
+                self._hold(
+                    _Measured(m.config, list(self.window), self.decision_in_effect or 0),
+                    self.window,
+                )
                 self.window = []
             return
         alarm = self.detector.update(m)
         if alarm is not None:
             self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            self._rebaseline(
+                f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps
+            )
             return
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
-        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.p.min_trial_steps + 2:
+        if (
+            m.wall_time_s >= self.next_rescore_wall_s
+            and len(self.recent) >= self.p.min_trial_steps + 2
+        ):
             self.next_rescore_wall_s = m.wall_time_s + self.p.rescore_s
             self._rescore()
 
@@ -931,19 +1176,28 @@ class JobTuner:
         held = self.held
         assert held is not None
         context = summarize(self.recent, self.shape)
-        prediction = self._corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
+        prediction = self._corrected(
+            self.predictor.predict(context, held.config, self.candidates), held.config
+        )
         gate = -math.log1p(self.p.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
-            if (candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate
-                    and (best is None or mu < best[1])):
+            if (
+                candidate != held.config
+                and mu < 2 * gate
+                and mu - self.p.kappa * sd < gate
+                and (best is None or mu < best[1])
+            ):
                 best = (candidate, float(mu))
         if best is None:
             return
         self.stats["retunes"] += 1
-        self._rebaseline(f"re-tuning: {describe(best[0])} predicted "
-                         f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
-                         new_segment=True, steps=self.p.rebaseline_steps)
+        self._rebaseline(
+            f"re-tuning: {describe(best[0])} predicted "
+            f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
+            new_segment=True,
+            steps=self.p.rebaseline_steps,
+        )
 
     def _not_applied(self) -> None:
         """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
@@ -953,14 +1207,21 @@ class JobTuner:
         self.expect = None
         self.trial = None
         self.stats["not_applied"] += 1
-        log.warning("job %s did not apply decision #%d within %.0f s", self.job, expect.decision_id,
-                    self.p.apply_timeout_s)
+        log.warning(
+            "job %s did not apply decision #%d within %.0f s",
+            self.job,
+            expect.decision_id,
+            self.p.apply_timeout_s,
+        )
         self.window = []
         self.held = None
         self.detector = None
         self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
-        self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
-                             f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
+        self._set(
+            "holding",
+            f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
+            f"was not applied by the job within {self.p.apply_timeout_s:.0f} s",
+        )
 
     # ------------------------------------------------------------------ helpers
     def _corrected(self, prediction: Prediction, reference: Config) -> Prediction:
@@ -977,8 +1238,10 @@ class JobTuner:
         mean_tensor = gradient / max(1, self.shape.tensor_count)
 
         def position(config: Config) -> tuple[float, float]:
-            return (math.log2(config.partition_bytes or mean_tensor),
-                    math.log2(min(config.credit_bytes or gradient, gradient) or 1.0))
+            return (
+                math.log2(config.partition_bytes or mean_tensor),
+                math.log2(min(config.credit_bytes or gradient, gradient) or 1.0),
+            )
 
         points = [(position(c), e) for c, e in errors]
 
@@ -987,14 +1250,18 @@ class JobTuner:
             weights = [math.exp(-((p - a) ** 2 + (c - b) ** 2) / 2) for (a, b), _ in points]
             return sum(w * e for w, (_, e) in zip(weights, points)) / (sum(weights) + 0.25)
 
-        base = correction(reference)  # predictions are relative to the reference: so are corrections
+        base = correction(
+            reference
+        )  # predictions are relative to the reference: so are corrections
         mean = prediction.mean.copy()
         for i, candidate in enumerate(prediction.candidates):
             if candidate != reference:
                 mean[i] += correction(candidate) - base
         return Prediction(prediction.candidates, mean, prediction.std)
 
-    def _with_known(self, prediction: Prediction, reference: _Measured, first: int | None = None) -> Prediction:
+    def _with_known(
+        self, prediction: Prediction, reference: _Measured, first: int | None = None
+    ) -> Prediction:
         """The predictions of the first `first` candidates (all by default) combined with what
         earlier jobs of this shape measured in the same context (module docstring)."""
         measured = self._known_ratios(reference)
@@ -1005,8 +1272,11 @@ class JobTuner:
         # bias (the mean residual, shrunk by one pseudo-observation of 0) moves the candidates
         # nobody measured, and what is left of the residuals widens its spread (alone, the spread
         # would let a model that is wrong here outweigh a measurement).
-        residuals = [measured[c][0] - float(mu) for c, mu in zip(prediction.candidates, prediction.mean)
-                     if c in measured and c != reference.config]
+        residuals = [
+            measured[c][0] - float(mu)
+            for c, mu in zip(prediction.candidates, prediction.mean)
+            if c in measured and c != reference.config
+        ]
         bias = sum(residuals) / (len(residuals) + 1)
         error2 = statistics.mean((r - bias) ** 2 for r in residuals) if residuals else 0.0
         for i, candidate in enumerate(prediction.candidates[:first]):
@@ -1017,7 +1287,7 @@ class JobTuner:
                 mean[i] += bias
                 continue
             ratio, se = measured[candidate]
-            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se ** 2
+            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se**2
             mean[i] = (w_model * float(mean[i]) + w_known * ratio) / (w_model + w_known)
             std[i] = math.sqrt(1 / (w_model + w_known))
         return Prediction(prediction.candidates, mean, std)
@@ -1028,9 +1298,11 @@ class JobTuner:
         if not self.known_held:
             return False
         now = summarize(reference.samples, self.shape)
-        return any((job, segment, reference.config) in self.known_held
-                   and _same_context(windows[reference.config].context, now)
-                   for (job, segment), windows in self.known.items())
+        return any(
+            (job, segment, reference.config) in self.known_held
+            and _same_context(windows[reference.config].context, now)
+            for (job, segment), windows in self.known.items()
+        )
 
     def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
         """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
@@ -1039,33 +1311,50 @@ class JobTuner:
         past candidate/anchor + this job's anchor/reference)."""
         if not self.known:
             return {}
-        anchors = [reference] + [m for m in [self.incumbent, *self.trials]
-                                 if m is not None and not m.cut and m.config != reference.config]
+        anchors = [reference] + [
+            m
+            for m in [self.incumbent, *self.trials]
+            if m is not None and not m.cut and m.config != reference.config
+        ]
         contexts = {id(m): summarize(m.samples, self.shape) for m in anchors}
         ratios: dict[Config, list[tuple[float, float]]] = {}
         self.known_winners = set()
         for (job, segment), windows in self.known.items():
-            anchor = next((m for m in anchors if m.config in windows
-                           and _same_context(windows[m.config].context, contexts[id(m)])), None)
+            anchor = next(
+                (
+                    m
+                    for m in anchors
+                    if m.config in windows
+                    and _same_context(windows[m.config].context, contexts[id(m)])
+                ),
+                None,
+            )
             if anchor is None:
                 continue
             self.known_winners |= {c for c in windows if (job, segment, c) in self.known_held}
             past = windows[anchor.config]
             # this job's anchor against its reference (0 when the anchor is the reference)
             offset = anchor.log_median - reference.log_median
-            offset_se2 = 0.0 if anchor is reference else (1.253 * self.sigma) ** 2 * (
-                1 / len(anchor.samples) + 1 / len(reference.samples))
+            offset_se2 = (
+                0.0
+                if anchor is reference
+                else (1.253 * self.sigma) ** 2
+                * (1 / len(anchor.samples) + 1 / len(reference.samples))
+            )
             for config, window in windows.items():
                 if config in (anchor.config, reference.config):
                     continue
-                se2 = (1.253 * self.sigma) ** 2 * (1 / max(1, window.samples) + 1 / max(1, past.samples))
+                se2 = (1.253 * self.sigma) ** 2 * (
+                    1 / max(1, window.samples) + 1 / max(1, past.samples)
+                )
                 ratios.setdefault(config, []).append(
-                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2))
+                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2)
+                )
         out = {}
         for config, values in ratios.items():
             logs = [v for v, _ in values]
             spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
-            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread ** 2)
+            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread**2)
             out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
         return out
 
@@ -1087,21 +1376,36 @@ class JobTuner:
         del self.residuals[:-400]
         self.sigma = max(self.p.sigma_floor, robust_sigma(self.residuals))
 
-    def _decide(self, config: Config, reason: str, predicted_s: float | None, kind: str) -> int | None:
-        decision = self.sink.decide(config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind)
+    def _decide(
+        self, config: Config, reason: str, predicted_s: float | None, kind: str
+    ) -> int | None:
+        decision = self.sink.decide(
+            config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind
+        )
         if decision is None:
             self.pause("an operator decided")
             return None
         self.mine.add(decision)
-        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s)
+        self.expect = _Expect(
+            decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s
+        )
         return decision
 
     def _record(self, measured: _Measured) -> None:
         if len(measured.samples) < self.p.min_trial_steps:
             return
         context = summarize(measured.samples, self.shape)
-        self.sink.record_window(Window(self.job, self.segment, measured.config, context, measured.median_s,
-                                       len(measured.samples), measured.samples[-1].wall_time_s))
+        self.sink.record_window(
+            Window(
+                self.job,
+                self.segment,
+                measured.config,
+                context,
+                measured.median_s,
+                len(measured.samples),
+                measured.samples[-1].wall_time_s,
+            )
+        )
 
     def _set(self, phase: str, detail: str) -> None:
         changed = (phase, detail) != (self.phase, self.detail)

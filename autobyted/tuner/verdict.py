@@ -8,11 +8,19 @@ import math
 
 from autobyted.tuner.params import TunerParams
 
-MEDIAN_SE = 1.253  # sqrt(pi/2): a median of n normal draws has a standard error of 1.253 sigma / sqrt(n)
+MEDIAN_SE = (
+    1.253  # sqrt(pi/2): a median of n normal draws has a standard error of 1.253 sigma / sqrt(n)
+)
 
 
-def beats(candidate_log_median: float, candidate_steps: int, reference_log_median: float, reference_steps: int,
-          sigma: float, params: TunerParams = TunerParams()) -> bool:
+def beats(
+    candidate_log_median: float,
+    candidate_steps: int,
+    reference_log_median: float,
+    reference_steps: int,
+    sigma: float,
+    params: TunerParams = TunerParams(),
+) -> bool:
     """The candidate's median step time (log) is below the reference's by more than min_gain and by
     z_switch standard errors of the difference (sigma: the spread of one step's log step time)."""
     gain = reference_log_median - candidate_log_median

@@ -46,8 +46,9 @@ try:
     import transformers.trainer as trainer_module
     from transformers import TrainerCallback
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("autobyte.hf needs transformers and accelerate: pip install 'autobyte[hf]' "
-                      f"({error})") from error
+    raise ImportError(
+        f"autobyte.hf needs transformers and accelerate: pip install 'autobyte[hf]' ({error})"
+    ) from error
 
 from autobyte.accelerate import Accelerator
 from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics
@@ -56,8 +57,19 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Trainer"]
 
-OPTIONS = frozenset({"partition_bytes", "credit_bytes", "tail_bytes", "daemon", "job", "token", "tune",
-                     "timeout_s", "native"})
+OPTIONS = frozenset(
+    {
+        "partition_bytes",
+        "credit_bytes",
+        "tail_bytes",
+        "daemon",
+        "job",
+        "token",
+        "tune",
+        "timeout_s",
+        "native",
+    }
+)
 
 
 class Trainer(transformers.Trainer):
@@ -69,7 +81,9 @@ class Trainer(transformers.Trainer):
         Everything else is `transformers.Trainer`'s.
     """
 
-    def __init__(self, *args: Any, autobyte: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, autobyte: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         options = dict(autobyte or {})
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
@@ -152,13 +166,21 @@ class _ConfigurationLog(TrainerCallback):
         should_log = control.should_log  # Trainer.log clears it: the step's own log must still run
         for metrics in applied:
             config = metrics.config
-            logger.info("autobyte configuration from step %d: %s (decision %d)", metrics.step,
-                        config.describe(), metrics.decision_id)
-            self._trainer.log({"autobyte/partition_bytes": _bytes(config.partition_bytes),
-                               "autobyte/credit_bytes": _bytes(config.credit_bytes),
-                               "autobyte/tail_bytes": _bytes(config.tail_bytes),
-                               "autobyte/decision": metrics.decision_id,
-                               "autobyte/from_step": metrics.step})
+            logger.info(
+                "autobyte configuration from step %d: %s (decision %d)",
+                metrics.step,
+                config.describe(),
+                metrics.decision_id,
+            )
+            self._trainer.log(
+                {
+                    "autobyte/partition_bytes": _bytes(config.partition_bytes),
+                    "autobyte/credit_bytes": _bytes(config.credit_bytes),
+                    "autobyte/tail_bytes": _bytes(config.tail_bytes),
+                    "autobyte/decision": metrics.decision_id,
+                    "autobyte/from_step": metrics.step,
+                }
+            )
         control.should_log = should_log
 
 

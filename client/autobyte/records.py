@@ -61,7 +61,7 @@ class JobRecord:
     last_seen_s: float
     dropped_total: int
     last_decision: DecisionRecord | None
-    tuner: "TunerStatusRecord | None" = None
+    tuner: TunerStatusRecord | None = None
     tuning_disabled: bool = False
 
 
@@ -85,7 +85,9 @@ class HistoryStep:
 
 def history_step(rank: int, metrics: StepMetrics) -> HistoryStep:
     """A stored sample as History answers it: HistoryStep's fields are a subset of StepMetrics'."""
-    return HistoryStep(rank=rank, **{name: getattr(metrics, name) for name in _HISTORY_METRIC_FIELDS})
+    return HistoryStep(
+        rank=rank, **{name: getattr(metrics, name) for name in _HISTORY_METRIC_FIELDS}
+    )
 
 
 _HISTORY_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryStep) if f.name != "rank")
@@ -98,7 +100,9 @@ class CandidateRecord:
     config: Config
     median_step_time_s: float
     samples: int
-    speedup: float = 0.0  # autobyte.types.speedup over the context's reference; 0: not measured there
+    speedup: float = (
+        0.0  # autobyte.types.speedup over the context's reference; 0: not measured there
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,4 +136,3 @@ class TunerStatusRecord:
     trials_planned: int = 0
     paused: bool = False
     updated_at_s: float = 0.0
-

@@ -34,10 +34,19 @@ def _columns() -> tuple[SampleColumn, ...]:
     columns = []
     for field in dataclasses.fields(StepMetrics):
         if field.name == "config":
-            columns += [SampleColumn(f.name, f.metadata["column"], True, None) for f in dataclasses.fields(Config)]
+            columns += [
+                SampleColumn(f.name, f.metadata["column"], True, None)
+                for f in dataclasses.fields(Config)
+            ]
         else:
-            columns.append(SampleColumn(field.name, field.metadata["column"], False,
-                                        field.metadata.get("server_default")))
+            columns.append(
+                SampleColumn(
+                    field.name,
+                    field.metadata["column"],
+                    False,
+                    field.metadata.get("server_default"),
+                )
+            )
     return tuple(columns)
 
 
@@ -46,8 +55,12 @@ SAMPLE_COLUMNS: tuple[SampleColumn, ...] = _columns()
 SAMPLE_COLUMN_NAMES: tuple[str, ...] = tuple(column.name for column in SAMPLE_COLUMNS)
 
 # attrgetter reads dotted names in C: the daemon packs tens of thousands of samples a second.
-_row_of = operator.attrgetter(*(f"config.{column.name}" if column.name in _CONFIG_FIELDS else column.name
-                                for column in SAMPLE_COLUMNS))
+_row_of = operator.attrgetter(
+    *(
+        f"config.{column.name}" if column.name in _CONFIG_FIELDS else column.name
+        for column in SAMPLE_COLUMNS
+    )
+)
 
 
 def sample_row(metrics: StepMetrics) -> tuple:
@@ -61,13 +74,16 @@ def _config(*values: int | None) -> Config:
     return Config(*values)
 
 
-_CONFIG_SLICE = slice(SAMPLE_COLUMN_NAMES.index(_CONFIG_FIELDS[0]),
-                      SAMPLE_COLUMN_NAMES.index(_CONFIG_FIELDS[-1]) + 1)
+_CONFIG_SLICE = slice(
+    SAMPLE_COLUMN_NAMES.index(_CONFIG_FIELDS[0]), SAMPLE_COLUMN_NAMES.index(_CONFIG_FIELDS[-1]) + 1
+)
 _METRIC_NAMES = tuple(name for name in SAMPLE_COLUMN_NAMES if name not in _CONFIG_FIELDS)
 _METRIC_POSITIONS = tuple(SAMPLE_COLUMN_NAMES.index(name) for name in _METRIC_NAMES)
 
 
 def sample_from_row(values: Sequence) -> StepMetrics:
     """The inverse of sample_row: values in SAMPLE_COLUMNS order (e.g. a stored row's)."""
-    return StepMetrics(config=_config(*values[_CONFIG_SLICE]),
-                       **{name: values[i] for name, i in zip(_METRIC_NAMES, _METRIC_POSITIONS)})
+    return StepMetrics(
+        config=_config(*values[_CONFIG_SLICE]),
+        **{name: values[i] for name, i in zip(_METRIC_NAMES, _METRIC_POSITIONS)},
+    )

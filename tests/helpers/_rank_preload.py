@@ -4,7 +4,7 @@ collections. Nothing of autobyte: a rank imports it itself, under the environmen
 
 import gc
 
-import torch  # noqa: F401
+import torch
 import torch.distributed  # noqa: F401
 
 gc.freeze()

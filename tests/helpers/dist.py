@@ -12,8 +12,16 @@ from typing import Any
 from devtools.ports import free_port
 
 
-def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any,
-           backend: str, environ: dict[str, str]) -> None:
+def _entry(
+    fn: Callable,
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple,
+    results: Any,
+    backend: str,
+    environ: dict[str, str],
+) -> None:
     # the caller's environment now (a forked rank has the fork server's, from its start)
     os.environ.clear()
     os.environ.update(environ)
@@ -27,8 +35,13 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=60),
+        )
         try:
             value = fn(rank, world_size, *args)
         finally:
@@ -54,8 +67,9 @@ def _rank_context():
     return ctx
 
 
-def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
-              backend: str = "gloo") -> list[Any]:
+def run_ranks(
+    fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0, backend: str = "gloo"
+) -> list[Any]:
     """Run fn(rank, world_size, *args) in `world_size` gloo ranks, each a fresh process forked by
     the session's fork server (_rank_context), under the caller's environment; return their results.
 
@@ -66,8 +80,14 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
     results = ctx.Queue()
     port = free_port()
     environ = dict(os.environ)
-    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results, backend, environ),
-                         daemon=True) for rank in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(fn, rank, world_size, port, args, results, backend, environ),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
     for proc in procs:
         proc.start()
     values: dict[int, Any] = {}
@@ -77,8 +97,10 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
         while len(values) + len(errors) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"ranks did not finish within {timeout_s}s "
-                                   f"(finished: {sorted(values)}; errors: {errors})")
+                raise TimeoutError(
+                    f"ranks did not finish within {timeout_s}s "
+                    f"(finished: {sorted(values)}; errors: {errors})"
+                )
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
@@ -86,8 +108,10 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
                 if dead and results.empty():
                     time.sleep(0.5)
                     if results.empty():
-                        raise RuntimeError(f"a rank died with exit code {dead[0].exitcode} "
-                                           f"(errors so far: {errors})") from None
+                        raise RuntimeError(
+                            f"a rank died with exit code {dead[0].exitcode} "
+                            f"(errors so far: {errors})"
+                        ) from None
                 continue
             if ok:
                 values[rank] = value
@@ -112,8 +136,14 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
 SPARSE_ROWS_EVERYWHERE = {"AUTOBYTE_SPARSE_ROWS_MIN_BYTES": "0"}
 
 
-def run_ranks_on(hot_path: str, fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
-                 env: dict[str, str] | None = None) -> list[Any]:
+def run_ranks_on(
+    hot_path: str,
+    fn: Callable,
+    world_size: int = 2,
+    *args: Any,
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
     """run_ranks with the scheduler's hot path chosen for the ranks: "native" (the default where the
     extension is built) or "python" (AUTOBYTE_NATIVE=0 in their environment); `env`: more variables
     for the ranks' environment."""

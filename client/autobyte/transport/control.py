@@ -66,18 +66,27 @@ class Control:
         """Step callback (training thread): note a decision that took effect."""
         if metrics.decision_id != self._decision_id:  # a decision took effect at this step
             self._decision_id = metrics.decision_id
-            self._reports.append(pb.ReportConfigRequest(job=self._link.job, rank=self._link.rank,
-                                                        decision_id=metrics.decision_id,
-                                                        config=config_to_proto(metrics.config),
-                                                        applied_at_step=metrics.step))
+            self._reports.append(
+                pb.ReportConfigRequest(
+                    job=self._link.job,
+                    rank=self._link.rank,
+                    decision_id=metrics.decision_id,
+                    config=config_to_proto(metrics.config),
+                    applied_at_step=metrics.step,
+                )
+            )
 
     def _apply(self, decision_id: int, config: Config, apply_at_step: int) -> None:
         """Hand a decision to the scheduler (control thread); it takes effect at the step boundary
         it names, or the next one if that has passed. Rank 0 decides for every rank."""
         try:
-            self._optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                                 tail_bytes=config.tail_bytes, decision_id=decision_id,
-                                                 at_step=apply_at_step)
+            self._optimizer.reconfigure(
+                partition_bytes=config.partition_bytes,
+                credit_bytes=config.credit_bytes,
+                tail_bytes=config.tail_bytes,
+                decision_id=decision_id,
+                at_step=apply_at_step,
+            )
         except Exception as error:  # noqa: BLE001 - keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
 
@@ -89,10 +98,12 @@ class Control:
             except grpc.RpcError as error:
                 if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise  # transient: the send loop reconnects and tries again
-                log.warning("autobyted refused the report of decision %d: %s", request.decision_id,
-                            error.details())
+                log.warning(
+                    "autobyted refused the report of decision %d: %s",
+                    request.decision_id,
+                    error.details(),
+                )
             self._reports.popleft()
-
 
     def watch_loop(self) -> None:
         attempt = 0
@@ -104,9 +115,14 @@ class Control:
                     continue
                 # The daemon the send loop registered with; _fail_over cancels this stream to follow.
                 control = pb_grpc.ControlStub(self._link.channel())
-                stream = control.WatchConfig(pb.WatchConfigRequest(job=self._link.job, rank=self._link.rank,
-                                                                   after_decision_id=self._last_update_id),
-                                             metadata=self._link.metadata)
+                stream = control.WatchConfig(
+                    pb.WatchConfigRequest(
+                        job=self._link.job,
+                        rank=self._link.rank,
+                        after_decision_id=self._last_update_id,
+                    ),
+                    metadata=self._link.metadata,
+                )
                 self._watch_stream = stream
                 opened = time.monotonic()
                 for update in stream:
@@ -116,7 +132,9 @@ class Control:
                     try:
                         config = config_from_proto(update.config)
                     except ValueError as error:
-                        log.warning("ignoring decision %d from the daemon: %s", update.decision_id, error)
+                        log.warning(
+                            "ignoring decision %d from the daemon: %s", update.decision_id, error
+                        )
                         continue
                     self._last_update_id = update.decision_id
                     self._apply(update.decision_id, config, update.apply_at_step)

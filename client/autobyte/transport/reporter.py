@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 import warnings
+
 import grpc
 
 from autobyte import __version__
@@ -48,13 +49,13 @@ RETRY_AFTER_MAX_S = 60.0
 # Registration refusals that the next attempt would meet as well, with what the user can do.
 PERMANENT_REFUSALS = {
     grpc.StatusCode.UNAUTHENTICATED: "give this process the daemon's token (autobyte.init(token=...) or "
-                                     "AUTOBYTE_TOKEN)",
+    "AUTOBYTE_TOKEN)",
     grpc.StatusCode.PERMISSION_DENIED: "give this process the daemon's token (autobyte.init(token=...) or "
-                                       "AUTOBYTE_TOKEN)",
+    "AUTOBYTE_TOKEN)",
     grpc.StatusCode.FAILED_PRECONDITION: "run this job under a new job id (autobyte.init(job=...) or "
-                                         "AUTOBYTE_JOB)",
+    "AUTOBYTE_JOB)",
     grpc.StatusCode.ALREADY_EXISTS: "use a new job id, or let the process that holds this rank end (it "
-                                    "is taken over once it finished or has been silent long enough)",
+    "is taken over once it finished or has been silent long enough)",
     grpc.StatusCode.INVALID_ARGUMENT: "fix the registration as the reason says",
     grpc.StatusCode.UNIMPLEMENTED: "point AUTOBYTE_DAEMON at an autobyted of a matching version",
 }
@@ -77,13 +78,21 @@ def _retry_after_s(error: grpc.RpcError) -> float | None:
         return None
 
 
-
 class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
-    def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
-                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
-                 tune: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        job: str,
+        rank: int | None,
+        world_size: int | None,
+        token: str | None,
+        buffer_samples: int,
+        tls_ca: str | None = None,
+        flush_interval_s: float = 1.0,
+        tune: bool = True,
+    ) -> None:
         self.job, self.rank, self.world_size = job, rank, world_size
         # Daemons sharing one database, any of which serves this rank; the send loop moves to the
         # next when one fails.
@@ -123,12 +132,16 @@ class Reporter:
         self.control = Control(self)  # decisions in, applied configurations out
 
     # ------------------------------------------------------------------ training thread
-    def attach(self, optimizer, place: RankPlace, fingerprint: pb.ModelFingerprint, backend: str) -> None:
+    def attach(
+        self, optimizer, place: RankPlace, fingerprint: pb.ModelFingerprint, backend: str
+    ) -> None:
         """Stream `optimizer`'s steps from now on (`autobyte.transport.session` says where this rank
         sits and what the model is)."""
         if self._optimizer is not None:
             if self._optimizer is not optimizer:
-                log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
+                log.warning(
+                    "autobyte reports one ScheduledOptimizer per process; ignoring another one"
+                )
             return
         self._optimizer = optimizer
         self.control.attach(optimizer)
@@ -139,9 +152,15 @@ class Reporter:
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
         self.endpoints.start_at(self.place.rank)
-        self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)
+        ]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
-            self._threads.append(threading.Thread(target=self.control.watch_loop, name="autobyte-control", daemon=True))
+            self._threads.append(
+                threading.Thread(
+                    target=self.control.watch_loop, name="autobyte-control", daemon=True
+                )
+            )
         for thread in self._threads:
             thread.start()
         self._host_load.start()
@@ -201,13 +220,26 @@ class Reporter:
         return True
 
     def _register(self, stub) -> tuple[str, int]:
-        response = stub.Register(pb.RegisterRequest(
-            job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
-            model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
-            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id,
-            data_parallel_rank=self.place.dp_rank, data_parallel_size=self.place.dp_size,
-            data_parallel_leader=self.place.dp_leader, tuning_disabled=not self.tune),
-            timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+        response = stub.Register(
+            pb.RegisterRequest(
+                job=self.job,
+                rank=self.rank,
+                world_size=self.world_size,
+                backend=self._backend,
+                model=self._fingerprint,
+                config=config_to_proto(self._initial_config),
+                client_version=__version__,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                instance_id=self._instance_id,
+                data_parallel_rank=self.place.dp_rank,
+                data_parallel_size=self.place.dp_size,
+                data_parallel_leader=self.place.dp_leader,
+                tuning_disabled=not self.tune,
+            ),
+            timeout=RPC_TIMEOUT_S,
+            metadata=self._metadata,
+        )
         with self._cond:
             # A new stream starts from what the daemon holds; a request iterator of an earlier
             # stream that is still parked in gRPC sees the generation change and ends, unsent.
@@ -227,18 +259,23 @@ class Reporter:
             with self._cond:
                 while not self._closed.is_set() and generation == self._generation:
                     unsent = self._unsent_count()
-                    if unsent >= MAX_BATCH_SAMPLES or (unsent and (self._flush_requested or
-                                                                   time.monotonic() >= self._send_due)):
+                    if unsent >= MAX_BATCH_SAMPLES or (
+                        unsent and (self._flush_requested or time.monotonic() >= self._send_due)
+                    ):
                         break
                     if not unsent and self._final_requested and self._final_at is None:
                         break
-                    self._cond.wait(max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5)
+                    self._cond.wait(
+                        max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5
+                    )
                 if self._closed.is_set() or generation != self._generation:
                     return
                 if not self._unsent_count():  # shutting down and everything is sent: say goodbye
                     self._yielded += 1
                     self._final_at = self._yielded
-                    goodbye = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id, final=True)
+                    goodbye = pb.MetricsBatch(
+                        job=self.job, rank=self.rank, session_id=session_id, final=True
+                    )
                 else:
                     pending, previous_sent, in_flight = self._buffer.take_unsent(MAX_BATCH_SAMPLES)
                     self._send_due = time.monotonic() + self._flush_interval_s
@@ -302,7 +339,12 @@ class Reporter:
                     self._refusal(error)
                     self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
                     continue
-                log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                log.debug(
+                    "registration with %s failed: %s %s",
+                    self.address,
+                    error.code(),
+                    error.details(),
+                )
                 self._unreachable_for(error)
                 failed_in_a_row += 1
                 if self._fail_over(error.code().name) and failed_in_a_row < len(self.addresses):
@@ -316,14 +358,20 @@ class Reporter:
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
-                log.warning("autobyted at %s accepted job %r rank %s after all; streaming resumes",
-                            self.address, self.job, self.rank)
+                log.warning(
+                    "autobyted at %s accepted job %r rank %s after all; streaming resumes",
+                    self.address,
+                    self.job,
+                    self.rank,
+                )
             self.connected.set()
             attempt = 0
             acks = 0
             try:
                 self.control.flush_reports(control)
-                for ack in telemetry.StreamMetrics(self._batches(session_id, generation), metadata=self._metadata):
+                for ack in telemetry.StreamMetrics(
+                    self._batches(session_id, generation), metadata=self._metadata
+                ):
                     cpu0 = time.thread_time()
                     self.control.flush_reports(control)  # before the ack wakes flush()
                     acks += 1
@@ -345,7 +393,12 @@ class Reporter:
                     attempt = 0
                     continue
                 elif not self._closed.is_set():
-                    log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
+                    log.debug(
+                        "telemetry stream to %s ended: %s %s",
+                        self.address,
+                        error.code(),
+                        error.details(),
+                    )
                     # Whatever stored what was acknowledged, the next daemon knows it (one database):
                     # move on at once and resend from there.
                     if self._fail_over(error.code().name):
@@ -365,27 +418,44 @@ class Reporter:
             self._unreachable_since = now
         elif not self._warned_unreachable and now - self._unreachable_since >= UNREACHABLE_WARN_S:
             self._warned_unreachable = True
-            warn_user(f"autobyte metrics are not reaching a daemon: no autobyted at "
-                      f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
-                      f"(last: {error.code().name}). Start one (autobyted start) or point "
-                      "AUTOBYTE_DAEMON at it; training goes on and retries.")
+            warn_user(
+                f"autobyte metrics are not reaching a daemon: no autobyted at "
+                f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
+                f"(last: {error.code().name}). Start one (autobyted start) or point "
+                "AUTOBYTE_DAEMON at it; training goes on and retries."
+            )
 
     def _refusal(self, error: grpc.RpcError) -> None:
         """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
         code = error.code()
         self._refused = True
         if code in self._warned_refusals:
-            log.debug("autobyted refused job %r rank %s again: %s [%s]", self.job, self.rank, error.details(),
-                      code.name)
+            log.debug(
+                "autobyted refused job %r rank %s again: %s [%s]",
+                self.job,
+                self.rank,
+                error.details(),
+                code.name,
+            )
             return
         self._warned_refusals.add(code)
-        warn_user(f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
-                  f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
-                  f"{PERMANENT_REFUSALS[code]}. Training goes on.")
-        log.warning("autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
-                    "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
-                    "registration is retried every %.0fs.", self.address, self.job, self.rank, error.details(),
-                    code.name, PERMANENT_REFUSALS[code], REFUSED_RETRY_S)
+        warn_user(
+            f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
+            f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
+            f"{PERMANENT_REFUSALS[code]}. Training goes on."
+        )
+        log.warning(
+            "autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
+            "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
+            "registration is retried every %.0fs.",
+            self.address,
+            self.job,
+            self.rank,
+            error.details(),
+            code.name,
+            PERMANENT_REFUSALS[code],
+            REFUSED_RETRY_S,
+        )
 
     def _ack(self, seq: int) -> None:
         self._buffer.ack(seq)
@@ -461,7 +531,9 @@ class Reporter:
             self._cond.notify_all()
             # Wait for the daemon only while it can answer: a refused or unreachable daemon gets
             # the buffered samples' chance (a reconnect) but not a wait for a goodbye it cannot ack.
-            while not self._refused and (self._buffer or (self.connected.is_set() and not self._final_acked)):
+            while not self._refused and (
+                self._buffer or (self.connected.is_set() and not self._final_acked)
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -25,8 +25,12 @@ class SampleBuffer:
         self.invalid = 0  # samples that failed check_metrics
         self._counted_invalid: set[int] = set()  # their seqs while buffered (each is counted once)
         self.rejected = 0  # samples in batches the daemon refused
-        self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
-        self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
+        self._covers: dict[
+            int, int
+        ] = {}  # ack of seq k also acknowledges everything up to covers[k]
+        self._in_flight: collections.deque[int] = (
+            collections.deque()
+        )  # last seq of each unacked batch
 
     def __len__(self) -> int:
         return len(self._samples)
