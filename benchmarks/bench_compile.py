@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("eager_ddp", "compiled_ddp", "eager_sched", "compiled_sched")
@@ -138,72 +138,28 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
+    return loopback.worker_argv(
         "benchmarks.bench_compile",
-        "--worker",
-        "--rounds",
-        str(args.rounds),
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--batch-size",
-        str(args.batch_size),
-        "--threads",
-        str(args.threads),
-        "--partition",
-        str(args.partition),
-        "--credit",
-        str(args.credit),
-        "--vocab",
-        str(args.vocab),
-        "--hidden",
-        str(args.hidden),
-        "--layers",
-        str(args.layers),
-    ]
+        args,
+        (
+            "rounds",
+            "steps",
+            "warmup",
+            "batch-size",
+            "threads",
+            "partition",
+            "credit",
+            "vocab",
+            "hidden",
+            "layers",
+        ),
+    )
 
 
 def run_loopback(args: argparse.Namespace) -> dict[str, Any]:
-    from tests._dist_util import free_port
-
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": str(args.threads),
-            "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-            ),
-        }
-        procs.append(
-            subprocess.Popen(
-                worker_argv(args),
-                env=env,
-                cwd=ROOT,
-                text=True,
-                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-            )
-        )
-    try:
-        out, _ = procs[0].communicate(timeout=args.timeout)
-        procs[1].wait(timeout=60)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if procs[0].returncode != 0:
-        raise RuntimeError(f"rank 0 exited with {procs[0].returncode}")
-    return next(json.loads(line) for line in out.splitlines() if '"event": "result"' in line)
+    return loopback.run_two_ranks(
+        worker_argv(args), {"OMP_NUM_THREADS": str(args.threads)}, args.timeout
+    )
 
 
 def run_testbed(args: argparse.Namespace, rate: str) -> dict[str, Any]:

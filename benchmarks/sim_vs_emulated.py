@@ -26,7 +26,7 @@ median |difference| between a block's first two rounds and the tau between them:
 rank a grid more consistently than the testbed repeats itself.
 
 The profile's `optimizer_s` is left out in both: the emulated ranks do not wait it (their update runs
-on the host, inside the compute probe). Goals (issue 38): median <= 5%, tau >= 0.7 in every block.
+on the host, inside the compute probe). Goals: median <= 5%, tau >= 0.7 in every block.
 """
 
 from __future__ import annotations

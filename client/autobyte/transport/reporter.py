@@ -62,7 +62,7 @@ PERMANENT_REFUSALS = {
 
 
 def warn_user(message: str) -> None:
-    """What a user must act on and would otherwise never see (STYLE 7): a warning, beside the log."""
+    """What a user must act on and would otherwise never see: a warning, beside the log."""
     warnings.warn(message, RuntimeWarning, stacklevel=2)
     log.debug("warned: %s", message)
 
