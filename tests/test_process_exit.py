@@ -164,3 +164,54 @@ def test_under_torchrun_a_failed_rank_fails_the_job_cleanly_and_an_ended_one_tel
     jobs = {job.job: job for job in client.query.Status(pb.StatusRequest(), timeout=5).jobs}
     client.close()
     assert jobs["exit-end"].state == "finished" and jobs["exit-end"].steps == 6
+
+
+def _interrupted_in_the_hook_worker(rank: int, world: int) -> dict:
+    """Ctrl-C that lands inside the scheduler's gradient hook (where the signal handler runs is
+    only a matter of timing: made certain here by a trace function that raises KeyboardInterrupt,
+    as the handler does, at the hook's hand-off of the first gradient of step 2)."""
+    import autobyte
+    from autobyte.scheduler.optimizer import ScheduledOptimizer
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    hand_off = ScheduledOptimizer._hand_off.__code__
+
+    def interrupt_at_hand_off(frame, event, arg):
+        if event == "call" and frame.f_code is hand_off:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+
+    raised = None
+    for step in range(3):
+        loss = model(torch.randn(8, 16)).sum()
+        if step == 2:
+            sys.settrace(interrupt_at_hand_off)
+        try:
+            loss.backward()
+        except BaseException as error:  # noqa: BLE001 - the test reports what came out
+            raised = type(error).__name__
+            break
+        finally:
+            sys.settrace(None)
+        opt.step()
+        opt.zero_grad()
+    try:
+        opt.step()
+        after = None
+    except Exception as error:  # noqa: BLE001 - the test reports what came out
+        after = type(error).__name__
+    opt.close()
+    return {"raised": raised, "after": after}
+
+
+@pytest.mark.parametrize("hot_path", ["native", "python"])
+def test_ctrl_c_inside_the_gradient_hook_leaves_backward_as_keyboard_interrupt(hot_path):
+    """An interrupt is the script's ending, not a scheduler failure: it leaves backward() as
+    KeyboardInterrupt (exit status -2, as DDP's), and the scheduler refuses the broken step."""
+    from tests.helpers.dist import run_ranks_on
+
+    for got in run_ranks_on(hot_path, _interrupted_in_the_hook_worker, 2, timeout_s=60):
+        assert got == {"raised": "KeyboardInterrupt", "after": "SchedulerError"}, got

@@ -858,8 +858,13 @@ class ScheduledOptimizer:
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
             self._hand_off(i, grad, s)
-        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
+        except BaseException as error:  # an Exception is surfaced at the next step()/synchronize()
             self._keep_sequence(i, error)
+            if not isinstance(error, Exception):
+                # Ctrl-C (KeyboardInterrupt) or a signal handler's sys.exit() that landed inside
+                # this hook: it goes on out of backward(), as it would with DDP, so the script
+                # ends with the interrupt's exit status, not as a scheduler failure
+                raise
 
     def _hand_off(self, i: int, grad: torch.Tensor, s: int) -> None:
         """Copy parameter i's gradient of step s into the flat buffer and hand it to dispatch."""
