@@ -94,8 +94,6 @@ Constants and how they were chosen: `TunerParams` (`tuner.params`); the candidat
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import logging
 import math
 import statistics
@@ -103,148 +101,25 @@ from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import (JUMP_LIMITS, SIGNALS, Alarm, DriftDetector, context_jump, fastest_in_context,
-                                   robust_sigma, window_shift)
-from autobyted.tuner.features import Context, JobShape, summarize
+from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, fastest_in_context, robust_sigma, window_shift
+from autobyted.tuner.evidence import JobEvidence
+from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
+from autobyted.tuner.measured import MeasuredWindow as _Measured
+from autobyted.tuner.measured import PendingDecision as _Expect
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
-from autobyted.tuner.verdict import beats
+from autobyted.tuner.sink import TunerSink
+from autobyted.tuner.verdict import (TrialValue, beats, beats_both, clearly_worse, gain_calibration, rolls_back,
+                                     step_time_move, trial_value)
+
+__all__ = ["JobTuner", "TunerSink", "TrialValue", "gain_calibration", "trial_value", "candidate_grid", "describe",
+           "TunerParams"]
 
 log = logging.getLogger(__name__)
-ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
-ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
-MIN_SHIFTS = {signal.name: signal.min_shift for signal in SIGNALS}  # the drift test's "same context"
-KNOWN_SE_FLOOR = 0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
-
-
-
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialValue:
-    """What trying one candidate is expected to bring (module docstring: "when a trial pays")."""
-
-    win_probability: float  # P(X < -log(1 + min_gain))
-    value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
-
-    @property
-    def pays(self) -> bool:
-        return self.win_probability >= 0.5 and self.value_steps > 0
-
-
-SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
-
-
-def gain_calibration(pairs: Sequence[tuple[float, float]], prior_sd: float, error_sd: float) -> float:
-    """How much of the gains the model predicts this search's trials delivered: the slope b of
-    measured on predicted log ratio (each trial's, against the reference it was scored from),
-    through the origin, with a Normal(1, prior_sd) prior and each trial's measurement off its
-    b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
-    clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
-    any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (_next_trial). The candidates a search tries are those predicted
-    fastest, so their errors share a sign (a model optimistic about this job, and the winner's
-    curse of trying the most optimistic predictions first); the untried candidates' predicted
-    gains shrink by the same slope, and a search whose first trials measured none of what was
-    predicted stops (no trial pays) instead of trying the rest of its list."""
-    precision = 1.0 / prior_sd ** 2 + sum(x * x for x, _ in pairs) / error_sd ** 2
-    mean = (1.0 / prior_sd ** 2 + sum(x * y for x, y in pairs) / error_sd ** 2) / precision
-    return max(0.0, mean)
-
-
-def trial_value(mean: float, spread: float, horizon_steps: float, trial_steps: float,
-                cut_steps: float, min_gain: float, clearly_worse: float,
-                switch_steps: float = SWITCH_STEPS) -> TrialValue:
-    """The value of trying a candidate whose log step-time ratio X to the best measured
-    configuration is Normal(mean, spread); E[e^X 1{X < g}] = e^(mean + spread^2 / 2) x
-    Phi((g - mean - spread^2) / spread)."""
-    sd = max(spread, 1e-6)
-    gate = -math.log1p(min_gain)
-    cut = math.log1p(clearly_worse)
-    lognormal_mean = math.exp(mean + sd * sd / 2)
-
-    def below(g: float) -> tuple[float, float]:
-        """(P(X < g), E[e^X 1{X < g}])."""
-        return _normal_cdf((g - mean) / sd), lognormal_mean * _normal_cdf((g - mean - sd * sd) / sd)
-
-    p_win, e_win = below(gate)
-    p_kept, e_kept = below(cut)  # not cut by the sequential test: the whole window is run
-    gain_per_step = p_win - e_win  # E[(1 - e^X) 1{X < gate}]
-    excess_kept = e_kept - p_kept  # E[(e^X - 1) 1{X < cut}]
-    excess_cut = (lognormal_mean - e_kept) - (1 - p_kept)  # E[(e^X - 1) 1{X >= cut}]
-    value = (horizon_steps * gain_per_step - trial_steps * excess_kept - cut_steps * excess_cut
-             - switch_steps)
-    return TrialValue(p_win, value)
-
-
-def _same_context(past: Context, now: Context) -> bool:
-    """Two contexts of one configuration that the drift test would not tell apart: bandwidth
-    estimate, compute and host load (when both know it) within their minimum relevant shifts."""
-    def log_shift(a: float, b: float) -> float:
-        return abs(math.log(a / b)) if a > 0 and b > 0 else math.inf
-
-    if log_shift(past.bandwidth_bytes_per_s, now.bandwidth_bytes_per_s) > MIN_SHIFTS["bandwidth"]:
-        return False
-    if log_shift(past.compute_s, now.compute_s) > MIN_SHIFTS["compute"]:
-        return False
-    return not (past.host_load > 0 and now.host_load > 0
-                and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"])
-
 
 _Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
-
-
-class TunerSink(abc.ABC):
-    """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
-
-    @abc.abstractmethod
-    def decide(self, config: Config, apply_at_step: int, reason: str, predicted_step_time_s: float | None,
-               kind: str) -> int | None:
-        """Issue a decision (kind: trial, switch, return, rollback) or only record one (kind
-        "recommend", observe mode); its id, or None if refused because an operator has paused the
-        tuner for the job."""
-
-    @abc.abstractmethod
-    def close_decision(self, decision_id: int, measured_step_time_s: float | None, state: str | None) -> None: ...
-
-    @abc.abstractmethod
-    def record_window(self, window: Window) -> None: ...
-
-    @abc.abstractmethod
-    def publish(self, status: TunerStatusRecord) -> None: ...
-
-
-@dataclasses.dataclass
-class _Measured:
-    config: Config
-    samples: list[StepMetrics]
-    decision_id: int = 0
-    predicted_log: float = 0.0
-    cut: bool = False
-    # The model's predicted log ratio to the reference it was scored from, before this search's
-    # gain calibration, and that reference's log median then (gain_calibration's evidence).
-    model_log: float | None = None
-    reference_log: float = 0.0
-
-    @property
-    def log_median(self) -> float:
-        return statistics.median(math.log(s.step_time_s) for s in self.samples)
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(s.step_time_s for s in self.samples)
-
-
-@dataclasses.dataclass
-class _Expect:
-    decision_id: int
-    config: Config
-    apply_at_step: int
-    issued_wall_s: float  # the newest sample's wall time when the decision was made (the job's clock)
 
 
 class JobTuner:
@@ -255,22 +130,7 @@ class JobTuner:
                  params: TunerParams = TunerParams(), known: Sequence[Window] = (), first_segment: int = 0) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
-        # Earlier jobs' windows of this shape, by (job, segment) (module docstring). The segments of
-        # this run are numbered from `first_segment` on (the manager passes one past the job's stored
-        # ones): a job name used again (a script run twice) keeps its runs apart, in the predictor's
-        # pairs and here, where its earlier runs count as earlier jobs.
-        self.known: dict[tuple[str, int], dict[Config, Window]] = {}
-        self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
-        self.known_winners: set[Config] = set()  # those of segments in this context (_known_ratios)
-        for window in known:
-            earlier = window.job != job or window.segment < first_segment
-            if window.context.shape == shape and earlier and window.step_time_s > 0:
-                key = (window.job, window.segment)
-                if window.config in self.known.get(key, {}):
-                    # A second window of a configuration in one segment is the verification of a
-                    # search's winner (a trial's window, then the switch's; baselines open segments).
-                    self.known_held.add((*key, window.config))
-                self.known.setdefault(key, {})[window.config] = window
+        self.evidence = JobEvidence(job, shape, known, first_segment)
         self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
@@ -293,9 +153,6 @@ class JobTuner:
         self.retune_reason = ""
         self.sigma = params.sigma_floor
         self.residuals: list[float] = []  # log step time minus its window's median, recent windows
-        # The predictor's measured errors on this job: (config, measured - predicted log ratio).
-        self.errors: list[tuple[Config, float]] = []
-        self.search_errors: list[tuple[Config, float]] = []  # this search's, until it ends cleanly
         self.trials: list[_Measured] = []
         self.trial: _Measured | None = None
         self.trials_planned = 0
@@ -423,11 +280,12 @@ class JobTuner:
             self.starting = incumbent
         self._learn_noise(incumbent.samples)
         self._record(incumbent)
-        self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
+        self.evidence.open_search(incumbent.config)
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self._with_known(self._corrected(
-            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent)
+        prediction = self.evidence.with_known(self.evidence.corrected(
+            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent,
+            [self.incumbent, *self.trials], self.sigma)
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
         gate = -math.log1p(self.p.min_gain)
@@ -508,16 +366,16 @@ class JobTuner:
         if not untried or len(self.trials) >= self.p.max_trials:
             self._finish("")
             return
-        if reference is not incumbent and self._held_before(reference):
+        if reference is not incumbent and self.evidence.held_before(reference):
             # An earlier job of this shape searched this context and held this configuration:
             # what it tried from here is in its windows, and this job measured the same winner.
             self._finish("")
             return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
-        prediction = self._corrected(self.predictor.predict(context, reference.config,
+        prediction = self.evidence.corrected(self.predictor.predict(context, reference.config,
                                                             untried + [t.config for t in others]), reference.config)
-        prediction = self._with_known(prediction, reference, len(untried))
+        prediction = self.evidence.with_known(prediction, reference, [self.incumbent, *self.trials], self.sigma, len(untried))
         slope = gain_calibration(
             [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
             self.p.gain_slope_prior_sd, self.p.gain_error_sd)
@@ -533,10 +391,10 @@ class JobTuner:
             return
         # What an earlier search in this context ended holding is tried first (its measurement is
         # the surest gain; if it wins again, that search's trials from it need not be repeated).
-        config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
+        config, mu, _value = next((t for t in paying if t[0] in self.evidence.known_winners), paying[0])
         predicted = reference.median_s * math.exp(mu)
         spread = next(sd for c, _mu, sd in scored if c == config)
-        if (config in self.known_winners and not self.trials and reference is incumbent
+        if (config in self.evidence.known_winners and not self.trials and reference is incumbent
                 and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)):
             self._switch_known(config, predicted)
             return
@@ -650,7 +508,7 @@ class JobTuner:
         # context large enough to show in a trial's own context check (_abort); not when the
         # context moved under the search more gently (a ramp is no evidence); clipped.
         error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
-        self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
+        self.evidence.add_search_error(trial.config, error)
         self._learn_noise(trial.samples)
         self.trials.append(trial)
         self.stats["cut"] += trial.cut
@@ -691,13 +549,8 @@ class JobTuner:
         (the incumbent until a trial beats it): H0 mean = its log median, H1 = that +
         log(1 + clearly_worse), sigma = the job's pooled noise; True when H1 is accepted."""
         assert self.incumbent is not None
-        mu0 = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
-        delta = math.log1p(self.p.clearly_worse)
-        sigma2 = self.sigma * self.sigma
-        low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
-        llr = sum(delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
-                  for s in trial.samples)
-        return llr >= math.log((1 - self.p.sprt_beta) / self.p.sprt_alpha)
+        best = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
+        return clearly_worse((s.step_time_s for s in trial.samples), best, self.sigma, self.p)
 
     def _finish(self, why: str) -> None:
         """End of a search: pick the winner (hysteresis), switch to it if needed, verify."""
@@ -769,10 +622,8 @@ class JobTuner:
         """The incumbent measured before and after a trial: if the trial beats both measurements by
         the switch margin, it beats the incumbent in any context in between; a context that moved
         less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
-        n = min(len(before.samples), len(after.samples))
-        se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / n)
-        margin = max(math.log1p(self.p.min_gain), self.p.z_switch * se)
-        return trial.log_median < min(before.log_median, after.log_median) - margin
+        return beats_both(trial.log_median, len(trial.samples), before.log_median, after.log_median,
+                          min(len(before.samples), len(after.samples)), self.sigma, self.p)
 
     def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
         """The context moved while a search ran: search again in the new context; but when that
@@ -786,8 +637,8 @@ class JobTuner:
             # (drift.context_jump): the trials accepted so far were measured before it, so what
             # they taught about the predictor's errors on this job stands (a slow ramp would not
             # show there: its search's errors are dropped).
-            self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
-        self.search_errors = []
+            self.evidence.keep_search_errors()
+        self.evidence.drop_search_errors()
         if self.aborts < self.p.max_aborts:
             self._rebaseline(f"re-tuning after {moved.reason}, during the search", new_segment=True,
                              steps=self.p.rebaseline_steps)
@@ -801,9 +652,9 @@ class JobTuner:
         shift = window_shift(before.samples, after.samples)
         if shift is not None:
             return shift
-        se = 1.253 * self.sigma * math.sqrt(1 / len(after.samples) + 1 / len(before.samples))
-        moved = after.log_median - before.log_median
-        if abs(moved) > max(math.log1p(self.p.min_gain), self.p.z_switch * se):
+        moved = step_time_move(before.log_median, len(before.samples), after.log_median, len(after.samples),
+                               self.sigma, self.p)
+        if moved is not None:
             return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
         return None
 
@@ -831,9 +682,8 @@ class JobTuner:
         if shift is not None:
             self._abort(shift, measured)
             return
-        se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
-        if winner is not incumbent and measured.log_median - incumbent.log_median > max(
-                math.log1p(self.p.min_gain) / 2, self.p.z_switch * se):
+        if winner is not incumbent and rolls_back(measured.log_median, len(measured.samples), incumbent.log_median,
+                                                  len(incumbent.samples), self.sigma, self.p):
             self.stats["rollbacks"] += 1
             self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
             reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
@@ -851,8 +701,7 @@ class JobTuner:
 
     def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
         self.aborts = 0
-        self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
-        self.search_errors = []
+        self.evidence.keep_search_errors()
         first = not self.searched_once
         self.searched_once = True
         starting = self.starting
@@ -931,7 +780,7 @@ class JobTuner:
         held = self.held
         assert held is not None
         context = summarize(self.recent, self.shape)
-        prediction = self._corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
+        prediction = self.evidence.corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
         gate = -math.log1p(self.p.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
@@ -963,112 +812,6 @@ class JobTuner:
                              f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
 
     # ------------------------------------------------------------------ helpers
-    def _corrected(self, prediction: Prediction, reference: Config) -> Prediction:
-        """The predictor's means corrected by its measured errors on this job: a kernel-weighted
-        mean of the errors of configurations near each candidate (distance in octaves of
-        partition and credit size, a Gaussian kernel one octave wide; each search's incumbent is a
-        point of error 0, the reference its errors were measured against), shrunk towards 0 when the evidence is thin
-        (prior weight 0.25): a few measured trials teach the search, before any retraining, that
-        e.g. large partitions are slower here than the predictor thinks."""
-        errors = self.errors + self.search_errors
-        if len(errors) <= 1:
-            return prediction
-        gradient = float(self.shape.parameter_bytes or 1)
-        mean_tensor = gradient / max(1, self.shape.tensor_count)
-
-        def position(config: Config) -> tuple[float, float]:
-            return (math.log2(config.partition_bytes or mean_tensor),
-                    math.log2(min(config.credit_bytes or gradient, gradient) or 1.0))
-
-        points = [(position(c), e) for c, e in errors]
-
-        def correction(config: Config) -> float:
-            p, c = position(config)
-            weights = [math.exp(-((p - a) ** 2 + (c - b) ** 2) / 2) for (a, b), _ in points]
-            return sum(w * e for w, (_, e) in zip(weights, points)) / (sum(weights) + 0.25)
-
-        base = correction(reference)  # predictions are relative to the reference: so are corrections
-        mean = prediction.mean.copy()
-        for i, candidate in enumerate(prediction.candidates):
-            if candidate != reference:
-                mean[i] += correction(candidate) - base
-        return Prediction(prediction.candidates, mean, prediction.std)
-
-    def _with_known(self, prediction: Prediction, reference: _Measured, first: int | None = None) -> Prediction:
-        """The predictions of the first `first` candidates (all by default) combined with what
-        earlier jobs of this shape measured in the same context (module docstring)."""
-        measured = self._known_ratios(reference)
-        if not measured:
-            return prediction
-        mean, std = prediction.mean.copy(), prediction.std.copy()
-        # The model's error on this shape, where the earlier jobs measured what it predicts: its
-        # bias (the mean residual, shrunk by one pseudo-observation of 0) moves the candidates
-        # nobody measured, and what is left of the residuals widens its spread (alone, the spread
-        # would let a model that is wrong here outweigh a measurement).
-        residuals = [measured[c][0] - float(mu) for c, mu in zip(prediction.candidates, prediction.mean)
-                     if c in measured and c != reference.config]
-        bias = sum(residuals) / (len(residuals) + 1)
-        error2 = statistics.mean((r - bias) ** 2 for r in residuals) if residuals else 0.0
-        for i, candidate in enumerate(prediction.candidates[:first]):
-            if candidate == reference.config:
-                continue
-            std[i] = math.sqrt(float(std[i]) ** 2 + error2)
-            if candidate not in measured:
-                mean[i] += bias
-                continue
-            ratio, se = measured[candidate]
-            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se ** 2
-            mean[i] = (w_model * float(mean[i]) + w_known * ratio) / (w_model + w_known)
-            std[i] = math.sqrt(1 / (w_model + w_known))
-        return Prediction(prediction.candidates, mean, std)
-
-    def _held_before(self, reference: _Measured) -> bool:
-        """An earlier job of this shape held `reference`'s configuration after a search in the same
-        context (module docstring)."""
-        if not self.known_held:
-            return False
-        now = summarize(reference.samples, self.shape)
-        return any((job, segment, reference.config) in self.known_held
-                   and _same_context(windows[reference.config].context, now)
-                   for (job, segment), windows in self.known.items())
-
-    def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
-        """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
-        over the earlier jobs' context segments that measured, in this context, the reference or
-        another configuration this search measured (an anchor: the ratio is chained through it,
-        past candidate/anchor + this job's anchor/reference)."""
-        if not self.known:
-            return {}
-        anchors = [reference] + [m for m in [self.incumbent, *self.trials]
-                                 if m is not None and not m.cut and m.config != reference.config]
-        contexts = {id(m): summarize(m.samples, self.shape) for m in anchors}
-        ratios: dict[Config, list[tuple[float, float]]] = {}
-        self.known_winners = set()
-        for (job, segment), windows in self.known.items():
-            anchor = next((m for m in anchors if m.config in windows
-                           and _same_context(windows[m.config].context, contexts[id(m)])), None)
-            if anchor is None:
-                continue
-            self.known_winners |= {c for c in windows if (job, segment, c) in self.known_held}
-            past = windows[anchor.config]
-            # this job's anchor against its reference (0 when the anchor is the reference)
-            offset = anchor.log_median - reference.log_median
-            offset_se2 = 0.0 if anchor is reference else (1.253 * self.sigma) ** 2 * (
-                1 / len(anchor.samples) + 1 / len(reference.samples))
-            for config, window in windows.items():
-                if config in (anchor.config, reference.config):
-                    continue
-                se2 = (1.253 * self.sigma) ** 2 * (1 / max(1, window.samples) + 1 / max(1, past.samples))
-                ratios.setdefault(config, []).append(
-                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2))
-        out = {}
-        for config, values in ratios.items():
-            logs = [v for v, _ in values]
-            spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
-            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread ** 2)
-            out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
-        return out
-
     def _window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
         would last more than `seconds` (a search must end before the context moves on), never
