@@ -301,7 +301,7 @@ def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_che
     import random
 
     from autobyted.tuner.drift import context_jump
-    from autobyted.tuner.search import _Measured
+    from autobyted.tuner.measured import MeasuredWindow as _Measured
 
     rng = random.Random(3)
 

@@ -100,21 +100,45 @@ import statistics
 from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
+
 from autobyted.storage.records import TunerStatusRecord
-from autobyted.tuner.drift import JUMP_LIMITS, Alarm, DriftDetector, context_jump, fastest_in_context, robust_sigma, window_shift
+from autobyted.tuner.drift import (
+    JUMP_LIMITS,
+    Alarm,
+    DriftDetector,
+    context_jump,
+    fastest_in_context,
+    robust_sigma,
+    window_shift,
+)
 from autobyted.tuner.evidence import JobEvidence
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
-from autobyted.tuner.measured import MeasuredWindow as _Measured
-from autobyted.tuner.measured import PendingDecision as _Expect
+from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
 from autobyted.tuner.sink import TunerSink
-from autobyted.tuner.verdict import (TrialValue, beats, beats_both, clearly_worse, gain_calibration, rolls_back,
-                                     step_time_move, trial_value)
+from autobyted.tuner.verdict import (
+    TrialValue,
+    beats,
+    beats_both,
+    clearly_worse,
+    gain_calibration,
+    rolls_back,
+    step_time_move,
+    trial_value,
+)
 
-__all__ = ["JobTuner", "TunerSink", "TrialValue", "gain_calibration", "trial_value", "candidate_grid", "describe",
-           "TunerParams"]
+__all__ = [
+    "JobTuner",
+    "TrialValue",
+    "TunerParams",
+    "TunerSink",
+    "candidate_grid",
+    "describe",
+    "gain_calibration",
+    "trial_value",
+]
 
 log = logging.getLogger(__name__)
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
@@ -131,7 +155,7 @@ class JobTuner:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         self.evidence = JobEvidence(job, shape, known, first_segment)
-        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = job, shape, predictor, sink, mode, params
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.params = job, shape, predictor, sink, mode, params
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
         self.first_segment = self.segment = first_segment
@@ -141,29 +165,29 @@ class JobTuner:
         self.newest_wall_s = 0.0
         self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
         self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
-        self.checked: list[_Measured] = []  # this search's trials a check of the incumbent followed (A-B-A)
-        self.mine: set[int] = set()
-        self.expect: _Expect | None = None
-        self.settle = 0
+        self.checked: list[MeasuredWindow] = []  # this search's trials a check of the incumbent followed (A-B-A)
+        self.own_decision_ids: set[int] = set()
+        self.pending: PendingDecision | None = None
+        self.transition_steps_left = 0
         self.window: list[StepMetrics] = []
-        self.need = params.baseline_steps
-        self.incumbent: _Measured | None = None
-        self.starting: _Measured | None = None
+        self.window_steps = params.baseline_steps
+        self.incumbent: MeasuredWindow | None = None
+        self.starting: MeasuredWindow | None = None
         self.searched_once = False
         self.retune_reason = ""
         self.sigma = params.sigma_floor
         self.residuals: list[float] = []  # log step time minus its window's median, recent windows
-        self.trials: list[_Measured] = []
-        self.trial: _Measured | None = None
+        self.trials: list[MeasuredWindow] = []
+        self.trial: MeasuredWindow | None = None
         self.trials_planned = 0
-        self.winner: _Measured | None = None
-        self.switch_id = 0
-        self.held: _Measured | None = None
+        self.winner: MeasuredWindow | None = None
+        self.switch_decision_id = 0
+        self.held: MeasuredWindow | None = None
         self.detector: DriftDetector | None = None
         self.best_predicted_s = 0.0
         self.paused = False
-        self.suspect: tuple[_Measured, Alarm] | None = None
-        self.check_id = 0
+        self.suspect_trial: tuple[MeasuredWindow, Alarm] | None = None
+        self.check_decision_id = 0
         self.fruitless = 0  # re-tunes in a row that kept the configuration
         self.confirmed = False  # the incumbent was measured again at the end of this search
         self.aborts = 0  # searches in a row that the context moved under
@@ -184,7 +208,7 @@ class JobTuner:
         if self.paused:
             return
         self.paused = True
-        self.expect = None
+        self.pending = None
         self.trial = None
         self._set("paused", f"paused: {why}; `autobyte tune {self.job} --resume` hands it back")
 
@@ -194,7 +218,7 @@ class JobTuner:
         self.paused = False
         self.searched_once = False  # the operator's configuration is the new starting point
         self.starting = None
-        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps)
+        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.params.baseline_steps)
 
     @property
     def status(self) -> TunerStatusRecord:
@@ -222,30 +246,30 @@ class JobTuner:
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
         self.decision_in_effect = m.decision_id
-        if m.step < self.p.warmup_steps:
+        if m.step < self.params.warmup_steps:
             return
         if self.paused:
             return
-        if self.expect is not None:
-            if m.decision_id == self.expect.decision_id:
-                self.expect = None
-                self.settle = self.p.transition_steps
-            elif (m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
-                  and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s):
+        if self.pending is not None:
+            if m.decision_id == self.pending.decision_id:
+                self.pending = None
+                self.transition_steps_left = self.params.transition_steps
+            elif (m.step >= self.pending.apply_at_step + self.params.apply_timeout_steps
+                  and m.wall_time_s - self.pending.issued_wall_s > self.params.apply_timeout_s):
                 self._not_applied()
                 return
             else:
                 return  # the job has not switched yet: these steps belong to the previous plan
-        elif changed and m.decision_id not in self.mine:
+        elif changed and m.decision_id not in self.own_decision_ids:
             # Someone else's decision took effect (an operator's, or one from before a restart).
             self._rebaseline(f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
-                             new_segment=True, steps=self.p.baseline_steps)
-            self.settle = self.p.transition_steps
-        if self.settle > 0:
-            self.settle -= 1
+                             new_segment=True, steps=self.params.baseline_steps)
+            self.transition_steps_left = self.params.transition_steps
+        if self.transition_steps_left > 0:
+            self.transition_steps_left -= 1
             return
         if self.phase == "warm-up":
-            self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
+            self._rebaseline("", new_segment=False, steps=self.params.baseline_steps)
         handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
                    "checking": self._on_check, "confirming": self._on_confirm,
                    "verifying": self._on_verify}.get(self.phase, self._on_watch)
@@ -258,7 +282,7 @@ class JobTuner:
         self.retune_reason = reason
         self.cleared, self.checked = set(), []
         self.window = []
-        self.need = self._window(steps, self.p.baseline_window_s)
+        self.window_steps = self._window(steps, self.params.baseline_window_s)
         self.trials, self.trial, self.winner, self.detector = [], None, None, None
         self.held = None  # what is measured from now on is the new context's incumbent
         self.confirmed = False
@@ -272,9 +296,9 @@ class JobTuner:
 
     def _on_baseline(self, m: StepMetrics) -> None:
         self.window.append(m)
-        if len(self.window) < self.need:
+        if len(self.window) < self.window_steps:
             return
-        incumbent = _Measured(m.config, list(self.window), self.decision_in_effect or 0)
+        incumbent = MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0)
         self.incumbent = incumbent
         if self.starting is None:
             self.starting = incumbent
@@ -288,13 +312,13 @@ class JobTuner:
             [self.incumbent, *self.trials], self.sigma)
         self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
                                     for i in range(len(self.candidates)))
-        gate = -math.log1p(self.p.min_gain)
+        gate = -math.log1p(self.params.min_gain)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
         paying, _best = self._paying(incumbent, [(c, float(mu), float(sd)) for c, mu, sd in zip(
             prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config])
-        self.trials_planned = min(self.p.max_trials, len(paying))
+        self.trials_planned = min(self.params.max_trials, len(paying))
         if not paying:
             self._finish(self._none_pays(_best))
             return
@@ -305,18 +329,18 @@ class JobTuner:
         lifetime (memoryless changes: the mean lifetime, from this job's own changes and
         `context_prior_s`), in steps of `step_s`."""
         elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
-        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment - self.first_segment + 1)
+        lifetime_s = (elapsed_s + self.params.context_prior_s) / (self.segment - self.first_segment + 1)
         return lifetime_s / max(step_s, 1e-6)
 
-    def _paying(self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
+    def _paying(self, reference: MeasuredWindow, scored: Sequence[tuple[Config, float, float]]
                 ) -> tuple[list[_Valued], _Valued | None]:
         """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
         (trial_value), best value first; and the best of all (for the reason when none pays)."""
         horizon = self._horizon_steps(reference.median_s)
-        trial = self.p.transition_steps + self._window(self.p.trial_steps, self.p.trial_window_s)
-        cut = self.p.transition_steps + self.p.min_trial_steps
-        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.p.min_gain,
-                                             self.p.clearly_worse)) for c, mu, sd in scored),
+        trial = self.params.transition_steps + self._window(self.params.trial_steps, self.params.trial_window_s)
+        cut = self.params.transition_steps + self.params.min_trial_steps
+        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.params.min_gain,
+                                             self.params.clearly_worse)) for c, mu, sd in scored),
                         key=lambda t: -t[2].value_steps)
         paying = [t for t in valued if t[2].pays]
         best = max(valued, key=lambda t: t[2].win_probability, default=None)
@@ -330,9 +354,9 @@ class JobTuner:
                 f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
                 f"{100 * value.win_probability:.0f}% likely to win")
 
-    def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
+    def _recommend(self, prediction: Prediction, incumbent: MeasuredWindow, gate: float) -> None:
         confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                     if mu - self.p.kappa * sd < gate and mu < gate]
+                     if mu - self.params.kappa * sd < gate and mu < gate]
         self._hold(incumbent, watch_reference=incumbent.samples)
         if not confident:
             self._set("observing", f"observe: no configuration is predicted to beat {describe(incumbent.config)}")
@@ -341,7 +365,7 @@ class JobTuner:
         predicted = incumbent.median_s * math.exp(mu)
         reason = (f"observe: recommend {describe(best)}, predicted "
                   f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}")
-        self.sink.decide(best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend")
+        self.sink.decide(best, self.newest_step + self.params.apply_lead_steps, reason, predicted, "recommend")
         self.recommended = best
         self._set("observing", f"observe: recommends {describe(best)} (predicted "
                                f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})")
@@ -363,7 +387,7 @@ class JobTuner:
         reference = min(measured, key=lambda t: t.log_median)
         tried = {t.config for t in self.trials} | {incumbent.config}
         untried = [c for c in self.candidates if c not in tried]
-        if not untried or len(self.trials) >= self.p.max_trials:
+        if not untried or len(self.trials) >= self.params.max_trials:
             self._finish("")
             return
         if reference is not incumbent and self.evidence.held_before(reference):
@@ -378,7 +402,7 @@ class JobTuner:
         prediction = self.evidence.with_known(prediction, reference, [self.incumbent, *self.trials], self.sigma, len(untried))
         slope = gain_calibration(
             [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
-            self.p.gain_slope_prior_sd, self.p.gain_error_sd)
+            self.params.gain_slope_prior_sd, self.params.gain_error_sd)
         uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
         residuals = [(t.log_median - reference.log_median) - slope * float(mu)
                      for t, mu in zip(others, prediction.mean[len(untried):])]
@@ -395,7 +419,7 @@ class JobTuner:
         predicted = reference.median_s * math.exp(mu)
         spread = next(sd for c, _mu, sd in scored if c == config)
         if (config in self.evidence.known_winners and not self.trials and reference is incumbent
-                and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)):
+                and mu + self.params.z_switch * spread < -math.log1p(self.params.min_gain)):
             self._switch_known(config, predicted)
             return
         number = len(self.trials) + 1
@@ -405,7 +429,7 @@ class JobTuner:
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median,
+        self.trial = MeasuredWindow(config, [], decision, math.log(predicted) - incumbent.log_median,
                                model_log=uncalibrated[config], reference_log=reference.log_median)
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
         self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
@@ -428,12 +452,12 @@ class JobTuner:
         decision = self._decide(config, reason, predicted, "switch")
         if decision is None:
             return
-        self.winner = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
+        self.winner = MeasuredWindow(config, [], decision, math.log(predicted) - incumbent.log_median)
         self.confirmed = True
-        self.switch_id = decision
+        self.switch_decision_id = decision
         self.stats["switches"] += 1
         self.window = []
-        self.need = self._window(self.p.trial_steps, self.p.trial_window_s)
+        self.window_steps = self._window(self.params.trial_steps, self.params.trial_window_s)
         self._set("verifying", f"switching to {describe(config)} (an earlier job's winner here), verifying")
 
     def _on_trial(self, m: StepMetrics) -> None:
@@ -442,8 +466,8 @@ class JobTuner:
             return
         trial.samples.append(m)
         n = len(trial.samples)
-        length = self._window(self.p.trial_steps, self.p.trial_window_s)
-        if n >= self.p.min_trial_steps and n < length and self._clearly_worse(trial):
+        length = self._window(self.params.trial_steps, self.params.trial_window_s)
+        if n >= self.params.min_trial_steps and n < length and self._clearly_worse(trial):
             trial.cut = True
         if not trial.cut and n < length:
             return
@@ -458,28 +482,28 @@ class JobTuner:
         # by the switch margin wins whatever the measured context did, and goes on unchecked (the
         # search's end still measures the incumbent again against what no signal shows: confirm).
         fastest = fastest_in_context(self.incumbent.samples, trial.samples)
-        if jump is not None and not trial.cut and trial.median_s * (1 + self.p.min_gain) < fastest:
+        if jump is not None and not trial.cut and trial.median_s * (1 + self.params.min_gain) < fastest:
             log.debug("%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
                       self.job, jump.reason, len(self.trials) + 1, trial.median_s * 1e3, fastest * 1e3)
             jump = None
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
-            self.suspect = (trial, jump)
-            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.suspect_trial = (trial, jump)
+            check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
                       f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
-                      f"measuring {describe(self.incumbent.config)} again, ~{need} steps")
-            decision = self.check_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
+                      f"measuring {describe(self.incumbent.config)} again, ~{check_steps} steps")
+            decision = self.check_decision_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
             if decision is None:
                 return
             self.window = []
-            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
         self._accept_trial(trial)
 
-    def _unexplained_jump(self, trial: _Measured) -> Alarm | None:
+    def _unexplained_jump(self, trial: MeasuredWindow) -> Alarm | None:
         """The trial's context jump against the incumbent (drift.context_jump), unless the trial's
         context figures agree with those of another configuration measured in this search: then the
         jump is what configurations do to the figures, not the context moving (a 64 KiB partition's
@@ -490,17 +514,17 @@ class JobTuner:
             return None
         return jump
 
-    def _early_window(self, before: _Measured, trial: _Measured | None) -> _Measured | None:
+    def _early_window(self, before: MeasuredWindow, trial: MeasuredWindow | None) -> MeasuredWindow | None:
         """The incumbent measured again (a check's or a confirm's window), at the sequential look
         after `min_trial_steps` steps: the window so far when `trial` already beats both
         measurements of the incumbent (the answer of the full window cannot change then); else
         None (measure on)."""
-        if trial is None or len(self.window) != self.p.min_trial_steps or len(self.window) >= self.need:
+        if trial is None or len(self.window) != self.params.min_trial_steps or len(self.window) >= self.window_steps:
             return None
-        again = _Measured(before.config, list(self.window))
+        again = MeasuredWindow(before.config, list(self.window))
         return again if self._beats_both(trial, before, again) else None
 
-    def _accept_trial(self, trial: _Measured) -> None:
+    def _accept_trial(self, trial: MeasuredWindow) -> None:
         assert self.incumbent is not None
         # What the predictor got wrong about this configuration, for this job (kept across
         # segments: a bias of the model for this job and machine outlives a context change).
@@ -519,14 +543,14 @@ class JobTuner:
         """The incumbent measured again after a suspicious trial: same context -> the trial counts;
         moved -> re-tune in the new context."""
         self.window.append(m)
-        incumbent, (trial, _jump) = self.incumbent, self.suspect
+        incumbent, (trial, _jump) = self.incumbent, self.suspect_trial
         assert incumbent is not None
         early = self._early_window(incumbent, trial)
-        if early is None and len(self.window) < self.need:
+        if early is None and len(self.window) < self.window_steps:
             return
-        again = early or _Measured(incumbent.config, list(self.window))
-        self.sink.close_decision(self.check_id, again.median_s, None)
-        self.suspect = None
+        again = early or MeasuredWindow(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_decision_id, again.median_s, None)
+        self.suspect_trial = None
         if early is not None:
             # The trial beats the incumbent before and after it by the switch margin: the comparison
             # holds whatever the context did (not measured long enough to clear the jump itself).
@@ -544,13 +568,13 @@ class JobTuner:
             return
         self._abort(shift, again)
 
-    def _clearly_worse(self, trial: _Measured) -> bool:
+    def _clearly_worse(self, trial: MeasuredWindow) -> bool:
         """Wald's SPRT on log step times against the best configuration measured in this search
         (the incumbent until a trial beats it): H0 mean = its log median, H1 = that +
         log(1 + clearly_worse), sigma = the job's pooled noise; True when H1 is accepted."""
         assert self.incumbent is not None
         best = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
-        return clearly_worse((s.step_time_s for s in trial.samples), best, self.sigma, self.p)
+        return clearly_worse((s.step_time_s for s in trial.samples), best, self.sigma, self.params)
 
     def _finish(self, why: str) -> None:
         """End of a search: pick the winner (hysteresis), switch to it if needed, verify."""
@@ -561,7 +585,7 @@ class JobTuner:
             if trial.cut:
                 continue
             if beats(trial.log_median, len(trial.samples), incumbent.log_median, len(incumbent.samples),
-                     self.sigma, self.p) and trial.log_median < winner.log_median:
+                     self.sigma, self.params) and trial.log_median < winner.log_median:
                 winner = trial
         self.winner = winner
         # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
@@ -573,15 +597,15 @@ class JobTuner:
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
-            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
-                      f"{describe(winner.config)} (~{need} steps, {self.p.min_trial_steps} when the winner "
+                      f"{describe(winner.config)} (~{check_steps} steps, {self.params.min_trial_steps} when the winner "
                       f"beats both measurements){self._context_note()}")
-            decision = self.check_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
+            decision = self.check_decision_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
             if decision is None:
                 return
             self.window = []
-            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             self._set("confirming", f"measuring {describe(incumbent.config)} again before switching to "
                                     f"{describe(winner.config)}")
             return
@@ -596,10 +620,10 @@ class JobTuner:
         decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
         if decision is None:
             return
-        self.switch_id = decision
+        self.switch_decision_id = decision
         self.stats["switches"] += not returning
         self.window = []
-        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+        self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
         self._set("verifying", f"switching to {describe(winner.config)}, verifying")
 
     def _on_confirm(self, m: StepMetrics) -> None:
@@ -607,10 +631,10 @@ class JobTuner:
         incumbent = self.incumbent
         assert incumbent is not None
         early = self._early_window(incumbent, self.winner)
-        if early is None and len(self.window) < self.need:
+        if early is None and len(self.window) < self.window_steps:
             return
-        again = early or _Measured(incumbent.config, list(self.window))
-        self.sink.close_decision(self.check_id, again.median_s, None)
+        again = early or MeasuredWindow(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_decision_id, again.median_s, None)
         moved = None if early is not None else self._moved(incumbent, again)
         if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
             self._abort(moved, again)
@@ -618,14 +642,14 @@ class JobTuner:
         self.confirmed = True
         self._finish("")
 
-    def _beats_both(self, trial: _Measured, before: _Measured, after: _Measured) -> bool:
+    def _beats_both(self, trial: MeasuredWindow, before: MeasuredWindow, after: MeasuredWindow) -> bool:
         """The incumbent measured before and after a trial: if the trial beats both measurements by
         the switch margin, it beats the incumbent in any context in between; a context that moved
         less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
         return beats_both(trial.log_median, len(trial.samples), before.log_median, after.log_median,
-                          min(len(before.samples), len(after.samples)), self.sigma, self.p)
+                          min(len(before.samples), len(after.samples)), self.sigma, self.params)
 
-    def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
+    def _abort(self, moved: Alarm, in_effect: MeasuredWindow) -> None:
         """The context moved while a search ran: search again in the new context; but when that
         keeps happening (the context changes faster than a search completes), hold what is in
         effect and let the drift detector, with a raised bar, decide when to look again."""
@@ -639,36 +663,36 @@ class JobTuner:
             # show there: its search's errors are dropped).
             self.evidence.keep_search_errors()
         self.evidence.drop_search_errors()
-        if self.aborts < self.p.max_aborts:
+        if self.aborts < self.params.max_aborts:
             self._rebaseline(f"re-tuning after {moved.reason}, during the search", new_segment=True,
-                             steps=self.p.rebaseline_steps)
+                             steps=self.params.rebaseline_steps)
             return
         self._hold(in_effect, watch_reference=in_effect.samples)
         self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
                              f"search completes ({moved.reason})")
 
-    def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
+    def _moved(self, before: MeasuredWindow, after: MeasuredWindow) -> Alarm | None:
         """The same configuration measured twice: did its context (or its step time) move?"""
         shift = window_shift(before.samples, after.samples)
         if shift is not None:
             return shift
         moved = step_time_move(before.log_median, len(before.samples), after.log_median, len(after.samples),
-                               self.sigma, self.p)
+                               self.sigma, self.params)
         if moved is not None:
             return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
         return None
 
     def _on_verify(self, m: StepMetrics) -> None:
         self.window.append(m)
-        if len(self.window) < self.need:
+        if len(self.window) < self.window_steps:
             return
         winner, incumbent = self.winner, self.incumbent
         assert winner is not None and incumbent is not None
-        measured = _Measured(winner.config, list(self.window), self.switch_id)
+        measured = MeasuredWindow(winner.config, list(self.window), self.switch_decision_id)
         self._learn_noise(measured.samples)
-        self.sink.close_decision(self.switch_id, measured.median_s, None)
+        self.sink.close_decision(self.switch_decision_id, measured.median_s, None)
         if not winner.samples and winner is not incumbent:  # a warm start's switch (_switch_known)
-            if incumbent.log_median - measured.log_median >= math.log1p(self.p.min_gain):
+            if incumbent.log_median - measured.log_median >= math.log1p(self.params.min_gain):
                 winner.samples.extend(measured.samples)
                 self._record(measured)
                 self._settle_winner(winner, measured.samples, "")
@@ -683,15 +707,15 @@ class JobTuner:
             self._abort(shift, measured)
             return
         if winner is not incumbent and rolls_back(measured.log_median, len(measured.samples), incumbent.log_median,
-                                                  len(incumbent.samples), self.sigma, self.p):
+                                                  len(incumbent.samples), self.sigma, self.params):
             self.stats["rollbacks"] += 1
-            self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
+            self.sink.close_decision(self.switch_decision_id, measured.median_s, "rolled_back")
             reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
                       f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms")
             decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
             if decision is None:
                 return
-            self.switch_id = decision
+            self.switch_decision_id = decision
             self.winner = incumbent
             self.window = []
             self._set("verifying", f"rolled back to {describe(incumbent.config)}, verifying")
@@ -699,14 +723,14 @@ class JobTuner:
         self._record(measured)
         self._settle_winner(winner, measured.samples, "")
 
-    def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
+    def _settle_winner(self, winner: MeasuredWindow, reference: list[StepMetrics], why: str) -> None:
         self.aborts = 0
         self.evidence.keep_search_errors()
         first = not self.searched_once
         self.searched_once = True
         starting = self.starting
         assert starting is not None
-        self._hold(_Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        self._hold(MeasuredWindow(winner.config, list(reference), winner.decision_id), watch_reference=reference)
         held_context = summarize(reference, self.shape)
         prediction = self.predictor.predict(held_context, winner.config, self.candidates)
         self.best_predicted_s = min(prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
@@ -735,20 +759,20 @@ class JobTuner:
         after = f" ({self.retune_reason.removeprefix('re-tuning ')})" if self.retune_reason else ""
         self._set("holding", f"holding {describe(held.config)}: {gain}{after}")
 
-    def _measured_gain(self, winner: _Measured) -> str:
+    def _measured_gain(self, winner: MeasuredWindow) -> str:
         """The speed-up of a search's winner over its incumbent (autobyte.types.speedup), from their
         windows in this search's context: the figure its decision, the status and history show."""
         return self._versus_incumbent(winner.median_s)
 
     # ------------------------------------------------------------------ holding and drift
-    def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
+    def _hold(self, held: MeasuredWindow, watch_reference: list[StepMetrics]) -> None:
         self.held = held
         self.detector = DriftDetector(watch_reference, shift_scale=self._backoff())
         self.recent = list(watch_reference[-RECENT_STEPS:])
-        self.next_rescore_wall_s = self.newest_wall_s + self.p.rescore_s
+        self.next_rescore_wall_s = self.newest_wall_s + self.params.rescore_s
 
     def _backoff(self) -> float:
-        return self.p.fruitless_backoff ** min(self.fruitless, self.p.fruitless_max)
+        return self.params.fruitless_backoff ** min(self.fruitless, self.params.fruitless_max)
 
     def _on_watch(self, m: StepMetrics) -> None:
         if self.held is not None and m.config != self.held.config:
@@ -756,19 +780,19 @@ class JobTuner:
         if self.detector is None:
             # Holding without a reference yet (after a decision the job did not apply): collect one.
             self.window.append(m)
-            if len(self.window) >= self.need:
-                self._hold(_Measured(m.config, list(self.window), self.decision_in_effect or 0), self.window)
+            if len(self.window) >= self.window_steps:
+                self._hold(MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0), self.window)
                 self.window = []
             return
         alarm = self.detector.update(m)
         if alarm is not None:
             self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps)
+            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.params.rebaseline_steps)
             return
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
-        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.p.min_trial_steps + 2:
-            self.next_rescore_wall_s = m.wall_time_s + self.p.rescore_s
+        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.params.min_trial_steps + 2:
+            self.next_rescore_wall_s = m.wall_time_s + self.params.rescore_s
             self._rescore()
 
     def _rescore(self) -> None:
@@ -781,10 +805,10 @@ class JobTuner:
         assert held is not None
         context = summarize(self.recent, self.shape)
         prediction = self.evidence.corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
-        gate = -math.log1p(self.p.min_gain) * self._backoff()
+        gate = -math.log1p(self.params.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
-            if candidate != held.config and mu < 2 * gate and mu - self.p.kappa * sd < gate:
+            if candidate != held.config and mu < 2 * gate and mu - self.params.kappa * sd < gate:
                 if best is None or mu < best[1]:
                     best = (candidate, float(mu))
         if best is None:
@@ -792,24 +816,24 @@ class JobTuner:
         self.stats["retunes"] += 1
         self._rebaseline(f"re-tuning: {describe(best[0])} predicted "
                          f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
-                         new_segment=True, steps=self.p.rebaseline_steps)
+                         new_segment=True, steps=self.params.rebaseline_steps)
 
     def _not_applied(self) -> None:
         """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
         what is in effect, and say so; drift can still re-open the search."""
-        expect = self.expect
-        assert expect is not None
-        self.expect = None
+        pending = self.pending
+        assert pending is not None
+        self.pending = None
         self.trial = None
         self.stats["not_applied"] += 1
-        log.warning("job %s did not apply decision #%d within %.0f s", self.job, expect.decision_id,
-                    self.p.apply_timeout_s)
+        log.warning("job %s did not apply decision #%d within %.0f s", self.job, pending.decision_id,
+                    self.params.apply_timeout_s)
         self.window = []
         self.held = None
         self.detector = None
-        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
-        self._set("holding", f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
-                             f"was not applied by the job within {self.p.apply_timeout_s:.0f} s")
+        self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
+        self._set("holding", f"holding {describe(self.config or Config())}: decision #{pending.decision_id} "
+                             f"was not applied by the job within {self.params.apply_timeout_s:.0f} s")
 
     # ------------------------------------------------------------------ helpers
     def _window(self, nominal: int, seconds: float) -> int:
@@ -818,7 +842,7 @@ class JobTuner:
         fewer than the sequential test needs."""
         if self.step_s <= 0:
             return nominal
-        return max(self.p.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
+        return max(self.params.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
 
     def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
         """The job's step-time noise (log units): a robust spread of every measured window's
@@ -828,19 +852,19 @@ class JobTuner:
         center = statistics.median(logs)
         self.residuals.extend(x - center for x in logs)
         del self.residuals[:-400]
-        self.sigma = max(self.p.sigma_floor, robust_sigma(self.residuals))
+        self.sigma = max(self.params.sigma_floor, robust_sigma(self.residuals))
 
     def _decide(self, config: Config, reason: str, predicted_s: float | None, kind: str) -> int | None:
-        decision = self.sink.decide(config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind)
+        decision = self.sink.decide(config, self.newest_step + self.params.apply_lead_steps, reason, predicted_s, kind)
         if decision is None:
             self.pause("an operator decided")
             return None
-        self.mine.add(decision)
-        self.expect = _Expect(decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s)
+        self.own_decision_ids.add(decision)
+        self.pending = PendingDecision(decision, config, self.newest_step + self.params.apply_lead_steps, self.newest_wall_s)
         return decision
 
-    def _record(self, measured: _Measured) -> None:
-        if len(measured.samples) < self.p.min_trial_steps:
+    def _record(self, measured: MeasuredWindow) -> None:
+        if len(measured.samples) < self.params.min_trial_steps:
             return
         context = summarize(measured.samples, self.shape)
         self.sink.record_window(Window(self.job, self.segment, measured.config, context, measured.median_s,
