@@ -67,8 +67,10 @@ def native_build() -> dict:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except Exception as error:  # noqa: BLE001 - any failure to import torch means: no extension
-        _say(f"building without the native hot path: torch is not importable here ({error}); "
-             "install torch first and build with pip's --no-build-isolation to get it")
+        _say(
+            f"building without the native hot path: torch is not importable here ({error}); "
+            "install torch first and build with pip's --no-build-isolation to get it"
+        )
         return {}
     compiler = (os.environ.get("CXX") or "c++").split()[0]
     if shutil.which(compiler) is None:
@@ -85,13 +87,22 @@ def native_build() -> dict:
                 _say(f"building without the native hot path: compiling {ext.name} failed: {error}")
 
     extension = CppExtension(
-        "autobyte._native", NATIVE_SOURCES,
-        extra_compile_args=["-O2", f'-DAUTOBYTE_TORCH_VERSION="{torch.__version__}"'])
-    return {"ext_modules": [extension],
-            "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))}}
+        "autobyte._native",
+        NATIVE_SOURCES,
+        extra_compile_args=["-O2", f'-DAUTOBYTE_TORCH_VERSION="{torch.__version__}"'],
+    )
+    return {
+        "ext_modules": [extension],
+        "cmdclass": {
+            "build_ext": OptionalBuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))
+        },
+    }
 
 
 native = native_build()
-setup(package_dir={"autobyte": "client/autobyte", "autobyted": "autobyted", **MIGRATIONS},
-      packages=packages(), ext_modules=native.get("ext_modules", []),
-      cmdclass={"build_py": BuildPyWithNativeSource, **native.get("cmdclass", {})})
+setup(
+    package_dir={"autobyte": "client/autobyte", "autobyted": "autobyted", **MIGRATIONS},
+    packages=packages(),
+    ext_modules=native.get("ext_modules", []),
+    cmdclass={"build_py": BuildPyWithNativeSource, **native.get("cmdclass", {})},
+)

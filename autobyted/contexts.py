@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from autobyte.types import Config
-from autobyted.tuner.drift import SIGNALS
+
+from autobyted.signals import SIGNALS
 
 BLOCK_STEPS = 10
 CONFIRM_BLOCKS = 3  # blocks in a row that must show a move before it counts (>= 2)
@@ -62,8 +63,10 @@ class Context:
     steps: tuple[StepPoint, ...]
 
     def describe(self, of: int) -> str:
-        return (f"context {self.index} of {of}: run {self.run}, steps {self.first_step}..{self.last_step}, "
-                f"since {self.started_by}")
+        return (
+            f"context {self.index} of {of}: run {self.run}, steps {self.first_step}..{self.last_step}, "
+            f"since {self.started_by}"
+        )
 
 
 def _median(values: Sequence[float]) -> float:
@@ -87,7 +90,11 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
         nonlocal current, started_by, load_ref, bandwidth_ref, suspect
         if current[:at]:
             part = current[:at]
-            contexts.append(Context(len(contexts) + 1, run, part[0].step, part[-1].step, started_by, tuple(part)))
+            contexts.append(
+                Context(
+                    len(contexts) + 1, run, part[0].step, part[-1].step, started_by, tuple(part)
+                )
+            )
         current = current[at:]
         started_by, load_ref, bandwidth_ref, suspect = reason, math.nan, {}, None
 
@@ -117,11 +124,15 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
             return
         if suspect is not None and suspect[:2] == moved:
             kind, direction, at, _blocks = suspect
-            word = {("host load", 1): "a host load rise", ("host load", -1): "a host load drop",
-                    ("bandwidth", 1): "a bandwidth rise", ("bandwidth", -1): "a bandwidth drop"}[(kind, direction)]
+            word = {
+                ("host load", 1): "a host load rise",
+                ("host load", -1): "a host load drop",
+                ("bandwidth", 1): "a bandwidth rise",
+                ("bandwidth", -1): "a bandwidth drop",
+            }[(kind, direction)]
             close(f"{word} at step {current[at].step}", at)
             # The new context's references come from the two blocks that showed the move.
-            for p in (current[i:i + BLOCK_STEPS] for i in range(0, len(current), BLOCK_STEPS)):
+            for p in (current[i : i + BLOCK_STEPS] for i in range(0, len(current), BLOCK_STEPS)):
                 load_now = _median([q.host_load for q in p])
                 if not math.isnan(load_now) and math.isnan(load_ref):
                     load_ref = load_now

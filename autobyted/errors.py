@@ -66,4 +66,7 @@ def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
         return error.code, str(error)
     if isinstance(error, ValueError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
-    return grpc.StatusCode.INTERNAL, f"internal error in autobyted ({type(error).__name__}); see the daemon log"
+    return (
+        grpc.StatusCode.INTERNAL,
+        f"internal error in autobyted ({type(error).__name__}); see the daemon log",
+    )

@@ -42,19 +42,24 @@ class DecisionHub:
 RETENTION_LEASE = "retention"
 
 
-async def retention_loop(storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0) -> None:
+async def retention_loop(
+    storage: BaseStorage, settings: Settings, holder: str, interval_s: float = 60.0
+) -> None:
     """Bound raw samples per job (downsampling the oldest) for as long as the daemon runs. Of the
     daemons sharing a database, the one holding the retention lease does it (kept while it runs)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            if not await asyncio.to_thread(storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s):
+            if not await asyncio.to_thread(
+                storage.acquire_lease, RETENTION_LEASE, holder, 3 * interval_s
+            ):
                 continue
-            removed = await asyncio.to_thread(storage.enforce_retention, settings.retention_raw_samples,
-                                              settings.downsample_every)
+            removed = await asyncio.to_thread(
+                storage.enforce_retention, settings.retention_raw_samples, settings.downsample_every
+            )
             if removed:
                 log.info("retention downsampled samples", extra={"removed": removed})
-        except Exception as error:  # keep serving; the next round tries again
+        except Exception as error:  # noqa: BLE001 - keep serving; the next round tries again
             log.warning("retention pass failed: %s", error)
 
 
@@ -72,7 +77,7 @@ async def decision_poll_loop(storage: BaseStorage, hub: DecisionHub, interval_s:
             continue
         try:
             newest = await asyncio.to_thread(storage.newest_decision_ids, jobs)
-        except Exception as error:  # keep polling; the streams still see this daemon's own decisions
+        except Exception as error:  # noqa: BLE001 - keep polling; the streams still see this daemon's own decisions
             log.warning("polling for decisions failed: %s", error)
             continue
         for job, decision_id in newest.items():

@@ -11,18 +11,21 @@ import time
 from autobyte.convert import metrics_from_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import check_metrics
+
 from autobyted.errors import InvalidArgument, Overloaded, StorageError
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import SampleBatch
 
 log = logging.getLogger(__name__)
 
+
 def check_text_fields(message) -> None:
     """InvalidArgument when a top-level string field holds a NUL character: no database stores one
     in a text column (PostgreSQL refuses it), so it is a bad request, never a database error."""
     for field, value in message.ListFields():
-        if field.type == field.TYPE_STRING and any("\x00" in text for text in
-                                                   (value if isinstance(value, str) else tuple(value))):
+        if field.type == field.TYPE_STRING and any(
+            "\x00" in text for text in (value if isinstance(value, str) else tuple(value))
+        ):
             raise InvalidArgument(f"{field.name} must not contain NUL characters")
 
 
@@ -35,8 +38,10 @@ def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
     if not batch.session_id:
         raise InvalidArgument("metrics batch without a session id: call Register first")
     if len(batch.samples) > max_samples:
-        raise InvalidArgument(f"batch of {len(batch.samples)} samples exceeds the limit of {max_samples}; "
-                              "send smaller batches")
+        raise InvalidArgument(
+            f"batch of {len(batch.samples)} samples exceeds the limit of {max_samples}; "
+            "send smaller batches"
+        )
     if not 0 <= batch.dropped_total <= 1 << 50:
         raise InvalidArgument(f"dropped_total={batch.dropped_total} is outside [0, 2^50]")
     now = time.time()
@@ -53,8 +58,14 @@ def validate_batch(batch: pb.MetricsBatch, max_samples: int) -> SampleBatch:
         except ValueError as error:
             raise InvalidArgument(f"{where}: {error}") from None
         samples.append((seq, metrics))
-    return SampleBatch(job=batch.job, rank=batch.rank, session_id=batch.session_id,
-                       samples=tuple(samples), dropped_total=batch.dropped_total, final=batch.final)
+    return SampleBatch(
+        job=batch.job,
+        rank=batch.rank,
+        session_id=batch.session_id,
+        samples=tuple(samples),
+        dropped_total=batch.dropped_total,
+        final=batch.final,
+    )
 
 
 # Bounds of the retry hint given with a refused batch.
@@ -70,8 +81,14 @@ class IngestWriter:
 
     _STOP = object()
 
-    def __init__(self, storage: BaseStorage, max_rows: int = 20_000, on_written=None,
-                 max_queued_rows: int = 200_000, on_jobs=None) -> None:
+    def __init__(
+        self,
+        storage: BaseStorage,
+        max_rows: int = 20_000,
+        on_written=None,
+        max_queued_rows: int = 200_000,
+        on_jobs=None,
+    ) -> None:
         self._storage = storage
         self._max_rows = max_rows
         self._max_queued_rows = max_queued_rows
@@ -100,8 +117,11 @@ class IngestWriter:
         rows = len(batch.samples)
         with self._count_lock:
             if self._queued_rows and self._queued_rows + rows > self._max_queued_rows:
-                raise Overloaded(f"autobyted's write queue is full ({self._queued_rows} samples wait for "
-                                 "the database)", self.retry_after_ms())
+                raise Overloaded(
+                    f"autobyted's write queue is full ({self._queued_rows} samples wait for "
+                    "the database)",
+                    self.retry_after_ms(),
+                )
             self._queued_rows += rows
         self._queue.put((batch, future))
         return future
@@ -154,7 +174,7 @@ class IngestWriter:
         self._write_started = started = time.monotonic()
         try:
             acked = self._storage.append_samples([batch for batch, _ in pending])
-        except Exception as error:  # the stream handlers report it; the writer keeps going
+        except Exception as error:  # noqa: BLE001 - the stream handlers report it; the writer keeps going
             log.error("writing %d batches failed: %s", len(pending), error)
             for _, future in pending:
                 if not future.cancelled():
@@ -166,7 +186,9 @@ class IngestWriter:
                 self._queued_rows -= rows
         if rows:
             rate = rows / max(time.monotonic() - started, 1e-3)
-            self._rows_per_s = rate if self._rows_per_s is None else 0.7 * self._rows_per_s + 0.3 * rate
+            self._rows_per_s = (
+                rate if self._rows_per_s is None else 0.7 * self._rows_per_s + 0.3 * rate
+            )
         for (_, future), seq in zip(pending, acked):
             if not future.cancelled():
                 future.set_result(seq)

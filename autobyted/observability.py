@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -21,15 +21,27 @@ class DaemonMetrics:
         self.registry = CollectorRegistry()
         if job_states is not None:
             self.registry.register(_JobsCollector(job_states))
-        self.samples_ingested = Counter("autobyted_samples_ingested", "Step samples stored",
-                                        registry=self.registry)
-        self.samples_rejected = Counter("autobyted_samples_rejected", "Step samples rejected as invalid",
-                                        registry=self.registry)
-        self.streams = Gauge("autobyted_streams_active", "Open telemetry and control streams", ["kind"],
-                             registry=self.registry)
-        self.decisions = Counter("autobyted_decisions", "Configuration decisions made", registry=self.registry)
-        self.rpc_errors = Counter("autobyted_rpc_errors", "RPCs answered with an error status", ["code"],
-                                  registry=self.registry)
+        self.samples_ingested = Counter(
+            "autobyted_samples_ingested", "Step samples stored", registry=self.registry
+        )
+        self.samples_rejected = Counter(
+            "autobyted_samples_rejected", "Step samples rejected as invalid", registry=self.registry
+        )
+        self.streams = Gauge(
+            "autobyted_streams_active",
+            "Open telemetry and control streams",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "autobyted_decisions", "Configuration decisions made", registry=self.registry
+        )
+        self.rpc_errors = Counter(
+            "autobyted_rpc_errors",
+            "RPCs answered with an error status",
+            ["code"],
+            registry=self.registry,
+        )
 
 
 class _JobsCollector:
@@ -42,7 +54,7 @@ class _JobsCollector:
         family = GaugeMetricFamily("autobyted_jobs", "Jobs known to the daemon", labels=["state"])
         try:
             states = self._job_states()
-        except Exception:  # a scrape must not fail because the database is busy
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the database is busy
             states = {}
         for state in ("running", "idle", "finished"):
             family.add_metric([state], states.get(state, 0))
@@ -56,8 +68,12 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and any `extra=` fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-                 "msg": record.getMessage()}
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
@@ -74,8 +90,11 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        fields = " ".join(f"{k}={v!r}" if isinstance(v, str) and (" " in v or not v) else f"{k}={v}"
-                          for k, v in vars(record).items() if k not in _STANDARD)
+        fields = " ".join(
+            f"{k}={v!r}" if isinstance(v, str) and (" " in v or not v) else f"{k}={v}"
+            for k, v in vars(record).items()
+            if k not in _STANDARD
+        )
         if not fields:
             return line
         head, newline, rest = line.partition("\n")  # a traceback stays below the line

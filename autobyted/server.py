@@ -7,9 +7,9 @@ import hmac
 import socket
 
 import grpc
+from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyted.servicer import Services
 from autobyted.settings import Settings, split_host_port
 
@@ -33,8 +33,11 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             supplied = supplied.encode()
         if hmac.compare_digest(supplied, self._expected):
             return await continuation(handler_call_details)
-        message = ("missing token: pass --token or set AUTOBYTE_TOKEN" if not supplied
-                   else "wrong token: check --token / AUTOBYTE_TOKEN against the daemon's")
+        message = (
+            "missing token: pass --token or set AUTOBYTE_TOKEN"
+            if not supplied
+            else "wrong token: check --token / AUTOBYTE_TOKEN against the daemon's"
+        )
         handler = await continuation(handler_call_details)
         return _deny(handler, message)
 
@@ -84,20 +87,24 @@ def check_address(address: str, what: str) -> None:
         raise OSError(f"cannot listen on {address}: {(error.strerror or str(error)).lower()}")
 
 
-def make_server(services: Services, health: health_pb2_grpc.HealthServicer,
-                settings: Settings) -> tuple[grpc.aio.Server, int]:
+def make_server(
+    services: Services, health: health_pb2_grpc.HealthServicer, settings: Settings
+) -> tuple[grpc.aio.Server, int]:
     """An unstarted server bound to settings.listen; returns it with the bound port (0 → a free one)."""
     interceptors = [TokenInterceptor(settings.token)] if settings.token else []
-    server = grpc.aio.server(interceptors=interceptors, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
-                             options=[
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", 64 << 20),
-        ("grpc.so_reuseport", 0),
-        # Clients ping every 10 s to notice a dead daemon quickly; accept that.
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.http2.max_ping_strikes", 0),
-    ])
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.so_reuseport", 0),
+            # Clients ping every 10 s to notice a dead daemon quickly; accept that.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ],
+    )
     pb_grpc.add_TelemetryServicer_to_server(services.telemetry, server)
     pb_grpc.add_ControlServicer_to_server(services.control, server)
     pb_grpc.add_QueryServicer_to_server(services.query, server)
@@ -105,9 +112,9 @@ def make_server(services: Services, health: health_pb2_grpc.HealthServicer,
     if settings.tls_cert:
         with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:
             credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
-        add_port = lambda: server.add_secure_port(settings.listen, credentials)  # noqa: E731
+        add_port = lambda: server.add_secure_port(settings.listen, credentials)
     else:
-        add_port = lambda: server.add_insecure_port(settings.listen)  # noqa: E731
+        add_port = lambda: server.add_insecure_port(settings.listen)
     try:
         port = add_port()
     except RuntimeError as error:  # grpcio raises instead of returning 0 on a failed bind

@@ -7,7 +7,8 @@ import ipaddress
 import os
 import re
 import tomllib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from autobyted.errors import ConfigError
 
@@ -59,37 +60,54 @@ class Settings:
     decision_poll_s: float = 0.5
 
     def __post_init__(self) -> None:
-        host, port = split_host_port(self.listen, "listen")
+        host, _port = split_host_port(self.listen, "listen")
         if self.metrics_listen:
             metrics = str(self.metrics_listen)
             if metrics.isdigit():  # a bare port: loopback only
                 object.__setattr__(self, "metrics_listen", f"127.0.0.1:{metrics}")
             split_host_port(self.metrics_listen, "metrics-listen")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise ConfigError(f"log level {self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+            raise ConfigError(
+                f"log level {self.log_level!r} is not one of DEBUG, INFO, WARNING, ERROR"
+            )
         if self.log_format not in ("json", "text"):
             raise ConfigError(f"log format {self.log_format!r} must be json or text")
         if self.sqlite_synchronous not in ("normal", "full"):
-            raise ConfigError(f"sqlite-synchronous {self.sqlite_synchronous!r} must be normal or full")
-        if self.db.startswith("sqlite") and (self.db.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://")
-                                             or ":memory:" in self.db):
-            raise ConfigError("an in-memory SQLite database is not supported (each thread would see its "
-                              "own empty database): use a file, e.g. sqlite:///autobyte.db")
+            raise ConfigError(
+                f"sqlite-synchronous {self.sqlite_synchronous!r} must be normal or full"
+            )
+        if self.db.startswith("sqlite") and (
+            self.db.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://") or ":memory:" in self.db
+        ):
+            raise ConfigError(
+                "an in-memory SQLite database is not supported (each thread would see its "
+                "own empty database): use a file, e.g. sqlite:///autobyte.db"
+            )
         if self.tuner not in ("auto", "observe", "off"):
             raise ConfigError(f"tuner mode {self.tuner!r} must be auto, observe or off")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if not is_loopback(host):
             if not self.token:
-                raise ConfigError(f"refusing to listen on {self.listen} beyond loopback without a token: "
-                                  "set --token or AUTOBYTE_TOKEN")
+                raise ConfigError(
+                    f"refusing to listen on {self.listen} beyond loopback without a token: "
+                    "set --token or AUTOBYTE_TOKEN"
+                )
             if not self.tls_cert and not self.insecure:
-                raise ConfigError(f"refusing to listen on {self.listen} beyond loopback without TLS: the "
-                                  "token would travel in clear text; set --tls-cert and --tls-key, or "
-                                  "--insecure if this network is private")
-        for name in ("retention_raw_samples", "downsample_every", "max_message_bytes",
-                     "max_samples_per_batch", "writer_batch_rows", "ingest_queue_rows",
-                     "max_concurrent_rpcs"):
+                raise ConfigError(
+                    f"refusing to listen on {self.listen} beyond loopback without TLS: the "
+                    "token would travel in clear text; set --tls-cert and --tls-key, or "
+                    "--insecure if this network is private"
+                )
+        for name in (
+            "retention_raw_samples",
+            "downsample_every",
+            "max_message_bytes",
+            "max_samples_per_batch",
+            "writer_batch_rows",
+            "ingest_queue_rows",
+            "max_concurrent_rpcs",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
         for name in ("tuner_idle_s", "tuner_retrain_s", "tuner_lease_s", "decision_poll_s"):
@@ -109,7 +127,9 @@ class Settings:
 def split_host_port(address: str, what: str) -> tuple[str, int]:
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ConfigError(f"{what} address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077")
+        raise ConfigError(
+            f"{what} address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077"
+        )
     return host.strip("[]"), int(port_text)
 
 
@@ -131,7 +151,7 @@ def redact_url(url: str) -> str:
     match = _URL_PASSWORD.match(url)
     if not match or not match.group(1):
         return url
-    return url[:match.start(1)] + "***" + url[match.end(1):]
+    return url[: match.start(1)] + "***" + url[match.end(1) :]
 
 
 def secrets_of(db: str | None, token: str | None) -> tuple[str, ...]:
@@ -151,16 +171,27 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-_ENV = {"listen": "AUTOBYTED_LISTEN", "db": "AUTOBYTED_DB", "token": "AUTOBYTE_TOKEN",
-        "metrics_listen": "AUTOBYTED_METRICS_LISTEN", "log_level": "AUTOBYTED_LOG_LEVEL",
-        "insecure": "AUTOBYTED_INSECURE", "max_concurrent_rpcs": "AUTOBYTED_MAX_CONCURRENT_RPCS",
-        "sqlite_synchronous": "AUTOBYTED_SQLITE_SYNCHRONOUS", "tuner": "AUTOBYTED_TUNER"}
+_ENV = {
+    "listen": "AUTOBYTED_LISTEN",
+    "db": "AUTOBYTED_DB",
+    "token": "AUTOBYTE_TOKEN",
+    "metrics_listen": "AUTOBYTED_METRICS_LISTEN",
+    "log_level": "AUTOBYTED_LOG_LEVEL",
+    "insecure": "AUTOBYTED_INSECURE",
+    "max_concurrent_rpcs": "AUTOBYTED_MAX_CONCURRENT_RPCS",
+    "sqlite_synchronous": "AUTOBYTED_SQLITE_SYNCHRONOUS",
+    "tuner": "AUTOBYTED_TUNER",
+}
 
 
-def raw_secrets(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+def raw_secrets(
+    flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
     """The secrets of settings that could not be loaded (to redact the error that says why)."""
     environ = os.environ if environ is None else environ
-    return secrets_of(flags.get("db") or environ.get(_ENV["db"]), flags.get("token") or environ.get(_ENV["token"]))
+    return secrets_of(
+        flags.get("db") or environ.get(_ENV["db"]), flags.get("token") or environ.get(_ENV["token"])
+    )
 
 
 def _parse_bool(name: str, value: Any) -> bool:
@@ -174,8 +205,11 @@ def _parse_bool(name: str, value: Any) -> bool:
     raise ConfigError(f"setting {name} must be true or false, got {value!r}")
 
 
-def load_settings(flags: Mapping[str, Any], config_file: str | None = None,
-                  environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    flags: Mapping[str, Any],
+    config_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """Merge the four sources; flags whose value is None were not given."""
     environ = os.environ if environ is None else environ
     fields = {f.name: f for f in dataclasses.fields(Settings)}
@@ -192,8 +226,9 @@ def load_settings(flags: Mapping[str, Any], config_file: str | None = None,
         for key, value in data.items():
             name = key.replace("-", "_")
             if name not in fields:
-                raise ConfigError(f"unknown setting {key!r} in {config_file}; known: "
-                                  + ", ".join(sorted(fields)))
+                raise ConfigError(
+                    f"unknown setting {key!r} in {config_file}; known: " + ", ".join(sorted(fields))
+                )
             merged[name] = value
     for name, variable in _ENV.items():
         if environ.get(variable):

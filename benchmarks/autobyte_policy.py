@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.memory_sink import MemorySink
+from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
-from autobyted.tuner.search import JobTuner, TunerParams, describe
+from autobyted.tuner.search import JobTuner, describe
 from benchmarks.policy import Policy, PolicyContext
 from simulator.adapter import SCHEDULER_DEFAULT, T0, MetricsAdapter, job_shape
 from simulator.engine import DDPConfig, RunConfig, SimulatedStep
@@ -36,10 +37,19 @@ class AutobytePolicy(Policy):
 
     name = "autobyte"
 
-    def __init__(self, prior: Ensemble | None = None, history: Sequence[Window] = (), mode: str = "auto",
-                 params: TunerParams = TunerParams(), seed: int = 0, flush_interval_s: float = 1.0,
-                 retrain_interval_s: float = 60.0, initial: Config = SCHEDULER_DEFAULT,
-                 noise: float = 0.03, job: str | None = None) -> None:
+    def __init__(
+        self,
+        prior: Ensemble | None = None,
+        history: Sequence[Window] = (),
+        mode: str = "auto",
+        params: TunerParams = TunerParams(),
+        seed: int = 0,
+        flush_interval_s: float = 1.0,
+        retrain_interval_s: float = 60.0,
+        initial: Config = SCHEDULER_DEFAULT,
+        noise: float = 0.03,
+        job: str | None = None,
+    ) -> None:
         self.job = job
         self.prior = prior
         self.history = list(history)
@@ -66,8 +76,15 @@ class AutobytePolicy(Policy):
         forward_share = profile.forward_s / profile.compute_s if profile.compute_s > 0 else 0.5
         self.adapter = MetricsAdapter(forward_share, seed=context.seed, noise=self.noise)
         self.sink = MemorySink(profile.name)
-        self.tuner = JobTuner(self.job or f"sim-{profile.name}", shape, self.predictor, self.sink, self.mode, self.params,
-                              known=self.history)
+        self.tuner = JobTuner(
+            self.job or f"sim-{profile.name}",
+            shape,
+            self.predictor,
+            self.sink,
+            self.mode,
+            self.params,
+            known=self.history,
+        )
         self.buffer: list[StepMetrics] = []
         self.next_flush_s = self.flush_interval_s
         self.next_retrain_s = self.retrain_interval_s
@@ -96,7 +113,11 @@ class AutobytePolicy(Policy):
             if record.end_s >= self.next_retrain_s:
                 self.next_retrain_s = record.end_s + self.retrain_interval_s
                 self._retrain(record.end_s)
-        pending = [d for d in self.sink.decisions if d.decision_id > self.applied_through and d.kind != "recommend"]
+        pending = [
+            d
+            for d in self.sink.decisions
+            if d.decision_id > self.applied_through and d.kind != "recommend"
+        ]
         if not pending:
             return None
         latest = pending[-1]  # a newer decision supersedes older pending ones
@@ -130,8 +151,10 @@ class AutobytePolicy(Policy):
         if self.tuner is None:
             return ""
         stats = self.tuner.stats
-        return (f"{self.tuner.phase} {describe(self.current)}; {stats['trials']} trials ({stats['cut']} cut), "
-                f"{stats['retunes']} re-tunes, {stats['rollbacks']} rollbacks")
+        return (
+            f"{self.tuner.phase} {describe(self.current)}; {stats['trials']} trials ({stats['cut']} cut), "
+            f"{stats['retunes']} re-tunes, {stats['rollbacks']} rollbacks"
+        )
 
 
 def _process_cpu_s(pid: int) -> float | None:
@@ -139,7 +162,8 @@ def _process_cpu_s(pid: int) -> float | None:
     import os
 
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
@@ -154,7 +178,9 @@ class HubDaemon:
 
     PORT = 7077
 
-    def __init__(self, bed, workdir, job: str, tuner: str = "auto", extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, bed, workdir, job: str, tuner: str = "auto", extra_args: Sequence[str] = ()
+    ) -> None:
         import secrets
 
         self.bed, self.workdir, self.job, self.tuner = bed, workdir, job, tuner
@@ -170,24 +196,50 @@ class HubDaemon:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"AUTOBYTE_DAEMON": self.address, "AUTOBYTE_JOB": self.job, "AUTOBYTE_TOKEN": self.token}
+        return {
+            "AUTOBYTE_DAEMON": self.address,
+            "AUTOBYTE_JOB": self.job,
+            "AUTOBYTE_TOKEN": self.token,
+        }
 
     def start(self, timeout_s: float = 30.0) -> HubDaemon:
         import sys
         import time
 
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w")  # noqa: SIM115 - the daemon's output, open while it runs
         self.proc = self.bed.start_in_hub(
-            [sys.executable, "-m", "autobyted.app", "start", "--listen", self.address, "--db", self.db_url,
-             "--token", self.token, "--insecure", "--tuner", self.tuner, "--log-format", "text", *self.extra_args], stdout=log)
+            [
+                sys.executable,
+                "-m",
+                "autobyted.app",
+                "start",
+                "--listen",
+                self.address,
+                "--db",
+                self.db_url,
+                "--token",
+                self.token,
+                "--insecure",
+                "--tuner",
+                self.tuner,
+                "--log-format",
+                "text",
+                *self.extra_args,
+            ],
+            stdout=log,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"autobyted exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"autobyted exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             if "autobyted listening" in self.log_path.read_text():
                 return self
             time.sleep(0.1)
-        raise RuntimeError(f"autobyted did not come up in the hub namespace: {self.log_path.read_text()[-2000:]}")
+        raise RuntimeError(
+            f"autobyted did not come up in the hub namespace: {self.log_path.read_text()[-2000:]}"
+        )
 
     def stop(self) -> dict:
         import signal
@@ -201,20 +253,37 @@ class HubDaemon:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
-            except Exception:
+            except Exception:  # noqa: BLE001 - not stopped within 30 s: killed
                 self.proc.kill()
         storage = SqlStorage(make_engine(self.db_url))
         try:
             decisions = storage.decisions(self.job)
             status = storage.tuner_status(self.job)
-        except Exception as error:  # the job never registered: say so in the results
-            return {"decisions": [], "applied": 0, "detail": f"no tuner record ({error})", "daemon_cpu_s": cpu_s}
+        except Exception as error:  # noqa: BLE001 - the job never registered: say so in the results
+            return {
+                "decisions": [],
+                "applied": 0,
+                "detail": f"no tuner record ({error})",
+                "daemon_cpu_s": cpu_s,
+            }
         return {
-            "decisions": [{"decision_id": d.decision_id, "config": describe(d.config), "reason": d.reason,
-                           "source": d.source, "state": d.state, "apply_at_step": d.apply_at_step,
-                           "applied_at_step": d.applied_at_step, "predicted_step_time_s": d.predicted_step_time_s,
-                           "measured_step_time_s": d.measured_step_time_s} for d in decisions],
+            "decisions": [
+                {
+                    "decision_id": d.decision_id,
+                    "config": describe(d.config),
+                    "reason": d.reason,
+                    "source": d.source,
+                    "state": d.state,
+                    "apply_at_step": d.apply_at_step,
+                    "applied_at_step": d.applied_at_step,
+                    "predicted_step_time_s": d.predicted_step_time_s,
+                    "measured_step_time_s": d.measured_step_time_s,
+                }
+                for d in decisions
+            ],
             "applied": sum(d.state in ("applied", "rolled_back") for d in decisions),
-            "mode": status.mode if status else "", "state": status.state if status else "",
-            "detail": status.detail if status else "", "daemon_cpu_s": cpu_s,
+            "mode": status.mode if status else "",
+            "state": status.state if status else "",
+            "detail": status.detail if status else "",
+            "daemon_cpu_s": cpu_s,
         }

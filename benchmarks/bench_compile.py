@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("eager_ddp", "compiled_ddp", "eager_sched", "compiled_sched")
@@ -64,11 +64,17 @@ def worker(args: argparse.Namespace) -> None:
             sched = None
         else:
             wrapped = model
-            sched = ScheduledOptimizer(model, opt, partition_bytes=args.partition,
-                                       credit_bytes=args.credit)
-        runs[variant] = {"workload": workload, "model": torch.compile(wrapped) if
-                         variant.startswith("compiled") else wrapped, "opt": opt, "sched": sched,
-                         "frames": [0, 0], "times": []}
+            sched = ScheduledOptimizer(
+                model, opt, partition_bytes=args.partition, credit_bytes=args.credit
+            )
+        runs[variant] = {
+            "workload": workload,
+            "model": torch.compile(wrapped) if variant.startswith("compiled") else wrapped,
+            "opt": opt,
+            "sched": sched,
+            "frames": [0, 0],
+            "times": [],
+        }
 
     def one_step(run: dict[str, Any]) -> None:
         inputs, targets = run["workload"].make_batch(args.batch_size, gen)
@@ -108,11 +114,23 @@ def worker(args: argparse.Namespace) -> None:
         if run["sched"] is not None:
             run["sched"].close()
     if rank == 0:
-        print(json.dumps({"event": "result", "variants": {
-            variant: {"step_s": run["times"], "median_step_s": statistics.median(run["times"]),
-                      "first_steps_frames_graphs": first_compile[variant],
-                      "later_frames_graphs": run["frames"]} for variant, run in runs.items()}}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "result",
+                    "variants": {
+                        variant: {
+                            "step_s": run["times"],
+                            "median_step_s": statistics.median(run["times"]),
+                            "first_steps_frames_graphs": first_compile[variant],
+                            "later_frames_graphs": run["frames"],
+                        }
+                        for variant, run in runs.items()
+                    },
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -120,51 +138,48 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.bench_compile", "--worker",
-            "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup",
-            str(args.warmup), "--batch-size", str(args.batch_size), "--threads",
-            str(args.threads), "--partition", str(args.partition), "--credit", str(args.credit),
-            "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--layers", str(args.layers)]
+    return loopback.worker_argv(
+        "benchmarks.bench_compile",
+        args,
+        (
+            "rounds",
+            "steps",
+            "warmup",
+            "batch-size",
+            "threads",
+            "partition",
+            "credit",
+            "vocab",
+            "hidden",
+            "layers",
+        ),
+    )
 
 
 def run_loopback(args: argparse.Namespace) -> dict[str, Any]:
-    from tests._dist_util import free_port
-
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "lo",
-               "OMP_NUM_THREADS": str(args.threads),
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "client"), str(ROOT),
-                                              os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen(worker_argv(args), env=env, cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
-    try:
-        out, _ = procs[0].communicate(timeout=args.timeout)
-        procs[1].wait(timeout=60)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if procs[0].returncode != 0:
-        raise RuntimeError(f"rank 0 exited with {procs[0].returncode}")
-    return next(json.loads(line) for line in out.splitlines() if '"event": "result"' in line)
+    return loopback.run_two_ranks(
+        worker_argv(args), {"OMP_NUM_THREADS": str(args.threads)}, args.timeout
+    )
 
 
 def run_testbed(args: argparse.Namespace, rate: str) -> dict[str, Any]:
     from benchmarks.testbed import Testbed
 
     with Testbed(world_size=2, rate=rate) as bed:
-        result = bed.run(lambda rank: worker_argv(args), cwd=str(ROOT), timeout_s=args.timeout,
-                         env={"OMP_NUM_THREADS": str(args.threads)})
+        result = bed.run(
+            lambda rank: worker_argv(args),
+            cwd=str(ROOT),
+            timeout_s=args.timeout,
+            env={"OMP_NUM_THREADS": str(args.threads)},
+        )
     return result.ranks[0].results[-1]
 
 
 def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
-    header = ("| link | variant | median step (ms) | vs eager DDP | vs compiled DDP | frames, "
-              "graphs in the first steps | after them |")
+    header = (
+        "| link | variant | median step (ms) | vs eager DDP | vs compiled DDP | frames, "
+        "graphs in the first steps | after them |"
+    )
     lines = [header, "|---|---|---:|---:|---:|---|---|"]
     for link, result in blocks:
         variants = result["variants"]
@@ -173,17 +188,20 @@ def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
         for variant in VARIANTS:
             got = variants[variant]
             step = got["median_step_s"]
-            lines.append(f"| {link} | {variant} | {step * 1e3:.2f} | {step / eager_ddp:.2f}x | "
-                         f"{step / compiled_ddp:.2f}x | {got['first_steps_frames_graphs']} | "
-                         f"{got['later_frames_graphs']} |")
+            lines.append(
+                f"| {link} | {variant} | {step * 1e3:.2f} | {step / eager_ddp:.2f}x | "
+                f"{step / compiled_ddp:.2f}x | {got['first_steps_frames_graphs']} | "
+                f"{got['later_frames_graphs']} |"
+            )
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--rates", default="", help="testbed link rates (root), e.g. 10gbit,1gbit; "
-                        "empty: loopback")
+    parser.add_argument(
+        "--rates", default="", help="testbed link rates (root), e.g. 10gbit,1gbit; empty: loopback"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -191,8 +209,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--partition", type=int, default=64 << 10)
     parser.add_argument("--credit", type=int, default=256 << 10)
-    parser.add_argument("--vocab", type=int, default=512, help="tiny_gpt's size (a larger one is "
-                        "communication-bound: --vocab 8192 --hidden 256)")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=512,
+        help="tiny_gpt's size (a larger one is communication-bound: --vocab 8192 --hidden 256)",
+    )
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=600)
@@ -200,7 +222,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for name in ("rounds", "steps", "warmup", "batch_size", "threads", "vocab", "hidden", "layers"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+            )
     return args
 
 
@@ -210,8 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker(args)
         return 0
     rates = [r for r in args.rates.split(",") if r]
-    blocks = [(rate, run_testbed(args, rate)) for rate in rates] if rates else \
-        [("loopback", run_loopback(args))]
+    blocks = (
+        [(rate, run_testbed(args, rate)) for rate in rates]
+        if rates
+        else [("loopback", run_loopback(args))]
+    )
     table = format_table(blocks)
     print(table)
     if args.out:

@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import optimum
+from benchmarks.host import load_average
 from benchmarks.testbed import Testbed, Trace, parse_rate
 from benchmarks.train_worker import LAT_PROBE_BYTES, RunConfig, lat_collectives
-from benchmarks.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,9 +77,18 @@ MODELS = {
 # ≥ 8 configurations: DDP, no partitioning with unlimited credit, small partitions with a credit of
 # two to four partitions (priority matters), large partitions with unlimited credit (few
 # collectives: what wins when each collective is expensive).
-DEFAULT_GRID = ("ddp", "sched:none,none", "sched:512KiB,1MiB", "sched:1MiB,2MiB",
-                "sched:1MiB,4MiB", "sched:2MiB,8MiB", "sched:4MiB,8MiB", "sched:4MiB,none",
-                "sched:16MiB,32MiB", "sched:16MiB,none")
+DEFAULT_GRID = (
+    "ddp",
+    "sched:none,none",
+    "sched:512KiB,1MiB",
+    "sched:1MiB,2MiB",
+    "sched:1MiB,4MiB",
+    "sched:2MiB,8MiB",
+    "sched:4MiB,8MiB",
+    "sched:4MiB,none",
+    "sched:16MiB,32MiB",
+    "sched:16MiB,none",
+)
 PROBE_LABELS = ("compute", "comm", "lat", "lat:256KiB", "lat:2MiB")
 # --probes-only adds the same collectives issued beside a compute step (CPU busy, as in training)
 BUSY_PROBE_LABELS = ("latc", "latc:256KiB", "latc:2MiB")
@@ -107,8 +116,10 @@ class Condition:
                 continue
             match = re.fullmatch(r"([a-z]+)(\d*)=([\w.]+)", token)
             if not match:
-                raise ValueError(f"condition {text!r}: cannot read {token!r} (e.g. cpu1=0.5, "
-                                 "flows1=1, rate1=300mbit, busy=1, rate=10gbit, ranks=4)")
+                raise ValueError(
+                    f"condition {text!r}: cannot read {token!r} (e.g. cpu1=0.5, "
+                    "flows1=1, rate1=300mbit, busy=1, rate=10gbit, ranks=4)"
+                )
             key, rank_text, value = match.groups()
             rank = int(rank_text) if rank_text else None
             if key == "rate":
@@ -129,10 +140,10 @@ class Condition:
                 fields["pin"] = value == "1"
             else:
                 raise ValueError(f"condition {text!r}: unknown setting {token!r}")
-        condition = cls(text.strip(), **{k: tuple(v) if isinstance(v, list) else v
-                                         for k, v in fields.items()})
-        for rank, _ in (*condition.rank_rates, *condition.cpu, *condition.busy,
-                        *condition.flows):
+        condition = cls(
+            text.strip(), **{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        )
+        for rank, _ in (*condition.rank_rates, *condition.cpu, *condition.busy, *condition.flows):
             if rank is not None and not 0 <= rank < condition.ranks:
                 raise ValueError(f"condition {text!r}: rank {rank} not in [0, {condition.ranks})")
         return condition
@@ -167,8 +178,9 @@ class Condition:
         for rank, count in self.busy:
             changes += Trace.busy([(at_step, count)], None if rank is None else [rank], "step")
         for rank, count in self.flows:
-            changes += Trace.flows([(at_step, count)], None if rank is None else [rank],
-                                   self.direction, "step")
+            changes += Trace.flows(
+                [(at_step, count)], None if rank is None else [rank], self.direction, "step"
+            )
         return changes
 
     def undo_trace(self, at_step: int, base_rate: str) -> Trace:
@@ -181,8 +193,9 @@ class Condition:
         for rank, _ in self.busy:
             changes += Trace.busy([(at_step, 0)], None if rank is None else [rank], "step")
         for rank, _ in self.flows:
-            changes += Trace.flows([(at_step, 0)], None if rank is None else [rank],
-                                   self.direction, "step")
+            changes += Trace.flows(
+                [(at_step, 0)], None if rank is None else [rank], self.direction, "step"
+            )
         return changes
 
 
@@ -192,10 +205,28 @@ def model_spec(model: str, args: argparse.Namespace) -> ModelSpec:
 
 
 def worker_command(spec: ModelSpec, labels: Sequence[str], args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.train_worker", "--model", spec.builder,
-            "--model-args", json.dumps(spec.model_args), "--batch-size", str(spec.batch_size),
-            "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup",
-            str(args.warmup), "--threads", "1", "--abba", "--configs", *labels]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.train_worker",
+        "--model",
+        spec.builder,
+        "--model-args",
+        json.dumps(spec.model_args),
+        "--batch-size",
+        str(spec.batch_size),
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        "1",
+        "--abba",
+        "--configs",
+        *labels,
+    ]
 
 
 def _median_or_none(values: list[float]) -> float | None:
@@ -214,17 +245,26 @@ def summarise_block(results_by_rank: list[list[dict[str, Any]]]) -> dict[str, An
         by_round.setdefault(result["round"], {})[result["config"]] = result
     rows = {}
     for label in labels:
-        ratios = [rounds["ddp"]["median_step_s"] / rounds[label]["median_step_s"]
-                  for rounds in by_round.values() if label in rounds and "ddp" in rounds]
-        exposed = [rounds[label]["exposed_comm_s"] for rounds in by_round.values()
-                   if label in rounds and rounds[label].get("exposed_comm_s") is not None]
-        rows[label] = {"median_step_s": statistics.median(per_round[label]),
-                       "ratio_vs_ddp": _median_or_none(ratios),
-                       "exposed_comm_s": _median_or_none(exposed),
-                       "rounds": len(per_round[label])}
+        ratios = [
+            rounds["ddp"]["median_step_s"] / rounds[label]["median_step_s"]
+            for rounds in by_round.values()
+            if label in rounds and "ddp" in rounds
+        ]
+        exposed = [
+            rounds[label]["exposed_comm_s"]
+            for rounds in by_round.values()
+            if label in rounds and rounds[label].get("exposed_comm_s") is not None
+        ]
+        rows[label] = {
+            "median_step_s": statistics.median(per_round[label]),
+            "ratio_vs_ddp": _median_or_none(ratios),
+            "exposed_comm_s": _median_or_none(exposed),
+            "rounds": len(per_round[label]),
+        }
     compute_per_rank = [
         _median_or_none([r["median_step_s"] for r in results if r["config"] == "compute"])
-        for results in results_by_rank]
+        for results in results_by_rank
+    ]
     collective_s = {}  # probe size in bytes -> seconds per collective
     collective_busy_s = {}  # the same beside a compute step
     for label in labels:
@@ -236,20 +276,27 @@ def summarise_block(results_by_rank: list[list[dict[str, Any]]]) -> dict[str, An
             collective_s[size] = rows[label]["median_step_s"] / lat_collectives(int(size))
         elif config.kind == "latc":
             collective_busy_s[size] = statistics.median(
-                r["collective_s"] for r in rank0 if r["config"] == label and "collective_s" in r)
-    probes = {"compute_s_per_rank": compute_per_rank,
-              "compute_s": rows.get("compute", {}).get("median_step_s"),
-              "comm_s": rows.get("comm", {}).get("median_step_s"),
-              "collective_s": collective_s, "collective_busy_s": collective_busy_s,
-              "lat_s_per_collective": collective_s.get(str(LAT_PROBE_BYTES))}
+                r["collective_s"] for r in rank0 if r["config"] == label and "collective_s" in r
+            )
+    probes = {
+        "compute_s_per_rank": compute_per_rank,
+        "compute_s": rows.get("compute", {}).get("median_step_s"),
+        "comm_s": rows.get("comm", {}).get("median_step_s"),
+        "collective_s": collective_s,
+        "collective_busy_s": collective_busy_s,
+        "lat_s_per_collective": collective_s.get(str(LAT_PROBE_BYTES)),
+    }
     # compute + backward while all-reduces ran (the scheduler's own metrics), per configuration
     under_comm = {}
     for label in labels:
         mine = [r for r in rank0 if r["config"] == label and r.get("metrics_median")]
         if mine:
             under_comm[label] = statistics.median(
-                r["metrics_median"]["forward_s"] + r["metrics_median"]["backward_s"]
-                - (r.get("exposed_comm_s") or 0.0) for r in mine)
+                r["metrics_median"]["forward_s"]
+                + r["metrics_median"]["backward_s"]
+                - (r.get("exposed_comm_s") or 0.0)
+                for r in mine
+            )
     probes["compute_under_comm_s"] = under_comm
     return {"rows": rows, "per_round": per_round, "probes": probes}
 
@@ -260,66 +307,96 @@ def _slim(result: dict[str, Any]) -> dict[str, Any]:
 
 def measure_block(model: str, condition: Condition, args: argparse.Namespace) -> dict[str, Any]:
     spec = model_spec(model, args)
-    labels = ([*PROBE_LABELS, *BUSY_PROBE_LABELS] if args.probes_only
-              else [*PROBE_LABELS, *args.grid])
+    labels = (
+        [*PROBE_LABELS, *BUSY_PROBE_LABELS] if args.probes_only else [*PROBE_LABELS, *args.grid]
+    )
     rate = condition.base_rate(args.rate)
     load = load_average()
     started = time.time()
     with Testbed(world_size=condition.ranks, rate=rate, pin_cpus=condition.cpus()) as bed:
         condition.apply(bed)
         before = _link_bytes(bed)
-        result = bed.run(worker_command(spec, labels, args), cwd=str(REPO),
-                         timeout_s=args.timeout)
+        result = bed.run(worker_command(spec, labels, args), cwd=str(REPO), timeout_s=args.timeout)
         after = _link_bytes(bed)
         condition_cpu = bed.condition_cpu_s()
-        throttled = {r: bed.cpu_throttled(r) for r in range(condition.ranks)
-                     if bed.cpu_shares[r] is not None}
+        throttled = {
+            r: bed.cpu_throttled(r) for r in range(condition.ranks) if bed.cpu_shares[r] is not None
+        }
     wall = time.time() - started
-    block = {"model": model, "builder": spec.builder, "model_args": spec.model_args,
-             "batch_size": spec.batch_size, "condition": condition.name,
-             "condition_spec": condition.as_dict(), "world_size": condition.ranks, "rate": rate,
-             "load": load, "load_after": load_average(), "wall_s": round(wall, 1),
-             "condition_cpu_s": condition_cpu,
-             # the condition's own processes (traffic, busy loops) in cores, over the block
-             "condition_cores": {k: round(v / wall, 4) for k, v in condition_cpu.items()},
-             "cpu_throttled": throttled,
-             # mean Mbit/s over the run of every rank link, out of the rank (tx) and into it (rx)
-             "link_mbit": {key: [round((a - b) * 8 / (after["t"] - before["t"]) / 1e6, 1)
-                                 for a, b in zip(after[key], before[key])]
-                           for key in ("tx", "rx")},
-             "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup}
+    block = {
+        "model": model,
+        "builder": spec.builder,
+        "model_args": spec.model_args,
+        "batch_size": spec.batch_size,
+        "condition": condition.name,
+        "condition_spec": condition.as_dict(),
+        "world_size": condition.ranks,
+        "rate": rate,
+        "load": load,
+        "load_after": load_average(),
+        "wall_s": round(wall, 1),
+        "condition_cpu_s": condition_cpu,
+        # the condition's own processes (traffic, busy loops) in cores, over the block
+        "condition_cores": {k: round(v / wall, 4) for k, v in condition_cpu.items()},
+        "cpu_throttled": throttled,
+        # mean Mbit/s over the run of every rank link, out of the rank (tx) and into it (rx)
+        "link_mbit": {
+            key: [
+                round((a - b) * 8 / (after["t"] - before["t"]) / 1e6, 1)
+                for a, b in zip(after[key], before[key])
+            ]
+            for key in ("tx", "rx")
+        },
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
     block.update(summarise_block([rank.results for rank in result.ranks]))
     block["raw"] = [_slim(r) for r in result.ranks[0].results]
     return block
 
 
 def _link_bytes(bed: Testbed) -> dict[str, Any]:
-    return {"t": time.monotonic(), "tx": [bed.link_tx_bytes(r) for r in range(bed.world_size)],
-            "rx": [bed.link_rx_bytes(r) for r in range(bed.world_size)]}
+    return {
+        "t": time.monotonic(),
+        "tx": [bed.link_tx_bytes(r) for r in range(bed.world_size)],
+        "rx": [bed.link_rx_bytes(r) for r in range(bed.world_size)],
+    }
 
 
 def format_block(block: dict[str, Any]) -> str:
     rows, probes = block["rows"], block["probes"]
     times = optimum.step_times(block)
     fastest = min(times.values(), default=1.0)
-    lines = [f"{block['model']} | {block['condition']} | {block['world_size']} ranks | "
-             f"{block['rate']} | load {block['load']} -> {block['load_after']} | "
-             f"{block['wall_s']:.0f} s"]
+    lines = [
+        (
+            f"{block['model']} | {block['condition']} | {block['world_size']} ranks | "
+            f"{block['rate']} | load {block['load']} -> {block['load_after']} | "
+            f"{block['wall_s']:.0f} s"
+        )
+    ]
     for label in optimum.configs_of(block):
         row = rows[label]
         ratio = row["ratio_vs_ddp"]
-        lines.append(f"  {label:<20} {row['median_step_s'] * 1e3:8.1f} ms  x DDP "
-                     f"{(f'{ratio:.2f}' if ratio else '-'):>5}  / best "
-                     f"{row['median_step_s'] / fastest:6.3f}")
+        lines.append(
+            f"  {label:<20} {row['median_step_s'] * 1e3:8.1f} ms  x DDP "
+            f"{(f'{ratio:.2f}' if ratio else '-'):>5}  / best "
+            f"{row['median_step_s'] / fastest:6.3f}"
+        )
     compute = ", ".join(f"{c * 1e3:.0f}" for c in probes["compute_s_per_rank"] if c)
-    lat = ", ".join(f"{int(size) >> 10} KiB {value * 1e3:.2f}"
-                    for size, value in probes["collective_s"].items())
-    lines.append(f"  probes: compute per rank {compute} ms, comm "
-                 f"{(probes['comm_s'] or 0) * 1e3:.0f} ms, per collective {lat} ms; "
-                 f"condition processes {block['condition_cores']} "
-                 f"cores; link Mbit/s tx {block['link_mbit']['tx']} rx {block['link_mbit']['rx']}")
-    busy = ", ".join(f"{int(size) >> 10} KiB {value * 1e3:.2f}"
-                     for size, value in probes.get("collective_busy_s", {}).items())
+    lat = ", ".join(
+        f"{int(size) >> 10} KiB {value * 1e3:.2f}" for size, value in probes["collective_s"].items()
+    )
+    lines.append(
+        f"  probes: compute per rank {compute} ms, comm "
+        f"{(probes['comm_s'] or 0) * 1e3:.0f} ms, per collective {lat} ms; "
+        f"condition processes {block['condition_cores']} "
+        f"cores; link Mbit/s tx {block['link_mbit']['tx']} rx {block['link_mbit']['rx']}"
+    )
+    busy = ", ".join(
+        f"{int(size) >> 10} KiB {value * 1e3:.2f}"
+        for size, value in probes.get("collective_busy_s", {}).items()
+    )
     if busy:
         lines.append(f"  per collective beside compute: {busy} ms")
     if times:
@@ -343,23 +420,36 @@ def _save(path: Path, data: dict[str, Any]) -> None:
 def report(path: Path, max_phases: int, limit: int | None) -> str:
     data = _load(path)
     blocks = optimum.latest_blocks(data)
-    parts = ["commands:"] + [f"  {c['command']}  (load {c['load_before']} -> "
-                             f"{c.get('load_after')}, {c.get('wall_s', 0):.0f} s)"
-                             for c in data["chunks"]]
-    parts += ["", optimum.format_summary(blocks), "", optimum.format_ratio_matrix(blocks),
-              optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit), "",
-              "one configuration for every condition of a model (step time / the condition's "
-              "best: worst case and geometric mean over the conditions)",
-              optimum.format_one_for_all(optimum.one_for_all(blocks)), "",
-              "busy worker: a CPU quota or a busy process (which ranks does it slow?)",
-              optimum.format_busy_worker(blocks)]
+    parts = ["commands:"] + [
+        f"  {c['command']}  (load {c['load_before']} -> "
+        f"{c.get('load_after')}, {c.get('wall_s', 0):.0f} s)"
+        for c in data["chunks"]
+    ]
+    parts += [
+        "",
+        optimum.format_summary(blocks),
+        "",
+        optimum.format_ratio_matrix(blocks),
+        optimum.format_headrooms(optimum.all_headrooms(blocks, max_phases), limit),
+        "",
+        (
+            "one configuration for every condition of a model (step time / the condition's "
+            "best: worst case and geometric mean over the conditions)"
+        ),
+        optimum.format_one_for_all(optimum.one_for_all(blocks)),
+        "",
+        "busy worker: a CPU quota or a busy process (which ranks does it slow?)",
+        optimum.format_busy_worker(blocks),
+    ]
     return "\n".join(parts)
 
 
 # ---- mixed traces, measured directly -------------------------------------------------------------
 
-def mixed_plan(static: str, per_phase: Sequence[str], phase_steps: int, cycles: int
-               ) -> list[dict[str, Any]]:
+
+def mixed_plan(
+    static: str, per_phase: Sequence[str], phase_steps: int, cycles: int
+) -> list[dict[str, Any]]:
     """Schedule of configurations: cycle k runs the static configuration (k even) or the per-phase
     best (k odd); every phase is its own segment under both, so both pay the same switches."""
     schedule = []
@@ -372,8 +462,13 @@ def mixed_plan(static: str, per_phase: Sequence[str], phase_steps: int, cycles: 
     return schedule
 
 
-def mixed_trace(conditions: Sequence[Condition], phase_steps: int, cycles: int,
-                default_rate: str, offset_steps: int) -> Trace:
+def mixed_trace(
+    conditions: Sequence[Condition],
+    phase_steps: int,
+    cycles: int,
+    default_rate: str,
+    offset_steps: int,
+) -> Trace:
     """Condition of phase p from step offset + (k * phases + p) * phase_steps (steps count from 1
     in the worker's step events, so phase boundaries land between the schedule's segments). Where
     the conditions' base rates differ (`rate=R` in some), every phase start also sets every link
@@ -394,8 +489,13 @@ def mixed_trace(conditions: Sequence[Condition], phase_steps: int, cycles: int,
     return trace
 
 
-def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
-                  per_phase: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+def measure_mixed(
+    model: str,
+    conditions: Sequence[Condition],
+    static: str,
+    per_phase: Sequence[str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     spec = model_spec(model, args)
     ranks = {c.ranks for c in conditions}
     if len(ranks) != 1:
@@ -413,12 +513,24 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
     with tempfile.TemporaryDirectory(prefix="abmixed-") as tmp:
         schedule_path = Path(tmp) / "schedule.json"
         schedule_path.write_text(json.dumps(schedule))
-        command = [sys.executable, "-m", "benchmarks.train_worker", "--model", spec.builder,
-                   "--model-args", json.dumps(spec.model_args), "--batch-size",
-                   str(spec.batch_size), "--threads", "1", "--schedule", str(schedule_path),
-                   "--steps", str(steps)]
-        with Testbed(world_size=ranks.pop(), rate=base_rate,
-                     pin_cpus=conditions[0].cpus()) as bed:
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.train_worker",
+            "--model",
+            spec.builder,
+            "--model-args",
+            json.dumps(spec.model_args),
+            "--batch-size",
+            str(spec.batch_size),
+            "--threads",
+            "1",
+            "--schedule",
+            str(schedule_path),
+            "--steps",
+            str(steps),
+        ]
+        with Testbed(world_size=ranks.pop(), rate=base_rate, pin_cpus=conditions[0].cpus()) as bed:
             conditions[0].apply(bed)
             result = bed.run(command, trace=trace, cwd=str(REPO), timeout_s=args.timeout)
             condition_cpu = bed.condition_cpu_s()
@@ -427,7 +539,7 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
     cycle_s: dict[str, list[float]] = {"static": [], "per_phase": []}
     phase_s: dict[str, list[list[float]]] = {"static": [], "per_phase": []}
     for cycle in range(args.cycles):
-        mine = segments[cycle * phases:(cycle + 1) * phases]
+        mine = segments[cycle * phases : (cycle + 1) * phases]
         if len(mine) < phases:
             break
         # the first steps of a phase carry the switch (both policies alike): keep them
@@ -436,55 +548,97 @@ def measure_mixed(model: str, conditions: Sequence[Condition], static: str,
         phase_s[kind].append([sum(s["step_times_s"]) for s in mine])
     pairs = list(zip(cycle_s["static"][1:], cycle_s["per_phase"][1:]))  # cycle 0/1 warm up
     ratios = [a / b for a, b in pairs]
-    return {"model": model, "conditions": [c.name for c in conditions],
-            "phase_steps": args.phase_steps, "cycles": args.cycles, "static": static,
-            "per_phase": list(per_phase), "load": load, "load_after": load_average(),
-            "wall_s": round(time.time() - started, 1), "condition_cpu_s": condition_cpu,
-            "cycle_s": cycle_s, "phase_s": phase_s, "paired_ratios": ratios,
-            "headroom_measured": (statistics.median(ratios) - 1.0) if ratios else None,
-            "condition_log": result.condition_log, "rate_log": result.rate_log}
+    return {
+        "model": model,
+        "conditions": [c.name for c in conditions],
+        "phase_steps": args.phase_steps,
+        "cycles": args.cycles,
+        "static": static,
+        "per_phase": list(per_phase),
+        "load": load,
+        "load_after": load_average(),
+        "wall_s": round(time.time() - started, 1),
+        "condition_cpu_s": condition_cpu,
+        "cycle_s": cycle_s,
+        "phase_s": phase_s,
+        "paired_ratios": ratios,
+        "headroom_measured": (statistics.median(ratios) - 1.0) if ratios else None,
+        "condition_log": result.condition_log,
+        "rate_log": result.rate_log,
+    }
 
 
 def _commit() -> str:
     """The checkout's commit (+ "-dirty" with uncommitted changes): which scheduler was measured."""
     import subprocess
+
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                              capture_output=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, text=True, capture_output=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            text=True,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            text=True,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}{'-dirty' if dirty else ''}" if head else "unknown"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_conditions",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_conditions", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--models", default="mlp,vgg", help=f"from {sorted(MODELS)}")
     parser.add_argument("--conditions", nargs="+", default=["quiet"])
     parser.add_argument("--rate", default="1gbit", help="base link rate")
     parser.add_argument("--grid", nargs="+", default=list(DEFAULT_GRID))
-    parser.add_argument("--batch-size", type=int, default=0,
-                        help="0: the model's map batch size (smoke tests use a small one)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="0: the model's map batch size (smoke tests use a small one)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1500)
     parser.add_argument("--out", default="", help="append blocks to this JSON file")
     parser.add_argument("--report", default="", help="print the tables of this map and exit")
-    parser.add_argument("--max-phases", type=int, default=2,
-                        help="--report: mixed traces of up to this many conditions")
+    parser.add_argument(
+        "--max-phases",
+        type=int,
+        default=2,
+        help="--report: mixed traces of up to this many conditions",
+    )
     parser.add_argument("--limit", type=int, default=0, help="--report: headroom rows shown")
-    parser.add_argument("--probes-only", action="store_true",
-                        help="measure only the probes (with the collectives beside compute, "
-                             "latc) per (model, condition), into the map's probe_blocks")
-    parser.add_argument("--dispatch", action="store_true",
-                        help="also measure the scheduler's cost per partition (bench_scheduler's "
-                             "dispatch probe, 2 ranks at 10gbit) into the map")
+    parser.add_argument(
+        "--probes-only",
+        action="store_true",
+        help="measure only the probes (with the collectives beside compute, "
+        "latc) per (model, condition), into the map's probe_blocks",
+    )
+    parser.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="also measure the scheduler's cost per partition (bench_scheduler's "
+        "dispatch probe, 2 ranks at 10gbit) into the map",
+    )
     parser.add_argument("--mixed", default="", help='"A|B": measure this mixed trace directly')
-    parser.add_argument("--map", default="benchmarks/calibration/optimum-map.json",
-                        help="--mixed: the map the static and per-phase choices come from")
+    parser.add_argument(
+        "--map",
+        default="benchmarks/calibration/optimum-map.json",
+        help="--mixed: the map the static and per-phase choices come from",
+    )
     parser.add_argument("--static", default="", help="--mixed: the static configuration")
     parser.add_argument("--per-phase", default="", help="--mixed: per-phase configurations, '|'")
     parser.add_argument("--phase-steps", type=int, default=20)
@@ -503,26 +657,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     given = list(argv) if argv is not None else sys.argv[1:]
     command = " ".join(["python -m benchmarks.bench_conditions", *given])
-    chunk = {"command": command, "load_before": load_average(), "started": time.time(),
-             "commit": _commit()}
+    chunk = {
+        "command": command,
+        "load_before": load_average(),
+        "started": time.time(),
+        "commit": _commit(),
+    }
     if args.mixed:
         conditions = [Condition.parse(text) for text in args.mixed.split("|")]
         model = args.models.split(",")[0]
         static, per_phase = args.static, args.per_phase.split("|") if args.per_phase else []
         if not static or not per_phase:
-            blocks = {(b["model"], b["condition"]): b
-                      for b in optimum.latest_blocks(_load(Path(args.map)))}
+            blocks = {
+                (b["model"], b["condition"]): b
+                for b in optimum.latest_blocks(_load(Path(args.map)))
+            }
             item = optimum.headroom([blocks[(model, c.name)] for c in conditions])
             static, per_phase = static or item["static"], per_phase or item["per_phase"]
-            print(f"from the map: headroom {item['headroom'] * 100:.1f}% "
-                  f"(cv {item['headroom_cv'] * 100:.1f}%), static {static}, per phase "
-                  f"{' / '.join(per_phase)}")
+            print(
+                f"from the map: headroom {item['headroom'] * 100:.1f}% "
+                f"(cv {item['headroom_cv'] * 100:.1f}%), static {static}, per phase "
+                f"{' / '.join(per_phase)}"
+            )
         result = measure_mixed(model, conditions, static, per_phase, args)
         result["command"] = command
         result["commit"] = chunk["commit"]
-        print(json.dumps({k: result[k] for k in ("conditions", "static", "per_phase",
-                                                 "paired_ratios", "headroom_measured", "load",
-                                                 "load_after", "wall_s")}))
+        print(
+            json.dumps(
+                {
+                    k: result[k]
+                    for k in (
+                        "conditions",
+                        "static",
+                        "per_phase",
+                        "paired_ratios",
+                        "headroom_measured",
+                        "load",
+                        "load_after",
+                        "wall_s",
+                    )
+                }
+            )
+        )
         if args.out:
             out = Path(args.out)
             data = json.loads(out.read_text()) if out.exists() else {"mixed": []}
@@ -536,9 +712,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["chunks"].append(chunk)
     if args.dispatch:
         from benchmarks.bench_scheduler import format_dispatch, measure_dispatch
-        probe_args = argparse.Namespace(dispatch_partitions="16KiB,64KiB", dispatch_rate="10gbit",
-                                        warmup=args.warmup, threads=1, sched_group=False,
-                                        timeout=args.timeout)
+
+        probe_args = argparse.Namespace(
+            dispatch_partitions="16KiB,64KiB",
+            dispatch_rate="10gbit",
+            warmup=args.warmup,
+            threads=1,
+            sched_group=False,
+            timeout=args.timeout,
+        )
         with Testbed(world_size=2, rate="10gbit") as bed:
             dispatch = measure_dispatch(bed, probe_args)
         dispatch["load"] = chunk["load_before"]
@@ -555,8 +737,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data.setdefault("probe_blocks" if args.probes_only else "blocks", []).append(block)
                 chunk.update(load_after=load_average(), wall_s=time.time() - chunk["started"])
                 _save(out, data)
-    print(f"load average before {chunk['load_before']}, after {load_average()}; "
-          f"{time.time() - chunk['started']:.0f} s")
+    print(
+        f"load average before {chunk['load_before']}, after {load_average()}; "
+        f"{time.time() - chunk['started']:.0f} s"
+    )
     return 0
 
 

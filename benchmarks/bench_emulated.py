@@ -6,8 +6,14 @@
     python -m benchmarks.bench_emulated --report results/emulated-resnet50.json
 
 The scenario (a `[testbed] mode = "emulated"` file, benchmarks/scenario.py) gives the profile, its
-device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rate`
-overrides it). For each rank count, one testbed (a namespace per rank, benchmarks/testbed) runs
+device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rates`
+overrides it: Gbit/s, or `1x` for the rate at which a ring all-reduce of all gradients takes the
+profile's compute at that rank count, `0.5x`, `2x` half and twice that). Its conditions ([straggler],
+[traffic], [cpu] and a bandwidth trace that changes) are applied as the testbed's trace
+(`Scenario.testbed_trace`: the conditions on rank 1), scaled with the rate, so every configuration
+and both probes of the bound run under them. Under a trace that changes the rate, a row's step is
+the mean of its steps (each configuration's steps span several periods of the trace), otherwise
+their median. For each rank count, one testbed (a namespace per rank, benchmarks/testbed) runs
 every configuration in the same processes, interleaved round by round (ABBA): the two probes of the
 bound (`compute`: DDP under no_sync; `comm`: a bare all-reduce of all gradients in DDP's buckets),
 DDP at its default bucket_cap_mb (25 MiB) and at a grid of them, the scheduler at its default
@@ -28,6 +34,7 @@ Only the arithmetic is emulated (benchmarks/emulated.py): every table says so an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -42,7 +49,9 @@ from benchmarks.scenario import GBIT, Scenario, load_scenario
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DDP_DEFAULT_BUCKET = "25MiB"  # torch's bucket_cap_mb default, in the model's bytes
 DDP_GRID = ("5MiB", "50MiB", "100MiB")
-SCHED_DEFAULT = "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
+SCHED_DEFAULT = (
+    "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
+)
 SCHED_GRID = ("sched:1MiB,4MiB", "sched:16MiB,64MiB", "sched:none,none")
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
 RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
@@ -74,38 +83,154 @@ def wire_label(label: str, byte_scale: float) -> str:
 
 def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str]:
     """The configurations of one block, in the model's bytes (DDP's default bucket spelt out)."""
-    ddp = [f"ddp:{DDP_DEFAULT_BUCKET}"] + [f"ddp:{size}" for size in ddp_grid if size != DDP_DEFAULT_BUCKET]
+    ddp = [f"ddp:{DDP_DEFAULT_BUCKET}"] + [
+        f"ddp:{size}" for size in ddp_grid if size != DDP_DEFAULT_BUCKET
+    ]
     sched = [SCHED_DEFAULT] + [label for label in sched_grid if label != SCHED_DEFAULT]
     return ["compute", "comm", *ddp, *sched]
 
 
-def _worker_command(scenario: Scenario, ranks: int, wire: Sequence[str], rounds: int, steps: int,
-                    warmup: int) -> list[str]:
+def balanced_rate_gbit(profile: Any, ranks: int) -> float:
+    """Gbit/s (model bytes) at which a ring all-reduce of all gradients takes the profile's compute."""
+    wire_factor = 2 * (ranks - 1) / ranks
+    return wire_factor * profile.total_param_bytes / profile.compute_s / GBIT
+
+
+def parse_rates(text: str, profile: Any, ranks: int, default_gbit: float) -> list[float]:
+    """`--rates`: Gbit/s or multiples of the balanced rate (`0.5x,1x,2x`); empty: the scenario's."""
+    if not text:
+        return [default_gbit]
+    rates = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        try:
+            value = (
+                float(item[:-1]) * balanced_rate_gbit(profile, ranks)
+                if item.endswith("x")
+                else float(item)
+            )
+        except ValueError:
+            raise ValueError(
+                f"--rates {item!r}: give Gbit/s (7.5) or a multiple of the balanced rate (1x)"
+            ) from None
+        if not value > 0:
+            raise ValueError(f"--rates {item!r}: a rate must be > 0")
+        rates.append(value)
+    return rates
+
+
+def scenario_at_rate(scenario: Scenario, rate_gbit: float) -> Scenario:
+    """The scenario with its bandwidth trace (and straggler link) scaled so the link starts at
+    `rate_gbit`; the conditions' shape (when, how much slower, how many flows) is kept."""
+    link = scenario.link_bandwidth or scenario.bandwidth
+    factor = rate_gbit * GBIT / link.at(0.0)
+    if factor == 1.0:
+        return scenario
+    scaled: dict[str, Any] = {"bandwidth": scenario.bandwidth.scaled(factor)}
+    if scenario.link_bandwidth is not None:
+        scaled["link_bandwidth"] = scenario.link_bandwidth.scaled(factor)
+    if scenario.straggler is not None:
+        scaled["straggler"] = scenario.straggler.scaled(factor)
+    return dataclasses.replace(scenario, **scaled)
+
+
+def rate_changes(scenario: Scenario) -> bool:
+    """Whether the links' rate changes during the run (the rows then report mean steps)."""
+    link = scenario.link_bandwidth or scenario.bandwidth
+    return not link.is_constant or (
+        scenario.straggler is not None and not scenario.straggler.is_constant
+    )
+
+
+def block_trace(scenario: Scenario, until_s: float) -> Any:
+    """The testbed trace of a scenario with conditions or a changing rate; None otherwise."""
+    if not scenario.has_conditions and not rate_changes(scenario):
+        return None
+    return scenario.testbed_trace(until_s)
+
+
+def describe_conditions(scenario: Scenario) -> str:
+    """The conditions a block ran under, in words (the model's bytes)."""
+    parts = []
+    link = scenario.link_bandwidth or scenario.bandwidth
+    if not link.is_constant:
+        levels = sorted({value for _s, _e, value in link.phases(60.0)})
+        parts.append(
+            "rate changes between "
+            + " and ".join(f"{v / GBIT:.3g}" for v in levels)
+            + " Gbit/s (every link)"
+        )
+    if scenario.straggler is not None:
+        parts.append(f"rank 1's link at {scenario.straggler.at(0.0) / GBIT:.3g} Gbit/s (straggler)")
+    if scenario.flows is not None:
+        parts.append(f"{scenario.flows.at(0.0):g} competing TCP flow(s) each way on rank 1's link")
+    if scenario.cpu_share is not None:
+        parts.append(f"CPU share {scenario.cpu_share.at(0.0):g} on rank 1")
+    return "; ".join(parts) or "none"
+
+
+def _worker_command(
+    scenario: Scenario, ranks: int, wire: Sequence[str], rounds: int, steps: int, warmup: int
+) -> list[str]:
     workload = scenario.testbed_workload(ranks)
-    return [sys.executable, "-m", "benchmarks.train_worker", *workload.worker_args(),
-            "--optimizer", "sgd", "--lr", "0.001", "--configs", *wire, "--rounds", str(rounds),
-            "--abba", "--steps", str(steps), "--warmup", str(warmup)]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.train_worker",
+        *workload.worker_args(),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.001",
+        "--configs",
+        *wire,
+        "--rounds",
+        str(rounds),
+        "--abba",
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+    ]
 
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[str, Any]]],
-              cores: int) -> list[dict[str, Any]]:
+def summarise(
+    labels: Sequence[str],
+    wire: Sequence[str],
+    ranks: list[list[dict[str, Any]]],
+    cores: int,
+    step_stat: str = "median",
+) -> list[dict[str, Any]]:
     """One row per configuration from every rank's `result` events (see the module docstring)."""
     rows = []
     for label, wire_lab in zip(labels, wire):
-        per_rank = [[r for r in results if r["config"] == _worker_label(wire_lab)] for results in ranks]
+        per_rank = [
+            [r for r in results if r["config"] == _worker_label(wire_lab)] for results in ranks
+        ]
         rank0 = per_rank[0]
         busy = [_median([r["cpu"]["busy_share"] for r in results]) for results in per_rank]
-        backend = [_median([r["cpu"]["s_per_step"]["backend"] for r in results]) for results in per_rank]
-        runqueue = [_median([r["cpu"]["runqueue_s_per_step"] for r in results]) for results in per_rank]
-        training_runqueue = [_median([r["cpu"]["training_runqueue_s_per_step"] for r in results])
-                             for results in per_rank]
+        backend = [
+            _median([r["cpu"]["s_per_step"]["backend"] for r in results]) for results in per_rank
+        ]
+        runqueue = [
+            _median([r["cpu"]["runqueue_s_per_step"] for r in results]) for results in per_rank
+        ]
+        training_runqueue = [
+            _median([r["cpu"]["training_runqueue_s_per_step"] for r in results])
+            for results in per_rank
+        ]
         machine = _median([r["cpu"]["machine_busy_cores"] for r in rank0])
-        step = _median([r["median_step_s"] for r in rank0])
-        exposed = _median([r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None])
+        if step_stat == "mean":
+            round_steps = [statistics.fmean(r["step_times_s"]) for r in rank0 if r["step_times_s"]]
+        else:
+            round_steps = [r["median_step_s"] for r in rank0 if r["median_step_s"] is not None]
+        step = _median(round_steps)
+        exposed = _median(
+            [r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None]
+        )
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
         device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
         flags = []
@@ -113,12 +238,26 @@ def summarise(labels: Sequence[str], wire: Sequence[str], ranks: list[list[dict[
             flags.append("runqueue")
         if machine is not None and machine > HOST_BUSY_LIMIT * cores:
             flags.append("host-busy")
-        rows.append({"config": label, "wire": wire_lab, "step_s": step, "rounds": len(rank0),
-                     "hot_path": rank0[0].get("hot_path") if rank0 else None,
-                     "exposed_comm_s": exposed, "device_busy_s": device_busy, "device_idle_s": device_idle, "busy_share": busy,
-                     "backend_cpu_s_per_step": backend, "runqueue_s_per_step": runqueue,
-                     "training_runqueue_s_per_step": training_runqueue, "machine_busy_cores": machine,
-                     "cpu_limited": flags})
+        rows.append(
+            {
+                "config": label,
+                "wire": wire_lab,
+                "step_s": step,
+                "step_stat": step_stat,
+                "round_steps_s": round_steps,
+                "rounds": len(rank0),
+                "hot_path": rank0[0].get("hot_path") if rank0 else None,
+                "exposed_comm_s": exposed,
+                "device_busy_s": device_busy,
+                "device_idle_s": device_idle,
+                "busy_share": busy,
+                "backend_cpu_s_per_step": backend,
+                "runqueue_s_per_step": runqueue,
+                "training_runqueue_s_per_step": training_runqueue,
+                "machine_busy_cores": machine,
+                "cpu_limited": flags,
+            }
+        )
     return rows
 
 
@@ -128,21 +267,41 @@ def _worker_label(wire_lab: str) -> str:
     return RunConfig.parse(wire_lab).label
 
 
-def run_block(scenario: Scenario, ranks: int, rate_gbit: float, labels: Sequence[str], rounds: int,
-              steps: int, warmup: int, timeout_s: float = 900.0) -> dict[str, Any]:
+def run_block(
+    scenario: Scenario,
+    ranks: int,
+    rate_gbit: float,
+    labels: Sequence[str],
+    rounds: int,
+    steps: int,
+    warmup: int,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
     """Every configuration at `ranks` emulated ranks on one testbed, interleaved round by round."""
     from benchmarks.testbed import Testbed
 
     wire = [wire_label(label, scenario.byte_scale) for label in labels]
     wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
+    at_rate = scenario_at_rate(scenario, rate_gbit)
+    trace = block_trace(at_rate, timeout_s) if ranks > 1 else None
+    step_stat = "mean" if rate_changes(at_rate) else "median"
     watch = HostWatch()
     with Testbed(world_size=ranks, rate=wire_rate_bps) as bed:
-        result = bed.run(_worker_command(scenario, ranks, wire, rounds, steps, warmup),
-                         timeout_s=timeout_s, cwd=str(REPO))
+        result = bed.run(
+            _worker_command(scenario, ranks, wire, rounds, steps, warmup),
+            trace=trace,
+            timeout_s=timeout_s,
+            cwd=str(REPO),
+        )
     host = watch.report()
-    rows = summarise(labels, wire, [rank.results for rank in result.ranks], os.cpu_count() or 1)
+    rows = summarise(
+        labels, wire, [rank.results for rank in result.ranks], os.cpu_count() or 1, step_stat
+    )
     by_config = {row["config"]: row for row in rows}
-    compute, comm = by_config.get("compute", {}).get("step_s"), by_config.get("comm", {}).get("step_s")
+    compute, comm = (
+        by_config.get("compute", {}).get("step_s"),
+        by_config.get("comm", {}).get("step_s"),
+    )
     bound = max(compute, comm) if compute and comm else None
     ddp_rows = [row for row in rows if row["config"].startswith("ddp") and row["step_s"]]
     ddp_default = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}", {}).get("step_s")
@@ -152,13 +311,42 @@ def run_block(scenario: Scenario, ranks: int, rate_gbit: float, labels: Sequence
         row["x_bound"] = step / bound if step and bound else None
         row["speedup_vs_ddp_default"] = ddp_default / step if step and ddp_default else None
         row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best else None
-    return {"ranks": ranks, "rate_gbit": rate_gbit, "wire_rate_bps": wire_rate_bps,
-            "profile_compute_s": scenario.profile.compute_s, "bound_s": bound, "compute_s": compute,
-            "comm_s": comm, "host": host, "rows": rows}
+    return {
+        "ranks": ranks,
+        "rate_gbit": rate_gbit,
+        "wire_rate_bps": wire_rate_bps,
+        "balanced_rate_gbit": balanced_rate_gbit(scenario.profile, ranks) if ranks > 1 else None,
+        "conditions": describe_conditions(at_rate) if trace is not None else "none",
+        "step_stat": step_stat,
+        # what the testbed applied: the first few changes of each kind and how many in all
+        "rate_changes": {
+            "count": len(result.rate_log),
+            "first": [
+                {"t_s": e.get("t_s"), "rate_bps": e.get("rate_bps"), "ranks": e.get("ranks")}
+                for e in result.rate_log[:4]
+            ],
+        },
+        "condition_changes": [
+            {k: v for k, v in e.items() if k not in ("wall_time", "stopped")}
+            for e in result.condition_log
+        ],
+        "ddp_default_s": ddp_default,
+        "ddp_best_s": ddp_best,
+        "ddp_best_config": min(ddp_rows, key=lambda row: row["step_s"])["config"]
+        if ddp_rows
+        else None,
+        "profile_compute_s": scenario.profile.compute_s,
+        "bound_s": bound,
+        "compute_s": compute,
+        "comm_s": comm,
+        "host": host,
+        "rows": rows,
+    }
 
 
-def check_compute(scenario: Scenario, rounds: int = 3, steps: int = 10, warmup: int = 3,
-                  timeout_s: float = 600.0) -> dict[str, Any]:
+def check_compute(
+    scenario: Scenario, rounds: int = 3, steps: int = 10, warmup: int = 3, timeout_s: float = 600.0
+) -> dict[str, Any]:
     """World size 1 (no communication): the compute probe and the scheduler's step against the
     profile's compute."""
     labels = ["compute", SCHED_DEFAULT]
@@ -166,9 +354,24 @@ def check_compute(scenario: Scenario, rounds: int = 3, steps: int = 10, warmup: 
     profile_s = scenario.profile.compute_s
     for row in block["rows"]:
         row["x_profile"] = row["step_s"] / profile_s if row["step_s"] else None
-        row["within_tolerance"] = (row["x_profile"] is not None
-                                   and abs(row["x_profile"] - 1.0) <= COMPUTE_TOLERANCE)
+        row["within_tolerance"] = (
+            row["x_profile"] is not None and abs(row["x_profile"] - 1.0) <= COMPUTE_TOLERANCE
+        )
     return block
+
+
+def _ddps(block: dict[str, Any]) -> str:
+    if not block.get("ddp_best_config"):
+        return ""
+    return (
+        f"; DDP default (25MiB) {_ms(block['ddp_default_s'])} ms, DDP best "
+        f"({block['ddp_best_config']}) {_ms(block['ddp_best_s'])} ms"
+    )
+
+
+def _balanced(block: dict[str, Any]) -> str:
+    balanced = block.get("balanced_rate_gbit")
+    return f", {block['rate_gbit'] / balanced:.2g}x the balanced rate" if balanced else ""
 
 
 def _ms(value: float | None) -> str:
@@ -180,35 +383,51 @@ def _x(value: float | None) -> str:
 
 
 def format_block(block: dict[str, Any], scale: str) -> str:
-    lines = [scale,
-             f"{block['ranks']} ranks, {block['rate_gbit']:g} Gbit/s in model bytes "
-             f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire); profile compute "
-             f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
-             f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
-             f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
-             f"{block['host'].get('load_end')})",
-             f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
-             f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
-             f"{'host':>4} flag"]
+    lines = [
+        scale,
+        (
+            f"{block['ranks']} ranks, {block['rate_gbit']:.3g} Gbit/s in model bytes "
+            f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire{_balanced(block)}); conditions: "
+            f"{block.get('conditions', 'none')}; step: {block.get('step_stat', 'median')} of a "
+            f"configuration's steps; profile compute "
+            f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
+            f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
+            f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
+            f"{block['host'].get('load_end')})" + _ddps(block)
+        ),
+        (
+            f"{'config (model bytes)':22} {'wire':22} {'step ms':>8} {'x bound':>7} {'/DDP':>5} "
+            f"{'/DDPbest':>8} {'exposed':>7} {'CPU busy per rank':>22} {'gloo ms':>7} {'runq ms':>7} "
+            f"{'host':>4} flag"
+        ),
+    ]
     for row in block["rows"]:
         busy = "/".join(f"{b:.2f}" for b in row["busy_share"] if b is not None)
         backend = max((b for b in row["backend_cpu_s_per_step"] if b is not None), default=None)
-        runqueue = max((b for b in row["training_runqueue_s_per_step"] if b is not None), default=None)
+        runqueue = max(
+            (b for b in row["training_runqueue_s_per_step"] if b is not None), default=None
+        )
         machine = row["machine_busy_cores"]
         extra = ""
         if "x_profile" in row:
-            extra = (f"  x profile {_x(row['x_profile'])} "
-                     f"({'within' if row['within_tolerance'] else 'OUTSIDE'} {COMPUTE_TOLERANCE:.0%})")
-        lines.append(f"{row['config']:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
-                     f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
-                     f"{_ms(row['exposed_comm_s']):>7} {busy:>22} {_ms(backend):>7} {_ms(runqueue):>7} "
-                     f"{'-' if machine is None else f'{machine:.1f}':>4} "
-                     f"{','.join(row['cpu_limited']) or '-'}{extra}")
-    lines.append("/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
-                 "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
-                 "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
-                 f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
-                 "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals")
+            extra = (
+                f"  x profile {_x(row['x_profile'])} "
+                f"({'within' if row['within_tolerance'] else 'OUTSIDE'} {COMPUTE_TOLERANCE:.0%})"
+            )
+        lines.append(
+            f"{row['config']:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
+            f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
+            f"{_ms(row['exposed_comm_s']):>7} {busy:>22} {_ms(backend):>7} {_ms(runqueue):>7} "
+            f"{'-' if machine is None else f'{machine:.1f}':>4} "
+            f"{','.join(row['cpu_limited']) or '-'}{extra}"
+        )
+    lines.append(
+        "/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
+        "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
+        "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
+        f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
+        "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals"
+    )
     return "\n".join(lines)
 
 
@@ -219,19 +438,34 @@ def format_report(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenario", nargs="?", help="an emulated-mode scenario file")
-    parser.add_argument("--ranks", default="", help="rank counts, e.g. 2,4,8 (default: the scenario's)")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="Gbit/s in the model's bytes (default: the scenario's bandwidth at t=0)")
-    parser.add_argument("--ddp-grid", default=",".join(DDP_GRID),
-                        help="bucket_cap sizes beside the default 25MiB (model bytes)")
-    parser.add_argument("--sched-grid", default=";".join(SCHED_GRID),
-                        help="scheduler configurations beside the default, ';'-separated")
+    parser.add_argument(
+        "--ranks", default="", help="rank counts, e.g. 2,4,8 (default: the scenario's)"
+    )
+    parser.add_argument(
+        "--rates",
+        default="",
+        help="Gbit/s in the model's bytes, or multiples of the rate where a ring all-reduce "
+        "takes the compute at each rank count (0.5x,1x,2x); default: the scenario's",
+    )
+    parser.add_argument(
+        "--ddp-grid",
+        default=",".join(DDP_GRID),
+        help="bucket_cap sizes beside the default 25MiB (model bytes)",
+    )
+    parser.add_argument(
+        "--sched-grid",
+        default=";".join(SCHED_GRID),
+        help="scheduler configurations beside the default, ';'-separated",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per block")
-    parser.add_argument("--check-compute", action="store_true",
-                        help="world size 1: the step against the profile's compute (exit 1 beyond 2%%)")
+    parser.add_argument(
+        "--check-compute",
+        action="store_true",
+        help="world size 1: the step against the profile's compute (exit 1 beyond 2%%)",
+    )
     parser.add_argument("--out", default="", help="write the results as JSON here")
     parser.add_argument("--report", default="", help="print the tables of a results JSON and exit")
     return parser.parse_args(argv)
@@ -243,39 +477,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_report(json.loads(pathlib.Path(args.report).read_text())))
         return 0
     if not args.scenario:
-        raise SystemExit("give an emulated-mode scenario file (benchmarks/scenarios/emulated-*.toml)")
+        raise SystemExit(
+            "give an emulated-mode scenario file (benchmarks/scenarios/emulated-*.toml)"
+        )
     try:
         scenario = load_scenario(args.scenario)
     except (OSError, ValueError) as error:
         raise SystemExit(f"bench_emulated: {error}") from None
     if not scenario.emulated:
-        raise SystemExit(f"bench_emulated: {args.scenario} has no [testbed] mode = \"emulated\"")
+        raise SystemExit(f'bench_emulated: {args.scenario} has no [testbed] mode = "emulated"')
     from benchmarks.emulated import describe_scale
 
-    scale = describe_scale(scenario.profile, scenario.byte_scale, scenario.device_flops_per_s,
-                           scenario.compute_scale)
+    scale = describe_scale(
+        scenario.profile, scenario.byte_scale, scenario.device_flops_per_s, scenario.compute_scale
+    )
     if args.check_compute:
         block = check_compute(scenario, args.rounds, args.steps, args.warmup, args.timeout_s)
         blocks = [block]
         # The verdict is the compute probe's (communication off); the scheduler's row beside it
         # shows what its own threads add with nothing to reduce.
-        ok = all(row["within_tolerance"] and not row["cpu_limited"] for row in block["rows"]
-                 if row["config"] == "compute")
+        ok = all(
+            row["within_tolerance"] and not row["cpu_limited"]
+            for row in block["rows"]
+            if row["config"] == "compute"
+        )
     else:
         try:
             ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else [scenario.workers]
         except ValueError:
-            raise SystemExit(f"bench_emulated: --ranks {args.ranks!r}: give counts such as 2,4,8") from None
+            raise SystemExit(
+                f"bench_emulated: --ranks {args.ranks!r}: give counts such as 2,4,8"
+            ) from None
         if any(r < 2 for r in ranks):
-            raise SystemExit("bench_emulated: every --ranks count must be >= 2 (--check-compute runs 1)")
-        rate = args.rate if args.rate is not None else scenario.bandwidth.at(0.0) / GBIT
-        labels = block_labels([s for s in args.ddp_grid.split(",") if s],
-                              [s for s in args.sched_grid.split(";") if s])
-        blocks = [run_block(scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s)
-                  for n in ranks]
+            raise SystemExit(
+                "bench_emulated: every --ranks count must be >= 2 (--check-compute runs 1)"
+            )
+        default_rate = (scenario.link_bandwidth or scenario.bandwidth).at(0.0) / GBIT
+        try:
+            rates = {n: parse_rates(args.rates, scenario.profile, n, default_rate) for n in ranks}
+        except ValueError as error:
+            raise SystemExit(f"bench_emulated: {error}") from None
+        labels = block_labels(
+            [s for s in args.ddp_grid.split(",") if s], [s for s in args.sched_grid.split(";") if s]
+        )
+        blocks = [
+            run_block(
+                scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s
+            )
+            for n in ranks
+            for rate in rates[n]
+        ]
         ok = True
-    report = {"scenario": scenario.path, "scale": scale, "byte_scale": scenario.byte_scale,
-              "emulated": True, "blocks": blocks}
+    report = {
+        "scenario": scenario.path,
+        "scale": scale,
+        "byte_scale": scenario.byte_scale,
+        "emulated": True,
+        "blocks": blocks,
+    }
     print(format_report(report))
     if args.out:
         path = pathlib.Path(args.out)

@@ -22,12 +22,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("loop_ddp", "trainer_ddp", "loop", "trainer")
@@ -49,14 +50,20 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     total = args.warmup + args.steps
-    config = GPT2Config(n_layer=args.layers, n_head=4, n_embd=args.hidden, vocab_size=args.vocab,
-                        n_positions=args.length)
+    config = GPT2Config(
+        n_layer=args.layers,
+        n_head=4,
+        n_embd=args.hidden,
+        vocab_size=args.vocab,
+        n_positions=args.length,
+    )
     samples = 2 * args.batch_size * total  # both ranks, one epoch, no sample twice
 
     class Tokens(torch.utils.data.Dataset):
         def __init__(self) -> None:
-            self.ids = torch.randint(0, args.vocab, (samples, args.length),
-                                     generator=torch.Generator().manual_seed(1))
+            self.ids = torch.randint(
+                0, args.vocab, (samples, args.length), generator=torch.Generator().manual_seed(1)
+            )
 
         def __len__(self) -> int:
             return samples
@@ -76,8 +83,11 @@ def worker(args: argparse.Namespace) -> None:
         lr = transformers.get_linear_schedule_with_warmup(opt, 2, total)
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=0)
         loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-        sched = ScheduledOptimizer(net, opt, args.partition, args.credit, clip_grad_norm=1.0) \
-            if scheduled else None
+        sched = (
+            ScheduledOptimizer(net, opt, args.partition, args.credit, clip_grad_norm=1.0)
+            if scheduled
+            else None
+        )
         wrapped = net if scheduled else torch.nn.parallel.DistributedDataParallel(net)
         try:
             start = 0.0
@@ -119,14 +129,29 @@ def worker(args: argparse.Namespace) -> None:
 
     def run_trainer(scheduled: bool) -> float:
         settings = TrainingArguments(
-            output_dir=os.path.join(args.tmp, "trainer"), max_steps=total,
-            per_device_train_batch_size=args.batch_size, learning_rate=1e-4, warmup_steps=2,
-            bf16=True, use_cpu=True, save_strategy="no", eval_strategy="no", logging_steps=10 ** 6,
-            report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0)
-        options = {"autobyte": {"partition_bytes": args.partition, "credit_bytes": args.credit}} \
-            if scheduled else {}
-        trainer = (Trainer if scheduled else transformers.Trainer)(model=model(), args=settings,
-                                                                   train_dataset=dataset, **options)
+            output_dir=os.path.join(args.tmp, "trainer"),
+            max_steps=total,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=1e-4,
+            warmup_steps=2,
+            bf16=True,
+            use_cpu=True,
+            save_strategy="no",
+            eval_strategy="no",
+            logging_steps=10**6,
+            report_to=[],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        options = (
+            {"autobyte": {"partition_bytes": args.partition, "credit_bytes": args.credit}}
+            if scheduled
+            else {}
+        )
+        trainer = (Trainer if scheduled else transformers.Trainer)(
+            model=model(), args=settings, train_dataset=dataset, **options
+        )
         window = Window(trainer)
         trainer.add_callback(window)
         trainer.train()
@@ -136,10 +161,20 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(args.rounds):
         for variant in VARIANTS:
             scheduled = not variant.endswith("_ddp")
-            rounds[variant].append(run_loop(scheduled) if variant.startswith("loop") else run_trainer(scheduled))
+            rounds[variant].append(
+                run_loop(scheduled) if variant.startswith("loop") else run_trainer(scheduled)
+            )
     if rank == 0:
-        print(json.dumps({"event": "result", "rounds": rounds,
-                          "params": sum(p.numel() for p in model().parameters())}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "result",
+                    "rounds": rounds,
+                    "params": sum(p.numel() for p in model().parameters()),
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -147,68 +182,80 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.bench_hf", "--worker", "--rounds", str(args.rounds),
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size",
-            str(args.batch_size), "--threads", str(args.threads), "--partition", str(args.partition),
-            "--credit", str(args.credit), "--vocab", str(args.vocab), "--hidden", str(args.hidden),
-            "--layers", str(args.layers), "--length", str(args.length), "--tmp", args.tmp]
+    return loopback.worker_argv(
+        "benchmarks.bench_hf",
+        args,
+        (
+            "rounds",
+            "steps",
+            "warmup",
+            "batch-size",
+            "threads",
+            "partition",
+            "credit",
+            "vocab",
+            "hidden",
+            "layers",
+            "length",
+            "tmp",
+        ),
+    )
 
 
 def _env(args: argparse.Namespace) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return {
+        "OMP_NUM_THREADS": str(args.threads),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
 
 
 def run_loopback(args: argparse.Namespace) -> dict[str, Any]:
-    from devtools.ports import free_port
-
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, **_env(args), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "GLOO_SOCKET_IFNAME": "lo"}
-        procs.append(subprocess.Popen(worker_argv(args), env=env, cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
-    try:
-        out, _ = procs[0].communicate(timeout=args.timeout)
-        procs[1].wait(timeout=60)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if procs[0].returncode != 0:
-        raise RuntimeError(f"rank 0 exited with {procs[0].returncode}")
-    return next(json.loads(line) for line in out.splitlines() if '"event": "result"' in line)
+    return loopback.run_two_ranks(worker_argv(args), _env(args), args.timeout)
 
 
 def run_testbed(args: argparse.Namespace, rate: str) -> dict[str, Any]:
     from benchmarks.testbed import Testbed
 
     with Testbed(world_size=2, rate=rate) as bed:
-        result = bed.run(lambda rank: worker_argv(args), cwd=str(ROOT), timeout_s=args.timeout,
-                         env={**_env(args), "LOCAL_WORLD_SIZE": "2"})
+        result = bed.run(
+            lambda rank: worker_argv(args),
+            cwd=str(ROOT),
+            timeout_s=args.timeout,
+            env={**_env(args), "LOCAL_WORLD_SIZE": "2"},
+        )
     return result.ranks[0].results[-1]
 
 
 def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
-    lines = [("| link | params | sync | loop median step (ms) | Trainer median step (ms) | Trainer / loop "
-             "(median of per-round ratios) | per-round ratios |"), "|---|---:|---|---:|---:|---:|---|"]
+    lines = [
+        (
+            "| link | params | sync | loop median step (ms) | Trainer median step (ms) | Trainer / loop "
+            "(median of per-round ratios) | per-round ratios |"
+        ),
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
     for link, result in blocks:
         for sync, suffix in (("DDP", "_ddp"), ("autobyte", "")):
             loop, trainer = result["rounds"][f"loop{suffix}"], result["rounds"][f"trainer{suffix}"]
             ratios = [t / s for t, s in zip(trainer, loop)]
-            lines.append(f"| {link} | {result['params'] / 1e6:.1f}M | {sync} | {statistics.median(loop) * 1e3:.1f} | "
-                         f"{statistics.median(trainer) * 1e3:.1f} | {statistics.median(ratios):.3f} | "
-                         f"{', '.join(f'{r:.3f}' for r in ratios)} |")
+            lines.append(
+                f"| {link} | {result['params'] / 1e6:.1f}M | {sync} | {statistics.median(loop) * 1e3:.1f} | "
+                f"{statistics.median(trainer) * 1e3:.1f} | {statistics.median(ratios):.3f} | "
+                f"{', '.join(f'{r:.3f}' for r in ratios)} |"
+            )
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--rates", default="", help="testbed link rates (root), e.g. 1gbit; empty: loopback")
+    parser.add_argument(
+        "--rates", default="", help="testbed link rates (root), e.g. 1gbit; empty: loopback"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -224,9 +271,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tmp", default="/tmp/autobyte-bench-hf")
     parser.add_argument("--out", default="", help="write the raw results + table as JSON here")
     args = parser.parse_args(argv)
-    for name in ("rounds", "steps", "warmup", "batch_size", "threads", "vocab", "hidden", "layers", "length"):
+    for name in (
+        "rounds",
+        "steps",
+        "warmup",
+        "batch_size",
+        "threads",
+        "vocab",
+        "hidden",
+        "layers",
+        "length",
+    ):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+            )
     return args
 
 
@@ -236,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker(args)
         return 0
     rates = [r for r in args.rates.split(",") if r]
-    blocks = [(rate, run_testbed(args, rate)) for rate in rates] if rates else [("loopback", run_loopback(args))]
+    blocks = (
+        [(rate, run_testbed(args, rate)) for rate in rates]
+        if rates
+        else [("loopback", run_loopback(args))]
+    )
     table = format_table(blocks)
     print(table)
     if args.out:

@@ -34,9 +34,9 @@ import time
 import grpc
 import psutil
 import sqlalchemy as sa
-
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+
 from benchmarks.host import free_port
 
 BIN = pathlib.Path(sys.executable).parent
@@ -62,11 +62,27 @@ def cpu_s(processes: list[psutil.Process]) -> float:
 
 def make_batch(job: str, session: str, first_seq: int, count: int) -> pb.MetricsBatch:
     now = time.time()
-    return pb.MetricsBatch(job=job, rank=0, session_id=session, samples=[
-        pb.StepMetrics(seq=seq, step=seq - 1, wall_time_s=now, step_time_s=0.05 + (seq % 7) * 1e-3, forward_s=0.01,
-                       backward_s=0.02, exposed_comm_s=0.004, queueing_delay_s=1e-4, bytes_reduced=27 << 20,
-                       partitions=26, bandwidth_bytes_per_s=1.1e8)
-        for seq in range(first_seq, first_seq + count)])
+    return pb.MetricsBatch(
+        job=job,
+        rank=0,
+        session_id=session,
+        samples=[
+            pb.StepMetrics(
+                seq=seq,
+                step=seq - 1,
+                wall_time_s=now,
+                step_time_s=0.05 + (seq % 7) * 1e-3,
+                forward_s=0.01,
+                backward_s=0.02,
+                exposed_comm_s=0.004,
+                queueing_delay_s=1e-4,
+                bytes_reduced=27 << 20,
+                partitions=26,
+                bandwidth_bytes_per_s=1.1e8,
+            )
+            for seq in range(first_seq, first_seq + count)
+        ],
+    )
 
 
 class Stream:
@@ -80,10 +96,16 @@ class Stream:
         self.latencies_s: list[float] = []
 
     async def register(self, samples: int, batch: int) -> None:
-        registered = await self.telemetry.Register(pb.RegisterRequest(
-            job=self.job, rank=0, world_size=1, backend="bench", instance_id=f"bench-{self.job}"), timeout=60)
-        self.batches = [make_batch(self.job, registered.session_id, first, min(batch, samples - first + 1))
-                        for first in range(1, samples + 1, batch)]
+        registered = await self.telemetry.Register(
+            pb.RegisterRequest(
+                job=self.job, rank=0, world_size=1, backend="bench", instance_id=f"bench-{self.job}"
+            ),
+            timeout=60,
+        )
+        self.batches = [
+            make_batch(self.job, registered.session_id, first, min(batch, samples - first + 1))
+            for first in range(1, samples + 1, batch)
+        ]
 
     async def run(self, window: int) -> None:
         sent_at: list[float] = []
@@ -124,12 +146,16 @@ class Database:
         with engine.connect() as connection:
             connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
         engine.dispose()
-        return sa.engine.make_url(self.kind).set(database=name).render_as_string(hide_password=False)
+        return (
+            sa.engine.make_url(self.kind).set(database=name).render_as_string(hide_password=False)
+        )
 
     def server_processes(self) -> list[psutil.Process]:
         if self.cluster is None:
             return []
-        postmaster = psutil.Process(int((self.cluster.data / "postmaster.pid").read_text().split()[0]))
+        postmaster = psutil.Process(
+            int((self.cluster.data / "postmaster.pid").read_text().split()[0])
+        )
         return [postmaster, *postmaster.children(recursive=True)]
 
     def close(self) -> None:
@@ -137,17 +163,32 @@ class Database:
             self.cluster.stop()
 
 
-def start_daemons(executable: str, db_url: str, count: int, work: pathlib.Path) -> list[tuple[subprocess.Popen, str]]:
+def start_daemons(
+    executable: str, db_url: str, count: int, work: pathlib.Path
+) -> list[tuple[subprocess.Popen, str]]:
     config = work / "autobyted.toml"
     # Retention is part of what keeps memory and disk flat: keep it on at its default.
-    config.write_text("[autobyted]\nlog_format = \"text\"\n")
+    config.write_text('[autobyted]\nlog_format = "text"\n')
     daemons = []
     try:
         for _ in range(count):
             address = f"127.0.0.1:{free_port()}"
-            proc = subprocess.Popen([executable, "start", "--listen", address, "--db", db_url, "--log-level",
-                                     "WARNING", "--config", str(config)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [
+                    executable,
+                    "start",
+                    "--listen",
+                    address,
+                    "--db",
+                    db_url,
+                    "--log-level",
+                    "WARNING",
+                    "--config",
+                    str(config),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             daemons.append((proc, address))
         for proc, address in daemons:
             _wait(address, proc)
@@ -171,8 +212,17 @@ def stop_daemons(daemons) -> list[int]:
     return codes
 
 
-def one_run(executable: str, db: Database, daemon_count: int, streams: int, total_samples: int, batch: int,
-            window: int, work: pathlib.Path, watch_rss: bool) -> dict:
+def one_run(
+    executable: str,
+    db: Database,
+    daemon_count: int,
+    streams: int,
+    total_samples: int,
+    batch: int,
+    window: int,
+    work: pathlib.Path,
+    watch_rss: bool,
+) -> dict:
     db_url = db.fresh()
     daemons = start_daemons(executable, db_url, daemon_count, work)
     per_stream = max(1, total_samples // streams)
@@ -180,28 +230,45 @@ def one_run(executable: str, db: Database, daemon_count: int, streams: int, tota
     daemon_processes = [psutil.Process(proc.pid) for proc, _ in daemons]
     rss_log: list[tuple[float, float]] = []
     try:
+
         async def main():
             channels = [grpc.aio.insecure_channel(address) for _, address in daemons]
             try:
-                runs = [Stream(channels[i % len(channels)], f"{prefix}-{i}") for i in range(streams)]
+                runs = [
+                    Stream(channels[i % len(channels)], f"{prefix}-{i}") for i in range(streams)
+                ]
                 await asyncio.gather(*(run.register(per_stream, batch) for run in runs))
                 stop = asyncio.Event()
 
                 async def watch():
                     t0 = time.perf_counter()
                     while not stop.is_set():
-                        rss_log.append((time.perf_counter() - t0, max(rss_mib(p.pid) for p in daemon_processes)))
+                        rss_log.append(
+                            (
+                                time.perf_counter() - t0,
+                                max(rss_mib(p.pid) for p in daemon_processes),
+                            )
+                        )
                         await asyncio.sleep(1.0)
+
                 watcher = asyncio.create_task(watch())
-                cpu0 = (cpu_s(daemon_processes), cpu_s(db.server_processes()), cpu_s([psutil.Process()]),
-                        time.perf_counter())
+                cpu0 = (
+                    cpu_s(daemon_processes),
+                    cpu_s(db.server_processes()),
+                    cpu_s([psutil.Process()]),
+                    time.perf_counter(),
+                )
                 try:
                     await asyncio.gather(*(run.run(window) for run in runs))
                 finally:
                     stop.set()
                     await watcher
-                cpu1 = (cpu_s(daemon_processes), cpu_s(db.server_processes()), cpu_s([psutil.Process()]),
-                        time.perf_counter())
+                cpu1 = (
+                    cpu_s(daemon_processes),
+                    cpu_s(db.server_processes()),
+                    cpu_s([psutil.Process()]),
+                    time.perf_counter(),
+                )
                 return runs, [b - a for a, b in zip(cpu0, cpu1)]
             finally:
                 for channel in channels:
@@ -213,10 +280,14 @@ def one_run(executable: str, db: Database, daemon_count: int, streams: int, tota
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as connection:
-            rows = ("from step_metrics s join jobs j on s.job_id = j.id where j.name like :prefix")
-            stored = connection.execute(sa.text(f"select count(*) {rows}"), {"prefix": f"{prefix}-%"}).scalar()
-            distinct = connection.execute(sa.text(f"select count(*) from (select distinct s.job_id, s.step {rows}) d"),
-                                          {"prefix": f"{prefix}-%"}).scalar()
+            rows = "from step_metrics s join jobs j on s.job_id = j.id where j.name like :prefix"
+            stored = connection.execute(
+                sa.text(f"select count(*) {rows}"), {"prefix": f"{prefix}-%"}
+            ).scalar()
+            distinct = connection.execute(
+                sa.text(f"select count(*) from (select distinct s.job_id, s.step {rows}) d"),
+                {"prefix": f"{prefix}-%"},
+            ).scalar()
     finally:
         engine.dispose()
     if db.cluster is not None:
@@ -225,14 +296,28 @@ def one_run(executable: str, db: Database, daemon_count: int, streams: int, tota
     latencies = sorted(x for run in runs for x in run.latencies_s)
     rss = [r for _, r in rss_log]
     if watch_rss:
-        print(f"\nRSS of the largest daemon over the run (t_s, MiB), {daemon_count} daemon(s), {streams} streams:")
-        for t, r in rss_log[::max(1, len(rss_log) // 12)] + rss_log[-1:]:
+        print(
+            f"\nRSS of the largest daemon over the run (t_s, MiB), {daemon_count} daemon(s), {streams} streams:"
+        )
+        for t, r in rss_log[:: max(1, len(rss_log) // 12)] + rss_log[-1:]:
             print(f"  {t:7.1f}  {r:7.1f}")
-    return dict(sent=sent, elapsed_s=elapsed, rate=sent / elapsed, acked=sum(run.acked for run in runs),
-                stored=stored, duplicates=stored - distinct, lost=sent - distinct,
-                p50_ms=1e3 * latencies[len(latencies) // 2], p99_ms=1e3 * latencies[int(len(latencies) * 0.99)],
-                rss_max=max(rss, default=0.0), rss_end=rss[-1] if rss else 0.0, daemon_cpu=daemon_cpu,
-                server_cpu=server_cpu, client_cpu=client_cpu, exit_codes=codes)
+    return {
+        "sent": sent,
+        "elapsed_s": elapsed,
+        "rate": sent / elapsed,
+        "acked": sum(run.acked for run in runs),
+        "stored": stored,
+        "duplicates": stored - distinct,
+        "lost": sent - distinct,
+        "p50_ms": 1e3 * latencies[len(latencies) // 2],
+        "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)],
+        "rss_max": max(rss, default=0.0),
+        "rss_end": rss[-1] if rss else 0.0,
+        "daemon_cpu": daemon_cpu,
+        "server_cpu": server_cpu,
+        "client_cpu": client_cpu,
+        "exit_codes": codes,
+    }
 
 
 def run(args) -> int:
@@ -250,35 +335,58 @@ def run(args) -> int:
             for daemons in daemon_counts:
                 for streams in streams_list:
                     for build in builds:  # builds interleaved: the same conditions for each
-                        r = one_run(build, db, daemons, streams, args.samples, args.batch, args.window, work,
-                                    args.rss)
-                        failures += r["lost"] != 0 or r["duplicates"] != 0 or r["acked"] != r["sent"] or any(
-                            r["exit_codes"])
+                        r = one_run(
+                            build,
+                            db,
+                            daemons,
+                            streams,
+                            args.samples,
+                            args.batch,
+                            args.window,
+                            work,
+                            args.rss,
+                        )
+                        failures += (
+                            r["lost"] != 0
+                            or r["duplicates"] != 0
+                            or r["acked"] != r["sent"]
+                            or any(r["exit_codes"])
+                        )
                         results.setdefault((build, daemons, streams), []).append(r)
     finally:
         db.close()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nload: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; db {args.db.split('://')[0]}"
-          f"{' (throwaway cluster, fsync on)' if args.db == 'postgresql' else ''}; batch {args.batch} samples, "
-          f"window {args.window} batches/stream; median of {args.repeat}")
-    header = (f"{'build':>8} {'daemons':>7} {'streams':>7} {'samples':>8} {'samples/s':>10} {'per daemon':>10} "
-              f"{'p50 ms':>7} {'p99 ms':>7} {'rssMax':>7} {'lost':>5} {'dup':>4} "
-              f"{'cpu daemons':>11} {'cpu pg':>7} {'cpu client':>10}")
+    print(
+        f"\nload: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; db {args.db.split('://')[0]}"
+        f"{' (throwaway cluster, fsync on)' if args.db == 'postgresql' else ''}; batch {args.batch} samples, "
+        f"window {args.window} batches/stream; median of {args.repeat}"
+    )
+    header = (
+        f"{'build':>8} {'daemons':>7} {'streams':>7} {'samples':>8} {'samples/s':>10} {'per daemon':>10} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'rssMax':>7} {'lost':>5} {'dup':>4} "
+        f"{'cpu daemons':>11} {'cpu pg':>7} {'cpu client':>10}"
+    )
     print(header)
     for (build, daemons, streams), runs in results.items():
+
         def med(key):
-            return statistics.median(r[key] for r in runs)
+            return statistics.median(r[key] for r in runs)  # noqa: B023 - called within this iteration
+
         label = "this" if build == str(BIN / "autobyted") else f"#{builds.index(build)}"
         elapsed = med("elapsed_s")
-        print(f"{label:>8} {daemons:>7} {streams:>7} {runs[0]['sent']:>8} {med('rate'):>10.0f} "
-              f"{med('rate') / daemons:>10.0f} {med('p50_ms'):>7.1f} {med('p99_ms'):>7.1f} "
-              f"{max(r['rss_max'] for r in runs):>7.1f} {sum(r['lost'] for r in runs):>5} "
-              f"{sum(r['duplicates'] for r in runs):>4} {med('daemon_cpu') / elapsed:>10.2f}c "
-              f"{med('server_cpu') / elapsed:>6.2f}c {med('client_cpu') / elapsed:>9.2f}c")
+        print(
+            f"{label:>8} {daemons:>7} {streams:>7} {runs[0]['sent']:>8} {med('rate'):>10.0f} "
+            f"{med('rate') / daemons:>10.0f} {med('p50_ms'):>7.1f} {med('p99_ms'):>7.1f} "
+            f"{max(r['rss_max'] for r in runs):>7.1f} {sum(r['lost'] for r in runs):>5} "
+            f"{sum(r['duplicates'] for r in runs):>4} {med('daemon_cpu') / elapsed:>10.2f}c "
+            f"{med('server_cpu') / elapsed:>6.2f}c {med('client_cpu') / elapsed:>9.2f}c"
+        )
     for index, build in enumerate(builds):
         print(f"  build #{index}: {build}")
-    print("  cpu columns: cores used on average over the timed part (all daemons together; the PostgreSQL "
-          "server's processes; the client)")
+    print(
+        "  cpu columns: cores used on average over the timed part (all daemons together; the PostgreSQL "
+        "server's processes; the client)"
+    )
     return 1 if failures else 0
 
 
@@ -298,17 +406,30 @@ def _wait(address: str, proc: subprocess.Popen) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--streams", default="1,16,256")
     parser.add_argument("--samples", type=int, default=200_000, help="samples per row of the table")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--window", type=int, default=2, help="unacknowledged batches per stream")
-    parser.add_argument("--db", default="sqlite", help="sqlite, postgresql (a throwaway cluster), or the "
-                        "SQLAlchemy URL of a PostgreSQL server whose user may create databases")
-    parser.add_argument("--daemons", default="1", help="daemon counts to measure, e.g. 1,2,4 (PostgreSQL)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the table shows medians")
-    parser.add_argument("--autobyted", action="append",
-                        help="daemon executable to measure (repeat to compare builds; default: this one)")
+    parser.add_argument(
+        "--db",
+        default="sqlite",
+        help="sqlite, postgresql (a throwaway cluster), or the "
+        "SQLAlchemy URL of a PostgreSQL server whose user may create databases",
+    )
+    parser.add_argument(
+        "--daemons", default="1", help="daemon counts to measure, e.g. 1,2,4 (PostgreSQL)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per row; the table shows medians"
+    )
+    parser.add_argument(
+        "--autobyted",
+        action="append",
+        help="daemon executable to measure (repeat to compare builds; default: this one)",
+    )
     parser.add_argument("--rss", action="store_true", help="print the daemon's RSS over the run")
     args = parser.parse_args()
     if args.db not in ("sqlite", "postgresql") and not args.db.startswith("postgresql"):

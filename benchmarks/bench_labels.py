@@ -60,8 +60,10 @@ def injection_trace(kind: str, at_step: int) -> Trace:
 def metrics_from_dict(raw: dict[str, Any]) -> StepMetrics:
     config = raw.get("config") or {}
     fields = {f.name for f in dataclasses.fields(StepMetrics)} - {"config"}
-    return StepMetrics(**{k: v for k, v in raw.items() if k in fields},
-                       config=Config(config.get("partition_bytes"), config.get("credit_bytes")))
+    return StepMetrics(
+        **{k: v for k, v in raw.items() if k in fields},
+        config=Config(config.get("partition_bytes"), config.get("credit_bytes")),
+    )
 
 
 def first_label(samples: list[StepMetrics], change_step: int) -> dict[str, Any]:
@@ -74,7 +76,7 @@ def first_label(samples: list[StepMetrics], change_step: int) -> dict[str, Any]:
     early: list[tuple[int, str]] = []
     start = 0
     while True:
-        head = samples[start:start + HEAD_START_STEPS]
+        head = samples[start : start + HEAD_START_STEPS]
         if not head or head[-1].step >= change_step:
             return {"label": "unjudged", "step": None, "early": early, "delay_steps": None}
         detector = DriftDetector(head)
@@ -87,8 +89,12 @@ def first_label(samples: list[StepMetrics], change_step: int) -> dict[str, Any]:
                 early.append((sample.step, alarm.reason))
                 start = index + 1
                 break
-            return {"label": alarm.reason, "step": sample.step, "early": early,
-                    "delay_steps": sample.step - change_step}
+            return {
+                "label": alarm.reason,
+                "step": sample.step,
+                "early": early,
+                "delay_steps": sample.step - change_step,
+            }
         else:
             return {"label": None, "step": None, "early": early, "delay_steps": None}
 
@@ -105,38 +111,76 @@ def judge(per_rank: dict[int, list[StepMetrics]], change_step: int) -> dict[str,
         for sample in samples:
             merger.add(rank, sample)
     job = merger.pop_ready()
-    return {"now": first_label(job, change_step),
-            "before": first_label([old_signals(s) for s in per_rank[0]], change_step)}
+    return {
+        "now": first_label(job, change_step),
+        "before": first_label([old_signals(s) for s in per_rank[0]], change_step),
+    }
 
 
 def run_injection(kind: str, index: int, args: argparse.Namespace) -> dict[str, Any]:
     change_step = args.steps_before + 3 * index  # not always at the same point of a block
     steps = change_step + args.steps_after
-    command = [sys.executable, "-m", "benchmarks.train_worker", "--model", args.model, "--threads", "1",
-               "--configs", f"sched:{args.config}", "--rounds", "1", "--steps", str(steps),
-               "--warmup", "0", "--full-metrics", "--steps-events", "--seed", str(index)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.train_worker",
+        "--model",
+        args.model,
+        "--threads",
+        "1",
+        "--configs",
+        f"sched:{args.config}",
+        "--rounds",
+        "1",
+        "--steps",
+        str(steps),
+        "--warmup",
+        "0",
+        "--full-metrics",
+        "--steps-events",
+        "--seed",
+        str(index),
+    ]
     started = time.time()
     with Testbed(world_size=2, rate=args.rate) as bed:
-        result = bed.run(command, trace=injection_trace(kind, change_step), cwd=str(REPO),
-                         timeout_s=args.timeout)
+        result = bed.run(
+            command, trace=injection_trace(kind, change_step), cwd=str(REPO), timeout_s=args.timeout
+        )
     per_rank = {}
     for rank in result.ranks:
         segments = [r for r in rank.results if r.get("event") == "result"]
-        per_rank[rank.rank] = [metrics_from_dict(m) for seg in segments for m in seg.get("metrics", [])]
+        per_rank[rank.rank] = [
+            metrics_from_dict(m) for seg in segments for m in seg.get("metrics", [])
+        ]
     if args.samples_dir:
         Path(args.samples_dir).mkdir(parents=True, exist_ok=True)
-        Path(args.samples_dir, f"{kind}-{index}.json").write_text(json.dumps({
-            "change_step": change_step,
-            "ranks": {rank: [dataclasses.asdict(s) for s in samples] for rank, samples in per_rank.items()}}))
+        Path(args.samples_dir, f"{kind}-{index}.json").write_text(
+            json.dumps(
+                {
+                    "change_step": change_step,
+                    "ranks": {
+                        rank: [dataclasses.asdict(s) for s in samples]
+                        for rank, samples in per_rank.items()
+                    },
+                }
+            )
+        )
     return verdict_row(kind, index, change_step, time.time() - started, per_rank)
 
 
-def verdict_row(kind: str, index: int, change_step: int, wall_s: float,
-                per_rank: dict[int, list[StepMetrics]]) -> dict[str, Any]:
+def verdict_row(
+    kind: str, index: int, change_step: int, wall_s: float, per_rank: dict[int, list[StepMetrics]]
+) -> dict[str, Any]:
     verdict = judge(per_rank, change_step)
     expected = KINDS[kind]
-    out = {"kind": kind, "index": index, "expected": expected, "change_step": change_step,
-           "wall_s": round(wall_s, 1), **verdict}
+    out = {
+        "kind": kind,
+        "index": index,
+        "expected": expected,
+        "change_step": change_step,
+        "wall_s": round(wall_s, 1),
+        **verdict,
+    }
     for column in ("now", "before"):
         v = verdict[column]
         # rank 0 alone ("before") cannot name a rank: its compute label counts without one
@@ -157,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--out", default="", help="write every injection's verdict as JSON")
     parser.add_argument("--samples-dir", default="", help="keep every injection's samples there")
-    parser.add_argument("--rejudge", default="", help="judge the samples kept in this --samples-dir "
-                                                      "again (no testbed run)")
+    parser.add_argument(
+        "--rejudge",
+        default="",
+        help="judge the samples kept in this --samples-dir again (no testbed run)",
+    )
     args = parser.parse_args(argv)
     if args.injections < 1:
         parser.error(f"--injections={args.injections} must be at least 1")
@@ -173,23 +220,39 @@ def main(argv: list[str] | None = None) -> int:
                 raw = json.loads(saved.read_text())
                 if "ranks" not in raw:  # kept by an older version: the ranks only
                     raw = {"change_step": args.steps_before + 3 * index, "ranks": raw}
-                row = verdict_row(kind, index, raw["change_step"], 0.0, {
-                    int(rank): [metrics_from_dict(m) for m in samples] for rank, samples in raw["ranks"].items()})
+                row = verdict_row(
+                    kind,
+                    index,
+                    raw["change_step"],
+                    0.0,
+                    {
+                        int(rank): [metrics_from_dict(m) for m in samples]
+                        for rank, samples in raw["ranks"].items()
+                    },
+                )
             else:
                 row = run_injection(kind, index, args)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\nload average at start {load:.1f}; held sched:{args.config}, model {args.model}, "
-          f"rate {args.rate}")
-    print(f"{'change':<11} {'expected':<17} {'correct now':>11} {'before':>7}  labels now "
-          "(+k: k alarms before the change, uninjected)")
+    print(
+        f"\nload average at start {load:.1f}; held sched:{args.config}, model {args.model}, "
+        f"rate {args.rate}"
+    )
+    print(
+        f"{'change':<11} {'expected':<17} {'correct now':>11} {'before':>7}  labels now "
+        "(+k: k alarms before the change, uninjected)"
+    )
     for kind in args.kinds:
         mine = [r for r in rows if r["kind"] == kind]
         now = sum(r["now_correct"] for r in mine)
         before = sum(r["before_correct"] for r in mine)
-        labels = ", ".join(str(r["now"]["label"]) + (f" (+{len(r['now']['early'])})" if r["now"]["early"] else "")
-                           for r in mine)
-        print(f"{kind:<11} {KINDS[kind]:<17} {now:>7}/{len(mine):<3} {before:>3}/{len(mine):<3}  {labels}")
+        labels = ", ".join(
+            str(r["now"]["label"]) + (f" (+{len(r['now']['early'])})" if r["now"]["early"] else "")
+            for r in mine
+        )
+        print(
+            f"{kind:<11} {KINDS[kind]:<17} {now:>7}/{len(mine):<3} {before:>3}/{len(mine):<3}  {labels}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0

@@ -41,15 +41,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-
 from benchmarks.run_inputs import bench_buckets, profile_for_run
 from simulator.engine import LinkModel, Simulator, parse_config
 from simulator.profiles import ModelProfile
 from simulator.trace import PiecewiseConstant
 
 MBIT = 1e6 / 8  # bytes/s in one Mbit/s
-_LINK_KEYS = {"latency_s", "collective_overhead_s", "launch_s", "ddp_launch_s",
-              "comm_compute_slowdown", "comm_cpu_s_per_byte"}
+_LINK_KEYS = {
+    "latency_s",
+    "collective_overhead_s",
+    "launch_s",
+    "ddp_launch_s",
+    "comm_compute_slowdown",
+    "comm_cpu_s_per_byte",
+}
 
 
 def link_model(link_table: dict[str, Any]) -> LinkModel:
@@ -57,8 +62,9 @@ def link_model(link_table: dict[str, Any]) -> LinkModel:
     return LinkModel(**{k: v for k, v in link_table.items() if k in _LINK_KEYS})
 
 
-def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = True,
-              link_defaults: bool = False) -> dict[str, Any]:
+def calibrate(
+    measured: dict[str, Any], base: pathlib.Path, slowdown: bool = True, link_defaults: bool = False
+) -> dict[str, Any]:
     """Predict every run's step time; `slowdown=False` ignores the runs' `comm_compute` probes and
     `link_defaults=True` the file's link constants (both: the simulator as it was before them)."""
     link_table = dict(measured.get("link", {}))
@@ -83,41 +89,63 @@ def calibrate(measured: dict[str, Any], base: pathlib.Path, slowdown: bool = Tru
         if not rate_mbit:
             raise ValueError(f"run {run} has no rate_mbit and the file no link.bandwidth_mbit")
         config = parse_config(run["config"])
-        sim = Simulator(profile, int(run.get("workers", 2)), PiecewiseConstant.constant(rate_mbit * MBIT),
-                        run_link)
+        sim = Simulator(
+            profile,
+            int(run.get("workers", 2)),
+            PiecewiseConstant.constant(rate_mbit * MBIT),
+            run_link,
+        )
         predicted = sim.steady_step_s(config, rate_mbit * MBIT, steps=8)
         actual = float(run["step_time_median_s"])
-        rows.append({"model": run.get("model", run.get("profile")), "config": run["config"],
-                     "rate": run.get("rate"), "rate_mbit": rate_mbit,
-                     "workers": run.get("workers", 2), "load": run.get("load"),
-                     "file": run.get("file"),
-                     "compute_slowdown": run_link.compute_slowdown(rate_mbit * MBIT),
-                     "measured_s": actual, "predicted_s": predicted,
-                     "error": (predicted - actual) / actual})
+        rows.append(
+            {
+                "model": run.get("model", run.get("profile")),
+                "config": run["config"],
+                "rate": run.get("rate"),
+                "rate_mbit": rate_mbit,
+                "workers": run.get("workers", 2),
+                "load": run.get("load"),
+                "file": run.get("file"),
+                "compute_slowdown": run_link.compute_slowdown(rate_mbit * MBIT),
+                "measured_s": actual,
+                "predicted_s": predicted,
+                "error": (predicted - actual) / actual,
+            }
+        )
     errors = [abs(row["error"]) for row in rows]
-    return {"source": measured.get("source", ""), "link": dataclasses.asdict(link),
-            "options": {"slowdown": slowdown, "link_defaults": link_defaults},
-            "bandwidth_mbit": default_mbit, "runs": rows, "groups": group_errors(rows),
-            "median_abs_error": statistics.median(errors) if errors else None,
-            "max_abs_error": max(errors) if errors else None}
+    return {
+        "source": measured.get("source", ""),
+        "link": dataclasses.asdict(link),
+        "options": {"slowdown": slowdown, "link_defaults": link_defaults},
+        "bandwidth_mbit": default_mbit,
+        "runs": rows,
+        "groups": group_errors(rows),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "max_abs_error": max(errors) if errors else None,
+    }
 
 
 def group_errors(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Median and max |error| per model/rate, per configuration kind, per model."""
     out: dict[str, dict[str, dict[str, float]]] = {}
-    keys = {"model/rate": lambda r: f"{r['model']} {r.get('rate') or round(r['rate_mbit'])}",
-            "config": lambda r: r["config"],
-            "model": lambda r: str(r["model"])}
+    keys = {
+        "model/rate": lambda r: f"{r['model']} {r.get('rate') or round(r['rate_mbit'])}",
+        "config": lambda r: r["config"],
+        "model": lambda r: str(r["model"]),
+    }
     for name, key in keys.items():
         groups: dict[str, list[float]] = {}
         for row in rows:
             groups.setdefault(key(row), []).append(abs(row["error"]))
-        out[name] = {k: {"median": statistics.median(v), "max": max(v), "n": len(v)}
-                     for k, v in groups.items()}
+        out[name] = {
+            k: {"median": statistics.median(v), "max": max(v), "n": len(v)}
+            for k, v in groups.items()
+        }
     return out
 
 
 # ---- our own measurements: 2 gloo ranks on loopback -----------------------------------------------
+
 
 def _loopback_worker(rank: int, world: int, port: int, plan: dict[str, Any], out_path: str) -> None:
     import torch
@@ -146,8 +174,9 @@ def _loopback_worker(rank: int, world: int, port: int, plan: dict[str, Any], out
     for model_args in plan["models"]:
         torch.manual_seed(0)
         workload = build("mlp", **model_args)
-        batch = workload.make_batch(workload.default_batch_size,
-                                    torch.Generator().manual_seed(rank))
+        batch = workload.make_batch(
+            workload.default_batch_size, torch.Generator().manual_seed(rank)
+        )
         model = nn.parallel.DistributedDataParallel(workload.model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         measured: dict[str, float] = {}
@@ -167,10 +196,14 @@ def _loopback_worker(rank: int, world: int, port: int, plan: dict[str, Any], out
                     times.append(time.perf_counter() - start)
             measured.setdefault(mode, [])  # type: ignore[arg-type]
             measured[mode] += times  # type: ignore[operator]
-        results["runs"].append({"model_args": model_args,
-                                "batch_size": workload.default_batch_size,
-                                "step_time_median_s": statistics.median(measured["ddp"]),
-                                "compute_time_s": statistics.median(measured["compute"])})
+        results["runs"].append(
+            {
+                "model_args": model_args,
+                "batch_size": workload.default_batch_size,
+                "step_time_median_s": statistics.median(measured["ddp"]),
+                "compute_time_s": statistics.median(measured["compute"]),
+            }
+        )
     dist.destroy_process_group()
     if rank == 0:
         pathlib.Path(out_path).write_text(json.dumps(results))
@@ -186,13 +219,21 @@ def measure_loopback(out_path: pathlib.Path) -> dict[str, Any]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    plan = {"allreduce_bytes": [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20],
-            "allreduce_reps": 15, "warmup": 3, "steps": 10,
-            "models": [{"hidden": 512, "depth": 4}, {"hidden": 1024, "depth": 6},
-                       {"hidden": 2048, "depth": 4}]}
+    plan = {
+        "allreduce_bytes": [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20],
+        "allreduce_reps": 15,
+        "warmup": 3,
+        "steps": 10,
+        "models": [
+            {"hidden": 512, "depth": 4},
+            {"hidden": 1024, "depth": 6},
+            {"hidden": 2048, "depth": 4},
+        ],
+    }
     raw_path = out_path.with_suffix(".raw.json")
-    mp.start_processes(_loopback_worker, args=(2, port, plan, str(raw_path)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _loopback_worker, args=(2, port, plan, str(raw_path)), nprocs=2, start_method="spawn"
+    )
     raw = json.loads(raw_path.read_text())
     raw_path.unlink()
     sizes = np.array([item["bytes"] for item in raw["allreduce"]], dtype=float)
@@ -202,20 +243,34 @@ def measure_loopback(out_path: pathlib.Path) -> dict[str, Any]:
     bandwidth_mbit = 1.0 / slope / MBIT
     measured = {
         "source": "2 gloo ranks on 127.0.0.1 loopback (no shaping), this machine, "
-                  f"{time.strftime('%Y-%m-%d %H:%M')}; link constants from an all-reduce sweep",
-        "link": {"latency_s": 0.0, "collective_overhead_s": max(float(fixed), 0.0),
-                 "ddp_launch_s": 20e-6, "bandwidth_mbit": bandwidth_mbit},
+        f"{time.strftime('%Y-%m-%d %H:%M')}; link constants from an all-reduce sweep",
+        "link": {
+            "latency_s": 0.0,
+            "collective_overhead_s": max(float(fixed), 0.0),
+            "ddp_launch_s": 20e-6,
+            "bandwidth_mbit": bandwidth_mbit,
+        },
         "allreduce_sweep": raw["allreduce"],
-        "runs": [{"model": "mlp", "model_args": run["model_args"], "batch_size": run["batch_size"],
-                  "workers": 2, "rate_mbit": None, "config": "ddp",
-                  "step_time_median_s": run["step_time_median_s"],
-                  "compute_time_s": run["compute_time_s"]} for run in raw["runs"]],
+        "runs": [
+            {
+                "model": "mlp",
+                "model_args": run["model_args"],
+                "batch_size": run["batch_size"],
+                "workers": 2,
+                "rate_mbit": None,
+                "config": "ddp",
+                "step_time_median_s": run["step_time_median_s"],
+                "compute_time_s": run["compute_time_s"],
+            }
+            for run in raw["runs"]
+        ],
     }
     out_path.write_text(json.dumps(measured, indent=1) + "\n")
     return measured
 
 
 # ---- the testbed: convert benchmarks/bench_scheduler.py results --------------------------------
+
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
@@ -253,13 +308,16 @@ def from_bench(paths: Sequence[str | pathlib.Path]) -> dict[str, Any]:
     bench_sizes: dict[str, tuple[int, int]] = {}
     for file_index, path in enumerate(paths):
         data = json.loads(pathlib.Path(path).read_text())
-        sources.append(f"{path}: {data.get('command', '')} (load {data.get('load_before')} -> "
-                       f"{data.get('load_after')})")
+        sources.append(
+            f"{path}: {data.get('command', '')} (load {data.get('load_before')} -> "
+            f"{data.get('load_after')})"
+        )
         for row in (data.get("dispatch") or {}).get("configs", {}).values():
             if row.get("external_us_per_extra_partition") is not None:
                 dispatch_us.append(row["external_us_per_extra_partition"])
-            launch_us.append(row["scheduler_us_per_partition"]
-                             + row["backend_launch_us_per_partition"])
+            launch_us.append(
+                row["scheduler_us_per_partition"] + row["backend_launch_us_per_partition"]
+            )
         for block in data["blocks"]:
             rows, model = block["rows"], block["model"]
             if "compute" not in rows or "comm" not in rows:
@@ -277,13 +335,23 @@ def from_bench(paths: Sequence[str | pathlib.Path]) -> dict[str, Any]:
             for label, row in rows.items():
                 if label in ("compute", "comm"):
                     continue
-                runs.append({"model": model, "model_args": {}, "batch_size": block["batch_size"],
-                             "workers": 2, "rate": block["rate"], "config": label,
-                             "step_time_median_s": row["median_step_s"],
-                             "compute_time_s": rows["compute"]["median_step_s"],
-                             "comm_probe_s": rows["comm"]["median_step_s"],
-                             "rounds": row.get("rounds"), "load": block.get("load"),
-                             "file": str(path), "_key": key})
+                runs.append(
+                    {
+                        "model": model,
+                        "model_args": {},
+                        "batch_size": block["batch_size"],
+                        "workers": 2,
+                        "rate": block["rate"],
+                        "config": label,
+                        "step_time_median_s": row["median_step_s"],
+                        "compute_time_s": rows["compute"]["median_step_s"],
+                        "comm_probe_s": rows["comm"]["median_step_s"],
+                        "rounds": row.get("rounds"),
+                        "load": block.get("load"),
+                        "file": str(path),
+                        "_key": key,
+                    }
+                )
     overhead_s = (_median(dispatch_us) or 0.0) * 1e-6
     launch_s = (_median(launch_us) or 100.0) * 1e-6
     slowdowns: dict[tuple[int, str], float] = {}
@@ -294,20 +362,26 @@ def from_bench(paths: Sequence[str | pathlib.Path]) -> dict[str, Any]:
             metrics = result.get("metrics_median")
             if result.get("kind") != "sched" or not metrics:
                 continue
-            under_comm.append(metrics["forward_s"] + metrics["backward_s"]
-                              - (result.get("exposed_comm_s") or 0.0))
+            under_comm.append(
+                metrics["forward_s"] + metrics["backward_s"] - (result.get("exposed_comm_s") or 0.0)
+            )
         if under_comm:
-            slowdowns[key] = {"under_comm_s": statistics.median(under_comm),
-                              "compute_s": block["rows"]["compute"]["median_step_s"],
-                              "rate": block["rate"]}
+            slowdowns[key] = {
+                "under_comm_s": statistics.median(under_comm),
+                "compute_s": block["rows"]["compute"]["median_step_s"],
+                "rate": block["rate"],
+            }
     cpu_per_byte: dict[tuple[int, str], dict[str, Any]] = {}
     for key, item in fastest_blocks.items():
         grad_bytes, buckets = bench_sizes[key[1]]
         wire_s = item["block"]["rows"]["comm"]["median_step_s"] - buckets * overhead_s
         goodput_bits = grad_bytes * 8 / wire_s
         if goodput_bits < 0.95 * item["nominal"]:  # CPU-bound, not held by tbf
-            cpu_per_byte[key] = {"s_per_byte": wire_s / grad_bytes, "rate": item["block"]["rate"],
-                                 "goodput_mbit": goodput_bits / 1e6}
+            cpu_per_byte[key] = {
+                "s_per_byte": wire_s / grad_bytes,
+                "rate": item["block"]["rate"],
+                "goodput_mbit": goodput_bits / 1e6,
+            }
     for run in runs:
         grad_bytes, buckets = bench_sizes[run["model"]]
         wire_s = run["comm_probe_s"] - buckets * overhead_s
@@ -315,90 +389,152 @@ def from_bench(paths: Sequence[str | pathlib.Path]) -> dict[str, Any]:
         key = run.pop("_key")
         if key in cpu_per_byte:
             run["link"] = {"comm_cpu_s_per_byte": cpu_per_byte[key]["s_per_byte"]}
-            run["comm_cpu_from"] = (f"comm probe at {cpu_per_byte[key]['rate']}: "
-                                    f"{cpu_per_byte[key]['goodput_mbit']:.0f} Mbit/s goodput")
+            run["comm_cpu_from"] = (
+                f"comm probe at {cpu_per_byte[key]['rate']}: "
+                f"{cpu_per_byte[key]['goodput_mbit']:.0f} Mbit/s goodput"
+            )
         info = slowdowns.get(key)
         if info is not None:
-            run["comm_compute"] = {"under_comm_s": info["under_comm_s"],
-                                   "alone_s": info["compute_s"], "measured_at": info["rate"]}
-    return {"source": "; ".join(sources),
-            "link": {"latency_s": 0.0, "collective_overhead_s": overhead_s, "launch_s": launch_s,
-                     "ddp_launch_s": 20e-6},
-            "link_from": {"collective_overhead_s": "median dispatch-probe extra step time per "
-                                                   "extra partition", "samples_us": dispatch_us,
-                          "launch_s": "median dispatch-probe scheduler + gloo launch per partition",
-                          "rate_mbit": "per run, from the block's comm probe"},
-            "runs": runs}
+            run["comm_compute"] = {
+                "under_comm_s": info["under_comm_s"],
+                "alone_s": info["compute_s"],
+                "measured_at": info["rate"],
+            }
+    return {
+        "source": "; ".join(sources),
+        "link": {
+            "latency_s": 0.0,
+            "collective_overhead_s": overhead_s,
+            "launch_s": launch_s,
+            "ddp_launch_s": 20e-6,
+        },
+        "link_from": {
+            "collective_overhead_s": "median dispatch-probe extra step time per extra partition",
+            "samples_us": dispatch_us,
+            "launch_s": "median dispatch-probe scheduler + gloo launch per partition",
+            "rate_mbit": "per run, from the block's comm probe",
+        },
+        "runs": runs,
+    }
 
 
 def parse_bytes_per_s(rate: str) -> float:
     from benchmarks.testbed import parse_rate
+
     return float(parse_rate(rate))
 
 
 def format_report(report: dict[str, Any], runs: bool = True) -> str:
     lines = [f"calibrated against: {report['source']}"]
     if runs:
-        lines.append(f"{'model':<10} {'config':<18} {'Mbit/s':>8} {'measured':>9} {'predicted':>9} "
-                     f"{'error':>7}")
+        lines.append(
+            f"{'model':<10} {'config':<18} {'Mbit/s':>8} {'measured':>9} {'predicted':>9} "
+            f"{'error':>7}"
+        )
         for row in report["runs"]:
-            lines.append(f"{row['model']!s:<10} {row['config']:<18} {row['rate_mbit']:>8.0f} "
-                         f"{row['measured_s'] * 1e3:>7.1f}ms {row['predicted_s'] * 1e3:>7.1f}ms "
-                         f"{row['error'] * 100:>+6.1f}%")
+            lines.append(
+                f"{row['model']!s:<10} {row['config']:<18} {row['rate_mbit']:>8.0f} "
+                f"{row['measured_s'] * 1e3:>7.1f}ms {row['predicted_s'] * 1e3:>7.1f}ms "
+                f"{row['error'] * 100:>+6.1f}%"
+            )
     for name, groups in report.get("groups", {}).items():
         if len(groups) < 2:
             continue
         lines.append(f"|error| by {name}:")
         for key, g in groups.items():
-            lines.append(f"  {key:<22} median {g['median'] * 100:5.1f}%  max {g['max'] * 100:5.1f}%"
-                         f"  (n={g['n']})")
-    lines.append(f"median |error| {report['median_abs_error'] * 100:.1f}% "
-                 f"(max {report['max_abs_error'] * 100:.1f}%; goal <= 15%)")
+            lines.append(
+                f"  {key:<22} median {g['median'] * 100:5.1f}%  max {g['max'] * 100:5.1f}%"
+                f"  (n={g['n']})"
+            )
+    lines.append(
+        f"median |error| {report['median_abs_error'] * 100:.1f}% "
+        f"(max {report['max_abs_error'] * 100:.1f}%; goal <= 15%)"
+    )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.calibrate",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("measured", nargs="?",
-                        help="measured-runs JSON (with --measure-loopback: written first; with "
-                             "--from-bench: written from the benchmark results)")
-    parser.add_argument("--measure-loopback", action="store_true",
-                        help="measure 2 gloo ranks on loopback into MEASURED, then calibrate")
-    parser.add_argument("--from-bench", nargs="+", metavar="BENCH_JSON",
-                        help="convert bench_scheduler.py --out results into MEASURED, then "
-                             "calibrate")
-    parser.add_argument("--no-slowdown", action="store_true",
-                        help="ignore the measured compute slowdown under communication")
-    parser.add_argument("--link-defaults", action="store_true",
-                        help="ignore the file's link constants (LinkModel defaults)")
-    parser.add_argument("--compare", action="store_true",
-                        help="also report the simulator without slowdown and probe constants")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.calibrate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "measured",
+        nargs="?",
+        help="measured-runs JSON (with --measure-loopback: written first; with "
+        "--from-bench: written from the benchmark results)",
+    )
+    parser.add_argument(
+        "--measure-loopback",
+        action="store_true",
+        help="measure 2 gloo ranks on loopback into MEASURED, then calibrate",
+    )
+    parser.add_argument(
+        "--from-bench",
+        nargs="+",
+        metavar="BENCH_JSON",
+        help="convert bench_scheduler.py --out results into MEASURED, then calibrate",
+    )
+    parser.add_argument(
+        "--no-slowdown",
+        action="store_true",
+        help="ignore the measured compute slowdown under communication",
+    )
+    parser.add_argument(
+        "--link-defaults",
+        action="store_true",
+        help="ignore the file's link constants (LinkModel defaults)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also report the simulator without slowdown and probe constants",
+    )
     parser.add_argument("--quiet", action="store_true", help="groups only, not every run")
-    parser.add_argument("--map", metavar="MAP_JSON",
-                        help="calibrate against an optimum map (benchmarks.bench_conditions): per "
-                             "condition Kendall tau of the grid, regret of the simulator's best, "
-                             "headroom predicted vs measured")
-    parser.add_argument("--mixed-results", metavar="MIXED_JSON",
-                        help="--map: mixed traces measured directly (bench_conditions --mixed)")
-    parser.add_argument("--write-scenarios", metavar="DIR",
-                        help="--map: also write testbed scenarios of the mixed traces where "
-                             "re-tuning paid most into DIR")
-    parser.add_argument("--profiles", default="benchmarks/calibration/profiles",
-                        help="--map: recorded model profiles are read from / written to here")
+    parser.add_argument(
+        "--map",
+        metavar="MAP_JSON",
+        help="calibrate against an optimum map (benchmarks.bench_conditions): per "
+        "condition Kendall tau of the grid, regret of the simulator's best, "
+        "headroom predicted vs measured",
+    )
+    parser.add_argument(
+        "--mixed-results",
+        metavar="MIXED_JSON",
+        help="--map: mixed traces measured directly (bench_conditions --mixed)",
+    )
+    parser.add_argument(
+        "--write-scenarios",
+        metavar="DIR",
+        help="--map: also write testbed scenarios of the mixed traces where "
+        "re-tuning paid most into DIR",
+    )
+    parser.add_argument(
+        "--profiles",
+        default="benchmarks/calibration/profiles",
+        help="--map: recorded model profiles are read from / written to here",
+    )
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.map:
         from benchmarks.calibrate_map import calibrate_map, format_map_report
-        mixed = (json.loads(pathlib.Path(args.mixed_results).read_text())
-                 if args.mixed_results else None)
-        report = calibrate_map(json.loads(pathlib.Path(args.map).read_text()),
-                               pathlib.Path(args.profiles) if args.profiles else None, mixed)
+
+        mixed = (
+            json.loads(pathlib.Path(args.mixed_results).read_text()) if args.mixed_results else None
+        )
+        report = calibrate_map(
+            json.loads(pathlib.Path(args.map).read_text()),
+            pathlib.Path(args.profiles) if args.profiles else None,
+            mixed,
+        )
         print(format_map_report(report))
         if args.write_scenarios:
             from benchmarks.calibrate_map import write_scenarios
-            for path in write_scenarios(json.loads(pathlib.Path(args.map).read_text()), report,
-                                        pathlib.Path(args.write_scenarios)):
+
+            for path in write_scenarios(
+                json.loads(pathlib.Path(args.map).read_text()),
+                report,
+                pathlib.Path(args.write_scenarios),
+            ):
                 print(f"wrote {path}")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(_rounded(report), indent=1) + "\n")
@@ -413,15 +549,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         path.write_text(json.dumps(_rounded(measured), indent=1) + "\n")
     else:
         measured = json.loads(path.read_text())
-    report = calibrate(measured, path.parent, slowdown=not args.no_slowdown,
-                       link_defaults=args.link_defaults)
+    report = calibrate(
+        measured, path.parent, slowdown=not args.no_slowdown, link_defaults=args.link_defaults
+    )
     if args.compare:
         before = calibrate(measured, path.parent, slowdown=False, link_defaults=True)
         print("== before (LinkModel defaults, no compute slowdown) ==")
         print(format_report(before, runs=not args.quiet))
         print("== after ==")
-        report["before"] = {k: before[k] for k in ("link", "options", "groups",
-                                                   "median_abs_error", "max_abs_error")}
+        report["before"] = {
+            k: before[k] for k in ("link", "options", "groups", "median_abs_error", "max_abs_error")
+        }
         for row, old in zip(report["runs"], before["runs"]):
             row["predicted_before_s"] = old["predicted_s"]
     print(format_report(report, runs=not args.quiet))

@@ -104,8 +104,10 @@ class CpuCgroups:
     def __init__(self, name: str, period_us: int = DEFAULT_PERIOD_US) -> None:
         found = cpu_controller()
         if found is None:
-            raise ConditionError("no writable cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 "
-                                 "with 'cpu' in cgroup.controllers): cannot limit a rank's CPU")
+            raise ConditionError(
+                "no writable cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 "
+                "with 'cpu' in cgroup.controllers): cannot limit a rank's CPU"
+            )
         if not 1000 <= period_us <= 1_000_000:
             raise ValueError(f"period_us={period_us} must be in [1000, 1000000]")
         self.root, self.version = found
@@ -122,8 +124,9 @@ class CpuCgroups:
             try:  # let the children use the cpu controller
                 _write(self.base / "cgroup.subtree_control", "+cpu")
             except OSError as error:
-                raise ConditionError(f"cannot enable the cpu controller under {self.base}: "
-                                     f"{error}") from None
+                raise ConditionError(
+                    f"cannot enable the cpu controller under {self.base}: {error}"
+                ) from None
         for rank in ranks:
             self.path(rank).mkdir(exist_ok=True)
             self.shares.setdefault(rank, None)
@@ -137,7 +140,7 @@ class CpuCgroups:
         if share is not None and not 0.01 <= share <= 64:
             raise ValueError(f"cpu share {share!r} must be in [0.01, 64] cores (or None)")
         group = self.path(rank)
-        quota = -1 if share is None else max(1000, int(round(share * self.period_us)))
+        quota = -1 if share is None else max(1000, round(share * self.period_us))
         if self.version == 1:
             _write(group / "cpu.cfs_period_us", str(self.period_us))
             _write(group / "cpu.cfs_quota_us", str(quota))
@@ -160,8 +163,9 @@ class CpuCgroups:
         return _remove_group(self.base, self.root)
 
 
-def cleanup_stale_cgroups(name_pattern: re.Pattern[str], is_stale: Callable[[str], bool]
-                          ) -> list[str]:
+def cleanup_stale_cgroups(
+    name_pattern: re.Pattern[str], is_stale: Callable[[str], bool]
+) -> list[str]:
     """Remove testbed cgroups (directories under the cpu root matching `name_pattern`) for which
     `is_stale(name)` holds."""
     found = cpu_controller()
@@ -170,9 +174,13 @@ def cleanup_stale_cgroups(name_pattern: re.Pattern[str], is_stale: Callable[[str
     root, _ = found
     removed = []
     for group in sorted(root.iterdir()):
-        if group.is_dir() and name_pattern.match(group.name) and is_stale(group.name):
-            if _remove_group(group, root):
-                removed.append(str(group))
+        if (
+            group.is_dir()
+            and name_pattern.match(group.name)
+            and is_stale(group.name)
+            and _remove_group(group, root)
+        ):
+            removed.append(str(group))
     return removed
 
 
@@ -204,9 +212,14 @@ class ConditionProcess:
             self.cpu_s = process_cpu_s(self.proc.pid)
         self.wall_s = time.monotonic() - self.started_monotonic
         kill_group(self.proc, grace_s)
-        return {"kind": self.kind, "rank": self.rank, "pid": self.proc.pid,
-                "cpu_s": round(self.cpu_s, 3),
-                "wall_s": round(self.wall_s, 3), **self.detail}
+        return {
+            "kind": self.kind,
+            "rank": self.rank,
+            "pid": self.proc.pid,
+            "cpu_s": round(self.cpu_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            **self.detail,
+        }
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
@@ -225,17 +238,29 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
             continue
 
 
-def start_process(kind: str, rank: int | None, exec_prefix: Sequence[str], argv: Sequence[str],
-                  detail: dict[str, object] | None = None, ready_line: str | None = None,
-                  ready_timeout_s: float = 10.0) -> ConditionProcess:
+def start_process(
+    kind: str,
+    rank: int | None,
+    exec_prefix: Sequence[str],
+    argv: Sequence[str],
+    detail: dict[str, object] | None = None,
+    ready_line: str | None = None,
+    ready_timeout_s: float = 10.0,
+) -> ConditionProcess:
     """Start `argv` under `exec_prefix` (``ip netns exec NS``) in its own session; with
     `ready_line`, wait until the process prints it."""
-    proc = subprocess.Popen([*exec_prefix, *argv], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*exec_prefix, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     item = ConditionProcess(kind, rank, proc, time.monotonic(), dict(detail or {}))
     if ready_line:
         import selectors
+
         selector = selectors.DefaultSelector()
         selector.register(proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + ready_timeout_s
@@ -244,8 +269,10 @@ def start_process(kind: str, rank: int | None, exec_prefix: Sequence[str], argv:
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None or not selector.select(left):
                 kill_group(proc)
-                raise ConditionError(f"{kind} did not start ({' '.join(argv)}): exit "
-                                     f"{proc.poll()}, last line {line!r}")
+                raise ConditionError(
+                    f"{kind} did not start ({' '.join(argv)}): exit "
+                    f"{proc.poll()}, last line {line!r}"
+                )
             line = proc.stdout.readline()
         selector.close()
     return item
@@ -260,5 +287,14 @@ def sink_argv(bind: str, port: int) -> list[str]:
 
 
 def source_argv(to: str, port: int, flows: int) -> list[str]:
-    return [sys.executable, str(TRAFFIC_SCRIPT), "source", "--to", to, "--port", str(port),
-            "--flows", str(flows)]
+    return [
+        sys.executable,
+        str(TRAFFIC_SCRIPT),
+        "source",
+        "--to",
+        to,
+        "--port",
+        str(port),
+        "--flows",
+        str(flows),
+    ]

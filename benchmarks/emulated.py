@@ -42,7 +42,12 @@ from torch import nn
 
 from benchmarks.models import Workload
 from simulator.profiles import (
-    BYTES_PER_PARAM, DEFAULT_DEVICE_FLOPS_PER_S, LayerProfile, ModelProfile, load_profile)
+    BYTES_PER_PARAM,
+    DEFAULT_DEVICE_FLOPS_PER_S,
+    LayerProfile,
+    ModelProfile,
+    load_profile,
+)
 
 _PR_SET_TIMERSLACK = 29  # prctl(2): the thread's timer slack in ns (default 50 us)
 
@@ -115,8 +120,13 @@ class EmulatedDevice:
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            return {"busy_s": self.busy_s, "waits": self.waits, "idle_waits": self.idle_waits,
-                    "idle_s": self.idle_s, "oversleep_total_s": self.oversleep_total_s}
+            return {
+                "busy_s": self.busy_s,
+                "waits": self.waits,
+                "idle_waits": self.idle_waits,
+                "idle_s": self.idle_s,
+                "oversleep_total_s": self.oversleep_total_s,
+            }
 
 
 # One rank is one process with one device: every emulated model of the process (DDP's replicas and
@@ -134,7 +144,9 @@ class _LayerCompute(torch.autograd.Function):
     """The layer's forward and backward as device waits; gradients are constant fills."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, layer: EmulatedLayer, *params: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, layer: EmulatedLayer, *params: torch.Tensor
+    ) -> torch.Tensor:
         ctx.layer = layer
         ctx.shapes = [(p.shape, p.dtype) for p in params]
         layer.device.wait(layer.forward_s)
@@ -144,8 +156,10 @@ class _LayerCompute(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layer: EmulatedLayer = ctx.layer
         value = gradient_fill(layer.index, layer.rank())
-        grads = [torch.empty(shape, dtype=dtype).fill_(value) if needed else None
-                 for (shape, dtype), needed in zip(ctx.shapes, ctx.needs_input_grad[2:])]
+        grads = [
+            torch.empty(shape, dtype=dtype).fill_(value) if needed else None
+            for (shape, dtype), needed in zip(ctx.shapes, ctx.needs_input_grad[2:])
+        ]
         layer.device.wait(layer.backward_s)
         return (grad_out if ctx.needs_input_grad[0] else None, None, *grads)
 
@@ -154,18 +168,25 @@ class EmulatedLayer(nn.Module):
     """One profile layer: parameters of its tensor sizes, read through the module (as the scheduler's
     first-use tracking expects), a forward and a backward of the profile's times."""
 
-    def __init__(self, index: int, profile: LayerProfile, byte_scale: float, device: EmulatedDevice) -> None:
+    def __init__(
+        self, index: int, profile: LayerProfile, byte_scale: float, device: EmulatedDevice
+    ) -> None:
         super().__init__()
         self.index = index
         self.profile_name = profile.name
         self.forward_s = profile.forward_s
         self.backward_s = profile.backward_s
         self.device = device
-        names = (["weight", "bias"] if len(profile.param_bytes) <= 2
-                 else [f"p{k}" for k in range(len(profile.param_bytes))])
-        self.param_names = names[:len(profile.param_bytes)]
+        names = (
+            ["weight", "bias"]
+            if len(profile.param_bytes) <= 2
+            else [f"p{k}" for k in range(len(profile.param_bytes))]
+        )
+        self.param_names = names[: len(profile.param_bytes)]
         for name, nbytes in zip(self.param_names, profile.param_bytes):
-            self.register_parameter(name, nn.Parameter(torch.zeros(scaled_elements(nbytes, byte_scale))))
+            self.register_parameter(
+                name, nn.Parameter(torch.zeros(scaled_elements(nbytes, byte_scale)))
+            )
 
     @staticmethod
     def rank() -> int:
@@ -189,8 +210,10 @@ class EmulatedModel(nn.Module):
         self.profile = profile
         self.byte_scale = byte_scale
         self.device = DEVICE
-        self.layers = nn.ModuleList(EmulatedLayer(k, layer, byte_scale, self.device)
-                                    for k, layer in enumerate(profile.layers))
+        self.layers = nn.ModuleList(
+            EmulatedLayer(k, layer, byte_scale, self.device)
+            for k, layer in enumerate(profile.layers)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -203,9 +226,12 @@ def scaled_elements(nbytes: int, byte_scale: float) -> int:
     return max(1, math.ceil(nbytes / BYTES_PER_PARAM / byte_scale))
 
 
-def emulated_profile(profile: str, batch_size: int | None = None,
-                     device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
-                     compute_scale: float = 1.0) -> ModelProfile:
+def emulated_profile(
+    profile: str,
+    batch_size: int | None = None,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+    compute_scale: float = 1.0,
+) -> ModelProfile:
     """The profile as the simulator loads it (a built-in name or a recorded JSON), then scaled."""
     return load_profile(profile, batch_size, device_flops_per_s).scaled(compute_scale)
 
@@ -214,13 +240,19 @@ def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return output.sum()
 
 
-def build_emulated(profile: str = "resnet50", batch_size: int | None = None,
-                   device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S, compute_scale: float = 1.0,
-                   byte_scale: float = 1.0) -> Workload:
+def build_emulated(
+    profile: str = "resnet50",
+    batch_size: int | None = None,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+    compute_scale: float = 1.0,
+    byte_scale: float = 1.0,
+) -> Workload:
     """The emulated model of a profile as a benchmark workload (`benchmarks.models.build("emulated",
     profile=..., compute_scale=..., byte_scale=...)`)."""
     if byte_scale < 1:
-        raise ValueError(f"byte_scale must be >= 1 (it divides the tensors' sizes), got {byte_scale}")
+        raise ValueError(
+            f"byte_scale must be >= 1 (it divides the tensors' sizes), got {byte_scale}"
+        )
     loaded = emulated_profile(profile, batch_size, device_flops_per_s, compute_scale)
     model = EmulatedModel(loaded, byte_scale)
 
@@ -230,15 +262,20 @@ def build_emulated(profile: str = "resnet50", batch_size: int | None = None,
     return Workload("emulated", model, make_batch, _loss, loaded.batch_size)
 
 
-def describe_scale(profile: ModelProfile, byte_scale: float, device_flops_per_s: float,
-                   compute_scale: float) -> str:
+def describe_scale(
+    profile: ModelProfile, byte_scale: float, device_flops_per_s: float, compute_scale: float
+) -> str:
     """One line every table from this mode carries."""
-    return (f"EMULATED arithmetic: {profile.name} ({profile.source}), compute {profile.compute_s * 1e3:.1f} ms "
-            f"a step at {device_flops_per_s * compute_scale:.3g} FLOP/s (base {device_flops_per_s:.3g} "
-            f"x {compute_scale:g}); bytes / {byte_scale:g} ({profile.total_param_bytes / byte_scale / 2**20:.2f} "
-            f"MiB of gradients on the wire of {profile.total_param_bytes / 2**20:.1f}), link rates / {byte_scale:g}")
+    return (
+        f"EMULATED arithmetic: {profile.name} ({profile.source}), compute {profile.compute_s * 1e3:.1f} ms "
+        f"a step at {device_flops_per_s * compute_scale:.3g} FLOP/s (base {device_flops_per_s:.3g} "
+        f"x {compute_scale:g}); bytes / {byte_scale:g} ({profile.total_param_bytes / byte_scale / 2**20:.2f} "
+        f"MiB of gradients on the wire of {profile.total_param_bytes / 2**20:.1f}), link rates / {byte_scale:g}"
+    )
 
 
 def layer_sizes(model: EmulatedModel) -> Sequence[tuple[str, list[int]]]:
     """(profile layer name, element counts of its tensors) in forward order."""
-    return [(layer.profile_name, [p.numel() for p in layer.parameter_list()]) for layer in model.layers]
+    return [
+        (layer.profile_name, [p.numel() for p in layer.parameter_list()]) for layer in model.layers
+    ]

@@ -13,7 +13,7 @@ reports, from the simulator's true step times:
 - the share of steps run under a trial configuration more than 10% slower than the incumbent (the
   configuration held before the trial) would have been at that moment;
 - trials, cut trials, re-tunes, rollbacks;
-- trials that paid (issue 19.3): a trial *measured a gain* when the median true step time of its
+- trials that paid: a trial *measured a gain* when the median true step time of its
   steps after the transition (`TunerParams.transition_steps`) is below the median of what the
   incumbent (the configuration held before it) would have taken at those moments; the share of
   trials that did, and the steps spent in trials that did not (every step of such a trial).
@@ -66,8 +66,9 @@ def _trial_payoff(policy, records, sim, cache) -> tuple[int, int, int]:
         if not measured:
             continue
         trial_s = statistics.median(r.step_time_s for r in measured)
-        incumbent_s = statistics.median(_steady(sim, cache, held, r.bandwidth_bytes_per_s, r.compute_factor)
-                                        for r in measured)
+        incumbent_s = statistics.median(
+            _steady(sim, cache, held, r.bandwidth_bytes_per_s, r.compute_factor) for r in measured
+        )
         if trial_s < incumbent_s:
             won += 1
         else:
@@ -92,7 +93,9 @@ def evaluate_one(path: str) -> dict[str, Any]:
     oracle_step = {}
     for _start, _end, bandwidth, factor in phases:
         if (bandwidth, factor) not in oracle_step:
-            oracle_step[(bandwidth, factor)] = min(_steady(sim, cache, c, bandwidth, factor) for c in grid)
+            oracle_step[(bandwidth, factor)] = min(
+                _steady(sim, cache, c, bandwidth, factor) for c in grid
+            )
     # steps from each change to within 5% of the oracle
     convergence = []
     index = 0
@@ -118,7 +121,9 @@ def evaluate_one(path: str) -> dict[str, Any]:
                 held = log[k][1]
             k += 1
         if record.step in trial_steps:
-            incumbent = _steady(sim, cache, held, record.bandwidth_bytes_per_s, record.compute_factor)
+            incumbent = _steady(
+                sim, cache, held, record.bandwidth_bytes_per_s, record.compute_factor
+            )
             if record.step_time_s > 1.10 * incumbent:
                 slow += 1
     won, lost, lost_steps = _trial_payoff(policy, records, sim, cache)
@@ -128,30 +133,58 @@ def evaluate_one(path: str) -> dict[str, Any]:
     def ratio(other: str) -> float:
         return rows["autobyte"]["throughput_steps_per_s"] / rows[other]["throughput_steps_per_s"]
 
-    return {"scenario": scenario.name, "steps": len(records), "changes": len(phases) - 1,
-            "vs_oracle": ratio("oracle"), "vs_bo_once": ratio("bo-once"), "vs_ddp": ratio("ddp"),
-            "vs_grid": ratio("grid-best"), "headroom": result["headroom_oracle_over_grid_best"],
-            "convergence": convergence, "slow_trial_share": slow / max(1, len(records)),
-            "trial_steps": len(trial_steps), "retunes_per_hour": stats.get("retunes", 0) / elapsed_h if elapsed_h else 0,
-            "trials_won": won, "trials_lost": lost, "lost_trial_steps": lost_steps,
-            "stats": stats, "retrains": policy.retrains, "chose": rows["autobyte"]["chose"],
-            "decisions": [{"id": d.decision_id, "kind": d.kind, "at": d.apply_at_step, "reason": d.reason,
-                           "predicted_s": d.predicted_step_time_s, "measured_s": d.measured_step_time_s,
-                           "state": d.state} for d in policy.sink.decisions]}
+    return {
+        "scenario": scenario.name,
+        "steps": len(records),
+        "changes": len(phases) - 1,
+        "vs_oracle": ratio("oracle"),
+        "vs_bo_once": ratio("bo-once"),
+        "vs_ddp": ratio("ddp"),
+        "vs_grid": ratio("grid-best"),
+        "headroom": result["headroom_oracle_over_grid_best"],
+        "convergence": convergence,
+        "slow_trial_share": slow / max(1, len(records)),
+        "trial_steps": len(trial_steps),
+        "retunes_per_hour": stats.get("retunes", 0) / elapsed_h if elapsed_h else 0,
+        "trials_won": won,
+        "trials_lost": lost,
+        "lost_trial_steps": lost_steps,
+        "stats": stats,
+        "retrains": policy.retrains,
+        "chose": rows["autobyte"]["chose"],
+        "decisions": [
+            {
+                "id": d.decision_id,
+                "kind": d.kind,
+                "at": d.apply_at_step,
+                "reason": d.reason,
+                "predicted_s": d.predicted_step_time_s,
+                "measured_s": d.measured_step_time_s,
+                "state": d.state,
+            }
+            for d in policy.sink.decisions
+        ],
+    }
 
 
 def summarise(results: Sequence[dict[str, Any]]) -> str:
-    lines = [f"{'scenario':<40} {'/oracle':>7} {'/bo-once':>8} {'/ddp':>6} {'/grid':>6} {'headroom':>8} "
-             f"{'conv med':>8} {'slow%':>6} {'trials':>6} {'retunes':>7}"]
+    lines = [
+        (
+            f"{'scenario':<40} {'/oracle':>7} {'/bo-once':>8} {'/ddp':>6} {'/grid':>6} {'headroom':>8} "
+            f"{'conv med':>8} {'slow%':>6} {'trials':>6} {'retunes':>7}"
+        )
+    ]
     conv_all, censored = [], 0
     for r in results:
         steps = [c["steps"] for c in r["convergence"][1:]] if len(r["convergence"]) > 1 else []
         conv_all += [c["steps"] for c in r["convergence"]]
         censored += sum(c["censored"] for c in r["convergence"])
-        lines.append(f"{r['scenario'][:40]:<40} {r['vs_oracle']:7.3f} {r['vs_bo_once']:8.3f} {r['vs_ddp']:6.3f} "
-                     f"{r['vs_grid']:6.3f} {r['headroom']:8.3f} "
-                     f"{(statistics.median(steps) if steps else math.nan):8.0f} {100 * r['slow_trial_share']:6.2f} "
-                     f"{r['stats'].get('trials', 0):6d} {r['stats'].get('retunes', 0):7d}")
+        lines.append(
+            f"{r['scenario'][:40]:<40} {r['vs_oracle']:7.3f} {r['vs_bo_once']:8.3f} {r['vs_ddp']:6.3f} "
+            f"{r['vs_grid']:6.3f} {r['headroom']:8.3f} "
+            f"{(statistics.median(steps) if steps else math.nan):8.0f} {100 * r['slow_trial_share']:6.2f} "
+            f"{r['stats'].get('trials', 0):6d} {r['stats'].get('retunes', 0):7d}"
+        )
 
     def col(key):
         return [r[key] for r in results]
@@ -160,28 +193,42 @@ def summarise(results: Sequence[dict[str, Any]]) -> str:
     lines += [
         "",
         f"scenarios {len(results)}",
-        f"autobyte/oracle   median {statistics.median(oracle):.3f}  worst {min(oracle):.3f}   "
-        "(goal median >= 0.97, worst >= 0.93)",
-        f"autobyte/bo-once  median {statistics.median(bo):.3f}  max {max(bo):.3f}  min {min(bo):.3f}  "
-        f"> 1.0 in {sum(v > 1.0 for v in bo)}/{len(bo)}   (goal > 1.0 everywhere)",
-        f"autobyte/ddp      median {statistics.median(ddp):.3f}  min {min(ddp):.3f}  "
-        f">= 1.0 in {sum(v >= 1.0 for v in ddp)}/{len(ddp)}   (goal >= 1.0 everywhere)",
-        f"steps from a change (or the start) to within 5% of the oracle: median {statistics.median(conv_all):.0f}, "
-        f"p90 {sorted(conv_all)[int(0.9 * (len(conv_all) - 1))]:.0f}, {censored}/{len(conv_all)} never within 5% "
-        "before the next change (goal median <= 300)",
-        f"share of steps in trials > 10% slower than the incumbent: median "
-        f"{100 * statistics.median(col('slow_trial_share')):.2f}%, max {100 * max(col('slow_trial_share')):.2f}% "
-        "(goal <= 5%)",
+        (
+            f"autobyte/oracle   median {statistics.median(oracle):.3f}  worst {min(oracle):.3f}   "
+            "(goal median >= 0.97, worst >= 0.93)"
+        ),
+        (
+            f"autobyte/bo-once  median {statistics.median(bo):.3f}  max {max(bo):.3f}  min {min(bo):.3f}  "
+            f"> 1.0 in {sum(v > 1.0 for v in bo)}/{len(bo)}   (goal > 1.0 everywhere)"
+        ),
+        (
+            f"autobyte/ddp      median {statistics.median(ddp):.3f}  min {min(ddp):.3f}  "
+            f">= 1.0 in {sum(v >= 1.0 for v in ddp)}/{len(ddp)}   (goal >= 1.0 everywhere)"
+        ),
+        (
+            f"steps from a change (or the start) to within 5% of the oracle: median {statistics.median(conv_all):.0f}, "
+            f"p90 {sorted(conv_all)[int(0.9 * (len(conv_all) - 1))]:.0f}, {censored}/{len(conv_all)} never within 5% "
+            "before the next change (goal median <= 300)"
+        ),
+        (
+            f"share of steps in trials > 10% slower than the incumbent: median "
+            f"{100 * statistics.median(col('slow_trial_share')):.2f}%, max {100 * max(col('slow_trial_share')):.2f}% "
+            "(goal <= 5%)"
+        ),
     ]
     won, lost = sum(col("trials_won")), sum(col("trials_lost"))
-    lines.append(f"trials that measured a gain: {won}/{won + lost} "
-                 f"({100 * won / max(1, won + lost):.0f}%, goal >= 50%); steps in trials that lost: "
-                 f"{sum(col('lost_trial_steps'))} of {sum(r['steps'] for r in results)}")
+    lines.append(
+        f"trials that measured a gain: {won}/{won + lost} "
+        f"({100 * won / max(1, won + lost):.0f}%, goal >= 50%); steps in trials that lost: "
+        f"{sum(col('lost_trial_steps'))} of {sum(r['steps'] for r in results)}"
+    )
     flat = [r for r in results if r["changes"] == 0]
     if flat:
-        lines.append(f"stationary scenarios: {len(flat)}, re-tunes per simulated hour: median "
-                     f"{statistics.median(r['retunes_per_hour'] for r in flat):.2f}, max "
-                     f"{max(r['retunes_per_hour'] for r in flat):.2f} (goal <= 1)")
+        lines.append(
+            f"stationary scenarios: {len(flat)}, re-tunes per simulated hour: median "
+            f"{statistics.median(r['retunes_per_hour'] for r in flat):.2f}, max "
+            f"{max(r['retunes_per_hour'] for r in flat):.2f} (goal <= 1)"
+        )
     return "\n".join(lines)
 
 
@@ -189,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+")
     parser.add_argument("--out", default="results/eval-tuner")
-    parser.add_argument("--jobs", type=int, default=1, help="scenarios evaluated in parallel processes")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="scenarios evaluated in parallel processes"
+    )
     args = parser.parse_args(argv)
     paths = sorted(p for p in args.scenarios if "testbed" not in pathlib.Path(p).name)
     if args.jobs > 1:

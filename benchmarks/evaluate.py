@@ -7,7 +7,7 @@ Writes a table to stdout, results.csv and results.json to --out, and one PNG per
 (each policy's throughput as a rolling mean over time with its decisions marked, the phases of
 the traces shaded, the bandwidth trace underneath). For every policy: throughput,
 ratio to the per-phase oracle, ratio to the best static configuration (grid-best) and ratio to the
-lower bound (perfect overlap of compute and communication). See benchmarks/README.md.
+lower bound (perfect overlap of compute and communication). See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -51,8 +51,12 @@ class PolicyRun:
         return self.steps / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def _run_until_done(scenario: Scenario, sim: Simulator, policy: Policy,
-                    decisions: list[tuple[float, str]] | None = None) -> list[SimulatedStep]:
+def _run_until_done(
+    scenario: Scenario,
+    sim: Simulator,
+    policy: Policy,
+    decisions: list[tuple[float, str]] | None = None,
+) -> list[SimulatedStep]:
     """Run the policy until the scenario ends; its changes go to `decisions` as (time s, label)."""
     sim.reset()
     config: RunConfig = policy.initial_config()
@@ -86,11 +90,15 @@ def simulate_static(scenario: Scenario, sim: Simulator, config: RunConfig) -> Ru
 
 def policy_context(scenario: Scenario, sim: Simulator, horizon_s: float) -> PolicyContext:
     return PolicyContext(
-        candidates=default_grid(), seed=scenario.seed,
+        candidates=default_grid(),
+        seed=scenario.seed,
         phases=tuple(scenario.phases(horizon_s)),
         evaluate_static=lambda config: simulate_static(scenario, sim, config),
         steady_step_s=lambda config, *condition: sim.steady_step_s(config, *condition),
-        profile=scenario.profile, workers=scenario.workers, backend=scenario_backend(scenario))
+        profile=scenario.profile,
+        workers=scenario.workers,
+        backend=scenario_backend(scenario),
+    )
 
 
 def scenario_backend(scenario: Scenario) -> str:
@@ -116,8 +124,9 @@ def lower_bound_run(scenario: Scenario, sim: Simulator) -> RunSummary:
     return RunSummary(steps, t)
 
 
-def simulate_scenario(scenario: Scenario, policy_names: Sequence[str],
-                      keep: dict[str, Any] | None = None) -> dict[str, Any]:
+def simulate_scenario(
+    scenario: Scenario, policy_names: Sequence[str], keep: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Every policy on the scenario's simulator. `keep`, if given, receives per policy the policy
     object and its step records (benchmarks/eval_tuner.py reads the tuner's side from them)."""
     sim = scenario.make_simulator()
@@ -131,15 +140,26 @@ def simulate_scenario(scenario: Scenario, policy_names: Sequence[str],
         decisions: list[tuple[float, str]] = []
         records = _run_until_done(scenario, sim, policy, decisions)
         elapsed = records[-1].end_s if records else 0.0
-        runs[name] = PolicyRun(name, len(records), elapsed, [r.end_s for r in records],
-                               policy.describe(), decisions=decisions)
+        runs[name] = PolicyRun(
+            name,
+            len(records),
+            elapsed,
+            [r.end_s for r in records],
+            policy.describe(),
+            decisions=decisions,
+        )
         if keep is not None:
             keep[name] = (policy, records)
     return _summarise(scenario, policy_names, runs, lower, "sim")
 
 
-def _summarise(scenario: Scenario, policy_names: Sequence[str], runs: dict[str, PolicyRun],
-               lower: RunSummary, mode: str) -> dict[str, Any]:
+def _summarise(
+    scenario: Scenario,
+    policy_names: Sequence[str],
+    runs: dict[str, PolicyRun],
+    lower: RunSummary,
+    mode: str,
+) -> dict[str, Any]:
     def ratio(a: float, b: float | None) -> float | None:
         return a / b if b else None
 
@@ -151,31 +171,49 @@ def _summarise(scenario: Scenario, policy_names: Sequence[str], runs: dict[str, 
     for name in policy_names:
         run = runs[name]
         tp = run.throughput_steps_per_s
-        rows.append({
-            "scenario": scenario.name, "mode": mode, "policy": name, "steps": run.steps,
-            "elapsed_s": run.elapsed_s, "throughput_steps_per_s": tp,
-            "samples_per_s": tp * scenario.profile.batch_size * scenario.workers,
-            "ratio_to_oracle": ratio(tp, oracle_tp), "ratio_to_grid_best": ratio(tp, grid_tp),
-            "ratio_to_lower_bound": ratio(tp, lower.throughput_steps_per_s), "chose": run.chose,
-        })
+        rows.append(
+            {
+                "scenario": scenario.name,
+                "mode": mode,
+                "policy": name,
+                "steps": run.steps,
+                "elapsed_s": run.elapsed_s,
+                "throughput_steps_per_s": tp,
+                "samples_per_s": tp * scenario.profile.batch_size * scenario.workers,
+                "ratio_to_oracle": ratio(tp, oracle_tp),
+                "ratio_to_grid_best": ratio(tp, grid_tp),
+                "ratio_to_lower_bound": ratio(tp, lower.throughput_steps_per_s),
+                "chose": run.chose,
+            }
+        )
     return {
-        "scenario": scenario.name, "path": scenario.path, "mode": mode,
-        "model": scenario.model, "workers": scenario.workers,
-        "compute_s": scenario.profile.compute_s, "gradient_bytes": scenario.profile.total_param_bytes,
+        "scenario": scenario.name,
+        "path": scenario.path,
+        "mode": mode,
+        "model": scenario.model,
+        "workers": scenario.workers,
+        "compute_s": scenario.profile.compute_s,
+        "gradient_bytes": scenario.profile.total_param_bytes,
         "lower_bound_steps_per_s": lower.throughput_steps_per_s,
         "headroom_oracle_over_grid_best": ratio(oracle_tp or 0.0, grid_tp),
-        "rows": rows, "_runs": runs,
+        "rows": rows,
+        "_runs": runs,
     }
 
 
 # ---- testbed ---------------------------------------------------------------------------------------
 
+
 def _testbed_label(config: RunConfig) -> str:
     from simulator.engine import DDPConfig
+
     if isinstance(config, DDPConfig):
         return "ddp"
     from benchmarks.train_worker import RunConfig as WorkerConfig
-    return WorkerConfig("sched", config.partition_bytes, config.credit_bytes, config.tail_bytes).label
+
+    return WorkerConfig(
+        "sched", config.partition_bytes, config.credit_bytes, config.tail_bytes
+    ).label
 
 
 @dataclasses.dataclass
@@ -187,7 +225,9 @@ class TestbedSeries:
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     applied: int = 0  # reconfigure events the worker reported
     tuner: dict[str, Any] | None = None  # the daemon's view (autobyte policy)
-    host: dict[str, Any] | None = None  # load and CPU steal during the run (benchmarks.host.HostWatch)
+    host: dict[str, Any] | None = (
+        None  # load and CPU steal during the run (benchmarks.host.HostWatch)
+    )
 
     @property
     def ends_s(self) -> list[float]:
@@ -202,8 +242,9 @@ class _OnlineDriver:
     """Feeds rank 0's `step` events to a policy (as SimulatedSteps) and appends its decisions to the
     worker's --control file; called on the harness's reader thread, so it stays short."""
 
-    def __init__(self, policy: Policy, control: pathlib.Path, scenario: Scenario,
-                 initial: RunConfig) -> None:
+    def __init__(
+        self, policy: Policy, control: pathlib.Path, scenario: Scenario, initial: RunConfig
+    ) -> None:
         self.policy, self.control, self.scenario = policy, control, scenario
         self.elapsed = 0.0
         self.current = initial
@@ -221,15 +262,26 @@ class _OnlineDriver:
             self.errors.append(str(event.get("error")))
         if kind != "step":
             return
-        from simulator.engine import parse_config
-        from simulator.engine import DDPConfig
+        from simulator.engine import DDPConfig, parse_config
+
         step_s = float(event["step_time_s"])
         start = self.elapsed
         self.elapsed += step_s
         config = parse_config(event["config"])
-        record = SimulatedStep(int(event["step"]), start, self.elapsed, step_s, 0.0, 0.0, 0.0,
-                            self.scenario.bandwidth.at(start), self.scenario.compute.at(start),
-                            0, 0, config)
+        record = SimulatedStep(
+            int(event["step"]),
+            start,
+            self.elapsed,
+            step_s,
+            0.0,
+            0.0,
+            0.0,
+            self.scenario.bandwidth.at(start),
+            self.scenario.compute.at(start),
+            0,
+            0,
+            config,
+        )
         change = self.policy.observe(record)
         if change is None or change == self.current:
             return
@@ -237,15 +289,26 @@ class _OnlineDriver:
             self.errors.append("policy asked for ddp: not reachable through --control")
             return
         self.current = change
-        self.decisions.append({"after_step": record.step, "t_s": self.elapsed,
-                               "config": _testbed_label(change)})
+        self.decisions.append(
+            {"after_step": record.step, "t_s": self.elapsed, "config": _testbed_label(change)}
+        )
         with open(self.control, "a") as handle:
-            handle.write(json.dumps({"partition_bytes": change.partition_bytes,
-                                     "credit_bytes": change.credit_bytes}) + "\n")
+            handle.write(
+                json.dumps(
+                    {"partition_bytes": change.partition_bytes, "credit_bytes": change.credit_bytes}
+                )
+                + "\n"
+            )
 
 
-def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy | None = None,
-                    initial: RunConfig | None = None, daemon: str | None = None) -> TestbedSeries:
+def _run_on_testbed(
+    scenario: Scenario,
+    label: str,
+    trace: Any,
+    policy: Policy | None = None,
+    initial: RunConfig | None = None,
+    daemon: str | None = None,
+) -> TestbedSeries:
     """One run on a fresh testbed: a fixed configuration, an online policy through --control, or
     (`daemon`: its tuner mode) the ranks streaming to a real autobyted in the hub namespace, obeying
     it ("auto") or only reporting to it ("observe": the configuration stays `label`)."""
@@ -258,9 +321,21 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
     workload = scenario.testbed_workload()
     workers = workload.workers
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
-    command = [sys.executable, "-m", "benchmarks.train_worker", *workload.worker_args(),
-               "--configs", label, "--steps", str(steps), "--warmup", "0",
-               "--rounds", "1", "--steps-events"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.train_worker",
+        *workload.worker_args(),
+        "--configs",
+        label,
+        "--steps",
+        str(steps),
+        "--warmup",
+        "0",
+        "--rounds",
+        "1",
+        "--steps-events",
+    ]
     if scenario.duration_s is not None:
         command += ["--max-seconds", str(scenario.duration_s)]
     with tempfile.TemporaryDirectory(prefix="abeval-") as tmp:
@@ -278,15 +353,22 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
 
                 hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name, tuner=daemon).start()
             try:
-                result = bed.run(command, trace=trace, on_event=driver.on_event if driver else None,
-                                 timeout_s=float(options.get("timeout_s", 900)),
-                                 cwd=str(pathlib.Path(__file__).resolve().parent.parent),
-                                 env=hub.env if hub else None)
+                result = bed.run(
+                    command,
+                    trace=trace,
+                    on_event=driver.on_event if driver else None,
+                    timeout_s=float(options.get("timeout_s", 900)),
+                    cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+                    env=hub.env if hub else None,
+                )
             finally:
                 tuned = hub.stop() if hub else None
     events = [e for e in result.ranks[0].events if e.get("event") == "step"]
-    series = TestbedSeries([float(e["step_time_s"]) for e in events],
-                           [str(e["config"]) for e in events], host=watch.report())
+    series = TestbedSeries(
+        [float(e["step_time_s"]) for e in events],
+        [str(e["config"]) for e in events],
+        host=watch.report(),
+    )
     if driver is not None:
         series.decisions, series.applied = driver.decisions, driver.applied
         if driver.errors:
@@ -297,8 +379,9 @@ def _run_on_testbed(scenario: Scenario, label: str, trace: Any, policy: Policy |
     return series
 
 
-def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float, ...]],
-                     settle_steps: int = 2) -> Callable[..., float]:
+def _measured_steady(
+    series: dict[str, TestbedSeries], phases: list[tuple[float, ...]], settle_steps: int = 2
+) -> Callable[..., float]:
     """steady_step_s for the oracle on the testbed: the median measured step time of the
     configuration's fixed run during the phases with those conditions (first steps of a phase
     skipped)."""
@@ -315,6 +398,7 @@ def _measured_steady(series: dict[str, TestbedSeries], phases: list[tuple[float,
             inside = [t for t, e in zip(run.step_times_s, run.ends_s) if start < e - t and e <= end]
             times += inside[settle_steps:]
         return statistics.median(times) if times else math.inf
+
     return steady
 
 
@@ -327,13 +411,16 @@ def _decision_time_s(decision: dict[str, Any], ends_s: Sequence[float]) -> float
     return ends_s[min(step, len(ends_s)) - 1] if ends_s and step > 0 else 0.0
 
 
-def _cached_run(cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
-                ) -> TestbedSeries:
+def _cached_run(
+    cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
+) -> TestbedSeries:
     """A testbed run, or its result from an earlier command (`--testbed-cache DIR`), so that long
     traces can be measured one policy per command and combined afterwards."""
     if cache is None:
         return run()
-    path = cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
+    path = (
+        cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
+    )
     if path.exists():
         logger.info("%s: %s from %s", scenario.name, key, path)
         return TestbedSeries(**json.loads(path.read_text()))
@@ -343,8 +430,12 @@ def _cached_run(cache: pathlib.Path | None, scenario: Scenario, key: str, run: C
     return series
 
 
-def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pathlib.Path | None = None,
-                     references: bool = True) -> dict[str, Any]:
+def testbed_scenario(
+    scenario: Scenario,
+    policy_names: Sequence[str],
+    cache: pathlib.Path | None = None,
+    references: bool = True,
+) -> dict[str, Any]:
     """Run every policy on the namespace testbed under the scenario's bandwidth trace.
 
     The scenario's [testbed] table says which harness model to train (model, model_args,
@@ -362,16 +453,26 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
     `cache`: results of earlier commands are reused and new ones stored (one policy per command
     for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
-    from simulator.engine import parse_config
     from benchmarks.policies import BayesOptOncePolicy
+    from simulator.engine import parse_config
 
     options = scenario.testbed
     horizon = scenario.duration_s if scenario.duration_s is not None else math.inf
     phases = scenario.phases(horizon)
     trace = scenario.testbed_trace(horizon)
-    grid_labels = list(options.get("grid", ["sched:none,none", "sched:1MiB,4MiB", "sched:4MiB,8MiB",
-                                            "sched:4MiB,16MiB", "sched:16MiB,32MiB",
-                                            "sched:16MiB,none"]))
+    grid_labels = list(
+        options.get(
+            "grid",
+            [
+                "sched:none,none",
+                "sched:1MiB,4MiB",
+                "sched:4MiB,8MiB",
+                "sched:4MiB,16MiB",
+                "sched:16MiB,32MiB",
+                "sched:16MiB,none",
+            ],
+        )
+    )
     wanted = list(dict.fromkeys([*policy_names, *(REFERENCE_POLICIES if references else ())]))
     fixed: dict[str, list[str]] = {}
     for name in wanted:
@@ -382,22 +483,35 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         elif name == "grid-best":
             fixed[name] = grid_labels
     measured: dict[str, TestbedSeries] = {}
-    for label in dict.fromkeys(label for name, group in fixed.items() if not name.startswith("observe:")
-                               for label in group):
+    for label in dict.fromkeys(
+        label for name, group in fixed.items() if not name.startswith("observe:") for label in group
+    ):
         logger.info("%s: fixed %s", scenario.name, label)
-        measured[label] = _cached_run(cache, scenario, label,
-                                      lambda label=label: _run_on_testbed(scenario, label, trace))
+        measured[label] = _cached_run(
+            cache, scenario, label, lambda label=label: _run_on_testbed(scenario, label, trace)
+        )
     observed: dict[str, TestbedSeries] = {}  # observe:P,C -- P,C held, a daemon observing beside it
     for name in (name for name in fixed if name.startswith("observe:")):
         label = fixed[name][0]
         logger.info("%s: fixed %s, reported to autobyted --tuner observe", scenario.name, label)
-        observed[name] = _cached_run(cache, scenario, f"observe-{label}",
-                                     lambda label=label: _run_on_testbed(scenario, label, trace, daemon="observe"))
+        observed[name] = _cached_run(
+            cache,
+            scenario,
+            f"observe-{label}",
+            lambda label=label: _run_on_testbed(scenario, label, trace, daemon="observe"),
+        )
 
     def as_run(name: str, series: TestbedSeries, chose: str) -> PolicyRun:
         ends = series.ends_s
-        return PolicyRun(name, len(ends), ends[-1] if ends else 0.0, ends, chose, "testbed",
-                         [(_decision_time_s(d, ends), d["config"]) for d in series.decisions])
+        return PolicyRun(
+            name,
+            len(ends),
+            ends[-1] if ends else 0.0,
+            ends,
+            chose,
+            "testbed",
+            [(_decision_time_s(d, ends), d["config"]) for d in series.decisions],
+        )
 
     def throughput(series: TestbedSeries) -> float:
         ends = series.ends_s
@@ -412,10 +526,17 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
             hosts[name] = series.host
             detail = (series.tuner or {}).get("detail", "?")
             # Its decisions are recommendations, never applied: the run switched nothing.
-            runs[name] = as_run(name, dataclasses.replace(series, decisions=[]),
-                                f"{group[0]} held; the observing tuner: {detail}; "
-                                f"{len(series.decisions)} recommendations")
-            extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": series.tuner or {}}
+            runs[name] = as_run(
+                name,
+                dataclasses.replace(series, decisions=[]),
+                f"{group[0]} held; the observing tuner: {detail}; "
+                f"{len(series.decisions)} recommendations",
+            )
+            extra[name] = {
+                "decisions": series.decisions,
+                "applied": series.applied,
+                "tuner": series.tuner or {},
+            }
             continue
         best = max(group, key=lambda lab: throughput(measured[lab]))
         runs[name] = as_run(name, measured[best], best)
@@ -426,26 +547,41 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         policy: Policy
         if name == "autobyte" or name.startswith("autobyte:"):
             from simulator.adapter import SCHEDULER_DEFAULT
+
             start = SCHEDULER_DEFAULT if name == "autobyte" else start_config(name, "autobyte:")
             label = _testbed_label(start)
-            logger.info("%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label)
+            logger.info(
+                "%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label
+            )
             key = "policy-autobyte" if name == "autobyte" else f"policy-autobyte-{label}"
-            series = _cached_run(cache, scenario, key,
-                                 lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"))
+            series = _cached_run(
+                cache,
+                scenario,
+                key,
+                lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"),
+            )
             tuner = series.tuner or {}
             hosts[name] = series.host
-            runs[name] = as_run(name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions")
+            runs[name] = as_run(
+                name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions"
+            )
             extra[name] = {"decisions": series.decisions, "applied": series.applied, "tuner": tuner}
             continue
         if name == "bo-once":
-            policy = BayesOptOncePolicy(trial_steps=int(options.get("bo_trial_steps", 10)),
-                                        settle_steps=int(options.get("bo_settle_steps", 2)))
+            policy = BayesOptOncePolicy(
+                trial_steps=int(options.get("bo_trial_steps", 10)),
+                settle_steps=int(options.get("bo_settle_steps", 2)),
+            )
             context = PolicyContext(candidates=default_grid(include_ddp=False), seed=scenario.seed)
         elif name == "oracle":
             policy = make_policy(name)
             candidates = tuple(parse_config(lab) for lab in grid_labels)
-            context = PolicyContext(candidates=candidates, seed=scenario.seed, phases=tuple(phases),
-                                    steady_step_s=_measured_steady(measured, phases))
+            context = PolicyContext(
+                candidates=candidates,
+                seed=scenario.seed,
+                phases=tuple(phases),
+                steady_step_s=_measured_steady(measured, phases),
+            )
         else:
             raise ValueError(f"policy {name!r} has no testbed driver")
         policy.prepare(context)
@@ -453,25 +589,40 @@ def testbed_scenario(scenario: Scenario, policy_names: Sequence[str], cache: pat
         label = _testbed_label(initial)
         logger.info("%s: online %s from %s", scenario.name, name, label)
         ran: list[bool] = []
-        series = _cached_run(cache, scenario, f"policy-{name}",
-                             lambda: ran.append(True) or _run_on_testbed(scenario, label, trace, policy=policy,
-                                                                         initial=initial))
+
+        def run_online() -> TestbedSeries:  # called (or not) by _cached_run within this iteration
+            ran.append(True)  # noqa: B023
+            return _run_on_testbed(scenario, label, trace, policy=policy, initial=initial)  # noqa: B023
+
+        series = _cached_run(cache, scenario, f"policy-{name}", run_online)
         # A run read from the cache has no policy object that saw it: say what it decided instead.
         described = policy.describe() if ran or cache is None else "(cached run)"
         hosts[name] = series.host
-        runs[name] = as_run(name, series, f"{described}; {len(series.decisions)} decisions, "
-                                          f"{series.applied} applied")
+        runs[name] = as_run(
+            name,
+            series,
+            f"{described}; {len(series.decisions)} decisions, {series.applied} applied",
+        )
         extra[name] = {"decisions": series.decisions, "applied": series.applied}
     # The lower bound uses the scenario's (simulator) profile of the trained model.
     sim = scenario.make_simulator()
-    bounded = (scenario if scenario.duration_s is not None else
-               dataclasses.replace(scenario, duration_steps=max(run.steps for run in runs.values())))
+    bounded = (
+        scenario
+        if scenario.duration_s is not None
+        else dataclasses.replace(scenario, duration_steps=max(run.steps for run in runs.values()))
+    )
     lower = lower_bound_run(bounded, sim)
     summary = _summarise(scenario, list(policy_names), runs, lower, "testbed")
     summary["online"] = extra
     summary["hosts"] = hosts
-    summary["fixed_runs"] = {label: {"steps": len(s.step_times_s), "elapsed_s": sum(s.step_times_s),
-                                     "steps_per_s": throughput(s)} for label, s in measured.items()}
+    summary["fixed_runs"] = {
+        label: {
+            "steps": len(s.step_times_s),
+            "elapsed_s": sum(s.step_times_s),
+            "steps_per_s": throughput(s),
+        }
+        for label, s in measured.items()
+    }
     return summary
 
 
@@ -483,24 +634,32 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    header = (f"{'scenario':<28} {'policy':<20} {'steps/s':>9} {'vs oracle':>9} {'vs grid':>8} "
-              f"{'vs bound':>8}  chose")
+    header = (
+        f"{'scenario':<28} {'policy':<20} {'steps/s':>9} {'vs oracle':>9} {'vs grid':>8} "
+        f"{'vs bound':>8}  chose"
+    )
     lines = [header, "-" * len(header)]
     for result in results:
         for row in result["rows"]:
-            lines.append(f"{row['scenario']:<28} {row['policy']:<20} "
-                         f"{_fmt(row['throughput_steps_per_s'], 3):>9} "
-                         f"{_fmt(row['ratio_to_oracle']):>9} {_fmt(row['ratio_to_grid_best']):>8} "
-                         f"{_fmt(row['ratio_to_lower_bound']):>8}  {row['chose']}")
-        lines.append(f"{'':<28} {'(headroom oracle/grid-best)':<29}"
-                     f"{_fmt(result['headroom_oracle_over_grid_best']):>9}    "
-                     f"lower bound {_fmt(result['lower_bound_steps_per_s'])} steps/s")
+            lines.append(
+                f"{row['scenario']:<28} {row['policy']:<20} "
+                f"{_fmt(row['throughput_steps_per_s'], 3):>9} "
+                f"{_fmt(row['ratio_to_oracle']):>9} {_fmt(row['ratio_to_grid_best']):>8} "
+                f"{_fmt(row['ratio_to_lower_bound']):>8}  {row['chose']}"
+            )
+        lines.append(
+            f"{'':<28} {'(headroom oracle/grid-best)':<29}"
+            f"{_fmt(result['headroom_oracle_over_grid_best']):>9}    "
+            f"lower bound {_fmt(result['lower_bound_steps_per_s'])} steps/s"
+        )
         for policy, host in result.get("hosts", {}).items():  # testbed runs: the host during each
             lines.append(f"{'':<28} host during {policy}: {HostWatch.describe(host)}")
     return "\n".join(lines)
 
 
-def rolling_throughput(end_times_s: Sequence[float], window_steps: int) -> tuple[list[float], list[float]]:
+def rolling_throughput(
+    end_times_s: Sequence[float], window_steps: int
+) -> tuple[list[float], list[float]]:
     """(t, steps/s) at every step end from the window_steps-th on: window_steps divided by the time
     those steps took. Unlike counting whole steps in fixed time bins (which jumps between 2, 4, 6 …
     steps/s when a step takes ~0.3 s), evenly spaced steps give a flat line."""
@@ -521,22 +680,31 @@ def draw_scenario(result: dict[str, Any], scenario: Scenario):
     3 to 25), the lower bound, the phases of the traces shaded on both panels, each policy's
     decisions marked."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
     runs: dict[str, PolicyRun] = result["_runs"]
     end = max((run.elapsed_s for run in runs.values()), default=1.0) or 1.0
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6),
-                                      gridspec_kw={"height_ratios": [3, 1]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, sharex=True, figsize=(9, 6), gridspec_kw={"height_ratios": [3, 1]}
+    )
     for index, (start, stop, bandwidth, factor, *_conditions) in enumerate(scenario.phases(end)):
         for axis in (top, bottom):
             if index % 2:
                 axis.axvspan(start, stop, color="0.92", zorder=0, label="_phase")
         if stop - start >= end / 8:  # name the wide phases; the bottom panel shows every one
-            top.annotate(f"{bandwidth / GBIT:.3g} Gbit/s" + (f", compute x{factor:.3g}" if factor != 1 else ""),
-                         (start, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10),
-                         textcoords="offset points", fontsize=7, color="0.35")
+            top.annotate(
+                f"{bandwidth / GBIT:.3g} Gbit/s"
+                + (f", compute x{factor:.3g}" if factor != 1 else ""),
+                (start, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -10),
+                textcoords="offset points",
+                fontsize=7,
+                color="0.35",
+            )
     for name in [row["policy"] for row in result["rows"]]:
         run = runs[name]
         window = max(3, min(25, len(run.end_times_s) // 40))
@@ -544,23 +712,39 @@ def draw_scenario(result: dict[str, Any], scenario: Scenario):
         (line,) = top.plot(times, rates, label=f"{name} (mean of {window} steps)", linewidth=1.2)
         if run.decisions and times:
             at = [t for t, _ in run.decisions]
-            top.plot(at, np.interp(at, times, rates), linestyle="none", marker="v", markersize=6,
-                     color=line.get_color(), label=f"{name}: {len(at)} decision(s)")
+            top.plot(
+                at,
+                np.interp(at, times, rates),
+                linestyle="none",
+                marker="v",
+                markersize=6,
+                color=line.get_color(),
+                label=f"{name}: {len(at)} decision(s)",
+            )
     grid = np.linspace(0.0, end, 600)
-    bound = [1.0 / lower_bound_step_s(scenario.profile, scenario.workers, scenario.bandwidth.at(t),
-                                      scenario.compute.at(t)) for t in grid]
+    bound = [
+        1.0
+        / lower_bound_step_s(
+            scenario.profile, scenario.workers, scenario.bandwidth.at(t), scenario.compute.at(t)
+        )
+        for t in grid
+    ]
     top.plot(grid, bound, color="grey", linestyle=":", drawstyle="steps-post", label="lower bound")
     top.set_ylabel("throughput (steps/s, rolling mean)")
-    top.set_title(f"{scenario.name}: {scenario.model}, {scenario.workers} workers ({result['mode']})")
+    top.set_title(
+        f"{scenario.name}: {scenario.model}, {scenario.workers} workers ({result['mode']})"
+    )
     top.legend(fontsize=7, loc="best")
-    bottom.plot(grid, [scenario.bandwidth.at(t) / GBIT for t in grid], color="black",
-                drawstyle="steps-post")
+    bottom.plot(
+        grid, [scenario.bandwidth.at(t) / GBIT for t in grid], color="black", drawstyle="steps-post"
+    )
     bottom.set_ylabel("bandwidth (Gbit/s)")
     bottom.set_xlabel("time (s)")
     if not scenario.compute.is_constant:
         twin = bottom.twinx()
-        twin.plot(grid, [scenario.compute.at(t) for t in grid], color="tab:red",
-                  drawstyle="steps-post")
+        twin.plot(
+            grid, [scenario.compute.at(t) for t in grid], color="tab:red", drawstyle="steps-post"
+        )
         twin.set_ylabel("compute slowdown", color="tab:red")
     fig.tight_layout()
     return fig
@@ -574,8 +758,9 @@ def plot_scenario(result: dict[str, Any], scenario: Scenario, path: pathlib.Path
     plt.close(fig)
 
 
-def write_outputs(results: Sequence[dict[str, Any]], scenarios: Sequence[Scenario],
-                  out: pathlib.Path) -> None:
+def write_outputs(
+    results: Sequence[dict[str, Any]], scenarios: Sequence[Scenario], out: pathlib.Path
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for result in results for row in result["rows"]]
     with open(out / "results.csv", "w", newline="") as handle:
@@ -589,21 +774,37 @@ def write_outputs(results: Sequence[dict[str, Any]], scenarios: Sequence[Scenari
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.evaluate", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
-    parser.add_argument("--policy", nargs="+", action="extend", default=None,
-                        help="ddp, static:P,C (e.g. static:4MiB,16MiB), observe:P,C (static, reported to a "
-                             "daemon in observe mode), grid-best, bo-once, oracle, autobyte (the daemon's "
-                             "tuner), autobyte:P,C (from P,C); --policy a b and --policy a --policy b both work "
-                             "[default: ddp grid-best bo-once oracle]")
-    parser.add_argument("--testbed", action="store_true",
-                        help="run on the namespace testbed (root) instead of the simulator")
+    parser.add_argument(
+        "--policy",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="ddp, static:P,C (e.g. static:4MiB,16MiB), observe:P,C (static, reported to a "
+        "daemon in observe mode), grid-best, bo-once, oracle, autobyte (the daemon's "
+        "tuner), autobyte:P,C (from P,C); --policy a b and --policy a --policy b both work "
+        "[default: ddp grid-best bo-once oracle]",
+    )
+    parser.add_argument(
+        "--testbed",
+        action="store_true",
+        help="run on the namespace testbed (root) instead of the simulator",
+    )
     parser.add_argument("--out", default="results", help="directory for csv, json and png")
-    parser.add_argument("--testbed-cache", default=None, metavar="DIR",
-                        help="with --testbed: reuse the runs stored in DIR by earlier commands, store new ones")
-    parser.add_argument("--skip-references", action="store_true",
-                        help="with --testbed: run only the named policies (no oracle / grid-best)")
+    parser.add_argument(
+        "--testbed-cache",
+        default=None,
+        metavar="DIR",
+        help="with --testbed: reuse the runs stored in DIR by earlier commands, store new ones",
+    )
+    parser.add_argument(
+        "--skip-references",
+        action="store_true",
+        help="with --testbed: run only the named policies (no oracle / grid-best)",
+    )
     args = parser.parse_args(argv)
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
@@ -626,17 +827,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.testbed and scaled:
         # Its policies' sizes (grid labels, decisions, the daemon's) are the wire's, not yet
         # divided by the emulation's byte scale as benchmarks/bench_emulated.py divides them.
-        print(f"python -m benchmarks.evaluate: error: {', '.join(scaled)}: --testbed does not yet "
-              "scale configuration sizes by [testbed] byte_scale; run python -m "
-              "benchmarks.bench_emulated on it (or set byte_scale = 1)", file=sys.stderr)
+        print(
+            f"python -m benchmarks.evaluate: error: {', '.join(scaled)}: --testbed does not yet "
+            "scale configuration sizes by [testbed] byte_scale; run python -m "
+            "benchmarks.bench_emulated on it (or set byte_scale = 1)",
+            file=sys.stderr,
+        )
         return 2
     results = []
     for scenario in scenarios:
         started = time.perf_counter()
         if args.testbed:
-            result = testbed_scenario(scenario, args.policy,
-                                      pathlib.Path(args.testbed_cache) if args.testbed_cache else None,
-                                      references=not args.skip_references)
+            result = testbed_scenario(
+                scenario,
+                args.policy,
+                pathlib.Path(args.testbed_cache) if args.testbed_cache else None,
+                references=not args.skip_references,
+            )
         else:
             result = simulate_scenario(scenario, args.policy)
         logger.info("%s done in %.1f s", scenario.name, time.perf_counter() - started)

@@ -35,7 +35,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -60,7 +60,9 @@ class TiedGPT(nn.Module):
         self.wpe = nn.Embedding(sequence, width)
         self.blocks = nn.ModuleList(_Block(width, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
-        self.register_buffer("causal", torch.full((sequence, sequence), float("-inf")).triu(1), persistent=False)
+        self.register_buffer(
+            "causal", torch.full((sequence, sequence), float("-inf")).triu(1), persistent=False
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
@@ -76,7 +78,9 @@ class _Block(nn.Module):
         self.ln1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.ln1(h)
@@ -85,23 +89,47 @@ class _Block(nn.Module):
 
 
 def _mlp(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Linear(64, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 10),
+    )
 
 
 def _lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1)
+    )
 
 
 class Case:
     """One training setup: how to build the model, optimizer and batches, and the loop's precision."""
 
-    def __init__(self, name: str, make_model: Callable[[], nn.Module], make_opt: Callable[[Any], Any],
-                 make_batch: Callable[[torch.Generator], tuple], loss: Callable, steps: int,
-                 amp: str | None = None, reconfigure: bool = False, jitter: bool = False,
-                 partition_bytes: int | None = 64 << 10, credit_bytes: int | None = 256 << 10,
-                 gpu_delays: bool = False) -> None:
-        self.name, self.make_model, self.make_opt, self.make_batch = name, make_model, make_opt, make_batch
+    def __init__(
+        self,
+        name: str,
+        make_model: Callable[[], nn.Module],
+        make_opt: Callable[[Any], Any],
+        make_batch: Callable[[torch.Generator], tuple],
+        loss: Callable,
+        steps: int,
+        amp: str | None = None,
+        reconfigure: bool = False,
+        jitter: bool = False,
+        partition_bytes: int | None = 64 << 10,
+        credit_bytes: int | None = 256 << 10,
+        gpu_delays: bool = False,
+    ) -> None:
+        self.name, self.make_model, self.make_opt, self.make_batch = (
+            name,
+            make_model,
+            make_opt,
+            make_batch,
+        )
         self.loss, self.steps, self.amp = loss, steps, amp
         self.reconfigure, self.jitter, self.gpu_delays = reconfigure, jitter, gpu_delays
         self.partition_bytes, self.credit_bytes = partition_bytes, credit_bytes
@@ -111,6 +139,7 @@ def _seeded(build: Callable[[], nn.Module], device: torch.device) -> Callable[[]
     def make() -> nn.Module:
         torch.manual_seed(3)
         return build().to(device)
+
     return make
 
 
@@ -124,9 +153,18 @@ def _hf_gpt2(device: torch.device) -> Callable[[], nn.Module] | None:
     class Logits(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            config = GPT2Config(vocab_size=512, n_positions=64, n_embd=128, n_layer=2, n_head=4,
-                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
-                                use_cache=False)
+            config = GPT2Config(
+                vocab_size=512,
+                n_positions=64,
+                n_embd=128,
+                n_layer=2,
+                n_head=4,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                tie_word_embeddings=True,
+                use_cache=False,
+            )
             self.gpt2 = GPT2LMHeadModel(config)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -139,13 +177,17 @@ def _tokens(vocab: int, batch: int, sequence: int, device: torch.device) -> Call
     def make(gen: torch.Generator) -> tuple:
         tokens = torch.randint(0, vocab, (batch, sequence), generator=gen).to(device)
         return tokens, tokens
+
     return make
 
 
 def _features(batch: int, device: torch.device) -> Callable:
     def make(gen: torch.Generator) -> tuple:
-        return (torch.randn(batch, 64, generator=gen).to(device),
-                torch.randint(0, 10, (batch,), generator=gen).to(device))
+        return (
+            torch.randn(batch, 64, generator=gen).to(device),
+            torch.randint(0, 10, (batch,), generator=gen).to(device),
+        )
+
     return make
 
 
@@ -153,28 +195,87 @@ def equivalence_cases(device: torch.device, quick: bool) -> tuple[list[Case], di
     """(cases, {case: why skipped})."""
     steps = 6 if quick else 30
     width = 64 if quick else 512
-    gpt = (_seeded(lambda: TiedGPT(256, 64, 2, 4, 32), device) if quick else
-           _seeded(lambda: TiedGPT(2048, 256, 4, 8, 64), device))
+    gpt = (
+        _seeded(lambda: TiedGPT(256, 64, 2, 4, 32), device)
+        if quick
+        else _seeded(lambda: TiedGPT(2048, 256, 4, 8, 64), device)
+    )
     vocab, sequence = (256, 32) if quick else (2048, 64)
     adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)
     sgd = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)
     mlp = _seeded(lambda: _mlp(width), device)
     cases = [
         Case("mlp_sgd_momentum", mlp, sgd, _features(32, device), F.cross_entropy, steps),
-        Case("mlp_unpartitioned_unlimited", mlp, sgd, _features(32, device), F.cross_entropy, steps,
-             partition_bytes=None, credit_bytes=None),
-        Case("transformer_tied_adamw", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss, steps),
-        Case("amp_fp16_gradscaler", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss, steps, amp="fp16"),
-        Case("amp_bf16", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss, steps, amp="bf16"),
-        Case("reconfigure_under_jitter", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss, steps,
-             reconfigure=True, jitter=True),
+        Case(
+            "mlp_unpartitioned_unlimited",
+            mlp,
+            sgd,
+            _features(32, device),
+            F.cross_entropy,
+            steps,
+            partition_bytes=None,
+            credit_bytes=None,
+        ),
+        Case(
+            "transformer_tied_adamw",
+            gpt,
+            adamw,
+            _tokens(vocab, 4, sequence, device),
+            _lm_loss,
+            steps,
+        ),
+        Case(
+            "amp_fp16_gradscaler",
+            gpt,
+            adamw,
+            _tokens(vocab, 4, sequence, device),
+            _lm_loss,
+            steps,
+            amp="fp16",
+        ),
+        Case(
+            "amp_bf16", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss, steps, amp="bf16"
+        ),
+        Case(
+            "reconfigure_under_jitter",
+            gpt,
+            adamw,
+            _tokens(vocab, 4, sequence, device),
+            _lm_loss,
+            steps,
+            reconfigure=True,
+            jitter=True,
+        ),
     ]
     skipped: dict[str, str] = {}
     if device.type == "cuda":
-        cases.append(Case("stream_ordering_gpu_delays", gpt, adamw, _tokens(vocab, 4, sequence, device), _lm_loss,
-                          steps, gpu_delays=True))
+        cases.append(
+            Case(
+                "stream_ordering_gpu_delays",
+                gpt,
+                adamw,
+                _tokens(vocab, 4, sequence, device),
+                _lm_loss,
+                steps,
+                gpu_delays=True,
+            )
+        )
     else:
         skipped["stream_ordering_gpu_delays"] = "needs CUDA (delays injected on the GPU's streams)"
+    if device.type == "cuda":
+        # SyncBatchNorm's collectives run inside the forward, on the default group, beside the
+        # scheduler's own communicator; its running statistics are compared too (`_diff`)
+        syncbn = _seeded(
+            lambda: nn.Sequential(
+                nn.Linear(64, width), nn.SyncBatchNorm(width), nn.ReLU(), nn.Linear(width, 10)
+            ),
+            device,
+        )
+        cases.append(
+            Case("sync_batchnorm", syncbn, sgd, _features(32, device), F.cross_entropy, steps)
+        )
+    else:
+        skipped["sync_batchnorm"] = "needs CUDA (torch's SyncBatchNorm runs on GPUs only)"
     hf = _hf_gpt2(device) if not quick else None
     if hf is not None:
         cases.append(Case("hf_gpt2_tied", hf, adamw, _tokens(512, 4, 64, device), _lm_loss, steps))
@@ -189,7 +290,9 @@ def equivalence_cases(device: torch.device, quick: bool) -> tuple[list[Case], di
 def _autocast(case: Case, device: torch.device) -> Any:
     if case.amp is None:
         return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=torch.float16 if case.amp == "fp16" else torch.bfloat16)
+    return torch.autocast(
+        device.type, dtype=torch.float16 if case.amp == "fp16" else torch.bfloat16
+    )
 
 
 def _batches(case: Case, rank: int) -> list:
@@ -238,7 +341,9 @@ class _GpuDelays:
     def __init__(self, model: nn.Module, rng: random.Random) -> None:
         self.rng = rng
         for param in model.parameters():
-            param.register_post_accumulate_grad_hook(lambda _p: torch.cuda._sleep(self.rng.randint(0, 400_000)))
+            param.register_post_accumulate_grad_hook(
+                lambda _p: torch.cuda._sleep(self.rng.randint(0, 400_000))
+            )
 
     def __enter__(self) -> None:
         from autobyte.scheduler import device as device_sync
@@ -257,7 +362,9 @@ class _GpuDelays:
         self.cls.before_issue = self.original
 
 
-def train_scheduled(case: Case, device: torch.device, batches: list, rank: int) -> tuple[nn.Module, dict]:
+def train_scheduled(
+    case: Case, device: torch.device, batches: list, rank: int
+) -> tuple[nn.Module, dict]:
     import contextlib
 
     from autobyte import ScheduledOptimizer
@@ -267,13 +374,25 @@ def train_scheduled(case: Case, device: torch.device, batches: list, rank: int) 
     opt = case.make_opt(model.parameters())
     scaler = torch.amp.GradScaler(device.type) if case.amp == "fp16" else None
     # registered before the scheduler's hooks, so that they run first
-    delays = _GpuDelays(model, rng) if case.gpu_delays and device.type == "cuda" else contextlib.nullcontext()
-    sched = ScheduledOptimizer(model, opt, partition_bytes=case.partition_bytes, credit_bytes=case.credit_bytes,
-                               grad_scaler=scaler, timeout_s=120)
+    delays = (
+        _GpuDelays(model, rng)
+        if case.gpu_delays and device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    sched = ScheduledOptimizer(
+        model,
+        opt,
+        partition_bytes=case.partition_bytes,
+        credit_bytes=case.credit_bytes,
+        grad_scaler=scaler,
+        timeout_s=120,
+    )
     if case.jitter:
         _jitter(model, rng)
     configs = set()
-    sched.add_step_callback(lambda m: configs.add((m.config.partition_bytes, m.config.credit_bytes)))
+    sched.add_step_callback(
+        lambda m: configs.add((m.config.partition_bytes, m.config.credit_bytes))
+    )
     with sched, delays:
         for x, y in batches:
             if case.reconfigure and rng.random() < 0.5:
@@ -288,14 +407,24 @@ def train_scheduled(case: Case, device: torch.device, batches: list, rank: int) 
                 loss.backward()
                 sched.step()
         sched.synchronize()
-        info = {"hot_path": sched.hot_path, "hot_path_reason": sched.hot_path_reason,
-                "configs_seen": len(configs), "skipped_steps": sched.skipped_steps}
+        info = {
+            "hot_path": sched.hot_path,
+            "hot_path_reason": sched.hot_path_reason,
+            "configs_seen": len(configs),
+            "skipped_steps": sched.skipped_steps,
+        }
     return model, info
 
 
 def _diff(a: nn.Module, b: nn.Module) -> float:
-    return max((x.detach().float() - y.detach().float()).abs().max().item()
-               for x, y in zip(a.parameters(), b.parameters()))
+    """The largest difference of the whole state_dicts: parameters and buffers (BatchNorm statistics)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys():
+        return float("inf")
+    return max(
+        (0.0 if torch.equal(sa[k], sb[k]) else (sa[k].double() - sb[k].double()).abs().max().item())
+        for k in sa
+    )
 
 
 def _digest(model: nn.Module) -> str:
@@ -313,8 +442,12 @@ def _run_cases(rank: int, device: torch.device, cases: list[Case], ddp: bool) ->
             batches = _batches(case, rank)
             reference = train_reference(case, device, batches, ddp)
             scheduled, info = train_scheduled(case, device, batches, rank)
-            results[case.name] = {"max_abs_diff": _diff(reference, scheduled), "digest": _digest(scheduled),
-                                  "seconds": round(time.monotonic() - started, 2), **info}
+            results[case.name] = {
+                "max_abs_diff": _diff(reference, scheduled),
+                "digest": _digest(scheduled),
+                "seconds": round(time.monotonic() - started, 2),
+                **info,
+            }
         except Exception:  # noqa: BLE001 - one case's failure is reported
             results[case.name] = {"error": traceback.format_exc()[-3000:]}
             if ddp:
@@ -334,7 +467,7 @@ class SyncCounter:
         self.count = 0
         self.where: collections.Counter = collections.Counter()
 
-    def __enter__(self) -> SyncCounter:
+    def __enter__(self) -> Self:
         self._catch = warnings.catch_warnings(record=True)
         self._records = self._catch.__enter__()
         warnings.simplefilter("always")
@@ -360,8 +493,18 @@ def _sync_probe(case: Case, device: torch.device, batches: list, scheduled: bool
     model = case.make_model()
     opt = case.make_opt(model.parameters())
     scaler = torch.amp.GradScaler(device.type) if case.amp == "fp16" else None
-    sched = ScheduledOptimizer(model, opt, partition_bytes=case.partition_bytes, credit_bytes=case.credit_bytes,
-                               grad_scaler=scaler, timeout_s=120) if scheduled else None
+    sched = (
+        ScheduledOptimizer(
+            model,
+            opt,
+            partition_bytes=case.partition_bytes,
+            credit_bytes=case.credit_bytes,
+            grad_scaler=scaler,
+            timeout_s=120,
+        )
+        if scheduled
+        else None
+    )
     stepper = sched if sched is not None else opt
     warm = 3
 
@@ -394,14 +537,22 @@ def _sync_probe(case: Case, device: torch.device, batches: list, scheduled: bool
     finally:
         if sched is not None:
             sched.close()
-    return {"syncs_per_step": counter.count / max(1, len(measured)), "where": dict(counter.where.most_common(8)),
-            "counted": counter.cuda}
+    return {
+        "syncs_per_step": counter.count / max(1, len(measured)),
+        "where": dict(counter.where.most_common(8)),
+        "counted": counter.cuda,
+    }
 
 
 def nccl_one_rank(rank: int, device: torch.device, quick: bool) -> dict:
     cases, _ = equivalence_cases(device, quick)
-    keep = {"mlp_sgd_momentum", "transformer_tied_adamw", "amp_fp16_gradscaler", "amp_bf16",
-            "stream_ordering_gpu_delays"}
+    keep = {
+        "mlp_sgd_momentum",
+        "transformer_tied_adamw",
+        "amp_fp16_gradscaler",
+        "amp_bf16",
+        "stream_ordering_gpu_delays",
+    }
     cases = [c for c in cases if c.name in keep]
     results = _run_cases(rank, device, cases, ddp=False)
     for case in cases:
@@ -410,7 +561,9 @@ def nccl_one_rank(rank: int, device: torch.device, quick: bool) -> dict:
         batches = _batches(case, rank)
         try:
             results[case.name]["syncs_plain"] = _sync_probe(case, device, batches, scheduled=False)
-            results[case.name]["syncs_scheduled"] = _sync_probe(case, device, batches, scheduled=True)
+            results[case.name]["syncs_scheduled"] = _sync_probe(
+                case, device, batches, scheduled=True
+            )
         except Exception:  # noqa: BLE001
             results[case.name]["sync_probe_error"] = traceback.format_exc()[-2000:]
     return {"cases": results, "skipped": {}}
@@ -424,31 +577,54 @@ def two_ranks(rank: int, device: torch.device, quick: bool) -> dict:
 # ---- overhead at device speed ----------------------------------------------------------------------
 
 
-def _overhead_models(device: torch.device, quick: bool) -> list[tuple[str, Callable, Callable, Callable]]:
+def _overhead_models(
+    device: torch.device, quick: bool
+) -> list[tuple[str, Callable, Callable, Callable]]:
     """(name, make_model, make_batch, loss) of the GPT-2-small-sized model and a ResNet-50."""
     from benchmarks.models import ResNet
 
     if quick:
-        gpt = (_seeded(lambda: TiedGPT(512, 64, 2, 4, 32), device), _tokens(512, 2, 32, device), _lm_loss)
-        resnet = (_seeded(lambda: ResNet((1, 1, 1, 1), 0.125, 10), device), _images(4, 32, 10, device),
-                  F.cross_entropy)
+        gpt = (
+            _seeded(lambda: TiedGPT(512, 64, 2, 4, 32), device),
+            _tokens(512, 2, 32, device),
+            _lm_loss,
+        )
+        resnet = (
+            _seeded(lambda: ResNet((1, 1, 1, 1), 0.125, 10), device),
+            _images(4, 32, 10, device),
+            F.cross_entropy,
+        )
     else:
-        gpt = (_seeded(lambda: TiedGPT(50257, 768, 12, 12, 512), device), _tokens(50257, 8, 512, device),
-               _lm_loss)
-        resnet = (_seeded(lambda: ResNet((3, 4, 6, 3), 1.0, 1000), device), _images(32, 224, 1000, device),
-                  F.cross_entropy)
+        gpt = (
+            _seeded(lambda: TiedGPT(50257, 768, 12, 12, 512), device),
+            _tokens(50257, 8, 512, device),
+            _lm_loss,
+        )
+        resnet = (
+            _seeded(lambda: ResNet((3, 4, 6, 3), 1.0, 1000), device),
+            _images(32, 224, 1000, device),
+            F.cross_entropy,
+        )
     return [("gpt2_small", *gpt), ("resnet50", *resnet)]
 
 
 def _images(batch: int, size: int, classes: int, device: torch.device) -> Callable:
     def make(gen: torch.Generator) -> tuple:
-        return (torch.randn(batch, 3, size, size, generator=gen).to(device),
-                torch.randint(0, classes, (batch,), generator=gen).to(device))
+        return (
+            torch.randn(batch, 3, size, size, generator=gen).to(device),
+            torch.randint(0, classes, (batch,), generator=gen).to(device),
+        )
+
     return make
 
 
-def _timed(device: torch.device, run_step: Callable[[Any, Any], None], finish: Callable[[], None],
-           batches: list, warm: int) -> dict:
+def _timed(
+    device: torch.device,
+    run_step: Callable[[Any, Any], None],
+    finish: Callable[[], None],
+    batches: list,
+    warm: int,
+) -> dict:
     for x, y in batches[:warm]:
         run_step(x, y)
     finish()
@@ -460,11 +636,19 @@ def _timed(device: torch.device, run_step: Callable[[Any, Any], None], finish: C
         run_step(x, y)
         loop_s.append(time.perf_counter() - started)
     finish()
-    wall, cpu, thread = time.perf_counter() - t0, time.process_time() - cpu0, time.thread_time() - thread0
+    wall, cpu, thread = (
+        time.perf_counter() - t0,
+        time.process_time() - cpu0,
+        time.thread_time() - thread0,
+    )
     n = len(measured)
-    return {"step_ms": 1e3 * wall / n, "host_loop_ms_median": 1e3 * statistics.median(loop_s),
-            "training_thread_cpu_ms": 1e3 * thread / n, "other_threads_cpu_ms": 1e3 * (cpu - thread) / n,
-            "steps": n}
+    return {
+        "step_ms": 1e3 * wall / n,
+        "host_loop_ms_median": 1e3 * statistics.median(loop_s),
+        "training_thread_cpu_ms": 1e3 * thread / n,
+        "other_threads_cpu_ms": 1e3 * (cpu - thread) / n,
+        "steps": n,
+    }
 
 
 def _finish(device: torch.device) -> None:
@@ -472,8 +656,9 @@ def _finish(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _overhead_ddp(device: torch.device, make_model: Callable, loss_fn: Callable, batches: list,
-                  warm: int) -> dict:
+def _overhead_ddp(
+    device: torch.device, make_model: Callable, loss_fn: Callable, batches: list, warm: int
+) -> dict:
     model = make_model()
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -486,8 +671,9 @@ def _overhead_ddp(device: torch.device, make_model: Callable, loss_fn: Callable,
     return _timed(device, ddp_step, lambda: _finish(device), batches, warm)
 
 
-def _overhead_scheduled(device: torch.device, make_model: Callable, loss_fn: Callable, batches: list,
-                        warm: int) -> dict:
+def _overhead_scheduled(
+    device: torch.device, make_model: Callable, loss_fn: Callable, batches: list, warm: int
+) -> dict:
     from autobyte import ScheduledOptimizer
 
     model = make_model()
@@ -545,7 +731,11 @@ def overhead(rank: int, device: torch.device, quick: bool) -> dict:
 
 
 STEPS: dict[str, Callable[[int, torch.device, bool], dict]] = {
-    "two_ranks": two_ranks, "nccl_one_rank": nccl_one_rank, "overhead_1": overhead, "overhead_2": overhead}
+    "two_ranks": two_ranks,
+    "nccl_one_rank": nccl_one_rank,
+    "overhead_1": overhead,
+    "overhead_2": overhead,
+}
 WORLD = {"two_ranks": 2, "nccl_one_rank": 1, "overhead_1": 1, "overhead_2": 2}
 
 
@@ -571,8 +761,13 @@ def _rank_entry(rank: int, step: str, device_kind: str, quick: bool, port: int, 
             torch.backends.cuda.enable_flash_sdp(False)
             torch.backends.cuda.enable_mem_efficient_sdp(False)
             torch.backends.cuda.enable_cudnn_sdp(False)
-        dist.init_process_group(backend_for(step, device), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group(
+            backend_for(step, device),
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+        )
         try:
             result = {"ok": True, **STEPS[step](rank, device, quick)}
         finally:
@@ -596,16 +791,30 @@ def main(argv: list[str] | None = None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     world = WORLD[args.step]
-    mp.start_processes(_rank_entry, args=(args.step, args.device, args.quick, port, args.out), nprocs=world,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _rank_entry,
+        args=(args.step, args.device, args.quick, port, args.out),
+        nprocs=world,
+        start_method="spawn",
+        join=True,
+    )
     ranks = []
     for rank in range(world):
         with open(f"{args.out}.rank{rank}") as f:
             ranks.append(json.load(f))
         os.unlink(f"{args.out}.rank{rank}")
     with open(args.out, "w") as f:
-        json.dump({"step": args.step, "device": args.device, "backend": backend_for(args.step, torch.device(
-            args.device)), "world": world, "ranks": ranks}, f, indent=1)
+        json.dump(
+            {
+                "step": args.step,
+                "device": args.device,
+                "backend": backend_for(args.step, torch.device(args.device)),
+                "world": world,
+                "ranks": ranks,
+            },
+            f,
+            indent=1,
+        )
     return 0 if all(r["ok"] for r in ranks) else 1
 
 

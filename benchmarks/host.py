@@ -42,8 +42,12 @@ class HostWatch:
         steal = None
         if self.start is not None and end is not None and end[0] > self.start[0]:
             steal = (end[1] - self.start[1]) / (end[0] - self.start[0])
-        return {"started_utc": self.started_utc, "load_start": self.load_start, "load_end": load_average(),
-                "steal_share": steal}
+        return {
+            "started_utc": self.started_utc,
+            "load_start": self.load_start,
+            "load_end": load_average(),
+            "steal_share": steal,
+        }
 
     @staticmethod
     def describe(report: dict[str, Any] | None) -> str:
@@ -52,5 +56,7 @@ class HostWatch:
             return "not recorded"
         steal = report.get("steal_share")
         stolen = "CPU steal unknown" if steal is None else f"CPU steal {100 * steal:.0f}%"
-        return (f"{report.get('started_utc', '?')} UTC, load {report.get('load_start', '?').split()[0]} -> "
-                f"{report.get('load_end', '?').split()[0]}, {stolen}")
+        return (
+            f"{report.get('started_utc', '?')} UTC, load {report.get('load_start', '?').split()[0]} -> "
+            f"{report.get('load_end', '?').split()[0]}, {stolen}"
+        )

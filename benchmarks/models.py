@@ -39,11 +39,13 @@ class Workload:
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
 
 
-def _classification_batch(shape: tuple[int, ...],
-                          classes: int) -> Callable[[int, torch.Generator], Batch]:
+def _classification_batch(
+    shape: tuple[int, ...], classes: int
+) -> Callable[[int, torch.Generator], Batch]:
     def make(batch_size: int, generator: torch.Generator) -> Batch:
         inputs = torch.randn((batch_size, *shape), generator=generator)
         return inputs, torch.randint(0, classes, (batch_size,), generator=generator)
+
     return make
 
 
@@ -56,8 +58,13 @@ def mlp(in_features: int = 512, hidden: int = 1024, depth: int = 6, classes: int
     for _ in range(depth):
         layers += [nn.Linear(hidden, hidden), nn.ReLU()]
     layers.append(nn.Linear(hidden, classes))
-    return Workload("mlp", nn.Sequential(*layers), _classification_batch((in_features,), classes),
-                    nn.functional.cross_entropy, 128)
+    return Workload(
+        "mlp",
+        nn.Sequential(*layers),
+        _classification_batch((in_features,), classes),
+        nn.functional.cross_entropy,
+        128,
+    )
 
 
 # ---- VGG -----------------------------------------------------------------------------------------
@@ -69,8 +76,15 @@ VGG_CONFIGS = {
 
 
 class VGG(nn.Module):
-    def __init__(self, depth: int = 16, width: float = 1.0, image_size: int = 32,
-                 hidden: int = 4096, classes: int = 10, batch_norm: bool = False) -> None:
+    def __init__(
+        self,
+        depth: int = 16,
+        width: float = 1.0,
+        image_size: int = 32,
+        hidden: int = 4096,
+        classes: int = 10,
+        batch_norm: bool = False,
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = 3
@@ -89,23 +103,33 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         flat = channels * max(1, size) ** 2
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(flat, hidden), nn.ReLU(inplace=True),
-            nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, classes))
+            nn.Flatten(),
+            nn.Linear(flat, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
 
 
-def vgg(depth: int = 11, width: float = 0.5, image_size: int = 32, hidden: int = 1024,
-        classes: int = 10) -> Workload:
+def vgg(
+    depth: int = 11, width: float = 0.5, image_size: int = 32, hidden: int = 1024, classes: int = 10
+) -> Workload:
     """VGG-style convnet at small resolution. Defaults: VGG-11 at half width, 32x32, 3.6M params.
 
     `vgg(depth=16, width=1.0, image_size=224, hidden=4096, classes=1000)` is VGG-16's shape (138M).
     """
     model = VGG(depth, width, image_size, hidden, classes)
-    return Workload(f"vgg{depth}", model,
-                    _classification_batch((3, image_size, image_size), classes),
-                    nn.functional.cross_entropy, 32)
+    return Workload(
+        f"vgg{depth}",
+        model,
+        _classification_batch((3, image_size, image_size), classes),
+        nn.functional.cross_entropy,
+        32,
+    )
 
 
 # ---- ResNet-50 -----------------------------------------------------------------------------------
@@ -127,7 +151,8 @@ class Bottleneck(nn.Module):
         self.downsample = None
         if stride != 1 or in_channels != out:
             self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+                nn.Conv2d(in_channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -138,24 +163,29 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, blocks: tuple[int, ...] = (3, 4, 6, 3), width: float = 1.0,
-                 classes: int = 1000) -> None:
+    def __init__(
+        self, blocks: tuple[int, ...] = (3, 4, 6, 3), width: float = 1.0, classes: int = 1000
+    ) -> None:
         super().__init__()
         base = max(8, int(64 * width))
-        self.stem = nn.Sequential(nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False),
-                                  nn.BatchNorm2d(base), nn.ReLU(inplace=True),
-                                  nn.MaxPool2d(3, stride=2, padding=1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, base, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(base),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
         stages: list[nn.Module] = []
         in_channels = base
         for index, count in enumerate(blocks):
-            channels = base * 2 ** index
+            channels = base * 2**index
             for block in range(count):
                 stride = 2 if block == 0 and index > 0 else 1
                 stages.append(Bottleneck(in_channels, channels, stride))
                 in_channels = channels * Bottleneck.expansion
         self.stages = nn.Sequential(*stages)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                  nn.Linear(in_channels, classes))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(in_channels, classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.stages(self.stem(x)))
@@ -163,24 +193,37 @@ class ResNet(nn.Module):
 
 def resnet50(width: float = 1.0, image_size: int = 64, classes: int = 1000) -> Workload:
     """ResNet-50's shape (25.6M parameters at width 1, 1000 classes); small images cut compute."""
-    return Workload("resnet50", ResNet((3, 4, 6, 3), width, classes),
-                    _classification_batch((3, image_size, image_size), classes),
-                    nn.functional.cross_entropy, 16)
+    return Workload(
+        "resnet50",
+        ResNet((3, 4, 6, 3), width, classes),
+        _classification_batch((3, image_size, image_size), classes),
+        nn.functional.cross_entropy,
+        16,
+    )
 
 
 # ---- BERT-style encoder --------------------------------------------------------------------------
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, vocab: int = 30522, hidden: int = 768, layers: int = 12, heads: int = 12,
-                 intermediate: int = 3072, max_positions: int = 512, classes: int = 2) -> None:
+    def __init__(
+        self,
+        vocab: int = 30522,
+        hidden: int = 768,
+        layers: int = 12,
+        heads: int = 12,
+        intermediate: int = 3072,
+        max_positions: int = 512,
+        classes: int = 2,
+    ) -> None:
         super().__init__()
         self.word = nn.Embedding(vocab, hidden)
         self.position = nn.Embedding(max_positions, hidden)
         self.token_type = nn.Embedding(2, hidden)
         self.norm = nn.LayerNorm(hidden)
-        layer = nn.TransformerEncoderLayer(hidden, heads, intermediate, dropout=0.0,
-                                           activation="gelu", batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            hidden, heads, intermediate, dropout=0.0, activation="gelu", batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.pooler = nn.Linear(hidden, hidden)
         self.head = nn.Linear(hidden, classes)
@@ -192,11 +235,19 @@ class BertEncoder(nn.Module):
         return self.head(torch.tanh(self.pooler(x[:, 0])))
 
 
-def bert(hidden: int = 768, layers: int = 12, heads: int = 12, intermediate: int | None = None,
-         vocab: int = 30522, sequence: int = 64, classes: int = 2) -> Workload:
+def bert(
+    hidden: int = 768,
+    layers: int = 12,
+    heads: int = 12,
+    intermediate: int | None = None,
+    vocab: int = 30522,
+    sequence: int = 64,
+    classes: int = 2,
+) -> Workload:
     """A BERT-base-style encoder (≈110M parameters at the defaults) for sequence classification."""
-    model = BertEncoder(vocab, hidden, layers, heads, intermediate or 4 * hidden,
-                        max(512, sequence), classes)
+    model = BertEncoder(
+        vocab, hidden, layers, heads, intermediate or 4 * hidden, max(512, sequence), classes
+    )
 
     def make(batch_size: int, generator: torch.Generator) -> Batch:
         tokens = torch.randint(0, vocab, (batch_size, sequence), generator=generator)
@@ -205,8 +256,14 @@ def bert(hidden: int = 768, layers: int = 12, heads: int = 12, intermediate: int
     return Workload("bert", model, make, nn.functional.cross_entropy, 8)
 
 
-def transformer(hidden: int = 256, layers: int = 4, heads: int = 4, vocab: int = 8192,
-                sequence: int = 64, classes: int = 2) -> Workload:
+def transformer(
+    hidden: int = 256,
+    layers: int = 4,
+    heads: int = 4,
+    vocab: int = 8192,
+    sequence: int = 64,
+    classes: int = 2,
+) -> Workload:
     """A small BERT-style encoder (≈5.5M parameters, 57 tensors) sized for this 2-core testbed:
     `nn.TransformerEncoder` layers, so `nn.MultiheadAttention` reads `out_proj` without calling it."""
     workload = bert(hidden, layers, heads, None, vocab, sequence, classes)
@@ -250,8 +307,9 @@ class TinyGpt(nn.Module):
         return self.head(self.norm(x))
 
 
-def tiny_gpt(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
-             context: int = 32) -> Workload:
+def tiny_gpt(
+    vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, context: int = 32
+) -> Workload:
     """A tiny GPT-2-style LM (≈0.13M parameters at the defaults, 28 tensors): next-token loss."""
     model = TinyGpt(vocab, hidden, layers, heads, context)
 
@@ -260,7 +318,9 @@ def tiny_gpt(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4
         return tokens[:, :-1], tokens[:, 1:]
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        )
 
     return Workload("tiny_gpt", model, make, loss, 8)
 
@@ -273,9 +333,15 @@ def emulated(**overrides: Any) -> Workload:
     return build_emulated(**overrides)
 
 
-BUILDERS: dict[str, Callable[..., Workload]] = {"mlp": mlp, "vgg": vgg, "resnet50": resnet50,
-                                                "bert": bert, "transformer": transformer,
-                                                "tiny_gpt": tiny_gpt, "emulated": emulated}
+BUILDERS: dict[str, Callable[..., Workload]] = {
+    "mlp": mlp,
+    "vgg": vgg,
+    "resnet50": resnet50,
+    "bert": bert,
+    "transformer": transformer,
+    "tiny_gpt": tiny_gpt,
+    "emulated": emulated,
+}
 
 
 def build(name: str, **overrides: Any) -> Workload:

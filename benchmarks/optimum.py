@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+
 def is_probe(label: str) -> bool:
     """compute, comm, lat[:SIZE]: the probes measured beside the grid (not configurations)."""
     return label in ("compute", "comm") or label.split(":")[0] in ("lat", "latc")
@@ -38,8 +39,9 @@ def step_times(block: dict[str, Any], rounds: Iterable[int] | None = None) -> di
     chosen = list(rounds)
     out = {}
     for label in configs_of(block):
-        values = [block["per_round"][label][r] for r in chosen
-                  if r < len(block["per_round"][label])]
+        values = [
+            block["per_round"][label][r] for r in chosen if r < len(block["per_round"][label])
+        ]
         if values:
             out[label] = statistics.median(values)
     return out
@@ -79,9 +81,14 @@ def headroom(blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
             static_s = sum(p[s] for p in phases_test)
             per_phase_s = sum(p[c] for p, c in zip(phases_test, pp))
             held_out.append(static_s / per_phase_s - 1.0)
-    return {"conditions": [b["condition"] for b in blocks], "headroom": value,
-            "headroom_cv": statistics.median(held_out) if held_out else None,
-            "headroom_cv_rounds": held_out, "static": static, "per_phase": per_phase}
+    return {
+        "conditions": [b["condition"] for b in blocks],
+        "headroom": value,
+        "headroom_cv": statistics.median(held_out) if held_out else None,
+        "headroom_cv_rounds": held_out,
+        "static": static,
+        "per_phase": per_phase,
+    }
 
 
 def block_key(block: dict[str, Any]) -> tuple[str, str]:
@@ -96,8 +103,7 @@ def latest_blocks(data: dict[str, Any]) -> list[dict[str, Any]]:
     return list(chosen.values())
 
 
-def all_headrooms(blocks: Sequence[dict[str, Any]], max_phases: int = 2
-                  ) -> list[dict[str, Any]]:
+def all_headrooms(blocks: Sequence[dict[str, Any]], max_phases: int = 2) -> list[dict[str, Any]]:
     """Headroom of every combination of 2..max_phases conditions of the same model, ranks and
     pinning (what one testbed run can switch between)."""
     groups: dict[tuple[str, int, bool], list[dict[str, Any]]] = {}
@@ -127,42 +133,59 @@ def one_for_all(blocks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         mean = {c: statistics.geometric_mean([r[c] for r in ratios]) for c in common}
         minimax = min(common, key=lambda c: (worst[c], mean[c]))
         loser = max(common, key=mean.__getitem__)
-        out.append({"model": model, "conditions": len(ratios), "minimax": minimax,
-                    "minimax_worst": worst[minimax], "minimax_mean": mean[minimax],
-                    "ddp_worst": worst.get("ddp"), "ddp_mean": mean.get("ddp"),
-                    "worst_config": loser, "worst_config_mean": mean[loser]})
+        out.append(
+            {
+                "model": model,
+                "conditions": len(ratios),
+                "minimax": minimax,
+                "minimax_worst": worst[minimax],
+                "minimax_mean": mean[minimax],
+                "ddp_worst": worst.get("ddp"),
+                "ddp_mean": mean.get("ddp"),
+                "worst_config": loser,
+                "worst_config_mean": mean[loser],
+            }
+        )
     return out
 
 
 def format_one_for_all(items: Sequence[dict[str, Any]]) -> str:
-    header = (f"{'model':<12} {'conds':>5} {'one configuration':<20} {'worst':>6} {'mean':>6} "
-              f"{'ddp worst':>9} {'ddp mean':>8}  {'worst configuration':<20} {'mean':>6}")
+    header = (
+        f"{'model':<12} {'conds':>5} {'one configuration':<20} {'worst':>6} {'mean':>6} "
+        f"{'ddp worst':>9} {'ddp mean':>8}  {'worst configuration':<20} {'mean':>6}"
+    )
     lines = [header, "-" * len(header)]
     for item in items:
         ddp_worst = f"{item['ddp_worst']:9.3f}" if item["ddp_worst"] else f"{'-':>9}"
         ddp_mean = f"{item['ddp_mean']:8.3f}" if item["ddp_mean"] else f"{'-':>8}"
-        lines.append(f"{item['model']:<12} {item['conditions']:>5} {item['minimax']:<20} "
-                     f"{item['minimax_worst']:6.3f} {item['minimax_mean']:6.3f} {ddp_worst} "
-                     f"{ddp_mean}  {item['worst_config']:<20} {item['worst_config_mean']:6.3f}")
+        lines.append(
+            f"{item['model']:<12} {item['conditions']:>5} {item['minimax']:<20} "
+            f"{item['minimax_worst']:6.3f} {item['minimax_mean']:6.3f} {ddp_worst} "
+            f"{ddp_mean}  {item['worst_config']:<20} {item['worst_config_mean']:6.3f}"
+        )
     return "\n".join(lines)
 
 
 def format_summary(blocks: Sequence[dict[str, Any]]) -> str:
     """Per (model, condition): DDP step time, the best configuration, the best static ratio to
     DDP, the runner-up's distance, and where the default compromise stands."""
-    header = (f"{'model':<12} {'condition':<22} {'ranks':>5} {'ddp ms':>8} {'best':<20} "
-              f"{'best ms':>8} {'x DDP':>6} {'2nd':<20} {'2nd/best':>8} {'load':>5} commit")
+    header = (
+        f"{'model':<12} {'condition':<22} {'ranks':>5} {'ddp ms':>8} {'best':<20} "
+        f"{'best ms':>8} {'x DDP':>6} {'2nd':<20} {'2nd/best':>8} {'load':>5} commit"
+    )
     lines = [header, "-" * len(header)]
     for block in blocks:
         times = step_times(block)
         order = sorted(times, key=times.__getitem__)
         first, second = order[0], order[1]
         ddp = times.get("ddp")
-        lines.append(f"{block['model']:<12} {block['condition']:<22} {block['world_size']:>5} "
-                     f"{(ddp or 0) * 1e3:8.1f} {first:<20} {times[first] * 1e3:8.1f} "
-                     f"{(ddp / times[first] if ddp else 0):6.2f} {second:<20} "
-                     f"{times[second] / times[first]:8.3f} {block['load'].split()[0]:>5} "
-                     f"{block.get('commit', '-')}")
+        lines.append(
+            f"{block['model']:<12} {block['condition']:<22} {block['world_size']:>5} "
+            f"{(ddp or 0) * 1e3:8.1f} {first:<20} {times[first] * 1e3:8.1f} "
+            f"{(ddp / times[first] if ddp else 0):6.2f} {second:<20} "
+            f"{times[second] / times[first]:8.3f} {block['load'].split()[0]:>5} "
+            f"{block.get('commit', '-')}"
+        )
     return "\n".join(lines)
 
 
@@ -181,8 +204,9 @@ def format_ratio_matrix(blocks: Sequence[dict[str, Any]]) -> str:
         lines.append(f"  {'configuration':<20}" + "".join(f"{n:>{width}}" for n in names))
         ratio = [ratios_to_best(step_times(b)) for b in mine]
         for label in labels:
-            cells = "".join(f"{r[label]:>{width}.3f}" if label in r else f"{'-':>{width}}"
-                            for r in ratio)
+            cells = "".join(
+                f"{r[label]:>{width}.3f}" if label in r else f"{'-':>{width}}" for r in ratio
+            )
             lines.append(f"  {label:<20}{cells}")
         lines.append(f"  {'best':<20}" + "".join(f"{label:>{width}}" for label in bests))
         lines.append("")
@@ -190,16 +214,20 @@ def format_ratio_matrix(blocks: Sequence[dict[str, Any]]) -> str:
 
 
 def format_headrooms(items: Sequence[dict[str, Any]], limit: int | None = None) -> str:
-    header = (f"{'model':<12} {'ranks':>5} {'mixed trace (equal steps)':<44} {'headroom':>9} "
-              f"{'cv':>7}  best static -> per phase")
+    header = (
+        f"{'model':<12} {'ranks':>5} {'mixed trace (equal steps)':<44} {'headroom':>9} "
+        f"{'cv':>7}  best static -> per phase"
+    )
     lines = [header, "-" * len(header)]
     ranked = sorted(items, key=lambda i: -i["headroom"])
     for item in ranked[:limit] if limit else ranked:
         cv = item["headroom_cv"]
-        lines.append(f"{item['model']:<12} {item['world_size']:>5} "
-                     f"{' | '.join(item['conditions']):<44} {item['headroom'] * 100:8.1f}% "
-                     f"{(f'{cv * 100:6.1f}%' if cv is not None else '      -')}  "
-                     f"{item['static']} -> {' / '.join(item['per_phase'])}")
+        lines.append(
+            f"{item['model']:<12} {item['world_size']:>5} "
+            f"{' | '.join(item['conditions']):<44} {item['headroom'] * 100:8.1f}% "
+            f"{(f'{cv * 100:6.1f}%' if cv is not None else '      -')}  "
+            f"{item['static']} -> {' / '.join(item['per_phase'])}"
+        )
     return "\n".join(lines)
 
 
@@ -210,8 +238,10 @@ def format_busy_worker(blocks: Sequence[dict[str, Any]]) -> str:
     """Quota or busy process, which takes CPU from one rank only? Per model and busy-worker
     condition: each rank's compute probe, the collectives' cost, what the condition's processes
     used, and the best configuration."""
-    header = (f"{'model':<12} {'condition':<16} {'compute r0/r1 ms':>17} {'r1/r0':>6} "
-              f"{'4KiB ms':>8} {'2MiB ms':>8} {'busy cores':>10}  best")
+    header = (
+        f"{'model':<12} {'condition':<16} {'compute r0/r1 ms':>17} {'r1/r0':>6} "
+        f"{'4KiB ms':>8} {'2MiB ms':>8} {'busy cores':>10}  best"
+    )
     lines = [header, "-" * len(header)]
     for block in blocks:
         if block["condition"] not in BUSY_CONDITIONS or block["world_size"] != 2:
@@ -221,8 +251,10 @@ def format_busy_worker(blocks: Sequence[dict[str, Any]]) -> str:
         collective = probes.get("collective_s", {})
         small, large = collective.get("4096"), collective.get("2097152")
         cores = block.get("condition_cores", {}).get("busy", 0.0)
-        lines.append(f"{block['model']:<12} {block['condition']:<16} "
-                     f"{r0 * 1e3:8.0f}/{r1 * 1e3:<8.0f} {r1 / r0:6.2f} "
-                     f"{(small or 0) * 1e3:8.2f} {(large or 0) * 1e3:8.2f} {cores:10.2f}  "
-                     f"{best(step_times(block))}")
+        lines.append(
+            f"{block['model']:<12} {block['condition']:<16} "
+            f"{r0 * 1e3:8.0f}/{r1 * 1e3:<8.0f} {r1 / r0:6.2f} "
+            f"{(small or 0) * 1e3:8.2f} {(large or 0) * 1e3:8.2f} {cores:10.2f}  "
+            f"{best(step_times(block))}"
+        )
     return "\n".join(lines)

@@ -6,7 +6,7 @@ steps/s over the whole trace and in each of the scenario's phases (its bandwidth
 changes), each also against the oracle's run of the same phase, and for every run that did not
 start where the oracle did (a poor start, `autobyte:P,C`) the steps it took to come within
 `--within` (3%) of the oracle: the first step from which the median of the next `--window` (20)
-step times is within that of the oracle's median step time in the same phase. Issue 19's goal: a job
+step times is within that of the oracle's median step time in the same phase. The goal: a job
 started in a poor configuration within 3% of the oracle in at most 150 steps.
 
     python -m benchmarks.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
@@ -42,7 +42,9 @@ def _phase_of(time_s: float, bounds: Sequence[tuple[float, float]]) -> int | Non
     return None
 
 
-def phase_rates(step_times_s: Sequence[float], bounds: Sequence[tuple[float, float]]) -> list[float | None]:
+def phase_rates(
+    step_times_s: Sequence[float], bounds: Sequence[tuple[float, float]]
+) -> list[float | None]:
     """Steps per second of a run in each phase [start, stop) of the trace (a step belongs to the
     phase in which it ended, timed from the run's first step)."""
     counts, spent = [0] * len(bounds), [0.0] * len(bounds)
@@ -56,8 +58,9 @@ def phase_rates(step_times_s: Sequence[float], bounds: Sequence[tuple[float, flo
     return [c / s if s > 0 else None for c, s in zip(counts, spent)]
 
 
-def phase_medians(step_times_s: Sequence[float], bounds: Sequence[tuple[float, float]],
-                  skip: int = 5) -> list[float | None]:
+def phase_medians(
+    step_times_s: Sequence[float], bounds: Sequence[tuple[float, float]], skip: int = 5
+) -> list[float | None]:
     """The median step time of a run in each phase, without the phase's first `skip` steps (the
     change itself, and a policy's switch at the boundary)."""
     per: list[list[float]] = [[] for _ in bounds]
@@ -70,8 +73,13 @@ def phase_medians(step_times_s: Sequence[float], bounds: Sequence[tuple[float, f
     return [statistics.median(p[skip:]) if len(p) > skip else None for p in per]
 
 
-def steps_to_reach(step_times_s: Sequence[float], bounds: Sequence[tuple[float, float]],
-                   oracle_medians: Sequence[float | None], within: float = 0.03, window: int = 20) -> int | None:
+def steps_to_reach(
+    step_times_s: Sequence[float],
+    bounds: Sequence[tuple[float, float]],
+    oracle_medians: Sequence[float | None],
+    within: float = 0.03,
+    window: int = 20,
+) -> int | None:
     """The first step i (from the run's start) from which the median of steps [i, i + window) is
     at most (1 + within) x the oracle's median step time in the phase where step i ends; None if
     never."""
@@ -85,7 +93,7 @@ def steps_to_reach(step_times_s: Sequence[float], bounds: Sequence[tuple[float, 
             continue
         if _phase_of(ends[i + window - 1], bounds) != phase:
             continue  # the window straddles a change: not comparable with one phase's median
-        if statistics.median(step_times_s[i:i + window]) <= (1 + within) * oracle_medians[phase]:
+        if statistics.median(step_times_s[i : i + window]) <= (1 + within) * oracle_medians[phase]:
             return i
     return None
 
@@ -102,11 +110,13 @@ def load_runs(scenario_name: str, cache: pathlib.Path) -> dict[str, dict[str, An
     for path in sorted(cache.glob(f"{scenario_name}--*.json")):
         data = json.loads(path.read_text())
         if "step_times_s" in data:
-            runs[path.stem[len(scenario_name) + 2:]] = data
+            runs[path.stem[len(scenario_name) + 2 :]] = data
     return runs
 
 
-def report(scenario_path: str, cache: pathlib.Path, within: float = 0.03, window: int = 20) -> dict[str, Any]:
+def report(
+    scenario_path: str, cache: pathlib.Path, within: float = 0.03, window: int = 20
+) -> dict[str, Any]:
     scenario = load_scenario(scenario_path)
     if scenario.duration_s is None:
         raise ValueError(f"{scenario_path}: phases need a duration_s scenario")
@@ -114,52 +124,84 @@ def report(scenario_path: str, cache: pathlib.Path, within: float = 0.03, window
     bounds = [(p[0], p[1]) for p in phases]
     runs = load_runs(scenario.name, cache)
     if not runs:
-        raise ValueError(f"{cache}: no cached runs of {scenario.name} (run benchmarks.evaluate --testbed "
-                         f"--testbed-cache {cache} first)")
+        raise ValueError(
+            f"{cache}: no cached runs of {scenario.name} (run benchmarks.evaluate --testbed "
+            f"--testbed-cache {cache} first)"
+        )
     oracle = runs.get("policy-oracle")
     oracle_rates = phase_rates(oracle["step_times_s"], bounds) if oracle else [None] * len(bounds)
-    oracle_medians = phase_medians(oracle["step_times_s"], bounds) if oracle else [None] * len(bounds)
+    oracle_medians = (
+        phase_medians(oracle["step_times_s"], bounds) if oracle else [None] * len(bounds)
+    )
     oracle_start = oracle["labels"][0] if oracle else None
     rows = []
     for key, run in runs.items():
         times = run["step_times_s"]
         rates = phase_rates(times, bounds)
-        row = {"run": key, "steps": len(times), "steps_per_s": steps_per_s(times),
-               "phases": rates,
-               "vs_oracle": [r / o if r and o else None for r, o in zip(rates, oracle_rates)],
-               "start": run["labels"][0] if run["labels"] else None}
+        row = {
+            "run": key,
+            "steps": len(times),
+            "steps_per_s": steps_per_s(times),
+            "phases": rates,
+            "vs_oracle": [r / o if r and o else None for r, o in zip(rates, oracle_rates)],
+            "start": run["labels"][0] if run["labels"] else None,
+        }
         if oracle and row["start"] != oracle_start and key.startswith("policy-"):
             row["steps_to_oracle"] = steps_to_reach(times, bounds, oracle_medians, within, window)
         rows.append(row)
-    return {"scenario": scenario.name, "phases": [list(p[:2]) for p in phases], "within": within,
-            "window": window, "rows": rows,
-            "oracle_steps_per_s": steps_per_s(oracle["step_times_s"]) if oracle else None}
+    return {
+        "scenario": scenario.name,
+        "phases": [list(p[:2]) for p in phases],
+        "within": within,
+        "window": window,
+        "rows": rows,
+        "oracle_steps_per_s": steps_per_s(oracle["step_times_s"]) if oracle else None,
+    }
 
 
 def num(value: float | None, digits: int = 2) -> str:
     """A table cell: the value to `digits` decimals, "-" where nothing was measured."""
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.{digits}f}"
+    )
 
 
 def format_report(result: dict[str, Any]) -> str:
     oracle = result["oracle_steps_per_s"]
     heads = [f"{a:.0f}-{b:.0f} s" for a, b in result["phases"]]
-    lines = ["| run | steps/s | vs oracle | " + " | ".join(heads) + " | steps to oracle |",
-             "|---" * (4 + len(heads)) + "|"]
+    lines = [
+        "| run | steps/s | vs oracle | " + " | ".join(heads) + " | steps to oracle |",
+        "|---" * (4 + len(heads)) + "|",
+    ]
     for row in result["rows"]:
         versus = row["steps_per_s"] / oracle if oracle and row["steps_per_s"] else None
-        cells = [f"{num(r)} ({num(v, 3)})" if v is not None else num(r) for r, v in zip(row["phases"], row["vs_oracle"])]
-        reach = "" if "steps_to_oracle" not in row else (
-            "never" if row["steps_to_oracle"] is None else str(row["steps_to_oracle"]))
-        lines.append(f"| {row['run']} | {num(row['steps_per_s'], 3)} | {num(versus, 3)} | "
-                     + " | ".join(cells) + f" | {reach} |")
-    lines.append(f"\nper phase: steps/s (vs the oracle's run in that phase); steps to oracle: first step from which "
-                 f"the median of {result['window']} steps is within {result['within']:.0%} of the oracle's "
-                 "median in that phase (runs that start elsewhere than the oracle)")
+        cells = [
+            f"{num(r)} ({num(v, 3)})" if v is not None else num(r)
+            for r, v in zip(row["phases"], row["vs_oracle"])
+        ]
+        reach = (
+            ""
+            if "steps_to_oracle" not in row
+            else ("never" if row["steps_to_oracle"] is None else str(row["steps_to_oracle"]))
+        )
+        lines.append(
+            f"| {row['run']} | {num(row['steps_per_s'], 3)} | {num(versus, 3)} | "
+            + " | ".join(cells)
+            + f" | {reach} |"
+        )
+    lines.append(
+        f"\nper phase: steps/s (vs the oracle's run in that phase); steps to oracle: first step from which "
+        f"the median of {result['window']} steps is within {result['within']:.0%} of the oracle's "
+        "median in that phase (runs that start elsewhere than the oracle)"
+    )
     return "\n".join(lines)
 
 
-def rounds(scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "policy-autobyte") -> dict[str, Any]:
+def rounds(
+    scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "policy-autobyte"
+) -> dict[str, Any]:
     """Steps/s of every cached run in each round (cache), and `versus` / each other run within each
     round where both ran: the per-round ratios, their median and how many are >= 1."""
     scenario = load_scenario(scenario_path)
@@ -172,46 +214,82 @@ def rounds(scenario_path: str, caches: Sequence[pathlib.Path], versus: str = "po
         per_round.append({key: rate for key, rate in rates.items() if rate is not None})
     keys = sorted({key for found in per_round for key in found})
     if versus not in keys:
-        raise ValueError(f"--versus {versus!r}: no such run in these caches (runs: {', '.join(keys)})")
+        raise ValueError(
+            f"--versus {versus!r}: no such run in these caches (runs: {', '.join(keys)})"
+        )
     ratios = {}
     for other in keys:
         if other == versus:
             continue
         found = [r[versus] / r[other] if versus in r and other in r else None for r in per_round]
         measured = [x for x in found if x is not None]
-        ratios[other] = {"per_round": found, "median": statistics.median(measured) if measured else None,
-                         "at_least": sum(x >= 1.0 for x in measured), "rounds": len(measured)}
-    return {"scenario": scenario.name, "caches": [str(c) for c in caches], "versus": versus,
-            "steps_per_s": {key: [r.get(key) for r in per_round] for key in keys}, "ratios": ratios}
+        ratios[other] = {
+            "per_round": found,
+            "median": statistics.median(measured) if measured else None,
+            "at_least": sum(x >= 1.0 for x in measured),
+            "rounds": len(measured),
+        }
+    return {
+        "scenario": scenario.name,
+        "caches": [str(c) for c in caches],
+        "versus": versus,
+        "steps_per_s": {key: [r.get(key) for r in per_round] for key in keys},
+        "ratios": ratios,
+    }
 
 
 def format_rounds(result: dict[str, Any]) -> str:
     count = len(result["caches"])
     heads = " | ".join(f"round {i + 1}" for i in range(count))
-    lines = [f"steps/s ({result['scenario']}; rounds: {', '.join(result['caches'])})", "",
-             f"| run | {heads} |", "|---" * (1 + count) + "|"]
-    lines += [f"| {key} | " + " | ".join(num(v, 3) for v in values) + " |"
-              for key, values in result["steps_per_s"].items()]
-    lines += ["", f"{result['versus']} / each run, within each round",
-              "", f"| against | {heads} | median | at least as fast |", "|---" * (3 + count) + "|"]
+    lines = [
+        f"steps/s ({result['scenario']}; rounds: {', '.join(result['caches'])})",
+        "",
+        f"| run | {heads} |",
+        "|---" * (1 + count) + "|",
+    ]
+    lines += [
+        f"| {key} | " + " | ".join(num(v, 3) for v in values) + " |"
+        for key, values in result["steps_per_s"].items()
+    ]
+    lines += [
+        "",
+        f"{result['versus']} / each run, within each round",
+        "",
+        f"| against | {heads} | median | at least as fast |",
+        "|---" * (3 + count) + "|",
+    ]
     for other, row in result["ratios"].items():
-        lines.append(f"| {other} | " + " | ".join(num(v, 3) for v in row["per_round"])
-                     + f" | {num(row['median'], 3)} | {row['at_least']} of {row['rounds']} |")
+        lines.append(
+            f"| {other} | "
+            + " | ".join(num(v, 3) for v in row["per_round"])
+            + f" | {num(row['median'], 3)} | {row['at_least']} of {row['rounds']} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.phase_report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.phase_report", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("scenario", help="the scenario file the runs were measured on")
-    parser.add_argument("cache", nargs="+", help="the --testbed-cache directory of those runs; several: one per round")
+    parser.add_argument(
+        "cache",
+        nargs="+",
+        help="the --testbed-cache directory of those runs; several: one per round",
+    )
     parser.add_argument("--within", type=float, default=0.03)
     parser.add_argument("--window", type=int, default=20)
-    parser.add_argument("--versus", default="policy-autobyte", help="with several caches: the run compared "
-                        "with every other within each round")
+    parser.add_argument(
+        "--versus",
+        default="policy-autobyte",
+        help="with several caches: the run compared with every other within each round",
+    )
     parser.add_argument("--json", default="", help="also write the report as JSON here")
     args = parser.parse_args(argv)
     if not 0 < args.within < 1 or args.window < 1:
-        parser.error(f"--within={args.within} must be in (0, 1) and --window={args.window} at least 1")
+        parser.error(
+            f"--within={args.within} must be in (0, 1) and --window={args.window} at least 1"
+        )
     try:
         if len(args.cache) > 1:
             result = rounds(args.scenario, [pathlib.Path(c) for c in args.cache], args.versus)

@@ -38,8 +38,11 @@ GRID_UNPARTITIONED_CREDITS = (4 * MIB, 16 * MIB, 64 * MIB, None)
 def default_grid(include_ddp: bool = True) -> tuple[RunConfig, ...]:
     """The scheduler grid (29 configurations), plus DDP: not scheduling is always a candidate for
     grid-best and the oracle. bo-once searches the scheduler configurations only, as ByteScheduler."""
-    grid: list[RunConfig] = [Config(p, None if m is None else p * m)
-                             for p in GRID_PARTITIONS for m in GRID_CREDIT_MULTIPLES]
+    grid: list[RunConfig] = [
+        Config(p, None if m is None else p * m)
+        for p in GRID_PARTITIONS
+        for m in GRID_CREDIT_MULTIPLES
+    ]
     grid += [Config(None, c) for c in GRID_UNPARTITIONED_CREDITS]
     if include_ddp:
         grid.append(DDP)
@@ -73,8 +76,9 @@ class GridBestPolicy(Policy):
     def prepare(self, context: PolicyContext) -> None:
         if context.evaluate_static is None:
             raise RuntimeError("grid-best needs full runs of every candidate (not available here)")
-        self.scores = {c: context.evaluate_static(c).throughput_steps_per_s
-                       for c in context.candidates}
+        self.scores = {
+            c: context.evaluate_static(c).throughput_steps_per_s for c in context.candidates
+        }
         self.config = max(self.scores, key=self.scores.__getitem__)
 
     def initial_config(self) -> RunConfig:
@@ -106,8 +110,8 @@ class OraclePolicy(Policy):
             key = tuple(condition)
             if key not in best_by_condition:
                 best_by_condition[key] = min(
-                    context.candidates,
-                    key=lambda c: context.steady_step_s(c, *key))
+                    context.candidates, key=lambda c: context.steady_step_s(c, *key)
+                )
             self.phase_starts.append(start)
             self.phase_configs.append(best_by_condition[key])
 
@@ -147,7 +151,7 @@ class GaussianProcess:
                 except np.linalg.LinAlgError:
                     continue
                 alpha = cho_solve(factor, self.y)
-                log_ml = (-0.5 * self.y @ alpha - np.log(np.diag(factor[0])).sum())
+                log_ml = -0.5 * self.y @ alpha - np.log(np.diag(factor[0])).sum()
                 if best is None or log_ml > best[0]:
                     best = (log_ml, length, factor, alpha)
         assert best is not None
@@ -182,8 +186,9 @@ def config_features(configs: Sequence[Config]) -> np.ndarray:
     for config in configs:
         partition = config.partition_bytes or (1 << 30)
         credit = config.credit_bytes or (4 << 30)
-        rows.append(((math.log2(partition) - low) / (high - low),
-                     (math.log2(credit) - low) / (high - low)))
+        rows.append(
+            ((math.log2(partition) - low) / (high - low), (math.log2(credit) - low) / (high - low))
+        )
     return np.array(rows)
 
 
@@ -193,8 +198,13 @@ class BayesOptOncePolicy(Policy):
 
     name = "bo-once"
 
-    def __init__(self, random_trials: int = 10, bo_trials: int = 5, trial_steps: int = 100,
-                 settle_steps: int = 10) -> None:
+    def __init__(
+        self,
+        random_trials: int = 10,
+        bo_trials: int = 5,
+        trial_steps: int = 100,
+        settle_steps: int = 10,
+    ) -> None:
         self.random_trials, self.bo_trials = random_trials, bo_trials
         self.trial_steps, self.settle_steps = trial_steps, settle_steps
         self.candidates: tuple[Config, ...] = ()
@@ -225,8 +235,9 @@ class BayesOptOncePolicy(Policy):
         untried = [c for c in self.candidates if c not in tried]
         if not untried:
             return None
-        gp = GaussianProcess().fit(config_features([c for c, _ in self.results]),
-                                   np.array([s for _, s in self.results]))
+        gp = GaussianProcess().fit(
+            config_features([c for c, _ in self.results]), np.array([s for _, s in self.results])
+        )
         mean, std = gp.predict(config_features(untried))
         ei = expected_improvement(mean, std, min(s for _, s in self.results))
         return untried[int(np.argmax(ei))]
@@ -238,7 +249,7 @@ class BayesOptOncePolicy(Policy):
         if len(self._window) < self.trial_steps:
             return None
         assert self.current is not None
-        measured = self._window[self.settle_steps:]
+        measured = self._window[self.settle_steps :]
         self.results.append((self.current, float(np.mean(measured))))
         self._window = []
         following = self._next_candidate()
@@ -255,13 +266,22 @@ class BayesOptOncePolicy(Policy):
         return f"{describe_config(self.final)} after {len(self.results)} trials"
 
 
-POLICY_NAMES = ("ddp", "static:P,C", "observe:P,C", "grid-best", "bo-once", "oracle", "autobyte", "autobyte:P,C")
+POLICY_NAMES = (
+    "ddp",
+    "static:P,C",
+    "observe:P,C",
+    "grid-best",
+    "bo-once",
+    "oracle",
+    "autobyte",
+    "autobyte:P,C",
+)
 
 
 def start_config(spec: str, prefix: str) -> Config:
     """The P,C of "static:P,C", "observe:P,C" or "autobyte:P,C" (`prefix` the part before P)."""
     try:
-        partition_text, credit_text = spec[len(prefix):].split(",")
+        partition_text, credit_text = spec[len(prefix) :].split(",")
         return Config(parse_bytes(partition_text), parse_bytes(credit_text))
     except ValueError as exc:
         raise ValueError(f"bad policy {spec!r}: {exc} (example: {prefix}4MiB,16MiB)") from None

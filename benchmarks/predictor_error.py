@@ -31,12 +31,13 @@ Reported per fold and pooled over the folds of a kind (every block is left out o
 When the dataset holds blocks recorded with windows of different lengths (`--steps`), the pooled
 errors (at the first share) and the noise floor are also given per window length: a window of
 more steps is a less noisy measurement, both as the reference and as the truth.
-Goals (issue 19): median <= 5%, p90 <= 15%, tau >= 0.6.
+Goals: median <= 5%, p90 <= 15%, tau >= 0.6.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -88,8 +89,11 @@ def unchanged(ref: Any, reference: Config, configs: list[Config]) -> list[float]
     return [ref.step_time_s] * len(configs)
 
 
-def score(predict: Callable[[Any, Config, list[Config]], list[float]], windows: Sequence[Any],
-          default: Config) -> dict[str, Any]:
+def score(
+    predict: Callable[[Any, Config, list[Config]], list[float]],
+    windows: Sequence[Any],
+    default: Config,
+) -> dict[str, Any]:
     """`predict(reference window, reference, configurations)` -> step times, scored on `windows`."""
     from_default, from_any, taus = [], [], []
     # per block, per round: the log step times predicted from the default and measured
@@ -98,19 +102,28 @@ def score(predict: Callable[[Any, Config, list[Config]], list[float]], windows: 
         configs = list(by_config)
         for reference in configs:
             predicted = predict(by_config[reference], reference, configs)
-            errors = [abs(p / by_config[c].step_time_s - 1.0) for p, c in zip(predicted, configs) if c != reference]
+            errors = [
+                abs(p / by_config[c].step_time_s - 1.0)
+                for p, c in zip(predicted, configs)
+                if c != reference
+            ]
             from_any += errors
             if reference == default:
                 from_default += errors
                 taus += ordered_tau(predicted, [by_config[c].step_time_s for c in configs])
-                rounds[job].append(({c: math.log(p) for p, c in zip(predicted, configs)},
-                                    {c: math.log(by_config[c].step_time_s) for c in configs}))
+                rounds[job].append(
+                    (
+                        {c: math.log(p) for p, c in zip(predicted, configs)},
+                        {c: math.log(by_config[c].step_time_s) for c in configs},
+                    )
+                )
     mean_errors, mean_taus = averaged_over_rounds(rounds, default)
     return summary(from_default, from_any, taus, mean_errors, mean_taus)
 
 
-def averaged_over_rounds(rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]],
-                         default: Config) -> tuple[list[float], list[float]]:
+def averaged_over_rounds(
+    rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]], default: Config
+) -> tuple[list[float], list[float]]:
     """Errors and taus of the geometric means over each block's rounds (predicted from each
     round's default window; measured), over the configurations every round has."""
     errors, taus = [], []
@@ -120,7 +133,11 @@ def averaged_over_rounds(rounds: dict[str, list[tuple[dict[Config, float], dict[
         common = sorted(set.intersection(*(set(measured) for _, measured in per_round)), key=str)
         predicted = [float(np.mean([p[c] for p, _ in per_round])) for c in common]
         measured = [float(np.mean([m[c] for _, m in per_round])) for c in common]
-        errors += [abs(math.exp(p - m) - 1.0) for p, m, c in zip(predicted, measured, common) if c != default]
+        errors += [
+            abs(math.exp(p - m) - 1.0)
+            for p, m, c in zip(predicted, measured, common)
+            if c != default
+        ]
         taus += ordered_tau(predicted, measured)
     return errors, taus
 
@@ -134,19 +151,39 @@ def ordered_tau(predicted: Sequence[float], measured: Sequence[float]) -> list[f
 def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "p90": None, "n": 0}
-    return {"median": float(np.median(values)), "p90": float(np.quantile(values, 0.9)), "n": len(values)}
+    return {
+        "median": float(np.median(values)),
+        "p90": float(np.quantile(values, 0.9)),
+        "n": len(values),
+    }
 
 
-def summary(from_default: Sequence[float], from_any: Sequence[float], taus: Sequence[float],
-            mean_errors: Sequence[float] = (), mean_taus: Sequence[float] = ()) -> dict[str, Any]:
-    out = {"from_default": _quantiles(from_default), "from_any": _quantiles(from_any),
-           "tau_median": float(np.median(taus)) if taus else None, "tau_min": min(taus) if taus else None,
-           "blocks": len(taus), "_raw": {"from_default": list(from_default), "from_any": list(from_any),
-                                         "taus": list(taus), "mean_errors": list(mean_errors),
-                                         "mean_taus": list(mean_taus)}}
+def summary(
+    from_default: Sequence[float],
+    from_any: Sequence[float],
+    taus: Sequence[float],
+    mean_errors: Sequence[float] = (),
+    mean_taus: Sequence[float] = (),
+) -> dict[str, Any]:
+    out = {
+        "from_default": _quantiles(from_default),
+        "from_any": _quantiles(from_any),
+        "tau_median": float(np.median(taus)) if taus else None,
+        "tau_min": min(taus) if taus else None,
+        "blocks": len(taus),
+        "_raw": {
+            "from_default": list(from_default),
+            "from_any": list(from_any),
+            "taus": list(taus),
+            "mean_errors": list(mean_errors),
+            "mean_taus": list(mean_taus),
+        },
+    }
     if mean_errors:
-        out["rounds_averaged"] = {**_quantiles(mean_errors),
-                                  "tau_median": float(np.median(mean_taus)) if mean_taus else None}
+        out["rounds_averaged"] = {
+            **_quantiles(mean_errors),
+            "tau_median": float(np.median(mean_taus)) if mean_taus else None,
+        }
     return out
 
 
@@ -159,7 +196,7 @@ def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
     errors, taus = [], []
     for rounds in by_block.values():
         keys = sorted(rounds)
-        for a, b in zip(keys, keys[1:]):
+        for a, b in itertools.pairwise(keys):
             common = [c for c in rounds[a] if c in rounds[b]]
             errors += [abs(rounds[a][c] / rounds[b][c] - 1.0) for c in common]
             taus.append(kendall([rounds[a][c] for c in common], [rounds[b][c] for c in common]))
@@ -168,11 +205,17 @@ def noise_floor(windows: Sequence[Any]) -> dict[str, Any]:
 
 def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     raw = [r["_raw"] for r in results]
-    return summary(*([v for r in raw for v in r[key]]
-                     for key in ("from_default", "from_any", "taus", "mean_errors", "mean_taus")))
+    return summary(
+        *(
+            [v for r in raw for v in r[key]]
+            for key in ("from_default", "from_any", "taus", "mean_errors", "mean_taus")
+        )
+    )
 
 
-def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[dict[str, Any]], bool]]]:
+def folds(
+    blocks: Sequence[dict[str, Any]],
+) -> list[tuple[str, str, Callable[[dict[str, Any]], bool]]]:
     """(kind, name, is_held_out(block)) for every model and every condition of the dataset."""
     out = []
     for model in sorted({b["model"] for b in blocks}):
@@ -184,8 +227,11 @@ def folds(blocks: Sequence[dict[str, Any]]) -> list[tuple[str, str, Callable[[di
     return out
 
 
-def split(blocks: Sequence[dict[str, Any]], per_block: Sequence[list[Any]],
-          held_out: Callable[[dict[str, Any]], bool]) -> tuple[list[Any], list[Any]]:
+def split(
+    blocks: Sequence[dict[str, Any]],
+    per_block: Sequence[list[Any]],
+    held_out: Callable[[dict[str, Any]], bool],
+) -> tuple[list[Any], list[Any]]:
     """(the held-out blocks' windows, the other blocks' windows)."""
     test = [w for b, windows in zip(blocks, per_block) if held_out(b) for w in windows]
     train = [w for b, windows in zip(blocks, per_block) if not held_out(b) for w in windows]
@@ -203,8 +249,14 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
     blocks = data["blocks"]
     simulated: dict[tuple[str, ...], list[Any]] = {}
     before_priors: dict[tuple[str, ...], Any] = {}
-    results: dict[str, Any] = {"dataset": str(dataset), "blocks": len(blocks), "seed": seed,
-                               "chunks": data.get("chunks", []), "shares": list(shares), "folds": []}
+    results: dict[str, Any] = {
+        "dataset": str(dataset),
+        "blocks": len(blocks),
+        "seed": seed,
+        "chunks": data.get("chunks", []),
+        "shares": list(shares),
+        "folds": [],
+    }
     per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
     all_windows = [w for windows in per_block for w in windows]
     results["noise_floor"] = noise_floor(all_windows)
@@ -215,19 +267,30 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
     if len(lengths) == 1:
         lengths = []  # one length: the pooled rows say it all
     if lengths:
-        results["noise_floor_by_steps"] = {str(n): noise_floor([w for w in all_windows if steps_of[w.job] == n])
-                                           for n in lengths}
+        results["noise_floor_by_steps"] = {
+            str(n): noise_floor([w for w in all_windows if steps_of[w.job] == n]) for n in lengths
+        }
     for kind, name, held_out in folds(blocks):
         started = time.perf_counter()
         exclude: tuple[str, ...] = ()  # no simulator profile is of a dataset model (sizes differ)
         if exclude not in simulated:
             simulated[exclude] = train_prior.generate_windows(seed, exclude=exclude)
-            before_priors[exclude] = train_prior.train(seed, exclude=exclude, real=[], simulated=simulated[exclude])
+            before_priors[exclude] = train_prior.train(
+                seed, exclude=exclude, real=[], simulated=simulated[exclude]
+            )
         test, train = split(blocks, per_block, held_out)
-        fold = {"kind": kind, "left_out": name, "test_windows": len(test), "train_windows": len(train),
-                "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT), "after": {}}
+        fold = {
+            "kind": kind,
+            "left_out": name,
+            "test_windows": len(test),
+            "train_windows": len(train),
+            "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT),
+            "after": {},
+        }
         for share in shares:
-            after = train_prior.train(seed, exclude=exclude, real=train, real_share=share, simulated=simulated[exclude])
+            after = train_prior.train(
+                seed, exclude=exclude, real=train, real_share=share, simulated=simulated[exclude]
+            )
             fold["after"][str(share)] = evaluate(after, test, SCHEDULER_DEFAULT)
             if share == shares[0]:
                 fold["by_steps"] = {}
@@ -236,22 +299,30 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
                     if subset:
                         fold["by_steps"][str(n)] = {
                             "before": evaluate(before_priors[exclude], subset, SCHEDULER_DEFAULT),
-                            "after": evaluate(after, subset, SCHEDULER_DEFAULT)}
+                            "after": evaluate(after, subset, SCHEDULER_DEFAULT),
+                        }
         fold["seconds"] = round(time.perf_counter() - started, 1)
         results["folds"].append(fold)
-        print(f"  fold {kind}={name}: {len(test)} windows left out, {fold['seconds']} s", file=sys.stderr, flush=True)
+        print(
+            f"  fold {kind}={name}: {len(test)} windows left out, {fold['seconds']} s",
+            file=sys.stderr,
+            flush=True,
+        )
     for kind in ("model", "condition"):
         mine = [f for f in results["folds"] if f["kind"] == kind]
         if mine:
-            results[f"pooled_{kind}"] = {"before": pooled([f["before"] for f in mine]),
-                                         "after": {str(s): pooled([f["after"][str(s)] for f in mine])
-                                                   for s in shares}}
+            results[f"pooled_{kind}"] = {
+                "before": pooled([f["before"] for f in mine]),
+                "after": {str(s): pooled([f["after"][str(s)] for f in mine]) for s in shares},
+            }
             by_steps = {}
             for n in lengths:
                 parts = [f["by_steps"][str(n)] for f in mine if str(n) in f["by_steps"]]
                 if parts:
-                    by_steps[str(n)] = {"before": pooled([p["before"] for p in parts]),
-                                        "after": pooled([p["after"] for p in parts])}
+                    by_steps[str(n)] = {
+                        "before": pooled([p["before"] for p in parts]),
+                        "after": pooled([p["after"] for p in parts]),
+                    }
             if by_steps:
                 results[f"pooled_{kind}_by_steps"] = by_steps
     return results
@@ -264,13 +335,17 @@ def _pct(value: float | None) -> str:
 def _row(label: str, result: dict[str, Any]) -> str:
     d, a = result["from_default"], result["from_any"]
     tau = "-" if result["tau_median"] is None else f"{result['tau_median']:.2f}"
-    return (f"| {label} | {_pct(d['median'])} | {_pct(d['p90'])} | {_pct(a['median'])} | {_pct(a['p90'])} | "
-            f"{tau} | {d['n']} / {a['n']} |")
+    return (
+        f"| {label} | {_pct(d['median'])} | {_pct(d['p90'])} | {_pct(a['median'])} | {_pct(a['p90'])} | "
+        f"{tau} | {d['n']} / {a['n']} |"
+    )
 
 
 def format_results(results: dict[str, Any]) -> str:
-    lines = ["| left out | prior | median (from default) | p90 | median (from any) | p90 | tau (median) | pairs |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| left out | prior | median (from default) | p90 | median (from any) | p90 | tau (median) | pairs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for fold in results["folds"]:
         name = f"{fold['kind']} {fold['left_out']}"
         lines.append(_row(f"{name} | before (simulator only)", fold["before"]))
@@ -281,30 +356,53 @@ def format_results(results: dict[str, Any]) -> str:
         if item:
             lines.append(_row(f"**every {kind}, pooled** | before", item["before"]))
             for share, value in item["after"].items():
-                lines.append(_row(f"**every {kind}, pooled** | after (real {float(share):.0%})", value))
+                lines.append(
+                    _row(f"**every {kind}, pooled** | after (real {float(share):.0%})", value)
+                )
     lines.append(_row("noise floor (round vs round) | -", results["noise_floor"]))
-    lines.append(_row("predict no change (the baseline: every configuration as fast as the reference) | -",
-                      results["unchanged"]))
+    lines.append(
+        _row(
+            "predict no change (the baseline: every configuration as fast as the reference) | -",
+            results["unchanged"],
+        )
+    )
     share = f"{float(results['shares'][0]):.0%}"
     for kind in ("model", "condition"):
         for n, item in results.get(f"pooled_{kind}_by_steps", {}).items():
             lines.append(_row(f"every {kind}, pooled, {n}-step windows | before", item["before"]))
-            lines.append(_row(f"every {kind}, pooled, {n}-step windows | after (real {share})", item["after"]))
+            lines.append(
+                _row(
+                    f"every {kind}, pooled, {n}-step windows | after (real {share})", item["after"]
+                )
+            )
     for n, item in results.get("noise_floor_by_steps", {}).items():
         lines.append(_row(f"noise floor, {n}-step windows | -", item))
-    lines += ["", "From the default, each block's rounds averaged (geometric means of predicted and measured):",
-              "| left out | prior | median | p90 | tau (median) |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "From the default, each block's rounds averaged (geometric means of predicted and measured):",
+        "| left out | prior | median | p90 | tau (median) |",
+        "|---|---|---|---|---|",
+    ]
     averaged = [(f"{f['kind']} {f['left_out']}", f["before"], f["after"]) for f in results["folds"]]
-    averaged += [(f"**every {kind}, pooled**", results[f"pooled_{kind}"]["before"], results[f"pooled_{kind}"]["after"])
-                 for kind in ("model", "condition") if results.get(f"pooled_{kind}")]
+    averaged += [
+        (
+            f"**every {kind}, pooled**",
+            results[f"pooled_{kind}"]["before"],
+            results[f"pooled_{kind}"]["after"],
+        )
+        for kind in ("model", "condition")
+        if results.get(f"pooled_{kind}")
+    ]
     for name, before, after in averaged:
         lines.append(_averaged_row(f"{name} | before", before))
         for share, value in after.items():
             lines.append(_averaged_row(f"{name} | after (real {float(share):.0%})", value))
     lines.append(_averaged_row("predict no change | -", results["unchanged"]))
     floor = results["noise_floor"]
-    lines.append(f"| a perfect predictor (noise floor / sqrt 2) | - | {_pct(_scaled(floor['from_default']['median']))} | "
-                 f"{_pct(_scaled(floor['from_default']['p90']))} | - |")
+    lines.append(
+        f"| a perfect predictor (noise floor / sqrt 2) | - | {_pct(_scaled(floor['from_default']['median']))} | "
+        f"{_pct(_scaled(floor['from_default']['p90']))} | - |"
+    )
     return "\n".join(lines)
 
 
@@ -332,19 +430,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from simulator.real_windows import DATASET_PATH
     from simulator.train_prior import REAL_SHARE, SEED
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.predictor_error", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.predictor_error", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dataset", default=str(DATASET_PATH))
     parser.add_argument("--real-share", type=float, nargs="+", default=[REAL_SHARE])
     parser.add_argument("--out", default="")
-    parser.add_argument("--seed", type=int, default=SEED,
-                        help="the priors' seed (simulated contexts and ensembles; the shipped prior's by default)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help="the priors' seed (simulated contexts and ensembles; the shipped prior's by default)",
+    )
     args = parser.parse_args(argv)
     for share in args.real_share:
         if not 0.0 < share < 1.0:
             parser.error(f"--real-share {share}: must be between 0 and 1 (exclusive)")
     path = pathlib.Path(args.dataset)
     if not path.exists():
-        parser.error(f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)")
+        parser.error(
+            f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)"
+        )
     results = run(path, args.real_share, args.seed)
     print(format_results(results))
     if args.out:

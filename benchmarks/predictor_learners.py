@@ -45,10 +45,25 @@ from typing import Any
 import numpy as np
 from autobyte.types import Config
 
-from benchmarks.predictor_error import _pct, ensemble_predictor, folds, pooled, score, split, unchanged
+from benchmarks.predictor_error import (
+    _pct,
+    ensemble_predictor,
+    folds,
+    pooled,
+    score,
+    split,
+    unchanged,
+)
 
-STACK_PARAMS = {"max_depth": 3, "eta": 0.1, "subsample": 0.8, "min_child_weight": 5.0, "lambda": 5.0,
-                "nthread": 1, "seed": 0}
+STACK_PARAMS = {
+    "max_depth": 3,
+    "eta": 0.1,
+    "subsample": 0.8,
+    "min_child_weight": 5.0,
+    "lambda": 5.0,
+    "nthread": 1,
+    "seed": 0,
+}
 STACK_ROUNDS = 60
 
 LogRatio = Callable[[np.ndarray], np.ndarray]
@@ -73,11 +88,15 @@ def config_lookup(windows: Sequence[Any], default: Config) -> dict[Config, float
     return {config: float(np.median(values)) for config, values in ratios.items()}
 
 
-def lookup_predictor(table: dict[Config, float]) -> Callable[[Any, Config, list[Config]], list[float]]:
+def lookup_predictor(
+    table: dict[Config, float],
+) -> Callable[[Any, Config, list[Config]], list[float]]:
     """Predict from a reference window by the table's ratios (an unknown configuration: no change)."""
+
     def predict(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
         base = table.get(reference, 0.0)
         return [ref.step_time_s * math.exp(table.get(c, base) - base) for c in configs]
+
     return predict
 
 
@@ -87,9 +106,16 @@ def model_predictor(log_ratio: LogRatio) -> Callable[[Any, Config, list[Config]]
     from autobyted.tuner.features import feature_matrix
 
     def predict(ref: Any, reference: Config, configs: list[Config]) -> list[float]:
-        mean = np.asarray(log_ratio(feature_matrix(ref.context, reference, configs)), dtype=np.float64)
-        return [ref.step_time_s if c == reference or not math.isfinite(m) else ref.step_time_s * math.exp(m)
-                for m, c in zip(mean, configs)]
+        mean = np.asarray(
+            log_ratio(feature_matrix(ref.context, reference, configs)), dtype=np.float64
+        )
+        return [
+            ref.step_time_s
+            if c == reference or not math.isfinite(m)
+            else ref.step_time_s * math.exp(m)
+            for m, c in zip(mean, configs)
+        ]
+
     return predict
 
 
@@ -101,12 +127,15 @@ def window_halves(blocks: Sequence[dict[str, Any]]) -> list[float]:
             steps = [m["step_time_s"] for m in item["metrics"]]
             if len(steps) >= 4:
                 half = len(steps) // 2
-                out.append(abs(statistics.median(steps[:half]) / statistics.median(steps[half:]) - 1.0))
+                out.append(
+                    abs(statistics.median(steps[:half]) / statistics.median(steps[half:]) - 1.0)
+                )
     return out
 
 
-def learners(train: Sequence[Any], simulated: Sequence[Any], before: Any, default: Config
-             ) -> tuple[dict[str, Callable[[Any, Config, list[Config]], list[float]]], dict[str, float], Any]:
+def learners(
+    train: Sequence[Any], simulated: Sequence[Any], before: Any, default: Config
+) -> tuple[dict[str, Callable[[Any, Config, list[Config]], list[float]]], dict[str, float], Any]:
     """Every learner of the module docstring, trained on `train` (real) and `simulated` windows."""
     import xgboost as xgb
 
@@ -117,25 +146,42 @@ def learners(train: Sequence[Any], simulated: Sequence[Any], before: Any, defaul
     pairs = training_pairs(train, now_s=0.0, half_life_s=None)
     simulator_says = before.predict(pairs.x)[0]
     k = fit_stretch(simulator_says, pairs.y, pairs.weights)
-    stacked = xgb.train(STACK_PARAMS, xgb.DMatrix(np.column_stack([simulator_says, pairs.x]), label=pairs.y,
-                                                  weight=pairs.weights, missing=np.nan, nthread=1),
-                        num_boost_round=STACK_ROUNDS)
+    stacked = xgb.train(
+        STACK_PARAMS,
+        xgb.DMatrix(
+            np.column_stack([simulator_says, pairs.x]),
+            label=pairs.y,
+            weight=pairs.weights,
+            missing=np.nan,
+            nthread=1,
+        ),
+        num_boost_round=STACK_ROUNDS,
+    )
     online_before = train_online(before, train, now_s=0.0)
     online_shipped = train_online(shipped, train, now_s=0.0)
-    return ({
-        "shipped": ensemble_predictor(shipped),
-        "simulator only": ensemble_predictor(before),
-        "stretch x simulator": model_predictor(lambda x: k * before.predict(x)[0]),
-        "simulator + online": ensemble_predictor(online_before),
-        "shipped + online": ensemble_predictor(online_shipped),
-        "stacked": model_predictor(lambda x: stacked.inplace_predict(
-            np.column_stack([before.predict(x)[0], x]), missing=np.nan)),
-        "lookup per configuration": lookup_predictor(config_lookup(train, default)),
-        "predict no change": unchanged,
-    }, {"stretch": k}, shipped)
+    return (
+        {
+            "shipped": ensemble_predictor(shipped),
+            "simulator only": ensemble_predictor(before),
+            "stretch x simulator": model_predictor(lambda x: k * before.predict(x)[0]),
+            "simulator + online": ensemble_predictor(online_before),
+            "shipped + online": ensemble_predictor(online_shipped),
+            "stacked": model_predictor(
+                lambda x: stacked.inplace_predict(
+                    np.column_stack([before.predict(x)[0], x]), missing=np.nan
+                )
+            ),
+            "lookup per configuration": lookup_predictor(config_lookup(train, default)),
+            "predict no change": unchanged,
+        },
+        {"stretch": k},
+        shipped,
+    )
 
 
-def in_job_split(windows: Sequence[Any], k: int, default: Config, seed: int) -> tuple[list[Any], list[Any]]:
+def in_job_split(
+    windows: Sequence[Any], k: int, default: Config, seed: int
+) -> tuple[list[Any], list[Any]]:
     """(seen, test): seen = the first round's windows of the default and k-1 other configurations
     (drawn with `seed`); test = the second round's windows of the default and the unseen ones."""
     rounds = sorted({w.segment for w in windows})
@@ -147,12 +193,17 @@ def in_job_split(windows: Sequence[Any], k: int, default: Config, seed: int) -> 
         return [], []
     chosen = {default, *random.Random(seed).sample(others, k - 1)}
     seen = [first[c] for c in sorted(chosen, key=str)]
-    test = [w for w in windows if w.segment == rounds[1] and (w.config == default or w.config not in chosen)]
+    test = [
+        w
+        for w in windows
+        if w.segment == rounds[1] and (w.config == default or w.config not in chosen)
+    ]
     return seen, test
 
 
-def in_job(shipped: Any, blocks: Sequence[list[Any]], ks: Sequence[int], default: Config
-           ) -> dict[int, dict[str, list[dict[str, Any]]]]:
+def in_job(
+    shipped: Any, blocks: Sequence[list[Any]], ks: Sequence[int], default: Config
+) -> dict[int, dict[str, list[dict[str, Any]]]]:
     """Per K: the scores of the retrained prior, the prior and no change on each block's unseen windows."""
     from autobyted.tuner.predictor import train_online
 
@@ -164,7 +215,9 @@ def in_job(shipped: Any, blocks: Sequence[list[Any]], ks: Sequence[int], default
             if not seen:
                 continue
             retrained = train_online(shipped, seen, now_s=0.0) or shipped
-            parts["shipped, retrained on the job's K"].append(score(ensemble_predictor(retrained), test, default))
+            parts["shipped, retrained on the job's K"].append(
+                score(ensemble_predictor(retrained), test, default)
+            )
             parts["shipped"].append(score(ensemble_predictor(shipped), test, default))
             parts["predict no change"].append(score(unchanged, test, default))
         out[k] = parts
@@ -181,9 +234,16 @@ def run(dataset: pathlib.Path, in_job_ks: Sequence[int] = ()) -> dict[str, Any]:
     simulated = train_prior.generate_windows(train_prior.SEED)
     before = train_prior.train(train_prior.SEED, real=[], simulated=simulated)
     halves = window_halves(blocks)
-    results: dict[str, Any] = {"dataset": str(dataset), "blocks": len(blocks), "folds": [],
-                               "window_halves": {"median": float(np.median(halves)),
-                                                 "p90": float(np.quantile(halves, 0.9)), "n": len(halves)}}
+    results: dict[str, Any] = {
+        "dataset": str(dataset),
+        "blocks": len(blocks),
+        "folds": [],
+        "window_halves": {
+            "median": float(np.median(halves)),
+            "p90": float(np.quantile(halves, 0.9)),
+            "n": len(halves),
+        },
+    }
     scored: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for kind, name, held_out in folds(blocks):
         started = time.perf_counter()
@@ -196,59 +256,92 @@ def run(dataset: pathlib.Path, in_job_ks: Sequence[int] = ()) -> dict[str, Any]:
             for k, parts in in_job(shipped, held, in_job_ks, SCHEDULER_DEFAULT).items():
                 for learner, items in parts.items():
                     scored[f"in the job, K={k}"][learner] += items
-        results["folds"].append({"kind": kind, "left_out": name, **fitted,
-                                 "seconds": round(time.perf_counter() - started, 1)})
-        print(f"  fold {kind}={name}: stretch {fitted['stretch']:.2f}, "
-              f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        results["folds"].append(
+            {
+                "kind": kind,
+                "left_out": name,
+                **fitted,
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+        print(
+            f"  fold {kind}={name}: stretch {fitted['stretch']:.2f}, "
+            f"{time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     for kind, by_learner in scored.items():
-        results[f"pooled_{kind}"] = {learner: _summary(pooled(parts)) for learner, parts in by_learner.items()}
+        results[f"pooled_{kind}"] = {
+            learner: _summary(pooled(parts)) for learner, parts in by_learner.items()
+        }
     return results
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     averaged = result.get("rounds_averaged", {})
-    return {"one_round": {**result["from_default"], "tau": result["tau_median"]},
-            "rounds_averaged": {"median": averaged.get("median"), "p90": averaged.get("p90"),
-                                "tau": averaged.get("tau_median")},
-            "from_any": result["from_any"]}
+    return {
+        "one_round": {**result["from_default"], "tau": result["tau_median"]},
+        "rounds_averaged": {
+            "median": averaged.get("median"),
+            "p90": averaged.get("p90"),
+            "tau": averaged.get("tau_median"),
+        },
+        "from_any": result["from_any"],
+    }
 
 
 def format_results(results: dict[str, Any]) -> str:
     def tau(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    lines = ["| left out | learner | one round: median | p90 | tau | rounds averaged: median | p90 | tau | from any: median |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    kinds = [key[len("pooled_"):] for key in results if key.startswith("pooled_")]
+    lines = [
+        "| left out | learner | one round: median | p90 | tau | rounds averaged: median | p90 | tau | from any: median |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    kinds = [key[len("pooled_") :] for key in results if key.startswith("pooled_")]
     for kind in kinds:
         for learner, item in results[f"pooled_{kind}"].items():
             one, avg = item["one_round"], item["rounds_averaged"]
             where = f"every {kind}, pooled" if kind in ("model", "condition") else kind
-            lines.append(f"| {where} | {learner} | {_pct(one['median'])} | {_pct(one['p90'])} | "
-                         f"{tau(one['tau'])} | {_pct(avg['median'])} | {_pct(avg['p90'])} | {tau(avg['tau'])} | "
-                         f"{_pct(item['from_any']['median'])} |")
+            lines.append(
+                f"| {where} | {learner} | {_pct(one['median'])} | {_pct(one['p90'])} | "
+                f"{tau(one['tau'])} | {_pct(avg['median'])} | {_pct(avg['p90'])} | {tau(avg['tau'])} | "
+                f"{_pct(item['from_any']['median'])} |"
+            )
     halves = results["window_halves"]
-    lines.append(f"\nOne window's halves against each other: median {_pct(halves['median'])}, "
-                 f"p90 {_pct(halves['p90'])} ({halves['n']} windows). Stretch factors fitted per fold: "
-                 + ", ".join(f"{f['left_out']} {f['stretch']:.2f}" for f in results["folds"]))
+    lines.append(
+        f"\nOne window's halves against each other: median {_pct(halves['median'])}, "
+        f"p90 {_pct(halves['p90'])} ({halves['n']} windows). Stretch factors fitted per fold: "
+        + ", ".join(f"{f['left_out']} {f['stretch']:.2f}" for f in results["folds"])
+    )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from simulator.real_windows import DATASET_PATH
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.predictor_learners",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.predictor_learners", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dataset", default=str(DATASET_PATH))
     parser.add_argument("--out", default="")
-    parser.add_argument("--in-job", type=int, nargs="*", default=[],
-                        help="K configurations of the left-out block's first round the prior is retrained on")
+    parser.add_argument(
+        "--in-job",
+        type=int,
+        nargs="*",
+        default=[],
+        help="K configurations of the left-out block's first round the prior is retrained on",
+    )
     args = parser.parse_args(argv)
     if any(k < 2 for k in args.in_job):
-        parser.error(f"--in-job {args.in_job}: each K must be at least 2 (the default and one more)")
+        parser.error(
+            f"--in-job {args.in_job}: each K must be at least 2 (the default and one more)"
+        )
     path = pathlib.Path(args.dataset)
     if not path.exists():
-        parser.error(f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)")
+        parser.error(
+            f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)"
+        )
     results = run(path, args.in_job)
     print(format_results(results))
     if args.out:

@@ -1,4 +1,4 @@
-"""Profile of one extra partition: where its end-to-end cost goes, piece by piece (issue 11, item 1).
+"""Profile of one extra partition: where its end-to-end cost goes, piece by piece.
 
     python -m benchmarks.profile_partition [--where loopback,testbed] [--rate 10gbit]
         [--sizes 16KiB,64KiB] [--count 300] [--out results/profile_partition.json]
@@ -27,6 +27,7 @@ Rank 0 prints one JSON object per measurement; the harness prints a table per pl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
 from benchmarks.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,13 +62,21 @@ def _measure(name: str, size: int, count: int, body) -> dict[str, Any]:
     cpu0, busy0, t0 = time.process_time(), machine_busy_s(), time.perf_counter()
     per = body()
     wall, cpu, busy = time.perf_counter() - t0, time.process_time() - cpu0, machine_busy_s() - busy0
-    out = {"event": "result", "name": name, "bytes": size, "count": count,
-           "wall_us_per": wall / count * 1e6, "cpu_us_per": cpu / count * 1e6,
-           "machine_cpu_us_per": busy / count * 1e6}
+    out = {
+        "event": "result",
+        "name": name,
+        "bytes": size,
+        "count": count,
+        "wall_us_per": wall / count * 1e6,
+        "cpu_us_per": cpu / count * 1e6,
+        "machine_cpu_us_per": busy / count * 1e6,
+    }
     for key, values in per.items():
         out[key + "_us_median"] = statistics.median(values) * 1e6 if values else None
         out[key + "_us_mean"] = statistics.fmean(values) * 1e6 if values else None
-        out[key + "_us_p90"] = sorted(values)[int(0.9 * (len(values) - 1))] * 1e6 if values else None
+        out[key + "_us_p90"] = (
+            sorted(values)[int(0.9 * (len(values) - 1))] * 1e6 if values else None
+        )
     return out
 
 
@@ -80,7 +90,6 @@ def _busy_python(seconds: float) -> None:
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-
     from autobyte.native_status import load
     from autobyte.types import parse_bytes
 
@@ -96,14 +105,14 @@ def worker(args: argparse.Namespace) -> None:
         t = torch.ones(size // 4)
 
         def cpp(window: int) -> dict[str, list[float]]:
-            times = native.issue_loop(group, t, count, window)
+            times = native.issue_loop(group, t, count, window)  # noqa: B023 - the probes run within this iteration
             return {"latency": [b - a for a, b in times]}
 
         def py_serial() -> dict[str, list[float]]:
             launch, latency = [], []
             for _ in range(count):
                 a = time.perf_counter()
-                work = dist.all_reduce(t, group=group, async_op=True)
+                work = dist.all_reduce(t, group=group, async_op=True)  # noqa: B023 - the probes run within this iteration
                 b = time.perf_counter()
                 work.wait()
                 launch.append(b - a)
@@ -115,20 +124,24 @@ def worker(args: argparse.Namespace) -> None:
         def handoff(busy_s: float) -> dict[str, list[float]]:
             stamper = native.CompletionStamper()
             got: list[float] = []
-            for _ in range(few):
-                work = dist.all_reduce(t, group=group, async_op=True)
+            for _ in range(few):  # noqa: B023 - the probes run within this iteration
+                work = dist.all_reduce(t, group=group, async_op=True)  # noqa: B023 - the probes run within this iteration
                 index = stamper.watch(work)
                 seen: list[float] = []
-                fut = work.get_future().then(lambda f: seen.append(time.perf_counter()))
+                fut = work.get_future().then(lambda f: seen.append(time.perf_counter()))  # noqa: B023 - the callback runs before fut.wait() returns
                 if busy_s:
                     _busy_python(busy_s)  # the GIL is held by Python code meanwhile
                 fut.wait()
                 got.append(seen[0] - stamper.times()[index])
             return {"handoff": got}
 
-        probes = [("cpp serial", lambda: cpp(1)), ("cpp window 8", lambda: cpp(8)),
-                  ("py serial", py_serial), ("gil hand-off, idle", lambda: handoff(0.0)),
-                  ("gil hand-off, busy 2ms", lambda: handoff(0.002))]
+        probes = [
+            ("cpp serial", lambda: cpp(1)),
+            ("cpp window 8", lambda: cpp(8)),
+            ("py serial", py_serial),
+            ("gil hand-off, idle", lambda: handoff(0.0)),
+            ("gil hand-off, busy 2ms", lambda: handoff(0.002)),
+        ]
         for name, body in probes:
             result = _measure(name, size, few if "hand-off" in name else count, body)
             if rank == 0:
@@ -140,8 +153,8 @@ def worker(args: argparse.Namespace) -> None:
 def _trace(args: argparse.Namespace, rank: int) -> None:
     """The native engine's per-partition timestamps in a real training loop (16 KiB partitions)."""
     import torch
-
     from autobyte import ScheduledOptimizer
+
     from benchmarks.models import build
 
     os.environ["AUTOBYTE_TRACE_PARTITIONS"] = "1"
@@ -150,8 +163,12 @@ def _trace(args: argparse.Namespace, rank: int) -> None:
         work = build("mlp", in_features=256, hidden=256, depth=4)
         gen = torch.Generator().manual_seed(rank)
         batch = work.make_batch(32, gen)
-        sched = ScheduledOptimizer(work.model, torch.optim.SGD(work.model.parameters(), lr=0.01),
-                                   partition_bytes=partition, credit_bytes=None)
+        sched = ScheduledOptimizer(
+            work.model,
+            torch.optim.SGD(work.model.parameters(), lr=0.01),
+            partition_bytes=partition,
+            credit_bytes=None,
+        )
         steps = []
         with sched:
             for k in range(args.trace_steps + 3):
@@ -164,13 +181,20 @@ def _trace(args: argparse.Namespace, rank: int) -> None:
             records = sched._dispatcher.engine.take_trace() if sched.hot_path == "native" else []
         records = [r for r in records if r[0] >= 3]
         if rank == 0:
-            _emit({"event": "result", "name": "scheduler trace", "partition_bytes": partition,
-                   "hot_path": sched.hot_path, "step_ms_median": statistics.median(steps) * 1e3,
-                   "partitions_per_step": len(records) / max(1, args.trace_steps),
-                   "ready_to_launch_us_median": _med([r[4] - r[3] for r in records]),
-                   "launch_us_median": _med([r[5] - r[4] for r in records]),
-                   "in_flight_us_median": _med([r[6] - r[5] for r in records if r[6] > 0]),
-                   "done_gap_us_median": _med(_gaps(sorted(r[6] for r in records if r[6] > 0)))})
+            _emit(
+                {
+                    "event": "result",
+                    "name": "scheduler trace",
+                    "partition_bytes": partition,
+                    "hot_path": sched.hot_path,
+                    "step_ms_median": statistics.median(steps) * 1e3,
+                    "partitions_per_step": len(records) / max(1, args.trace_steps),
+                    "ready_to_launch_us_median": _med([r[4] - r[3] for r in records]),
+                    "launch_us_median": _med([r[5] - r[4] for r in records]),
+                    "in_flight_us_median": _med([r[6] - r[5] for r in records if r[6] > 0]),
+                    "done_gap_us_median": _med(_gaps(sorted(r[6] for r in records if r[6] > 0))),
+                }
+            )
 
 
 def _med(values: list[float]) -> float | None:
@@ -179,7 +203,7 @@ def _med(values: list[float]) -> float | None:
 
 def _gaps(times: list[float]) -> list[float]:
     """Spacing of consecutive completions (within a burst): the per-collective throughput cost."""
-    return [b - a for a, b in zip(times, times[1:]) if b - a < 0.01]
+    return [b - a for a, b in itertools.pairwise(times) if b - a < 0.01]
 
 
 def _free_port() -> int:
@@ -189,8 +213,18 @@ def _free_port() -> int:
 
 
 def _worker_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.profile_partition", "--worker", "--sizes", args.sizes,
-            "--count", str(args.count), "--trace-steps", str(args.trace_steps)]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.profile_partition",
+        "--worker",
+        "--sizes",
+        args.sizes,
+        "--count",
+        str(args.count),
+        "--trace-steps",
+        str(args.trace_steps),
+    ]
 
 
 def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -198,10 +232,23 @@ def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
     procs = []
     try:
         for rank in range(2):
-            env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                                "WORLD_SIZE": "2", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
-            procs.append(subprocess.Popen(_worker_command(args), cwd=REPO, env=env, text=True,
-                                          stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
+            env = os.environ | {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "PYTHONUNBUFFERED": "1",
+            }
+            procs.append(
+                subprocess.Popen(
+                    _worker_command(args),
+                    cwd=REPO,
+                    env=env,
+                    text=True,
+                    stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                )
+            )
         out, _ = procs[0].communicate(timeout=args.timeout)
         for proc in procs[1:]:
             proc.wait(timeout=60)
@@ -224,9 +271,13 @@ def run_testbed(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def format_block(where: str, results: list[dict[str, Any]]) -> str:
-    lines = [f"{where}: per collective, µs (medians, hand-off also mean/p90; CPU = total / count)",
-             f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'mean/p90':>11} "
-             f"{'wall/op':>8} {'cpu/op':>7} {'machine cpu/op':>14}"]
+    lines = [
+        f"{where}: per collective, µs (medians, hand-off also mean/p90; CPU = total / count)",
+        (
+            f"{'probe':<24} {'bytes':>7} {'latency':>8} {'launch':>7} {'hand-off':>8} {'mean/p90':>11} "
+            f"{'wall/op':>8} {'cpu/op':>7} {'machine cpu/op':>14}"
+        ),
+    ]
 
     def f(value: Any) -> str:
         return "-" if value is None else f"{value:.0f}"
@@ -234,19 +285,25 @@ def format_block(where: str, results: list[dict[str, Any]]) -> str:
     for r in results:
         if r["name"] == "scheduler trace":
             continue
-        lines.append(f"{r['name']:<24} {r['bytes']:>7} {f(r.get('latency_us_median')):>8} "
-                     f"{f(r.get('launch_us_median')):>7} {f(r.get('handoff_us_median')):>8} "
-                     f"{f(r.get('handoff_us_mean')) + '/' + f(r.get('handoff_us_p90')):>11} "
-                     f"{f(r['wall_us_per']):>8} {f(r['cpu_us_per']):>7} {f(r['machine_cpu_us_per']):>14}")
-    lines.append(f"{'scheduler trace (native)':<24} {'part':>7} {'step ms':>8} {'parts':>6} "
-                 f"{'ready>launch':>12} {'launch':>7} {'in flight':>9} {'done gap':>8}")
+        lines.append(
+            f"{r['name']:<24} {r['bytes']:>7} {f(r.get('latency_us_median')):>8} "
+            f"{f(r.get('launch_us_median')):>7} {f(r.get('handoff_us_median')):>8} "
+            f"{f(r.get('handoff_us_mean')) + '/' + f(r.get('handoff_us_p90')):>11} "
+            f"{f(r['wall_us_per']):>8} {f(r['cpu_us_per']):>7} {f(r['machine_cpu_us_per']):>14}"
+        )
+    lines.append(
+        f"{'scheduler trace (native)':<24} {'part':>7} {'step ms':>8} {'parts':>6} "
+        f"{'ready>launch':>12} {'launch':>7} {'in flight':>9} {'done gap':>8}"
+    )
     for r in results:
         if r["name"] != "scheduler trace":
             continue
-        lines.append(f"{'':<24} {str(r['partition_bytes']):>7} {r['step_ms_median']:8.1f} "
-                     f"{r['partitions_per_step']:6.0f} {f(r['ready_to_launch_us_median']):>12} "
-                     f"{f(r['launch_us_median']):>7} {f(r['in_flight_us_median']):>9} "
-                     f"{f(r['done_gap_us_median']):>8}")
+        lines.append(
+            f"{'':<24} {r['partition_bytes']!s:>7} {r['step_ms_median']:8.1f} "
+            f"{r['partitions_per_step']:6.0f} {f(r['ready_to_launch_us_median']):>12} "
+            f"{f(r['launch_us_median']):>7} {f(r['in_flight_us_median']):>9} "
+            f"{f(r['done_gap_us_median']):>8}"
+        )
     return "\n".join(lines)
 
 
@@ -264,9 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    report: dict[str, Any] = {"command": " ".join(["python -m benchmarks.profile_partition",
-                                                   *(argv if argv is not None else sys.argv[1:])]),
-                              "blocks": {}}
+    report: dict[str, Any] = {
+        "command": " ".join(
+            [
+                "python -m benchmarks.profile_partition",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
+        "blocks": {},
+    }
     for where in args.where.split(","):
         load = load_average()
         results = run_loopback(args) if where == "loopback" else run_testbed(args)

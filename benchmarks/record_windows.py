@@ -29,7 +29,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_conditions import MODELS, REPO, Condition, _commit, _save, model_spec, worker_command
+from benchmarks.bench_conditions import (
+    MODELS,
+    REPO,
+    Condition,
+    _commit,
+    _save,
+    model_spec,
+    worker_command,
+)
 from benchmarks.host import load_average
 from benchmarks.train_worker import RunConfig
 from simulator.real_windows import DATASET_PATH as DEFAULT_OUT
@@ -45,7 +53,9 @@ def model_shape(builder: str, model_args: dict[str, Any], world_size: int) -> di
     from autobyted.tuner.features import JobShape
     from benchmarks.models import build
 
-    fingerprint = fingerprint_from_proto(model_fingerprint(build(builder, **model_args).model.parameters()))
+    fingerprint = fingerprint_from_proto(
+        model_fingerprint(build(builder, **model_args).model.parameters())
+    )
     return dataclasses.asdict(JobShape.from_fingerprint(world_size, "gloo", fingerprint))
 
 
@@ -53,8 +63,10 @@ def grid_labels(shape: dict[str, Any]) -> list[str]:
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.grid import candidate_grid
 
-    return [RunConfig("sched", c.partition_bytes, c.credit_bytes, c.tail_bytes).label
-            for c in candidate_grid(JobShape(**shape))]
+    return [
+        RunConfig("sched", c.partition_bytes, c.credit_bytes, c.tail_bytes).label
+        for c in candidate_grid(JobShape(**shape))
+    ]
 
 
 def measure_block(model: str, condition: Condition, args: argparse.Namespace) -> dict[str, Any]:
@@ -68,28 +80,56 @@ def measure_block(model: str, condition: Condition, args: argparse.Namespace) ->
     started = time.time()
     with Testbed(world_size=condition.ranks, rate=rate, pin_cpus=condition.cpus()) as bed:
         condition.apply(bed)
-        result = bed.run([*worker_command(spec, labels, args), "--full-metrics"], cwd=str(REPO),
-                         timeout_s=args.timeout)
+        result = bed.run(
+            [*worker_command(spec, labels, args), "--full-metrics"],
+            cwd=str(REPO),
+            timeout_s=args.timeout,
+        )
     windows = []
     for item in result.ranks[0].results:
         if item.get("kind") != "sched":
             continue
-        config = [item["partition_bytes"], item["credit_bytes"]]  # [P, C] or [P, C, T] with a tail window
+        config = [
+            item["partition_bytes"],
+            item["credit_bytes"],
+        ]  # [P, C] or [P, C, T] with a tail window
         if item.get("tail_bytes") is not None:
             config.append(item["tail_bytes"])
-        windows.append({"round": item["round"], "config": config,
-                        "step_times_s": item["step_times_s"], "metrics": item.get("metrics", [])})
-    return {"model": model, "builder": spec.builder, "model_args": spec.model_args,
-            "batch_size": spec.batch_size, "condition": condition.name, "condition_spec": condition.as_dict(),
-            "world_size": condition.ranks, "rate": rate, "shape": shape, "load": load,
-            "load_after": load_average(), "wall_s": round(time.time() - started, 1),
-            "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "windows": windows}
+        windows.append(
+            {
+                "round": item["round"],
+                "config": config,
+                "step_times_s": item["step_times_s"],
+                "metrics": item.get("metrics", []),
+            }
+        )
+    return {
+        "model": model,
+        "builder": spec.builder,
+        "model_args": spec.model_args,
+        "batch_size": spec.batch_size,
+        "condition": condition.name,
+        "condition_spec": condition.as_dict(),
+        "world_size": condition.ranks,
+        "rate": rate,
+        "shape": shape,
+        "load": load,
+        "load_after": load_average(),
+        "wall_s": round(time.time() - started, 1),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "windows": windows,
+    }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.record_windows",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="mlp,vgg,resnet,transformer", help=f"from {sorted(MODELS)}")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.record_windows", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--models", default="mlp,vgg,resnet,transformer", help=f"from {sorted(MODELS)}"
+    )
     parser.add_argument("--conditions", nargs="+", default=["quiet"])
     parser.add_argument("--rate", default="1gbit", help="base link rate")
     parser.add_argument("--batch-size", type=int, default=0, help="0: the model's map batch size")
@@ -115,8 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(argv) if argv is not None else sys.argv[1:]
     out = Path(args.out)
     data = _load_or_new(out)
-    chunk = {"command": " ".join(["python -m benchmarks.record_windows", *given]),
-             "load_before": load_average(), "started": time.time(), "commit": _commit()}
+    chunk = {
+        "command": " ".join(["python -m benchmarks.record_windows", *given]),
+        "load_before": load_average(),
+        "started": time.time(),
+        "commit": _commit(),
+    }
     data["chunks"].append(chunk)
     for model in args.models.split(","):
         for text in args.conditions:
@@ -125,15 +169,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             data["blocks"].append(block)
             chunk.update(load_after=load_average(), wall_s=round(time.time() - chunk["started"], 1))
             _save(out, data)
-            steps = [statistics.median(w["step_times_s"]) for w in block["windows"] if w["step_times_s"]]
-            print(f"{model} {text}: {len(block['windows'])} windows, step {min(steps):.3f}-{max(steps):.3f} s, "
-                  f"load {block['load']} -> {block['load_after']}, {block['wall_s']} s", flush=True)
+            steps = [
+                statistics.median(w["step_times_s"]) for w in block["windows"] if w["step_times_s"]
+            ]
+            print(
+                f"{model} {text}: {len(block['windows'])} windows, step {min(steps):.3f}-{max(steps):.3f} s, "
+                f"load {block['load']} -> {block['load_after']}, {block['wall_s']} s",
+                flush=True,
+            )
     return 0
 
 
 def _load_or_new(path: Path) -> dict[str, Any]:
     try:
-        return load_dataset(path) if path.exists() else {"format": FORMAT, "chunks": [], "blocks": []}
+        return (
+            load_dataset(path) if path.exists() else {"format": FORMAT, "chunks": [], "blocks": []}
+        )
     except ValueError as error:
         raise SystemExit(str(error)) from None
 

@@ -67,18 +67,29 @@ class Replay:
         incumbent = self.default
         for d in self.decisions:
             if d.kind != "trial":
-                incumbent = d.config if d.kind in ("switch", "return", "rollback", "check") else incumbent
+                incumbent = (
+                    d.config if d.kind in ("switch", "return", "rollback", "check") else incumbent
+                )
                 continue
             if self.median_s.get(d.config, math.inf) < self.median_s[incumbent]:
                 gains += 1
             else:
                 lost_steps += sum(1 for i in self.decision_ids if i == d.decision_id)
         final = self.configs[-1]
-        return {"block": self.block, "seed": self.seed, "trials": len(trials), "gains": gains,
-                "steps_in_lost_trials": lost_steps, "steps": len(self.steps_s),
-                "vs_default": len(self.steps_s) * default / total, "vs_oracle": len(self.steps_s) * best / total,
-                "final": final.short(), "final_vs_best": best / self.mean_s.get(final, math.inf),
-                "default_vs_best": best / default, "detail": self.detail}
+        return {
+            "block": self.block,
+            "seed": self.seed,
+            "trials": len(trials),
+            "gains": gains,
+            "steps_in_lost_trials": lost_steps,
+            "steps": len(self.steps_s),
+            "vs_default": len(self.steps_s) * default / total,
+            "vs_oracle": len(self.steps_s) * best / total,
+            "final": final.short(),
+            "final_vs_best": best / self.mean_s.get(final, math.inf),
+            "default_vs_best": best / default,
+            "detail": self.detail,
+        }
 
 
 def recorded_steps(block: dict[str, Any]) -> tuple[dict[Config, list[StepMetrics]], Config]:
@@ -90,10 +101,14 @@ def recorded_steps(block: dict[str, Any]) -> tuple[dict[Config, list[StepMetrics
     recorded: dict[Config, list[StepMetrics]] = {}
     for item in block["windows"]:
         if item["metrics"]:
-            recorded.setdefault(Config(*item["config"]), []).extend(metrics_from_dict(m) for m in item["metrics"])
+            recorded.setdefault(Config(*item["config"]), []).extend(
+                metrics_from_dict(m) for m in item["metrics"]
+            )
     default = Config(SCHEDULER_DEFAULT.partition_bytes, SCHEDULER_DEFAULT.credit_bytes)
     if default not in recorded:
-        raise ValueError(f"block {block_job(block)} has no recorded steps of the default {default.short()}")
+        raise ValueError(
+            f"block {block_job(block)} has no recorded steps of the default {default.short()}"
+        )
     return recorded, default
 
 
@@ -101,7 +116,9 @@ def _medians(recorded: dict[Config, list[StepMetrics]]) -> dict[Config, float]:
     return {c: statistics.median(m.step_time_s for m in ms) for c, ms in recorded.items()}
 
 
-def replay_block(block: dict[str, Any], predictor: Any, steps: int, seed: int, params: Any = None) -> Replay:
+def replay_block(
+    block: dict[str, Any], predictor: Any, steps: int, seed: int, params: Any = None
+) -> Replay:
     """Run a JobTuner against one block's recorded steps (module docstring)."""
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.memory_sink import MemorySink
@@ -128,7 +145,9 @@ def replay_block(block: dict[str, Any], predictor: Any, steps: int, seed: int, p
                 sink.close_decision(handled, None, "refused")
         drawn = rng.choice(recorded[config])
         wall += drawn.step_time_s
-        metrics = dataclasses.replace(drawn, step=step, wall_time_s=wall, decision_id=decision_id, config=config)
+        metrics = dataclasses.replace(
+            drawn, step=step, wall_time_s=wall, decision_id=decision_id, config=config
+        )
         steps_s.append(drawn.step_time_s)
         configs.append(config)
         ids.append(decision_id)
@@ -136,11 +155,23 @@ def replay_block(block: dict[str, Any], predictor: Any, steps: int, seed: int, p
         if len(buffer) >= BATCH:
             tuner.observe(buffer)
             buffer = []
-    return Replay(block_job(block), seed, steps_s, configs, ids, list(sink.decisions), tuner.detail, median_s, mean_s,
-                  default)
+    return Replay(
+        block_job(block),
+        seed,
+        steps_s,
+        configs,
+        ids,
+        list(sink.decisions),
+        tuner.detail,
+        median_s,
+        mean_s,
+        default,
+    )
 
 
-def calibration_pairs(block: dict[str, Any], predictor: Any, top: int = 4) -> list[tuple[float, float]]:
+def calibration_pairs(
+    block: dict[str, Any], predictor: Any, top: int = 4
+) -> list[tuple[float, float]]:
     """(predicted, measured) log ratio against the default of the `top` candidates the predictor
     ranks fastest in this block, seen from the default's recorded steps: the candidates a first
     search tries, and what they measured (medians of every recorded step)."""
@@ -149,7 +180,9 @@ def calibration_pairs(block: dict[str, Any], predictor: Any, top: int = 4) -> li
     recorded, default = recorded_steps(block)
     median = _medians(recorded)
     others = [c for c in median if c != default]
-    prediction = predictor.predict(summarize(recorded[default], JobShape(**block["shape"])), default, others)
+    prediction = predictor.predict(
+        summarize(recorded[default], JobShape(**block["shape"])), default, others
+    )
     ranked = sorted(zip(others, (float(mu) for mu in prediction.mean)), key=lambda t: t[1])[:top]
     return [(mu, math.log(median[c] / median[default])) for c, mu in ranked]
 
@@ -162,7 +195,9 @@ def slope_through_origin(pairs: Sequence[tuple[float, float]]) -> tuple[float, f
     return slope, rms
 
 
-def run(dataset: pathlib.Path, steps: int, seeds: int, real_share: float, params: Any = None) -> dict[str, Any]:
+def run(
+    dataset: pathlib.Path, steps: int, seeds: int, real_share: float, params: Any = None
+) -> dict[str, Any]:
     from autobyted.tuner.predictor import Predictor
     from simulator import train_prior
     from simulator.real_windows import block_windows, load_dataset
@@ -173,63 +208,102 @@ def run(dataset: pathlib.Path, steps: int, seeds: int, real_share: float, params
     for model in sorted({b["model"] for b in blocks}):
         started = time.perf_counter()
         train = [w for b in blocks if b["model"] != model for w in block_windows(b)]
-        predictor = Predictor(train_prior.train(real=train, real_share=real_share, simulated=simulated))
+        predictor = Predictor(
+            train_prior.train(real=train, real_share=real_share, simulated=simulated)
+        )
         for block in (b for b in blocks if b["model"] == model):
             pairs = calibration_pairs(block, predictor)
             slope, rms = slope_through_origin(pairs)
-            calibration.append({"block": f"{block['model']} {block['condition']}", "pairs": pairs,
-                                "slope": slope, "rms": rms})
+            calibration.append(
+                {
+                    "block": f"{block['model']} {block['condition']}",
+                    "pairs": pairs,
+                    "slope": slope,
+                    "rms": rms,
+                }
+            )
             for seed in range(seeds):
                 rows.append(replay_block(block, predictor, steps, seed, params).summary())
-        print(f"  model {model} left out: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"  model {model} left out: {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     slopes = [c["slope"] for c in calibration]
     everything = [pair for c in calibration for pair in c["pairs"]]
-    return {"dataset": str(dataset), "steps": steps, "seeds": seeds, "real_share": real_share,
-            "rows": rows, "pooled": pooled(rows),
-            "calibration": {"blocks": calibration, "slope_mean": statistics.mean(slopes),
-                            "slope_sd": statistics.stdev(slopes) if len(slopes) > 1 else None,
-                            "pooled": slope_through_origin(everything),
-                            "within_rms": math.sqrt(statistics.mean(c["rms"] ** 2 for c in calibration))}}
+    return {
+        "dataset": str(dataset),
+        "steps": steps,
+        "seeds": seeds,
+        "real_share": real_share,
+        "rows": rows,
+        "pooled": pooled(rows),
+        "calibration": {
+            "blocks": calibration,
+            "slope_mean": statistics.mean(slopes),
+            "slope_sd": statistics.stdev(slopes) if len(slopes) > 1 else None,
+            "pooled": slope_through_origin(everything),
+            "within_rms": math.sqrt(statistics.mean(c["rms"] ** 2 for c in calibration)),
+        },
+    }
 
 
 def pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     trials = sum(r["trials"] for r in rows)
     gains = sum(r["gains"] for r in rows)
-    return {"replays": len(rows), "trials": trials, "gains": gains,
-            "gain_share": gains / trials if trials else None,
-            "steps_in_lost_trials": sum(r["steps_in_lost_trials"] for r in rows),
-            "steps": sum(r["steps"] for r in rows),
-            "vs_default_median": statistics.median(r["vs_default"] for r in rows),
-            "vs_default_min": min(r["vs_default"] for r in rows),
-            "vs_oracle_median": statistics.median(r["vs_oracle"] for r in rows),
-            "vs_oracle_min": min(r["vs_oracle"] for r in rows),
-            "default_vs_best_median": statistics.median(r["default_vs_best"] for r in rows)}
+    return {
+        "replays": len(rows),
+        "trials": trials,
+        "gains": gains,
+        "gain_share": gains / trials if trials else None,
+        "steps_in_lost_trials": sum(r["steps_in_lost_trials"] for r in rows),
+        "steps": sum(r["steps"] for r in rows),
+        "vs_default_median": statistics.median(r["vs_default"] for r in rows),
+        "vs_default_min": min(r["vs_default"] for r in rows),
+        "vs_oracle_median": statistics.median(r["vs_oracle"] for r in rows),
+        "vs_oracle_min": min(r["vs_oracle"] for r in rows),
+        "default_vs_best_median": statistics.median(r["default_vs_best"] for r in rows),
+    }
 
 
 def format_results(results: dict[str, Any]) -> str:
-    header = (f"{'block':<44} {'seed':>4} {'trials':>6} {'gains':>5} {'lost st':>7} {'vs default':>10} "
-              f"{'vs oracle':>9} {'default/best':>12}  final: detail")
+    header = (
+        f"{'block':<44} {'seed':>4} {'trials':>6} {'gains':>5} {'lost st':>7} {'vs default':>10} "
+        f"{'vs oracle':>9} {'default/best':>12}  final: detail"
+    )
     lines = [header]
     for r in results["rows"]:
         block = r["block"].removeprefix("real:").rsplit(":", 1)[0]
-        lines.append(f"{block:<44} {r['seed']:>4} {r['trials']:>6} {r['gains']:>5} {r['steps_in_lost_trials']:>7} "
-                     f"{r['vs_default']:>10.3f} {r['vs_oracle']:>9.3f} {r['default_vs_best']:>12.3f}  "
-                     f"{r['final']}: {r['detail'][:90]}")
+        lines.append(
+            f"{block:<44} {r['seed']:>4} {r['trials']:>6} {r['gains']:>5} {r['steps_in_lost_trials']:>7} "
+            f"{r['vs_default']:>10.3f} {r['vs_oracle']:>9.3f} {r['default_vs_best']:>12.3f}  "
+            f"{r['final']}: {r['detail'][:90]}"
+        )
     c = results["calibration"]
-    lines.append("the first search's four candidates, measured against predicted log ratio (slope through 0, "
-                 "residual RMS) per block:")
+    lines.append(
+        "the first search's four candidates, measured against predicted log ratio (slope through 0, "
+        "residual RMS) per block:"
+    )
     for b in c["blocks"]:
-        lines.append(f"  {b['block']:<28} slope {b['slope']:6.2f}  rms {b['rms']:.3f}  "
-                     + " ".join(f"{x:+.3f}->{y:+.3f}" for x, y in b["pairs"]))
-    lines.append(f"slope over blocks: mean {c['slope_mean']:.2f} sd {c['slope_sd'] or 0:.2f}; pooled slope "
-                 f"{c['pooled'][0]:.2f} (rms {c['pooled'][1]:.3f}); within-block rms {c['within_rms']:.3f}")
+        lines.append(
+            f"  {b['block']:<28} slope {b['slope']:6.2f}  rms {b['rms']:.3f}  "
+            + " ".join(f"{x:+.3f}->{y:+.3f}" for x, y in b["pairs"])
+        )
+    lines.append(
+        f"slope over blocks: mean {c['slope_mean']:.2f} sd {c['slope_sd'] or 0:.2f}; pooled slope "
+        f"{c['pooled'][0]:.2f} (rms {c['pooled'][1]:.3f}); within-block rms {c['within_rms']:.3f}"
+    )
     p = results["pooled"]
     share = "-" if p["gain_share"] is None else f"{100 * p['gain_share']:.0f}%"
-    lines.append(f"{p['replays']} replays of {results['steps']} steps: {p['trials']} trials, {p['gains']} measured a "
-                 f"gain ({share}); {p['steps_in_lost_trials']} of {p['steps']} steps in trials that lost")
-    lines.append(f"vs holding the default: median {p['vs_default_median']:.3f}, min {p['vs_default_min']:.3f}; "
-                 f"vs the block's best held: median {p['vs_oracle_median']:.3f}, min {p['vs_oracle_min']:.3f} "
-                 f"(the default held: median {p['default_vs_best_median']:.3f} of the best)")
+    lines.append(
+        f"{p['replays']} replays of {results['steps']} steps: {p['trials']} trials, {p['gains']} measured a "
+        f"gain ({share}); {p['steps_in_lost_trials']} of {p['steps']} steps in trials that lost"
+    )
+    lines.append(
+        f"vs holding the default: median {p['vs_default_median']:.3f}, min {p['vs_default_min']:.3f}; "
+        f"vs the block's best held: median {p['vs_oracle_median']:.3f}, min {p['vs_oracle_min']:.3f} "
+        f"(the default held: median {p['default_vs_best_median']:.3f} of the best)"
+    )
     return "\n".join(lines)
 
 
@@ -242,7 +316,9 @@ def tuner_params(assignments: Sequence[str]) -> Any:
     for text in assignments:
         name, _, value = text.partition("=")
         if name not in fields or not value:
-            raise ValueError(f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(fields)}")
+            raise ValueError(
+                f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(fields)}"
+            )
         kind = type(getattr(TunerParams(), name))
         try:
             values[name] = kind(value)
@@ -255,15 +331,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from simulator import train_prior
     from simulator.real_windows import DATASET_PATH
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.replay_tuner", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.replay_tuner", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--dataset", type=pathlib.Path, default=DATASET_PATH)
     parser.add_argument("--steps", type=int, default=400, help="steps per replay [400]")
     parser.add_argument("--seeds", type=int, default=1, help="replays per block, other draws [1]")
     parser.add_argument("--real-share", type=float, default=train_prior.REAL_SHARE)
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="a TunerParams field set for the replay (e.g. gain_slope_prior_sd=1e-6: the "
-                             "model's gains taken as predicted); repeatable")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a TunerParams field set for the replay (e.g. gain_slope_prior_sd=1e-6: the "
+        "model's gains taken as predicted); repeatable",
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="write the results as JSON here"
+    )
     args = parser.parse_args(argv)
     if args.steps < BATCH or args.seeds < 1:
         parser.error(f"--steps must be at least {BATCH} and --seeds at least 1")

@@ -1,9 +1,9 @@
 """Scenario files (benchmarks/scenarios/*.toml): model, workers, bandwidth trace, duration.
 
-The format is documented in benchmarks/README.md ("Scenario format"). A scenario is loaded once
+The format is documented in docs/benchmarks.md ("Scenario format"). A scenario is loaded once
 into a frozen `Scenario`; `make_simulator()` builds a fresh simulator for it.
 
-Optional condition keys (issue 10; files without them load and behave exactly as before). Each is a
+Optional condition keys (files without them load and behave exactly as before). Each is a
 trace table of the same kinds as [bandwidth] and describes the slowest worker, which sets the pace
 of every collective (the other workers wait for it):
 
@@ -42,9 +42,25 @@ from simulator.trace import PiecewiseConstant, trace_from_spec
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
-_TOP_KEYS = {"name", "description", "model", "batch_size", "device_flops_per_s", "compute_scale",
-             "workers", "duration_s", "duration_steps", "seed", "link", "bandwidth", "compute",
-             "testbed", "traffic", "cpu", "straggler"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "model",
+    "batch_size",
+    "device_flops_per_s",
+    "compute_scale",
+    "workers",
+    "duration_s",
+    "duration_steps",
+    "seed",
+    "link",
+    "bandwidth",
+    "compute",
+    "testbed",
+    "traffic",
+    "cpu",
+    "straggler",
+}
 CONDITION_KEYS = ("traffic", "cpu", "straggler")
 
 
@@ -64,8 +80,14 @@ class TestbedWorkload:
     def worker_args(self) -> list[str]:
         import json
 
-        return ["--model", self.model, "--model-args", json.dumps(self.model_args),
-                "--batch-size", str(self.batch_size)]
+        return [
+            "--model",
+            self.model,
+            "--model-args",
+            json.dumps(self.model_args),
+            "--batch-size",
+            str(self.batch_size),
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,35 +130,53 @@ class Scenario:
         the scenario's count."""
         count = self.workers if workers is None else workers
         if not self.emulated:
-            return TestbedWorkload(str(self.testbed.get("model", "mlp")),
-                                   dict(self.testbed.get("model_args", {})),
-                                   int(self.testbed.get("batch_size", 0)),
-                                   min(count, int(self.testbed.get("max_workers", 2))))
-        profile = self.model_ref  # a recorded profile: absolute, as ranks start in another directory
+            return TestbedWorkload(
+                str(self.testbed.get("model", "mlp")),
+                dict(self.testbed.get("model_args", {})),
+                int(self.testbed.get("batch_size", 0)),
+                min(count, int(self.testbed.get("max_workers", 2))),
+            )
+        profile = (
+            self.model_ref
+        )  # a recorded profile: absolute, as ranks start in another directory
         if profile.endswith(".json"):
             profile = str(pathlib.Path(profile).resolve())
-        args = {"profile": profile, "device_flops_per_s": self.device_flops_per_s,
-                "compute_scale": self.compute_scale, "byte_scale": self.byte_scale}
+        args = {
+            "profile": profile,
+            "device_flops_per_s": self.device_flops_per_s,
+            "compute_scale": self.compute_scale,
+            "byte_scale": self.byte_scale,
+        }
         if self.batch_size is not None:
             args["batch_size"] = self.batch_size
-        return TestbedWorkload("emulated", args, 0,
-                               min(count, int(self.testbed.get("max_workers", count))))
+        return TestbedWorkload(
+            "emulated", args, 0, min(count, int(self.testbed.get("max_workers", count)))
+        )
 
     @property
     def has_conditions(self) -> bool:
         return any(t is not None for t in (self.flows, self.cpu_share, self.straggler))
 
     def make_simulator(self) -> Simulator:
-        return Simulator(self.profile, self.workers, self.bandwidth, self.link, self.compute,
-                         flows_trace=self.flows, cpu_share_trace=self.cpu_share)
+        return Simulator(
+            self.profile,
+            self.workers,
+            self.bandwidth,
+            self.link,
+            self.compute,
+            flows_trace=self.flows,
+            cpu_share_trace=self.cpu_share,
+        )
 
     def phases(self, until_s: float = math.inf) -> list[tuple[float, ...]]:
         """(start_s, end_s, bandwidth bytes/s, compute factor) wherever a trace changes; with
         condition keys also (..., competing flows, cpu share) — what steady_step_s takes."""
         traces = [self.bandwidth, self.compute]
         if self.has_conditions:
-            traces += [self.flows or PiecewiseConstant.constant(0.0, nonnegative=True),
-                       self.cpu_share or PiecewiseConstant.constant(1.0)]
+            traces += [
+                self.flows or PiecewiseConstant.constant(0.0, nonnegative=True),
+                self.cpu_share or PiecewiseConstant.constant(1.0),
+            ]
         points = sorted({t for trace in traces for t in trace.times_s if t < until_s})
         out: list[tuple[float, ...]] = []
         for index, start in enumerate(points):
@@ -163,16 +203,18 @@ class Scenario:
         trace = harness.Trace.from_times(pairs(link, mbit))
         if self.straggler is not None:
             trace += harness.Trace.from_times(
-                pairs(self.straggler.combine(link, min), mbit), ranks=[rank])
+                pairs(self.straggler.combine(link, min), mbit), ranks=[rank]
+            )
         if self.flows is not None:
-            trace += harness.Trace.flows(pairs(self.flows, lambda v: int(round(v))), ranks=[rank])
+            trace += harness.Trace.flows(pairs(self.flows, lambda v: round(v)), ranks=[rank])
         if self.cpu_share is not None:
             # a quota on `quota_workers` workers (the last ones) when the link model says so
             throttled = self.link.quota_workers if self.link.quota_period_s > 0 else 1
             workers = self.testbed_workload().workers
             ranks = [rank] if throttled <= 1 else list(range(max(0, workers - throttled), workers))
             trace += harness.Trace.cpu_share(
-                pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=ranks)
+                pairs(self.cpu_share, lambda v: None if v >= 1.0 else v), ranks=ranks
+            )
         return trace
 
 
@@ -202,8 +244,11 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
     if model.endswith(".json") and not pathlib.Path(model).is_absolute():
         model_ref = str(path.parent / model)
     try:
-        base = load_profile(model_ref, data.get("batch_size"),
-                            float(data.get("device_flops_per_s", DEFAULT_DEVICE_FLOPS_PER_S)))
+        base = load_profile(
+            model_ref,
+            data.get("batch_size"),
+            float(data.get("device_flops_per_s", DEFAULT_DEVICE_FLOPS_PER_S)),
+        )
         profile = base.scaled(float(data.get("compute_scale", 1.0)))
         horizon = _trace_horizon_s(data)
         bandwidth = trace_from_spec(data["bandwidth"], horizon, GBIT)
@@ -223,8 +268,9 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
         if "straggler" in conditions:
             bandwidth = bandwidth.combine(conditions["straggler"], min)
         if "flows" in conditions:
-            bandwidth = bandwidth.combine(conditions["flows"],
-                                          lambda bw, flows: bw * link.flow_share(flows))
+            bandwidth = bandwidth.combine(
+                conditions["flows"], lambda bw, flows: bw * link.flow_share(flows)
+            )
     workers = int(data["workers"])
     if workers < 1:
         raise ValueError(f"{path}: workers must be >= 1")
@@ -236,15 +282,27 @@ def load_scenario(path: str | pathlib.Path) -> Scenario:
     except (TypeError, ValueError):
         byte_scale = 0.0
     if not byte_scale >= 1.0:
-        raise ValueError(f"{path}: [testbed] byte_scale {testbed.get('byte_scale')!r} must be a "
-                         "number >= 1 (it divides tensor sizes and link rates)")
+        raise ValueError(
+            f"{path}: [testbed] byte_scale {testbed.get('byte_scale')!r} must be a "
+            "number >= 1 (it divides tensor sizes and link rates)"
+        )
     return Scenario(
-        name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-        model=model, profile=profile, workers=workers, bandwidth=bandwidth, compute=compute,
+        name=str(data.get("name", path.stem)),
+        description=str(data.get("description", "")),
+        model=model,
+        profile=profile,
+        workers=workers,
+        bandwidth=bandwidth,
+        compute=compute,
         link=link,
         duration_s=float(data["duration_s"]) if "duration_s" in data else None,
         duration_steps=int(data["duration_steps"]) if "duration_steps" in data else None,
-        seed=int(data.get("seed", 0)), path=str(path), testbed=testbed,
-        model_ref=model_ref, batch_size=int(data["batch_size"]) if "batch_size" in data else None,
+        seed=int(data.get("seed", 0)),
+        path=str(path),
+        testbed=testbed,
+        model_ref=model_ref,
+        batch_size=int(data["batch_size"]) if "batch_size" in data else None,
         device_flops_per_s=float(data.get("device_flops_per_s", DEFAULT_DEVICE_FLOPS_PER_S)),
-        compute_scale=float(data.get("compute_scale", 1.0)), **conditions)
+        compute_scale=float(data.get("compute_scale", 1.0)),
+        **conditions,
+    )

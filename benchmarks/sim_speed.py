@@ -30,10 +30,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     args = parser.parse_args(argv)
     profile = resnet50().scaled(50)
-    traces = {"constant 10G": PiecewiseConstant.constant(10 * GBIT),
-              "changes every 0.5s": periodic_trace(25 * GBIT, 5 * GBIT, 1.0, 0.5, 0.25, 1e4)}
+    traces = {
+        "constant 10G": PiecewiseConstant.constant(10 * GBIT),
+        "changes every 0.5s": periodic_trace(25 * GBIT, 5 * GBIT, 1.0, 0.5, 0.25, 1e4),
+    }
     print(f"{'config':<16} {'trace':<20} {'messages':>8} {'1000 steps':>11} {'uncached step':>14}")
-    for config in (DDP, Config(4 * MIB, 16 * MIB), Config(1 * MIB, 4 * MIB), Config(256 << 10, None)):
+    for config in (
+        DDP,
+        Config(4 * MIB, 16 * MIB),
+        Config(1 * MIB, 4 * MIB),
+        Config(256 << 10, None),
+    ):
         for label, trace in traces.items():
             sim = Simulator(profile, args.workers, trace)
             start = time.perf_counter()
@@ -45,8 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 uncached._comm_cache.clear()
                 uncached.step(config)
             per_step = (time.perf_counter() - start) / 20
-            print(f"{describe_config(config):<16} {label:<20} {sim.messages_per_step(config):>8} "
-                  f"{elapsed * 1000 / args.steps * 1000:>9.1f}ms {per_step * 1e3:>12.2f}ms")
+            print(
+                f"{describe_config(config):<16} {label:<20} {sim.messages_per_step(config):>8} "
+                f"{elapsed * 1000 / args.steps * 1000:>9.1f}ms {per_step * 1e3:>12.2f}ms"
+            )
     return 0
 
 

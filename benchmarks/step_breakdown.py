@@ -3,7 +3,7 @@
 `benchmarks/profile_step.py` records, per step, the training thread's marks (forward, backward,
 `step()`), every wait of the forward pass for parameters, every partition's ready / issue / done
 (the native engine's trace) and every thread's CPU time; these functions turn them into the
-breakdown of `benchmarks/README.md` ("Where the step goes (issue 20)"). Times are seconds on one
+breakdown `benchmarks.profile_step` prints. Times are seconds on one
 clock (time.perf_counter), sizes bytes.
 """
 
@@ -89,8 +89,13 @@ def merge_ranks(rank0: Sequence[Transfer], rank1: Sequence[Transfer]) -> list[Tr
     for t in rank0:
         u = other.get((t.step, t.start, t.length))
         if u is not None:
-            merged.append(t._replace(t_ready=max(t.t_ready, u.t_ready), t_issue=max(t.t_issue, u.t_issue),
-                                     t_done=max(t.t_done, u.t_done)))
+            merged.append(
+                t._replace(
+                    t_ready=max(t.t_ready, u.t_ready),
+                    t_issue=max(t.t_issue, u.t_issue),
+                    t_done=max(t.t_done, u.t_done),
+                )
+            )
     return merged
 
 
@@ -103,11 +108,13 @@ def issue_skew(rank0: Sequence[Transfer], rank1: Sequence[Transfer]) -> list[flo
 def last_ready_skew(rank0: Sequence[Transfer], rank1: Sequence[Transfer]) -> list[float]:
     """Per step, rank 1's last gradient ready minus rank 0's (> 0: rank 1's backward ended later);
     a collective moves only once both ranks have it, so this is how long rank 0 waits for rank 1."""
+
     def last(transfers: Sequence[Transfer]) -> dict[int, float]:
         out: dict[int, float] = {}
         for t in transfers:
             out[t.step] = max(out.get(t.step, t.t_ready), t.t_ready)
         return out
+
     a, b = last(rank0), last(rank1)
     return [b[s] - a[s] for s in sorted(a) if s in b]
 
@@ -139,11 +146,19 @@ def link_steps(transfers: Sequence[Transfer], marks: Sequence[StepMarks] = ()) -
         if m is not None:
             in_forward = overlap(last_done, next_issue, m.t_start, m.t_forward_end)
             in_backward = overlap(last_done, next_issue, m.t_forward_end, m.t_backward_end)
-        out.append(LinkStep(step=s, collectives=len(own), nbytes=sum(t.nbytes for t in own),
-                            busy_s=busy, idle_inside_s=(last_done - first_issue) - busy,
-                            boundary_stall_s=next_issue - last_done,
-                            cycle_s=next_issue - first_issue, stall_in_forward_s=in_forward,
-                            stall_in_backward_s=in_backward))
+        out.append(
+            LinkStep(
+                step=s,
+                collectives=len(own),
+                nbytes=sum(t.nbytes for t in own),
+                busy_s=busy,
+                idle_inside_s=(last_done - first_issue) - busy,
+                boundary_stall_s=next_issue - last_done,
+                cycle_s=next_issue - first_issue,
+                stall_in_forward_s=in_forward,
+                stall_in_backward_s=in_backward,
+            )
+        )
     return out
 
 
@@ -161,8 +176,12 @@ class FirstPartitions:
     next_forward_wait_s: float  # every wait of step n+1
 
 
-def first_partitions(transfers: Sequence[Transfer], first_start: int, marks: Sequence[StepMarks],
-                     waits: Sequence[Wait]) -> list[FirstPartitions]:
+def first_partitions(
+    transfers: Sequence[Transfer],
+    first_start: int,
+    marks: Sequence[StepMarks],
+    waits: Sequence[Wait],
+) -> list[FirstPartitions]:
     """Per step n with marks of n and n+1 and transfers of n reaching above `first_start`."""
     mark_of = {m.step: m for m in marks}
     waits_of: dict[int, list[Wait]] = {}
@@ -181,11 +200,16 @@ def first_partitions(transfers: Sequence[Transfer], first_start: int, marks: Seq
         first_wait = 0.0
         if next_waits and next_waits[0].t_begin - nxt.t_start <= 0.1 * forward_s:
             first_wait = next_waits[0].t_end - next_waits[0].t_begin
-        out.append(FirstPartitions(
-            step=s, ready_to_issue_s=queued, issue_to_done_s=last.t_done - last.t_issue,
-            done_after_backward_s=last.t_done - mark_of[s].t_backward_end,
-            next_first_wait_s=first_wait,
-            next_forward_wait_s=sum(w.t_end - w.t_begin for w in next_waits)))
+        out.append(
+            FirstPartitions(
+                step=s,
+                ready_to_issue_s=queued,
+                issue_to_done_s=last.t_done - last.t_issue,
+                done_after_backward_s=last.t_done - mark_of[s].t_backward_end,
+                next_first_wait_s=first_wait,
+                next_forward_wait_s=sum(w.t_end - w.t_begin for w in next_waits),
+            )
+        )
     return out
 
 
@@ -208,13 +232,20 @@ def training_steps(marks: Sequence[StepMarks], waits: Sequence[Wait] = ()) -> li
     ordered = sorted(marks)
     out = []
     for m, nxt in itertools.pairwise(ordered):
-        fwd_wait = union_length((max(w.t_begin, m.t_start), min(w.t_end, m.t_forward_end))
-                                for w in waits)
-        out.append(TrainingStep(
-            step=m.step, step_s=nxt.t_start - m.t_start,
-            forward_s=m.t_forward_end - m.t_start - fwd_wait, forward_wait_s=fwd_wait,
-            backward_s=m.t_backward_end - m.t_forward_end, step_call_s=m.t_end - m.t_backward_end,
-            between_s=nxt.t_start - m.t_end))
+        fwd_wait = union_length(
+            (max(w.t_begin, m.t_start), min(w.t_end, m.t_forward_end)) for w in waits
+        )
+        out.append(
+            TrainingStep(
+                step=m.step,
+                step_s=nxt.t_start - m.t_start,
+                forward_s=m.t_forward_end - m.t_start - fwd_wait,
+                forward_wait_s=fwd_wait,
+                backward_s=m.t_backward_end - m.t_forward_end,
+                step_call_s=m.t_end - m.t_backward_end,
+                between_s=nxt.t_start - m.t_end,
+            )
+        )
     return out
 
 
@@ -228,7 +259,9 @@ class RankPace:
     compute_s: tuple[float, float]  # mean compute per step, rank 0 and rank 1
     spread_s: tuple[float, float]  # each rank's standard deviation over its steps
     apart_s: float  # mean |rank 1 - rank 0| of the same step
-    independent_s: float  # what `apart_s` would be for two independent normal ranks with those spreads
+    independent_s: (
+        float  # what `apart_s` would be for two independent normal ranks with those spreads
+    )
 
     @property
     def pace_cost_s(self) -> float:
@@ -247,9 +280,13 @@ def rank_pace(rank0: Sequence[TrainingStep], rank1: Sequence[TrainingStep]) -> R
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
     sd = (statistics.stdev(a), statistics.stdev(b))
     apart = statistics.fmean(abs(y - x) for x, y in pairs)
-    return RankPace(steps=len(pairs), compute_s=(statistics.fmean(a), statistics.fmean(b)),
-                    spread_s=sd, apart_s=apart,
-                    independent_s=((sd[0] ** 2 + sd[1] ** 2) * 2 / math.pi) ** 0.5)
+    return RankPace(
+        steps=len(pairs),
+        compute_s=(statistics.fmean(a), statistics.fmean(b)),
+        spread_s=sd,
+        apart_s=apart,
+        independent_s=((sd[0] ** 2 + sd[1] ** 2) * 2 / math.pi) ** 0.5,
+    )
 
 
 def thread_kind(name: str) -> str:
@@ -271,8 +308,9 @@ class ThreadTimes(NamedTuple):
     runqueue_ns: int  # runnable but waiting for a CPU (competing with other threads/processes)
 
 
-def time_by_kind(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], steps: int,
-                 field: str = "cpu_ns") -> dict[str, float]:
+def time_by_kind(
+    before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], steps: int, field: str = "cpu_ns"
+) -> dict[str, float]:
     """Seconds per step of `field` for each thread kind between two snapshots {tid: ThreadTimes};
     threads born in between count from zero."""
     out = {"training": 0.0, "update": 0.0, "dispatch": 0.0, "backend": 0.0}

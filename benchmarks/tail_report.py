@@ -1,4 +1,4 @@
-"""The tail window (issue 20) against its twin, from `benchmarks.profile_step` runs.
+"""The tail window against its twin, from `benchmarks.profile_step` runs.
 
 For every block (model @ rate) of one or more profile_step outputs: each configuration's median step,
 x DDP, step / bound (max(compute, comm) measured beside it), step / compute (forward + backward +
@@ -45,7 +45,9 @@ def twin(label: str, labels: Sequence[str] = ()) -> str | None:
     dense = label.endswith(DENSE)
     config = RunConfig.parse(label.removesuffix(DENSE))
     if config.tail_bytes is not None:
-        return RunConfig(config.kind, config.partition_bytes, config.credit_bytes).label + (DENSE if dense else "")
+        return RunConfig(config.kind, config.partition_bytes, config.credit_bytes).label + (
+            DENSE if dense else ""
+        )
     if not dense and label + DENSE in labels:
         return label + DENSE
     return None
@@ -56,7 +58,9 @@ def per_round(results: Sequence[dict[str, Any]]) -> dict[str, dict[int, float]]:
     out: dict[str, dict[int, float]] = {}
     for item in results:
         if item.get("step_times_s"):
-            out.setdefault(canonical(item["config"]), {})[item["round"]] = statistics.median(item["step_times_s"])
+            out.setdefault(canonical(item["config"]), {})[item["round"]] = statistics.median(
+                item["step_times_s"]
+            )
     return out
 
 
@@ -93,15 +97,32 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
     for label in labels:
         row = summary[label]
         other = twin(label, labels)
-        rows.append({"config": label, "step_s": row["step_s"], "x_ddp": ddp / row["step_s"],
-                     "step_over_bound": row["step_s"] / bound, "step_over_compute": row["step_s"] / compute,
-                     "forward_wait_s": row.get("forward_wait_s"),
-                     "vs_twin": paired_ratio(rounds, label, other) if other else None, "twin": other})
-    report = {"model": block["model"], "rate": block["rate"], "load": [block["load_before"], block["load_after"]],
-              "ddp_s": ddp, "bound_s": bound, "compute_s": compute, "rows": rows}
+        rows.append(
+            {
+                "config": label,
+                "step_s": row["step_s"],
+                "x_ddp": ddp / row["step_s"],
+                "step_over_bound": row["step_s"] / bound,
+                "step_over_compute": row["step_s"] / compute,
+                "forward_wait_s": row.get("forward_wait_s"),
+                "vs_twin": paired_ratio(rounds, label, other) if other else None,
+                "twin": other,
+            }
+        )
+    report = {
+        "model": block["model"],
+        "rate": block["rate"],
+        "load": [block["load_before"], block["load_after"]],
+        "ddp_s": ddp,
+        "bound_s": bound,
+        "compute_s": compute,
+        "rows": rows,
+    }
     best = min(rows, key=lambda r: r["step_s"])
-    best_plain = min((r for r in rows if RunConfig.parse(r["config"].removesuffix(DENSE)).tail_bytes is None),
-                     key=lambda r: r["step_s"])
+    best_plain = min(
+        (r for r in rows if RunConfig.parse(r["config"].removesuffix(DENSE)).tail_bytes is None),
+        key=lambda r: r["step_s"],
+    )
     report["best"], report["best_without_tail"] = best["config"], best_plain["config"]
     if with_sim:
         predicted = simulated(block["model"], parse_rate(block["rate"]) / 8, labels)
@@ -113,18 +134,29 @@ def block_report(block: dict[str, Any], with_sim: bool = True) -> dict[str, Any]
 
 def format_report(report: dict[str, Any]) -> str:
     load = report["load"]
-    first = [str(value).split()[0] if not isinstance(value, (list, tuple)) else value[0] for value in load]
-    lines = [f"{report['model']} @ {report['rate']}  (load {first[0]} -> {first[1]}; DDP "
-             f"{report['ddp_s'] * 1e3:.1f} ms, bound {report['bound_s'] * 1e3:.1f}, compute {report['compute_s'] * 1e3:.1f})",
-             f"{'configuration':24} {'step ms':>8} {'x DDP':>6} {'/bound':>7} {'/compute':>9} {'fwd wait':>9} "
-             f"{'vs twin':>8} {'sim ms':>7}"]
+    first = [
+        str(value).split()[0] if not isinstance(value, (list, tuple)) else value[0]
+        for value in load
+    ]
+    lines = [
+        (
+            f"{report['model']} @ {report['rate']}  (load {first[0]} -> {first[1]}; DDP "
+            f"{report['ddp_s'] * 1e3:.1f} ms, bound {report['bound_s'] * 1e3:.1f}, compute {report['compute_s'] * 1e3:.1f})"
+        ),
+        (
+            f"{'configuration':24} {'step ms':>8} {'x DDP':>6} {'/bound':>7} {'/compute':>9} {'fwd wait':>9} "
+            f"{'vs twin':>8} {'sim ms':>7}"
+        ),
+    ]
     for row in report["rows"]:
         wait = row["forward_wait_s"]
         vs = row["vs_twin"]
         sim = report.get("simulated_s", {}).get(row["config"])
-        lines.append(f"{row['config']:24} {row['step_s'] * 1e3:8.1f} {row['x_ddp']:6.2f} {row['step_over_bound']:7.2f} "
-                     f"{row['step_over_compute']:9.2f} {'-' if wait is None else f'{wait * 1e3:.1f}':>9} "
-                     f"{'-' if vs is None else f'{vs:.3f}':>8} {'-' if sim is None else f'{sim * 1e3:.1f}':>7}")
+        lines.append(
+            f"{row['config']:24} {row['step_s'] * 1e3:8.1f} {row['x_ddp']:6.2f} {row['step_over_bound']:7.2f} "
+            f"{row['step_over_compute']:9.2f} {'-' if wait is None else f'{wait * 1e3:.1f}':>9} "
+            f"{'-' if vs is None else f'{vs:.3f}':>8} {'-' if sim is None else f'{sim * 1e3:.1f}':>7}"
+        )
     tail = f"best {report['best']} (without a tail window: {report['best_without_tail']})"
     if "kendall_tau" in report:
         tail += f"; simulator's best {report['sim_best']}, Kendall tau {report['kendall_tau']:.2f}"

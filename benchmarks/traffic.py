@@ -85,8 +85,10 @@ def _send_forever(address: tuple[str, int], connect_timeout_s: float) -> None:
 
 def source(to: str, port: int, flows: int, connect_timeout_s: float = 10.0) -> None:
     """`flows` connections to the sink, each sending without pause, until killed."""
-    threads = [threading.Thread(target=_send_forever, args=((to, port), connect_timeout_s),
-                                daemon=True) for _ in range(flows)]
+    threads = [
+        threading.Thread(target=_send_forever, args=((to, port), connect_timeout_s), daemon=True)
+        for _ in range(flows)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

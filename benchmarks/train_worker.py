@@ -8,7 +8,7 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      replica of its own per bucket size
     sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
-    sched:P,C,T      the same with tail_bytes=T (the tail window, issue 20)
+    sched:P,C,T      the same with tail_bytes=T (the tail window)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -100,7 +101,7 @@ class RunConfig:
     # ddp: the bucket cap, None = DDP's default)
     partition_bytes: int | None = None
     credit_bytes: int | None = None
-    tail_bytes: int | None = None  # sched:P,C,T: the tail window (issue 20); absent = none
+    tail_bytes: int | None = None  # sched:P,C,T: the tail window; absent = none
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
@@ -110,34 +111,47 @@ class RunConfig:
         kind, _, rest = text.partition(":")
         if kind == "ddp":
             from autobyte.types import parse_bytes
+
             return cls("ddp", parse_bytes(rest))
         if kind in ("lat", "latc"):
             from autobyte.types import parse_bytes
+
             size = parse_bytes(rest) if rest else LAT_PROBE_BYTES
             if not size or size % 4:
                 raise ValueError(f"bad probe {label!r}: {kind}:SIZE needs a size in whole floats")
             return cls(kind, size)
         if kind in SCHED_KINDS:
             from autobyte.types import parse_bytes
+
             parts = rest.split(",")
             if len(parts) not in (2, 3):
-                raise ValueError(f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT[,TAIL]")
+                raise ValueError(
+                    f"bad configuration {label!r}: expected {kind}:PARTITION,CREDIT[,TAIL]"
+                )
             return cls(kind, *(parse_bytes(part) for part in parts))
-        raise ValueError(f"bad configuration {label!r}: expected ddp, compute, comm, lat or sched:P,C "
-                         "(or shared:P,C / py:P,C)")
+        raise ValueError(
+            f"bad configuration {label!r}: expected ddp, compute, comm, lat or sched:P,C "
+            "(or shared:P,C / py:P,C)"
+        )
 
     @property
     def label(self) -> str:
         if self.kind == "ddp" and self.partition_bytes is not None:
             from autobyte.types import format_bytes
+
             return f"ddp:{format_bytes(self.partition_bytes)}"
         if self.kind in ("lat", "latc"):
             from autobyte.types import format_bytes
-            return (self.kind if self.partition_bytes == LAT_PROBE_BYTES
-                    else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}")
+
+            return (
+                self.kind
+                if self.partition_bytes == LAT_PROBE_BYTES
+                else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}"
+            )
         if self.kind not in SCHED_KINDS:
             return self.kind
         from autobyte.types import format_bytes
+
         partition = format_bytes(self.partition_bytes, "none")
         tail = "" if self.tail_bytes is None else f",{format_bytes(self.tail_bytes)}"
         return f"{self.kind}:{partition},{format_bytes(self.credit_bytes, 'none')}{tail}"
@@ -159,8 +173,13 @@ def emit(obj: dict[str, Any]) -> None:
 class Trainer:
     """Holds the replicas (DDP and scheduler) and runs segments."""
 
-    def __init__(self, args: argparse.Namespace, need_sched: bool, need_shared: bool = False,
-                 need_py: bool = False) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        need_sched: bool,
+        need_shared: bool = False,
+        need_py: bool = False,
+    ) -> None:
         self.args = args
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
@@ -173,7 +192,7 @@ class Trainer:
         self.global_step = 0
         self.control = None
         if args.control and dist.get_rank() == 0:
-            self.control = open(args.control, "a+")  # create it if the harness has not yet
+            self.control = open(args.control, "a+")  # noqa: SIM115 - read at every step, closed by close(); a+ creates it if the harness has not yet
             self.control.seek(0)
         self._control_partial = ""
         # --max-seconds: rank 0's clock decides, a flag on a group of its own tells every rank at the
@@ -201,17 +220,25 @@ class Trainer:
             if not wanted:
                 continue
             from autobyte.scheduler import ScheduledOptimizer
+
             torch.manual_seed(args.seed)
             sched_model = build(args.model, **model_args).model
             group = dist.new_group(backend="gloo") if args.sched_group else None
-            sched = ScheduledOptimizer(sched_model, self._optimizer(sched_model.parameters()),
-                                       partition_bytes=None, credit_bytes=None,
-                                       process_group=group, own_communicator=kind != "shared",
-                                       native=kind != "py")
+            sched = ScheduledOptimizer(
+                sched_model,
+                self._optimizer(sched_model.parameters()),
+                partition_bytes=None,
+                credit_bytes=None,
+                process_group=group,
+                own_communicator=kind != "shared",
+                native=kind != "py",
+            )
             # Every completed step's metrics (last_step_metrics() lags and may skip steps), with
             # the host load the real client's reporter would add (--full-metrics).
             metrics: list[Any] = []
-            sched.add_step_callback(self._with_host_load(metrics) if args.full_metrics else metrics.append)
+            sched.add_step_callback(
+                self._with_host_load(metrics) if args.full_metrics else metrics.append
+            )
             self.replicas[kind] = (sched_model, sched, metrics)
         if "sched" in self.replicas:
             self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
@@ -239,8 +266,9 @@ class Trainer:
         if bucket_bytes not in self.ddp_replicas:
             model_args = json.loads(self.args.model_args) if self.args.model_args else {}
             torch.manual_seed(self.args.seed)
-            model = nn.parallel.DistributedDataParallel(build(self.args.model, **model_args).model,
-                                                        bucket_cap_mb=bucket_bytes / 2**20)
+            model = nn.parallel.DistributedDataParallel(
+                build(self.args.model, **model_args).model, bucket_cap_mb=bucket_bytes / 2**20
+            )
             self.ddp_replicas[bucket_bytes] = (model, self._optimizer(model.parameters()))
         return self.ddp_replicas[bucket_bytes]
 
@@ -271,7 +299,8 @@ class Trainer:
         if config.kind in ("lat", "latc"):
             size = int(config.partition_bytes or LAT_PROBE_BYTES)
             buffers = self.lat_buffers.setdefault(
-                size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))])
+                size, [torch.zeros(size // 4) for _ in range(lat_collectives(size))]
+            )
             if config.kind == "latc":  # beside a compute step, from another thread
                 thread = threading.Thread(target=self._collectives, args=(buffers,))
                 thread.start()
@@ -316,16 +345,32 @@ class Trainer:
             try:
                 request = json.loads(line)
                 # An omitted key keeps its value; null means none / unlimited.
-                config = self.sched.reconfigure(**{k: request[k] for k in
-                                                   ("partition_bytes", "credit_bytes", "tail_bytes")
-                                                   if k in request})
+                config = self.sched.reconfigure(
+                    **{
+                        k: request[k]
+                        for k in ("partition_bytes", "credit_bytes", "tail_bytes")
+                        if k in request
+                    }
+                )
             except (ValueError, TypeError, AttributeError) as error:  # training goes on
-                emit({"event": "reconfigure_rejected", "step": self.global_step,
-                      "request": line, "error": str(error)})
+                emit(
+                    {
+                        "event": "reconfigure_rejected",
+                        "step": self.global_step,
+                        "request": line,
+                        "error": str(error),
+                    }
+                )
                 continue
-            emit({"event": "reconfigure", "step": self.global_step,
-                  "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes,
-                  "tail_bytes": config.tail_bytes})
+            emit(
+                {
+                    "event": "reconfigure",
+                    "step": self.global_step,
+                    "partition_bytes": config.partition_bytes,
+                    "credit_bytes": config.credit_bytes,
+                    "tail_bytes": config.tail_bytes,
+                }
+            )
 
     def _should_stop(self) -> bool:
         """Collective: whether rank 0's --max-seconds deadline has passed (False without one)."""
@@ -351,8 +396,11 @@ class Trainer:
             if config.kind not in self.replicas:
                 raise RuntimeError(f"a {config.kind}: configuration needs autobyte.scheduler")
             self._use(config.kind)
-            self.sched.reconfigure(partition_bytes=config.partition_bytes,
-                                   credit_bytes=config.credit_bytes, tail_bytes=config.tail_bytes)
+            self.sched.reconfigure(
+                partition_bytes=config.partition_bytes,
+                credit_bytes=config.credit_bytes,
+                tail_bytes=config.tail_bytes,
+            )
         for _ in range(segment.warmup):
             self._step(config)
             self.global_step += 1
@@ -379,13 +427,24 @@ class Trainer:
             if emit_steps and self.rank == 0:
                 label = config.label
                 if scheduled:  # the configuration in effect, under --control too
-                    label = RunConfig(config.kind, self.sched.config.partition_bytes,
-                                      self.sched.config.credit_bytes, self.sched.config.tail_bytes).label
-                emit({"event": "step", "step": self.global_step, "config": label,
-                      "step_time_s": marks[-1] - marks[-2], "t": time.time()})
+                    label = RunConfig(
+                        config.kind,
+                        self.sched.config.partition_bytes,
+                        self.sched.config.credit_bytes,
+                        self.sched.config.tail_bytes,
+                    ).label
+                emit(
+                    {
+                        "event": "step",
+                        "step": self.global_step,
+                        "config": label,
+                        "step_time_s": marks[-1] - marks[-2],
+                        "t": time.time(),
+                    }
+                )
         if self.stopped and scheduled:
             self.sched.synchronize()
-        step_times = [b - a for a, b in zip(marks, marks[1:])]
+        step_times = [b - a for a, b in itertools.pairwise(marks)]
         cpu = _CpuSnapshot.take(self.device).since(cpu_before, len(step_times))
         metrics: list[dict[str, Any]] = []
         dispatch = None
@@ -397,10 +456,17 @@ class Trainer:
             dispatch = _dispatch_delta(dispatch_before, self.sched.dispatch_stats())
         exposed = [m.get("exposed_comm_s", 0.0) for m in metrics]
         result = {
-            "event": "result", "rank": self.rank, "segment": index, "round": segment.round,
-            "config": config.label, "kind": config.kind,
-            "partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes,
-            "tail_bytes": config.tail_bytes, "steps": segment.steps, "step_times_s": step_times,
+            "event": "result",
+            "rank": self.rank,
+            "segment": index,
+            "round": segment.round,
+            "config": config.label,
+            "kind": config.kind,
+            "partition_bytes": config.partition_bytes,
+            "credit_bytes": config.credit_bytes,
+            "tail_bytes": config.tail_bytes,
+            "steps": segment.steps,
+            "step_times_s": step_times,
             "median_step_s": statistics.median(step_times) if step_times else None,
             "exposed_comm_s": statistics.median(exposed) if exposed else None,
             "first_step": self.global_step - len(step_times),
@@ -419,10 +485,17 @@ class Trainer:
         if metrics and self.args.full_metrics:
             result["metrics"] = metrics
         elif metrics:
-            keys = ("forward_s", "backward_s", "queueing_delay_s", "partitions", "bytes_reduced",
-                    "bandwidth_bytes_per_s")
-            result["metrics_median"] = {k: statistics.median(m.get(k, 0) or 0 for m in metrics)
-                                        for k in keys}
+            keys = (
+                "forward_s",
+                "backward_s",
+                "queueing_delay_s",
+                "partitions",
+                "bytes_reduced",
+                "bandwidth_bytes_per_s",
+            )
+            result["metrics_median"] = {
+                k: statistics.median(m.get(k, 0) or 0 for m in metrics) for k in keys
+            }
         return result
 
     def close(self) -> None:
@@ -452,23 +525,36 @@ class _CpuSnapshot:
         from benchmarks.profile_partition import machine_busy_s
         from benchmarks.profile_step import thread_times
 
-        return cls(time.perf_counter(), time.process_time(), machine_busy_s(), thread_times(),
-                   device.stats() if device is not None else None)
+        return cls(
+            time.perf_counter(),
+            time.process_time(),
+            machine_busy_s(),
+            thread_times(),
+            device.stats() if device is not None else None,
+        )
 
     def since(self, before: _CpuSnapshot, steps: int) -> dict[str, Any]:
         from benchmarks.step_breakdown import time_by_kind
 
         wall = self.wall_s - before.wall_s
         runqueue = time_by_kind(before.threads, self.threads, steps, "runqueue_ns")
-        out: dict[str, Any] = {"cpu": {
-            "busy_share": (self.process_cpu_s - before.process_cpu_s) / wall if wall > 0 else None,
-            "machine_busy_cores": (self.machine_busy_s - before.machine_busy_s) / wall if wall > 0 else None,
-            "s_per_step": time_by_kind(before.threads, self.threads, steps),
-            "runqueue_s_per_step": runqueue["total"],
-            "training_runqueue_s_per_step": runqueue["training"]}}
+        out: dict[str, Any] = {
+            "cpu": {
+                "busy_share": (self.process_cpu_s - before.process_cpu_s) / wall
+                if wall > 0
+                else None,
+                "machine_busy_cores": (self.machine_busy_s - before.machine_busy_s) / wall
+                if wall > 0
+                else None,
+                "s_per_step": time_by_kind(before.threads, self.threads, steps),
+                "runqueue_s_per_step": runqueue["total"],
+                "training_runqueue_s_per_step": runqueue["training"],
+            }
+        }
         if self.device is not None and before.device is not None:
-            out["device"] = {key: (self.device[key] - before.device[key]) / max(1, steps)
-                             for key in self.device}
+            out["device"] = {
+                key: (self.device[key] - before.device[key]) / max(1, steps) for key in self.device
+            }
         return out
 
 
@@ -526,32 +612,52 @@ def make_plan(args: argparse.Namespace) -> list[Segment]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="mlp")
-    parser.add_argument("--model-args", default="",
-                        help="JSON keyword arguments for the model builder")
+    parser.add_argument(
+        "--model-args", default="", help="JSON keyword arguments for the model builder"
+    )
     parser.add_argument("--batch-size", type=int, default=0, help="0: the model's default")
     parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--configs", nargs="*", default=["ddp"])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--abba", action="store_true",
-                        help="reverse the configuration order in odd rounds (drift cancels)")
+    parser.add_argument(
+        "--abba",
+        action="store_true",
+        help="reverse the configuration order in odd rounds (drift cancels)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="measured steps per segment / total")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps after each switch")
     parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")
-    parser.add_argument("--control", default="",
-                        help="rank 0 applies JSON configuration lines appended to this file")
-    parser.add_argument("--max-seconds", type=float, default=0.0,
-                        help="stop every rank at the same step once this long has passed since "
-                             "train_start on rank 0 (a 1-float broadcast per step on its own group)")
+    parser.add_argument(
+        "--control",
+        default="",
+        help="rank 0 applies JSON configuration lines appended to this file",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0.0,
+        help="stop every rank at the same step once this long has passed since "
+        "train_start on rank 0 (a 1-float broadcast per step on its own group)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sched-group", action="store_true",
-                        help="give the scheduler its own gloo group instead of the default one")
+    parser.add_argument(
+        "--sched-group",
+        action="store_true",
+        help="give the scheduler its own gloo group instead of the default one",
+    )
     parser.add_argument("--full-metrics", action="store_true", help="emit every StepMetrics")
-    parser.add_argument("--param-digest", action="store_true",
-                        help="each ddp/sched result carries a sha256 of its replica's parameters")
-    parser.add_argument("--steps-events", action="store_true",
-                        help="rank 0 prints a step event per step (needed for step-based traces)")
+    parser.add_argument(
+        "--param-digest",
+        action="store_true",
+        help="each ddp/sched result carries a sha256 of its replica's parameters",
+    )
+    parser.add_argument(
+        "--steps-events",
+        action="store_true",
+        help="rank 0 prints a step event per step (needed for step-based traces)",
+    )
     return parser.parse_args(argv)
 
 
@@ -564,13 +670,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = make_plan(args)
         if args.control and any(s.config.kind != "sched" for s in plan):
             raise SystemExit("--control needs scheduler configurations only (sched:P,C)")
-        trainer = Trainer(args, need_sched=any(s.config.kind == "sched" for s in plan),
-                          need_shared=any(s.config.kind == "shared" for s in plan),
-                          need_py=any(s.config.kind == "py" for s in plan))
-        emit({"event": "train_start", "rank": trainer.rank, "model": args.model,
-              "parameters": trainer.workload.parameter_count,
-              "gradient_bytes": trainer.workload.gradient_bytes, "batch_size": trainer.batch_size,
-              "threads": args.threads, "segments": len(plan), "pid": os.getpid()})
+        trainer = Trainer(
+            args,
+            need_sched=any(s.config.kind == "sched" for s in plan),
+            need_shared=any(s.config.kind == "shared" for s in plan),
+            need_py=any(s.config.kind == "py" for s in plan),
+        )
+        emit(
+            {
+                "event": "train_start",
+                "rank": trainer.rank,
+                "model": args.model,
+                "parameters": trainer.workload.parameter_count,
+                "gradient_bytes": trainer.workload.gradient_bytes,
+                "batch_size": trainer.batch_size,
+                "threads": args.threads,
+                "segments": len(plan),
+                "pid": os.getpid(),
+            }
+        )
         if args.max_seconds:
             trainer.deadline = time.perf_counter() + args.max_seconds
         emit_steps = args.steps_events or bool(args.schedule)

@@ -13,10 +13,9 @@ import json
 import os
 import time
 
+import autobyte
 import torch
 import torch.distributed as dist
-
-import autobyte
 from autobyte.types import parse_bytes
 
 
@@ -36,9 +35,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--partition", default="4MiB")
     parser.add_argument("--credit", default="16MiB")
-    parser.add_argument("--step-sleep-s", type=float, default=0.0, help="extra work per step (simulated compute)")
+    parser.add_argument(
+        "--step-sleep-s", type=float, default=0.0, help="extra work per step (simulated compute)"
+    )
     parser.add_argument("--offline", action="store_true", help="do not stream to autobyted")
-    parser.add_argument("--out", help="write per-step timings of this rank as JSON here (a {rank} is filled in)")
+    parser.add_argument(
+        "--out", help="write per-step timings of this rank as JSON here (a {rank} is filled in)"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -47,9 +50,12 @@ def main() -> None:
     torch.manual_seed(0)
     reporter = None if args.offline else autobyte.init()
     model = build_model(args.width, args.depth)
-    optimizer = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                            partition_bytes=parse_bytes(args.partition),
-                                            credit_bytes=parse_bytes(args.credit))
+    optimizer = autobyte.ScheduledOptimizer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        partition_bytes=parse_bytes(args.partition),
+        credit_bytes=parse_bytes(args.credit),
+    )
     generator = torch.Generator().manual_seed(rank)
     step_ends = []
     for _ in range(args.steps):
@@ -66,14 +72,27 @@ def main() -> None:
     reporter_state = {}
     if reporter is not None:
         flushed = reporter.flush(float(os.environ.get("AUTOBYTE_FLUSH_TIMEOUT_S", "10")))
-        reporter_state = {"flushed": flushed, "acked_seq": reporter.acked_seq, "dropped": reporter.dropped_total,
-                          "buffered": reporter.buffered, "telemetry_cpu_s": reporter.background_cpu_s,
-                          "daemon": reporter.address, "failovers": reporter.failovers}
+        reporter_state = {
+            "flushed": flushed,
+            "acked_seq": reporter.acked_seq,
+            "dropped": reporter.dropped_total,
+            "buffered": reporter.buffered,
+            "telemetry_cpu_s": reporter.background_cpu_s,
+            "daemon": reporter.address,
+            "failovers": reporter.failovers,
+        }
         autobyte.shutdown()
     if args.out:
         with open(args.out.format(rank=rank), "w") as handle:
-            json.dump({"rank": rank, "step_ends": step_ends, "config": optimizer.config.to_dict(),
-                       **reporter_state}, handle)
+            json.dump(
+                {
+                    "rank": rank,
+                    "step_ends": step_ends,
+                    "config": optimizer.config.to_dict(),
+                    **reporter_state,
+                },
+                handle,
+            )
     optimizer.close()
     dist.destroy_process_group()
 

@@ -41,31 +41,45 @@ def server_bindir() -> pathlib.Path:
     candidates = []
     if shutil.which("pg_config"):
         try:
-            candidates.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
-                                             check=True, timeout=10).stdout.strip())
+            candidates.append(
+                subprocess.run(
+                    ["pg_config", "--bindir"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=10,
+                ).stdout.strip()
+            )
         except (subprocess.SubprocessError, OSError):
             pass
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                         key=lambda p: [int(n) for n in re.findall(r"\d+", p)], reverse=True)
+    candidates += sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: [int(n) for n in re.findall(r"\d+", p)],
+        reverse=True,
+    )
     for folder in candidates:
         path = pathlib.Path(folder)
         if (path / "initdb").exists() and (path / "pg_ctl").exists():
             return path
-    raise PgUnavailable("no PostgreSQL server found (initdb/pg_ctl): install the `postgresql` package "
-                        "(scripts/setup.sh does as root: apt-get install postgresql)")
+    raise PgUnavailable(
+        "no PostgreSQL server found (initdb/pg_ctl): install the `postgresql` package "
+        "(scripts/setup.sh does as root: apt-get install postgresql)"
+    )
 
 
 class PgCluster:
     """Constructed by `start()`; `stop()` stops the server and deletes its folder."""
 
-    def __init__(self, folder: pathlib.Path, port: int, bindir: pathlib.Path, as_user: list[str]) -> None:
+    def __init__(
+        self, folder: pathlib.Path, port: int, bindir: pathlib.Path, as_user: list[str]
+    ) -> None:
         self.folder, self.port, self.bindir, self._as_user = folder, port, bindir, as_user
         self.data = folder / "data"
         self.socket_dir = folder / "socket"
         self._counter = 0
 
     @classmethod
-    def start(cls, durable: bool = False, settings: tuple[str, ...] = ()) -> "PgCluster":
+    def start(cls, durable: bool = False, settings: tuple[str, ...] = ()) -> PgCluster:
         bindir = server_bindir()
         folder = pathlib.Path(tempfile.mkdtemp(prefix="autobyte-pg-"))
         as_user: list[str] = []
@@ -74,8 +88,10 @@ class PgCluster:
                 user = pwd.getpwnam(SERVER_USER)
             except KeyError:
                 shutil.rmtree(folder, ignore_errors=True)
-                raise PgUnavailable(f"running as root needs the {SERVER_USER!r} user that the postgresql "
-                                    "package creates") from None
+                raise PgUnavailable(
+                    f"running as root needs the {SERVER_USER!r} user that the postgresql "
+                    "package creates"
+                ) from None
             os.chown(folder, user.pw_uid, user.pw_gid)
             as_user = ["runuser", "-u", SERVER_USER, "--"]
         cluster = cls(folder, free_port(), bindir, as_user)
@@ -87,20 +103,49 @@ class PgCluster:
         return cluster
 
     def _run(self, *args: str, timeout_s: float = 60.0) -> None:
-        result = subprocess.run([*self._as_user, *args], capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(
+            [*self._as_user, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
         if result.returncode:
-            raise RuntimeError(f"{' '.join(args[:2])} failed ({result.returncode}): "
-                               f"{(result.stdout + result.stderr).strip()[-2000:]}")
+            raise RuntimeError(
+                f"{' '.join(args[:2])} failed ({result.returncode}): "
+                f"{(result.stdout + result.stderr).strip()[-2000:]}"
+            )
 
     def _init_and_start(self, durable: bool, settings: tuple[str, ...]) -> None:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", SERVER_USER, "--auth=trust",
-                  "--encoding=UTF8", "--no-locale", "--no-sync")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            SERVER_USER,
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-locale",
+            "--no-sync",
+        )
         self._run("mkdir", "-p", str(self.socket_dir))
-        options = [f"-p {self.port}", "-c listen_addresses=127.0.0.1",
-                   f"-c unix_socket_directories={self.socket_dir}", "-c max_connections=300"]
+        options = [
+            f"-p {self.port}",
+            "-c listen_addresses=127.0.0.1",
+            f"-c unix_socket_directories={self.socket_dir}",
+            "-c max_connections=300",
+        ]
         options += [f"-c {s}" for s in (() if durable else FAST_SETTINGS) + tuple(settings)]
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "server.log"),
-                  "-w", "-t", "60", "-o", " ".join(options), "start", timeout_s=90)
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.folder / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            " ".join(options),
+            "start",
+            timeout_s=90,
+        )
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{SERVER_USER}@127.0.0.1:{self.port}/{database}"
@@ -108,8 +153,14 @@ class PgCluster:
     def _admin(self, statement: str) -> None:
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.port, user=SERVER_USER, dbname="postgres",
-                             autocommit=True, connect_timeout=10) as connection:
+        with psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user=SERVER_USER,
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=10,
+        ) as connection:
             connection.execute(statement)
 
     def create_database(self, name: str | None = None) -> str:
@@ -131,10 +182,19 @@ class PgCluster:
         if (self.data / "postmaster.pid").exists():
             for mode in ("fast", "immediate"):
                 try:
-                    self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "30",
-                              "stop", timeout_s=40)
+                    self._run(
+                        str(self.bindir / "pg_ctl"),
+                        "-D",
+                        str(self.data),
+                        "-m",
+                        mode,
+                        "-w",
+                        "-t",
+                        "30",
+                        "stop",
+                        timeout_s=40,
+                    )
                     break
                 except (RuntimeError, subprocess.TimeoutExpired):
                     continue
         shutil.rmtree(self.folder, ignore_errors=True)
-

@@ -1,4 +1,4 @@
-// autobyte._native: the scheduler's per-partition hot path in C++ (DESIGN §3, issue 11).
+// autobyte._native: the scheduler's per-partition hot path in C++ (docs/architecture.md).
 //
 // One Engine per ScheduledOptimizer on the native path. It owns what happens once per partition:
 //   * rank 0: the ready heap (earliest forward use first, older steps first), the credit window, the

@@ -32,10 +32,21 @@ def generate(source_root: pathlib.Path) -> list[pathlib.Path]:
     import grpc_tools
 
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PROTO_PACKAGE).glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PROTO_PACKAGE).glob("*.proto")
+    )
     (source_root / PROTO_PACKAGE).mkdir(parents=True, exist_ok=True)
-    rc = protoc.main(["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={source_root}",
-                      f"--pyi_out={source_root}", f"--grpc_python_out={source_root}", *protos])
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{include}",
+            f"--python_out={source_root}",
+            f"--pyi_out={source_root}",
+            f"--grpc_python_out={source_root}",
+            *protos,
+        ]
+    )
     if rc != 0:
         raise SystemExit(f"protoc failed with exit code {rc}")
     out = sorted(p for p in (source_root / PROTO_PACKAGE).iterdir() if "_pb2" in p.name)
@@ -48,7 +59,9 @@ def generate(source_root: pathlib.Path) -> list[pathlib.Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed code is stale")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the committed code is stale"
+    )
     args = parser.parse_args(argv)
     if not args.check:
         for path in generate(SOURCE_ROOT):
@@ -57,13 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     committed_dir = SOURCE_ROOT / PROTO_PACKAGE
     with tempfile.TemporaryDirectory() as tmp:
         fresh_files = generate(pathlib.Path(tmp))
-        stale = [f.name for f in fresh_files
-                 if not (committed_dir / f.name).exists()
-                 or (committed_dir / f.name).read_text() != f.read_text()]
+        stale = [
+            f.name
+            for f in fresh_files
+            if not (committed_dir / f.name).exists()
+            or (committed_dir / f.name).read_text() != f.read_text()
+        ]
         generated = {f.name for f in fresh_files}
     stale += [p.name for p in committed_dir.glob("*_pb2*") if p.name not in generated]
     if stale:
-        print("stale protocol code: " + ", ".join(sorted(stale)) + "; run python scripts/gen_protos.py")
+        print(
+            "stale protocol code: "
+            + ", ".join(sorted(stale))
+            + "; run python scripts/gen_protos.py"
+        )
         return 1
     print("protocol code is fresh")
     return 0

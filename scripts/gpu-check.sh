@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 22) in one call on a fresh GPU machine: uses the carried checkout as it is
+# The GPU check in one call on a fresh GPU machine: uses the carried checkout as it is
 # (PYTHONPATH, nothing installed, nothing fetched), then runs benchmarks/gpu_check.py, which caps
 # each step and writes gpu-check.json, gpu-check.txt and gpu-check-logs.txt.
 #

@@ -30,7 +30,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the testbed) lives in the checkout, not in the package
-from benchmarks.host import free_port  # noqa: E402  (after the sys.path entry)
+from benchmarks.host import free_port
 
 JOB = "quickstart"
 TRAIN_S = float(os.environ.get("QUICKSTART_SECONDS", "120"))
@@ -39,10 +39,10 @@ START = "sched:64KiB,64KiB"
 
 NEXT = """
 What to look at next:
-  - autobyte history quickstart --format json   the same, for scripts (README "JSON output")
+  - autobyte history quickstart --format json   the same, for scripts (docs/reference.md)
   - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
-  - README.md "The tuner" and "Commands"        its states, operator control, autobyted's settings
-  - benchmarks/README.md                        what the scheduler and the tuner gain, measured"""
+  - docs/tuner.md, docs/reference.md            its states, operator control, autobyted's settings
+  - docs/results.md                             what the scheduler and the tuner gain, measured"""
 KEEP_HINT = "To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."
 
 
@@ -60,8 +60,10 @@ def wait_until_serving(address: str, daemon: subprocess.Popen, timeout_s: float 
         health = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline and daemon.poll() is None:
             try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    health.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return True
             except grpc.RpcError:
                 time.sleep(0.1)
@@ -76,13 +78,29 @@ def testbed_demo(work: pathlib.Path) -> bool:
     with Testbed(world_size=2, rate="2gbit") as bed:
         hub = HubDaemon(bed, work, job=JOB).start()
         say(f"autobyted runs in the testbed's hub namespace at {hub.address} with {hub.db_url}")
-        say(f"training 2 gloo ranks for {TRAIN_S:.0f} s, starting with {START} (a poor configuration); "
-            f"the links drop from 2 Gbit/s to 300 Mbit/s at {DROP_AT_S:.0f} s\n")
+        say(
+            f"training 2 gloo ranks for {TRAIN_S:.0f} s, starting with {START} (a poor configuration); "
+            f"the links drop from 2 Gbit/s to 300 Mbit/s at {DROP_AT_S:.0f} s\n"
+        )
 
         def cli(*args: str) -> str:
-            out = subprocess.run(["ip", "netns", "exec", bed.hub_ns, str(BIN / "autobyte"), *args,
-                                  "--daemon", hub.address, "--token", hub.token],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    bed.hub_ns,
+                    str(BIN / "autobyte"),
+                    *args,
+                    "--daemon",
+                    hub.address,
+                    "--token",
+                    hub.token,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             return out.stdout + out.stderr
 
         progress = {"steps": 0}
@@ -100,27 +118,58 @@ def testbed_demo(work: pathlib.Path) -> bool:
                 lines = [line for line in cli("status").splitlines() if line.strip()]
                 if not lines or not lines[0].startswith("JOB"):
                     continue  # no job yet (or the daemon's answer is not a table)
-                if not header_shown:  # `autobyte status`'s header once; the tuner's line under each row
+                if (
+                    not header_shown
+                ):  # `autobyte status`'s header once; the tuner's line under each row
                     say(lines[0])
                     header_shown = True
                 # The status lines as `autobyte status` prints them (within 80 columns), under the time
-                say(f"-- {time.monotonic() - started:.0f} s, step {progress['steps']}\n" + "\n".join(lines[1:]))
+                say(
+                    f"-- {time.monotonic() - started:.0f} s, step {progress['steps']}\n"
+                    + "\n".join(lines[1:])
+                )
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        command = [sys.executable, "-m", "benchmarks.train_worker", "--model", "mlp", "--model-args",
-                   json.dumps({"in_features": 512, "hidden": 1024, "depth": 3}), "--batch-size", "128",
-                   "--configs", START, "--steps", "1000000", "--warmup", "0", "--rounds", "1",
-                   "--steps-events", "--max-seconds", str(TRAIN_S)]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.train_worker",
+            "--model",
+            "mlp",
+            "--model-args",
+            json.dumps({"in_features": 512, "hidden": 1024, "depth": 3}),
+            "--batch-size",
+            "128",
+            "--configs",
+            START,
+            "--steps",
+            "1000000",
+            "--warmup",
+            "0",
+            "--rounds",
+            "1",
+            "--steps-events",
+            "--max-seconds",
+            str(TRAIN_S),
+        ]
         try:
-            run = bed.run(command, trace=trace, on_event=on_event, env=hub.env, timeout_s=TRAIN_S + 120,
-                          cwd=str(ROOT))
+            run = bed.run(
+                command,
+                trace=trace,
+                on_event=on_event,
+                env=hub.env,
+                timeout_s=TRAIN_S + 120,
+                cwd=str(ROOT),
+            )
         finally:
             stop.set()
             watcher.join()
         for change in run.rate_log[1:]:  # the first entry is the starting rate
-            say(f"\nthe links dropped at {change['t_s']:.0f} s, rank 0's step {change['step']} "
-                f"(unix time {change['wall_time']:.1f})")
+            say(
+                f"\nthe links dropped at {change['t_s']:.0f} s, rank 0's step {change['step']} "
+                f"(unix time {change['wall_time']:.1f})"
+            )
         say("\n$ autobyte status")
         say(cli("status"))
         say(f"$ autobyte history {JOB}   (the tuner's decisions: who, why, predicted vs measured)")
@@ -135,22 +184,56 @@ def loopback_demo(work: pathlib.Path) -> bool:
     port = free_port()
     address = f"127.0.0.1:{port}"
     os.environ.update(AUTOBYTE_DAEMON=address, AUTOBYTE_JOB=JOB)
-    log = open(work / "autobyted.log", "w")
-    say(f"(no namespace testbed, so no bandwidth drop) starting autobyted on {address} with "
-        f"sqlite:///{work}/autobyte.db")
-    daemon = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", address, "--db",
-                               f"sqlite:///{work}/autobyte.db", "--tuner", "auto"], stdout=log,
-                              stderr=subprocess.STDOUT)
+    log = open(work / "autobyted.log", "w")  # noqa: SIM115 - the daemon's output, closed in the finally below
+    say(
+        f"(no namespace testbed, so no bandwidth drop) starting autobyted on {address} with "
+        f"sqlite:///{work}/autobyte.db"
+    )
+    daemon = subprocess.Popen(
+        [
+            str(BIN / "autobyted"),
+            "start",
+            "--listen",
+            address,
+            "--db",
+            f"sqlite:///{work}/autobyte.db",
+            "--tuner",
+            "auto",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         if not wait_until_serving(address, daemon):
             say(f"autobyted did not start: {(work / 'autobyted.log').read_text()}")
             return False
         steps = os.environ.get("QUICKSTART_STEPS", "1500")
-        say(f"training a 2-rank gloo job ({steps} steps) starting with 4 KiB partitions (a poor configuration)")
-        trainer = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                  "--master-port", str(free_port()), str(ROOT / "devtools" / "mlp_job.py"),
-                                  "--steps", steps, "--width", "128", "--depth", "2", "--partition", "4KiB",
-                                  "--credit", "none"])
+        say(
+            f"training a 2-rank gloo job ({steps} steps) starting with 4 KiB partitions (a poor configuration)"
+        )
+        trainer = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                str(ROOT / "devtools" / "mlp_job.py"),
+                "--steps",
+                steps,
+                "--width",
+                "128",
+                "--depth",
+                "2",
+                "--partition",
+                "4KiB",
+                "--credit",
+                "none",
+            ],
+            check=False,
+        )
         if trainer.returncode != 0:
             say("training failed")
             return False
@@ -169,8 +252,12 @@ def main() -> int:
     keep = os.environ.get("QUICKSTART_KEEP") == "1"
     ok = False
     try:
-        testbed = (os.environ.get("QUICKSTART_TESTBED", "1") != "0" and os.geteuid() == 0
-                   and subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0)
+        testbed = (
+            os.environ.get("QUICKSTART_TESTBED", "1") != "0"
+            and os.geteuid() == 0
+            and subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode
+            == 0
+        )
         ok = testbed_demo(work) if testbed else loopback_demo(work)
         return 0 if ok else 1
     finally:

@@ -35,16 +35,26 @@ T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
 
 def job_shape(profile: ModelProfile, workers: int, backend: str) -> JobShape:
     """Registration info of a simulated job (what autobyte.transport.session.model_fingerprint computes)."""
-    sizes = summarize_tensor_sizes(b for layer in profile.layers for b in layer.param_bytes if b > 0)
-    fingerprint = Fingerprint(parameter_count=sizes.parameter_bytes // 4, digest=profile.name, **sizes._asdict())
+    sizes = summarize_tensor_sizes(
+        b for layer in profile.layers for b in layer.param_bytes if b > 0
+    )
+    fingerprint = Fingerprint(
+        parameter_count=sizes.parameter_bytes // 4, digest=profile.name, **sizes._asdict()
+    )
     return JobShape.from_fingerprint(workers, backend, fingerprint)
 
 
 class MetricsAdapter:
     """SimulatedStep -> StepMetrics with measurement noise (see the module docstring)."""
 
-    def __init__(self, forward_share: float, seed: int = 0, noise: float = 0.03,
-                 bandwidth_noise: float = 0.05, spike_rate: float = 0.01) -> None:
+    def __init__(
+        self,
+        forward_share: float,
+        seed: int = 0,
+        noise: float = 0.03,
+        bandwidth_noise: float = 0.05,
+        spike_rate: float = 0.01,
+    ) -> None:
         self.forward_share = forward_share
         self.rng = random.Random(seed)
         self.noise, self.bandwidth_noise, self.spike_rate = noise, bandwidth_noise, spike_rate
@@ -55,12 +65,24 @@ class MetricsAdapter:
         factor = math.exp(rng.gauss(0.0, self.noise)) * spike
         compute = record.compute_s * math.exp(rng.gauss(0.0, self.noise))
         span = record.comm_span_s
-        bandwidth = (record.bytes_reduced / span * math.exp(rng.gauss(0.0, self.bandwidth_noise))
-                     if span > 0 else 0.0)
+        bandwidth = (
+            record.bytes_reduced / span * math.exp(rng.gauss(0.0, self.bandwidth_noise))
+            if span > 0
+            else 0.0
+        )
         config = record.config if isinstance(record.config, Config) else Config(None, None)
-        return StepMetrics(step=record.step, wall_time_s=T0 + record.end_s, step_time_s=record.step_time_s * factor,
-                           forward_s=compute * self.forward_share, backward_s=compute * (1 - self.forward_share),
-                           exposed_comm_s=record.blocked_s * factor, queueing_delay_s=0.0,
-                           bytes_reduced=record.bytes_reduced, partitions=record.partitions,
-                           bandwidth_bytes_per_s=bandwidth, config=config, decision_id=decision_id,
-                           host_load=0.0)
+        return StepMetrics(
+            step=record.step,
+            wall_time_s=T0 + record.end_s,
+            step_time_s=record.step_time_s * factor,
+            forward_s=compute * self.forward_share,
+            backward_s=compute * (1 - self.forward_share),
+            exposed_comm_s=record.blocked_s * factor,
+            queueing_delay_s=0.0,
+            bytes_reduced=record.bytes_reduced,
+            partitions=record.partitions,
+            bandwidth_bytes_per_s=bandwidth,
+            config=config,
+            decision_id=decision_id,
+            host_load=0.0,
+        )

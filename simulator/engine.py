@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from autobyte.types import Config, format_bytes, parse_bytes
@@ -62,7 +63,12 @@ def sparse_wire(table: RowSparseTable | None, nbytes: int, workers: int) -> int 
     goes whole: no table, a table the client does not take (under SPARSE_MIN_BYTES, rows narrower
     than SPARSE_MIN_ROW_BYTES), one worker, or a union of more than half the rows (the client then
     sends the whole slice, and after four such steps no mask either)."""
-    if table is None or workers <= 1 or nbytes < SPARSE_MIN_BYTES or nbytes // table.rows < SPARSE_MIN_ROW_BYTES:
+    if (
+        table is None
+        or workers <= 1
+        or nbytes < SPARSE_MIN_BYTES
+        or nbytes // table.rows < SPARSE_MIN_ROW_BYTES
+    ):
         return None
     union_rows = round(table.union(workers) * table.rows)
     if 2 * union_rows > table.rows:
@@ -81,17 +87,17 @@ class DDPConfig:
         return "ddp"
 
 
-RunConfig = Union[Config, DDPConfig]
+RunConfig = Config | DDPConfig
 DDP = DDPConfig()
 
 
 def parse_config(label: str) -> RunConfig:
-    """"ddp" or "sched:P,C[,T]" (the labels of measured runs and testbed events) -> a RunConfig."""
+    """ "ddp" or "sched:P,C[,T]" (the labels of measured runs and testbed events) -> a RunConfig."""
     text = label.strip().lower()
     if text == "ddp":
         return DDP
     if text.startswith("sched:"):
-        parts = text[len("sched:"):].split(",")
+        parts = text[len("sched:") :].split(",")
         if len(parts) in (2, 3):
             return Config(*(parse_bytes(part) for part in parts))
     raise ValueError(f"bad configuration {label!r}: use ddp or sched:P,C[,T]")
@@ -106,7 +112,7 @@ def describe_config(config: RunConfig) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LinkModel:
-    """Costs of one all-reduce besides the bytes on the wire (defaults: gloo-like, see README)."""
+    """Costs of one all-reduce besides the bytes on the wire (defaults: gloo-like, calibrated in benchmarks/calibration/)."""
 
     latency_s: float = 25e-6  # per ring hop message; a ring all-reduce pays it 2(N-1) times
     collective_overhead_s: float = 200e-6  # fixed backend cost of one collective, occupies the link
@@ -126,7 +132,7 @@ class LinkModel:
     # ((bytes, seconds), ...) interpolated in log2(bytes), flat beyond the first and last point.
     # `message_extra_s` always applies; `flow_message_extra_s` once per competing TCP flow on the
     # link (measured: a collective's TCP transfer ramps up behind the competitor's queue, so a
-    # mid-size message costs several inflated round trips; see benchmarks/README.md).
+    # mid-size message costs several inflated round trips; benchmarks/calibrate_map.py fits it).
     message_extra_s: tuple[tuple[float, float], ...] = ()
     flow_message_extra_s: tuple[tuple[float, float], ...] = ()
     # Share of a link a job keeps against `flows` backlogged competing TCP flows:
@@ -157,16 +163,16 @@ class LinkModel:
     def compute_slowdown(self, bandwidth_bytes_per_s: float, cpu_share: float = 1.0) -> float:
         """Compute's slowdown while an all-reduce is on the link, on a worker that has `cpu_share`
         cores: the communication's CPU load counts against that share."""
-        load = min(self.comm_cpu_s_per_byte * bandwidth_bytes_per_s / cpu_share,
-                   MAX_COMM_CPU_SHARE)
+        load = min(self.comm_cpu_s_per_byte * bandwidth_bytes_per_s / cpu_share, MAX_COMM_CPU_SHARE)
         return self.comm_compute_slowdown / (1.0 - load)
 
     def flow_share(self, flows: float) -> float:
         """Share of the link left to the job next to `flows` competing TCP flows."""
         return 1.0 / (1.0 + self.flow_weight * max(0.0, flows))
 
-    def message_s(self, nbytes: float, workers: int, flows: float = 0.0,
-                  cpu_share: float = 1.0) -> float:
+    def message_s(
+        self, nbytes: float, workers: int, flows: float = 0.0, cpu_share: float = 1.0
+    ) -> float:
         """Per-collective time of a message of `nbytes` besides its wire time."""
         extra = _interpolate_log2(self.message_extra_s, nbytes)
         if flows > 0:
@@ -194,30 +200,41 @@ def _interpolate_log2(table: tuple[tuple[float, float], ...], nbytes: float) -> 
         return 0.0
     if nbytes <= table[0][0]:
         return table[0][1]
-    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(table):
         if nbytes <= x1:
             w = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
             return y0 + w * (y1 - y0)
     return table[-1][1]
 
 
-def ring_allreduce_s(nbytes: float, workers: int, bandwidth_bytes_per_s: float,
-                     latency_s: float) -> float:
+def ring_allreduce_s(
+    nbytes: float, workers: int, bandwidth_bytes_per_s: float, latency_s: float
+) -> float:
     """Ring all-reduce time: 2(N-1)/N * bytes / bandwidth + 2(N-1) * latency."""
     if workers <= 1:
         return 0.0
-    return (2 * (workers - 1) / workers * nbytes / bandwidth_bytes_per_s
-            + 2 * (workers - 1) * latency_s)
+    return (
+        2 * (workers - 1) / workers * nbytes / bandwidth_bytes_per_s + 2 * (workers - 1) * latency_s
+    )
 
 
-def lower_bound_step_s(profile: ModelProfile, workers: int, bandwidth_bytes_per_s: float,
-                       compute_factor: float = 1.0, row_sparse: bool = True) -> float:
+def lower_bound_step_s(
+    profile: ModelProfile,
+    workers: int,
+    bandwidth_bytes_per_s: float,
+    compute_factor: float = 1.0,
+    row_sparse: bool = True,
+) -> float:
     """Perfect overlap: max(compute, pure wire time of all gradients, row-sparse tables at their
     wire bytes unless `row_sparse` is off). No schedule beats it."""
     wire = profile.total_param_bytes
     if row_sparse:
         for layer in profile.layers:
-            packed = sparse_wire(layer.table, layer.param_bytes[0], workers) if layer.param_bytes else None
+            packed = (
+                sparse_wire(layer.table, layer.param_bytes[0], workers)
+                if layer.param_bytes
+                else None
+            )
             if packed is not None:
                 wire -= layer.param_bytes[0] - packed
     comm = ring_allreduce_s(wire, workers, bandwidth_bytes_per_s, 0.0)
@@ -279,8 +296,15 @@ class _CommPlan:
         return layer_done
 
 
-def _transfer_end(start: float, size: int, fixed_s: float, wire_factor: float, rate: float,
-                  trace: PiecewiseConstant | None, base_s: float) -> float:
+def _transfer_end(
+    start: float,
+    size: int,
+    fixed_s: float,
+    wire_factor: float,
+    rate: float,
+    trace: PiecewiseConstant | None,
+    base_s: float,
+) -> float:
     """The link model, in one place: when a message of `size` bytes that starts at `start` has
     crossed the link (fixed per-collective cost, then size x ring factor at the bandwidth in force)."""
     if trace is None:
@@ -294,10 +318,19 @@ def _window(credit_bytes: float, unready_bytes: float, tail_bytes: float) -> flo
     return 1.0 if 0 < unready_bytes <= tail_bytes else credit_bytes
 
 
-def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, ...],
-              credit_bytes: float, launch_s: float, fixed_s: float | Sequence[float],
-              wire_factor: float, rate: float, trace: PiecewiseConstant | None, base_s: float,
-              tail_bytes: float = 0.0) -> list[float]:
+def _dispatch(
+    ready: list[float],
+    sizes: tuple[int, ...],
+    priority: tuple[int, ...],
+    credit_bytes: float,
+    launch_s: float,
+    fixed_s: float | Sequence[float],
+    wire_factor: float,
+    rate: float,
+    trace: PiecewiseConstant | None,
+    base_s: float,
+    tail_bytes: float = 0.0,
+) -> list[float]:
     """Completion time (relative to base_s) of every message; `ready` must be ascending.
 
     `fixed_s` is every message's cost besides the wire time (one number for all, or one each).
@@ -342,8 +375,9 @@ def _dispatch(ready: list[float], sizes: tuple[int, ...], priority: tuple[int, .
         t = launched
 
 
-def _advance(t: float, work: float, starts: list[float], ends: list[float], slowdown: float
-             ) -> float:
+def _advance(
+    t: float, work: float, starts: list[float], ends: list[float], slowdown: float
+) -> float:
     """When `work` seconds of compute started at `t` finish, running 1/slowdown as fast inside the
     busy intervals [starts[k], ends[k]) (sorted, disjoint)."""
     k = bisect_right(ends, t)
@@ -365,11 +399,21 @@ def _advance(t: float, work: float, starts: list[float], ends: list[float], slow
     return t
 
 
-def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
-                        sizes: tuple[int, ...], priority: tuple[int, ...], credit_bytes: float,
-                        launch_s: float, fixed_s: Sequence[float], wire_factor: float,
-                        rate: float, trace: PiecewiseConstant | None, base_s: float, slowdown: float,
-                        tail_bytes: float = 0.0) -> tuple[list[float], float, list[float], list[float]]:
+def _dispatch_contended(
+    backward: list[float],
+    ready_layer: tuple[int, ...],
+    sizes: tuple[int, ...],
+    priority: tuple[int, ...],
+    credit_bytes: float,
+    launch_s: float,
+    fixed_s: Sequence[float],
+    wire_factor: float,
+    rate: float,
+    trace: PiecewiseConstant | None,
+    base_s: float,
+    slowdown: float,
+    tail_bytes: float = 0.0,
+) -> tuple[list[float], float, list[float], list[float]]:
     """Backward pass and dispatcher together, compute slowed while the link is busy.
 
     `backward[i]` is layer i's backward work; layers run from the last to the first, and a
@@ -392,8 +436,11 @@ def _dispatch_contended(backward: list[float], ready_layer: tuple[int, ...],
     layer_start = 0.0
     index = 0
     while True:
-        layer_end = (_advance(layer_start, backward[layer], starts, ends, slowdown)
-                     if layer >= 0 else math.inf)
+        layer_end = (
+            _advance(layer_start, backward[layer], starts, ends, slowdown)
+            if layer >= 0
+            else math.inf
+        )
         # The dispatcher's next issue among the messages ready so far.
         issue_t = math.inf
         if heap:
@@ -453,17 +500,27 @@ class Simulator:
     `row_sparse=False`: the scheduler sends embedding tables whole (`sparse_rows=False`).
     """
 
-    def __init__(self, profile: ModelProfile, workers: int, bandwidth: PiecewiseConstant,
-                 link: LinkModel = LinkModel(), compute_trace: PiecewiseConstant | None = None, *,
-                 flows_trace: PiecewiseConstant | None = None, cpu_share_trace: PiecewiseConstant | None = None,
-                 row_sparse: bool = True) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        workers: int,
+        bandwidth: PiecewiseConstant,
+        link: LinkModel = LinkModel(),
+        compute_trace: PiecewiseConstant | None = None,
+        *,
+        flows_trace: PiecewiseConstant | None = None,
+        cpu_share_trace: PiecewiseConstant | None = None,
+        row_sparse: bool = True,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if not profile.layers:
             raise ValueError("a profile needs at least one layer")
         self.profile = profile
         self.workers = workers
-        self.row_sparse = row_sparse  # the scheduler's row-sparse tables (ScheduledOptimizer(sparse_rows=))
+        self.row_sparse = (
+            row_sparse  # the scheduler's row-sparse tables (ScheduledOptimizer(sparse_rows=))
+        )
         self.bandwidth = bandwidth
         self.link = link
         self.compute_trace = compute_trace or PiecewiseConstant.constant(1.0)
@@ -479,8 +536,9 @@ class Simulator:
         self._ready_offset = np.cumsum(backward[::-1])[::-1].tolist()
         layer_bytes = np.array([layer.total_param_bytes for layer in profile.layers], dtype=float)
         total = layer_bytes.sum()
-        self._optimizer_share = (profile.optimizer_s * layer_bytes / total if total > 0
-                                 else np.zeros(self.num_layers))
+        self._optimizer_share = (
+            profile.optimizer_s * layer_bytes / total if total > 0 else np.zeros(self.num_layers)
+        )
         self._wire_factor = 2 * (workers - 1) / workers
         self._fixed: dict[tuple[RunConfig, float, float], tuple[float, ...]] = {}
         self._forward_list = forward.tolist()
@@ -490,8 +548,9 @@ class Simulator:
         self._contended_model = link.comm_compute_slowdown != 1.0 or link.comm_cpu_s_per_byte > 0
         self._plans: dict[RunConfig, _CommPlan] = {}
         self._contended_cache: dict[tuple[RunConfig, float, float, float, float], tuple] = {}
-        self._comm_cache: dict[tuple[RunConfig, float, float, float, float],
-                               tuple[np.ndarray, float]] = {}
+        self._comm_cache: dict[
+            tuple[RunConfig, float, float, float, float], tuple[np.ndarray, float]
+        ] = {}
         self.reset()
 
     def conditions_at(self, t_s: float) -> tuple[float, float]:
@@ -505,17 +564,26 @@ class Simulator:
         _, share = self.conditions_at(t_s)
         return self.compute_trace.at(t_s) / share
 
-    def _fixed_per_message(self, config: RunConfig, plan: _CommPlan, flows: float,
-                           share: float) -> tuple[float, ...]:
+    def _fixed_per_message(
+        self, config: RunConfig, plan: _CommPlan, flows: float, share: float
+    ) -> tuple[float, ...]:
         key = (config, flows, share)
         fixed = self._fixed.get(key)
         if fixed is None:
-            fixed = tuple(self.link.message_s(size, self.workers, flows, share)
-                          for size in plan.sizes)
+            fixed = tuple(
+                self.link.message_s(size, self.workers, flows, share) for size in plan.sizes
+            )
             if plan.sparse:  # the mask's collective and the zero test before it
-                fixed = tuple(f + (self.link.message_s(mask, self.workers, flows, share)
-                                   + table * SPARSE_SCAN_S_PER_BYTE if mask else 0.0)
-                              for f, (mask, table) in zip(fixed, plan.sparse))
+                fixed = tuple(
+                    f
+                    + (
+                        self.link.message_s(mask, self.workers, flows, share)
+                        + table * SPARSE_SCAN_S_PER_BYTE
+                        if mask
+                        else 0.0
+                    )
+                    for f, (mask, table) in zip(fixed, plan.sparse)
+                )
             self._fixed[key] = fixed
         return fixed
 
@@ -554,8 +622,14 @@ class Simulator:
                 ready_layer.append(bucket_layer)
                 sizes.append(bucket_bytes)
                 priority.append(len(priority))
-            plan = _CommPlan(tuple(ready_layer), tuple(sizes), tuple(priority), math.inf,
-                             self.link.ddp_launch_s, True)
+            plan = _CommPlan(
+                tuple(ready_layer),
+                tuple(sizes),
+                tuple(priority),
+                math.inf,
+                self.link.ddp_launch_s,
+                True,
+            )
         elif config.partition_bytes is None:
             # One message per tensor (the scheduler's "no partitioning").
             ordinal = 0
@@ -572,12 +646,20 @@ class Simulator:
                 for piece, order, wire in per_layer[layer_index]:
                     ready_layer.append(layer_index)
                     sizes.append(piece if wire is None else wire)
-                    sparse.append((0, 0) if wire is None else (layers[layer_index].table.rows, piece))  # type: ignore[union-attr]
+                    sparse.append(
+                        (0, 0) if wire is None else (layers[layer_index].table.rows, piece)
+                    )  # type: ignore[union-attr]
                     priority.append(order)
             credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
-            plan = _CommPlan(tuple(ready_layer), tuple(sizes), tuple(priority), credit,
-                             self.link.launch_s, False,
-                             sparse=tuple(sparse) if any(m for m, _ in sparse) else ())
+            plan = _CommPlan(
+                tuple(ready_layer),
+                tuple(sizes),
+                tuple(priority),
+                credit,
+                self.link.launch_s,
+                False,
+                sparse=tuple(sparse) if any(m for m, _ in sparse) else (),
+            )
         else:
             plan = self._fused_plan(config)
         if isinstance(config, Config) and config.tail_bytes is not None:
@@ -595,7 +677,9 @@ class Simulator:
         partition = config.partition_bytes
         assert partition is not None
         spans: list[tuple[int, int, int]] = []  # (start, end, layer) in buffer order
-        cuts: list[tuple[int, int, int, int]] = []  # a row-sparse table: (start, end, wire bytes, rows)
+        cuts: list[
+            tuple[int, int, int, int]
+        ] = []  # a row-sparse table: (start, end, wire bytes, rows)
         offset = 0
         for layer_index in range(len(self.profile.layers) - 1, -1, -1):
             layer = self.profile.layers[layer_index]
@@ -608,10 +692,16 @@ class Simulator:
                     spans.append((offset, offset + size, layer_index))
                     offset += size
         total = offset
+
         # fixed-size slices from the end of the previous table, every table a slice of its own
         # (client/autobyte/scheduler/layout.py, Layout._template)
-        def slices(a: int, b: int) -> list[tuple[int, int, int, int]]:  # (start, end, wire bytes, mask bytes)
-            return [(x, min(x + partition, b), min(x + partition, b) - x, 0) for x in range(a, b, partition)]
+        def slices(
+            a: int, b: int
+        ) -> list[tuple[int, int, int, int]]:  # (start, end, wire bytes, mask bytes)
+            return [
+                (x, min(x + partition, b), min(x + partition, b) - x, 0)
+                for x in range(a, b, partition)
+            ]
 
         parts: list[tuple[int, int, int, int]] = []
         a = 0
@@ -638,8 +728,16 @@ class Simulator:
         priority = tuple(range(count - 1, -1, -1))
         credit = math.inf if config.credit_bytes is None else float(config.credit_bytes)
         sparse = tuple((mask, end - start) for start, end, _, mask in parts) if cuts else ()
-        return _CommPlan(tuple(ready_layer), tuple(sizes), priority, credit, self.link.launch_s,
-                         False, tuple(covers), sparse=sparse)
+        return _CommPlan(
+            tuple(ready_layer),
+            tuple(sizes),
+            priority,
+            credit,
+            self.link.launch_s,
+            False,
+            tuple(covers),
+            sparse=sparse,
+        )
 
     def _sparse_wire(self, layer: LayerProfile, k: int) -> int | None:
         """The wire bytes of tensor k of `layer` when the scheduler reduces it row-sparse, else None."""
@@ -652,23 +750,42 @@ class Simulator:
 
     # -- one step's communication ----------------------------------------------------------------
 
-    def _comm(self, plan: _CommPlan, factor: float, rate: float, trace: PiecewiseConstant | None,
-              base_s: float, fixed: Sequence[float]) -> tuple[np.ndarray, float]:
+    def _comm(
+        self,
+        plan: _CommPlan,
+        factor: float,
+        rate: float,
+        trace: PiecewiseConstant | None,
+        base_s: float,
+        fixed: Sequence[float],
+    ) -> tuple[np.ndarray, float]:
         """Per-layer completion (relative to backward start; -inf when nothing to wait for; for DDP
         a single element: all done) and the span until the last message completes."""
         if not plan.sizes or self.workers <= 1:
             return (np.full(1 if plan.is_ddp else self.num_layers, -math.inf), 0.0)
         offsets = self._ready_offset
         ready = [offsets[layer] * factor for layer in plan.ready_layer]
-        done = _dispatch(ready, plan.sizes, plan.priority, plan.credit_bytes, plan.launch_s,
-                         fixed, self._wire_factor, rate, trace, base_s, plan.tail_bytes)
+        done = _dispatch(
+            ready,
+            plan.sizes,
+            plan.priority,
+            plan.credit_bytes,
+            plan.launch_s,
+            fixed,
+            self._wire_factor,
+            rate,
+            trace,
+            base_s,
+            plan.tail_bytes,
+        )
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span
         return plan.layer_done(done, self.num_layers), span
 
-    def _comm_at(self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
-                 ) -> tuple[np.ndarray, float, float]:
+    def _comm_at(
+        self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
+    ) -> tuple[np.ndarray, float, float]:
         rate = self.bandwidth.at(backward_start_s)
         flows, share = self.conditions_at(backward_start_s)
         fixed = self._fixed_per_message(config, plan, flows, share)
@@ -682,26 +799,50 @@ class Simulator:
         exact = self._comm(plan, factor, rate, self.bandwidth, backward_start_s, fixed)
         return exact[0], exact[1], rate
 
-    def _contended(self, plan: _CommPlan, factor: float, rate: float, trace: PiecewiseConstant | None,
-                   base_s: float, fixed: Sequence[float], share: float
-                   ) -> tuple[np.ndarray, float, float, list[float], list[float]]:
+    def _contended(
+        self,
+        plan: _CommPlan,
+        factor: float,
+        rate: float,
+        trace: PiecewiseConstant | None,
+        base_s: float,
+        fixed: Sequence[float],
+        share: float,
+    ) -> tuple[np.ndarray, float, float, list[float], list[float]]:
         """Like _comm, with compute slowed while the link is busy: also the backward's duration
         and the link's busy intervals, all relative to the backward start."""
         backward = [b * factor for b in self._backward_list]
         if not plan.sizes or self.workers <= 1:
-            return (np.full(1 if plan.is_ddp else self.num_layers, -math.inf), 0.0,
-                    sum(backward), [], [])
+            return (
+                np.full(1 if plan.is_ddp else self.num_layers, -math.inf),
+                0.0,
+                sum(backward),
+                [],
+                [],
+            )
         done, backward_s, starts, ends = _dispatch_contended(
-            backward, plan.ready_layer, plan.sizes, plan.priority, plan.credit_bytes,
-            plan.launch_s, fixed, self._wire_factor, rate, trace, base_s,
-            self.link.compute_slowdown(rate, share), plan.tail_bytes)
+            backward,
+            plan.ready_layer,
+            plan.sizes,
+            plan.priority,
+            plan.credit_bytes,
+            plan.launch_s,
+            fixed,
+            self._wire_factor,
+            rate,
+            trace,
+            base_s,
+            self.link.compute_slowdown(rate, share),
+            plan.tail_bytes,
+        )
         span = max(done)
         if plan.is_ddp:
             return np.array([span]), span, backward_s, starts, ends
         return plan.layer_done(done, self.num_layers), span, backward_s, starts, ends
 
-    def _contended_at(self, config: RunConfig, plan: _CommPlan, factor: float,
-                      backward_start_s: float) -> tuple[Any, ...]:
+    def _contended_at(
+        self, config: RunConfig, plan: _CommPlan, factor: float, backward_start_s: float
+    ) -> tuple[Any, ...]:
         rate = self.bandwidth.at(backward_start_s)
         flows, share = self.conditions_at(backward_start_s)
         fixed = self._fixed_per_message(config, plan, flows, share)
@@ -712,8 +853,11 @@ class Simulator:
             self._contended_cache[key] = cached
         if backward_start_s + cached[1] <= self.bandwidth.next_change(backward_start_s):
             return (*cached, rate, share)
-        return (*self._contended(plan, factor, rate, self.bandwidth, backward_start_s, fixed,
-                                 share), rate, share)
+        return (
+            *self._contended(plan, factor, rate, self.bandwidth, backward_start_s, fixed, share),
+            rate,
+            share,
+        )
 
     def _step_contended(self, config: RunConfig, plan: _CommPlan) -> SimulatedStep:
         """step() with compute slowed while the link is busy (LinkModel.compute_slowdown)."""
@@ -729,7 +873,8 @@ class Simulator:
             t = _advance(t, work * factor, busy_starts, busy_ends, slowdown)
         backward_start = t
         layer_done, span, backward_s, starts, ends, rate, share = self._contended_at(
-            config, plan, factor, backward_start)
+            config, plan, factor, backward_start
+        )
         backward_end = backward_start + backward_s
         compute = backward_start - start - blocked + backward_s
         if plan.is_ddp:
@@ -741,11 +886,25 @@ class Simulator:
         else:
             next_start = backward_end
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
-            self._busy = ([backward_start + a for a in starts], [backward_start + b for b in ends],
-                          self.link.compute_slowdown(rate, share))
-        record = SimulatedStep(self.step_index, start, next_start, next_start - start, compute,
-                            blocked, span, rate, factor, len(plan.sizes),
-                            plan.wire_bytes, config)
+            self._busy = (
+                [backward_start + a for a in starts],
+                [backward_start + b for b in ends],
+                self.link.compute_slowdown(rate, share),
+            )
+        record = SimulatedStep(
+            self.step_index,
+            start,
+            next_start,
+            next_start - start,
+            compute,
+            blocked,
+            span,
+            rate,
+            factor,
+            len(plan.sizes),
+            plan.wire_bytes,
+            config,
+        )
         self.now_s = next_start
         self.step_index += 1
         return record
@@ -775,15 +934,27 @@ class Simulator:
         else:
             next_start = backward_end
             self._param_ready = backward_start + layer_done + self._optimizer_share * factor
-        record = SimulatedStep(self.step_index, start, next_start, next_start - start,
-                            forward_total + backward_total, blocked, span, rate, factor,
-                            len(plan.sizes), plan.wire_bytes, config)
+        record = SimulatedStep(
+            self.step_index,
+            start,
+            next_start,
+            next_start - start,
+            forward_total + backward_total,
+            blocked,
+            span,
+            rate,
+            factor,
+            len(plan.sizes),
+            plan.wire_bytes,
+            config,
+        )
         self.now_s = next_start
         self.step_index += 1
         return record
 
-    def run(self, config: RunConfig, steps: int | None = None, until_s: float | None = None
-            ) -> list[SimulatedStep]:
+    def run(
+        self, config: RunConfig, steps: int | None = None, until_s: float | None = None
+    ) -> list[SimulatedStep]:
         """Run one fixed configuration for `steps` steps or until the clock passes `until_s`."""
         if (steps is None) == (until_s is None):
             raise ValueError("give exactly one of steps or until_s")
@@ -796,18 +967,37 @@ class Simulator:
                 records.append(self.step(config))
         return records
 
-    def steady_step_s(self, config: RunConfig, bandwidth_bytes_per_s: float,
-                      compute_factor: float = 1.0, flows: float = 0.0, cpu_share: float = 1.0,
-                      *, steps: int = 4) -> float:
+    def steady_step_s(
+        self,
+        config: RunConfig,
+        bandwidth_bytes_per_s: float,
+        compute_factor: float = 1.0,
+        flows: float = 0.0,
+        cpu_share: float = 1.0,
+        *,
+        steps: int = 4,
+    ) -> float:
         """Step time once constant conditions have settled (the oracle's view): the job's bandwidth,
         the compute trace's factor, competing flows and the CPU share."""
-        saved = (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
-                 self.flows_trace, self.cpu_share_trace, self._busy)
+        saved = (
+            self.now_s,
+            self.step_index,
+            self._param_ready,
+            self.bandwidth,
+            self.compute_trace,
+            self.flows_trace,
+            self.cpu_share_trace,
+            self._busy,
+        )
         try:
             self.bandwidth = PiecewiseConstant.constant(bandwidth_bytes_per_s)
             self.compute_trace = PiecewiseConstant.constant(compute_factor)
-            self.flows_trace = PiecewiseConstant.constant(flows, nonnegative=True) if flows else None
-            self.cpu_share_trace = PiecewiseConstant.constant(cpu_share) if cpu_share != 1.0 else None
+            self.flows_trace = (
+                PiecewiseConstant.constant(flows, nonnegative=True) if flows else None
+            )
+            self.cpu_share_trace = (
+                PiecewiseConstant.constant(cpu_share) if cpu_share != 1.0 else None
+            )
             self.reset()
             record = None
             for _ in range(steps):
@@ -815,9 +1005,22 @@ class Simulator:
             assert record is not None
             return record.step_time_s
         finally:
-            (self.now_s, self.step_index, self._param_ready, self.bandwidth, self.compute_trace,
-             self.flows_trace, self.cpu_share_trace, self._busy) = saved
+            (
+                self.now_s,
+                self.step_index,
+                self._param_ready,
+                self.bandwidth,
+                self.compute_trace,
+                self.flows_trace,
+                self.cpu_share_trace,
+                self._busy,
+            ) = saved
 
     def lower_bound_step_s(self, t_s: float) -> float:
-        return lower_bound_step_s(self.profile, self.workers, self.bandwidth.at(t_s),
-                                  self.compute_factor_at(t_s), self.row_sparse)
+        return lower_bound_step_s(
+            self.profile,
+            self.workers,
+            self.bandwidth.at(t_s),
+            self.compute_factor_at(t_s),
+            self.row_sparse,
+        )

@@ -66,7 +66,9 @@ class LayerProfile:
     forward_s: float
     backward_s: float
     param_bytes: tuple[int, ...]  # one entry per parameter tensor
-    table: RowSparseTable | None = None  # param_bytes[0] is an embedding table (row-sparse gradient)
+    table: RowSparseTable | None = (
+        None  # param_bytes[0] is an embedding table (row-sparse gradient)
+    )
 
     @property
     def total_param_bytes(self) -> int:
@@ -108,35 +110,65 @@ class ModelProfile:
         """The same model on a device `compute_scale` times faster (50 ~ a GPU against this CPU)."""
         if compute_scale <= 0:
             raise ValueError(f"compute_scale must be > 0, got {compute_scale}")
-        layers = tuple(dataclasses.replace(layer, forward_s=layer.forward_s / compute_scale,
-                                           backward_s=layer.backward_s / compute_scale)
-                       for layer in self.layers)
-        return dataclasses.replace(self, layers=layers, optimizer_s=self.optimizer_s / compute_scale)
+        layers = tuple(
+            dataclasses.replace(
+                layer,
+                forward_s=layer.forward_s / compute_scale,
+                backward_s=layer.backward_s / compute_scale,
+            )
+            for layer in self.layers
+        )
+        return dataclasses.replace(
+            self, layers=layers, optimizer_s=self.optimizer_s / compute_scale
+        )
 
     def with_compute_s(self, compute_s: float) -> ModelProfile:
         """Rescale so that forward + backward takes `compute_s` (keeps the per-layer shares)."""
         return self.scaled(self.compute_s / compute_s)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "batch_size": self.batch_size, "optimizer_s": self.optimizer_s,
-                "source": self.source,
-                "layers": [{"name": layer.name, "forward_s": layer.forward_s,
-                            "backward_s": layer.backward_s, "param_bytes": list(layer.param_bytes),
-                            **({"table": dataclasses.asdict(layer.table)} if layer.table else {})}
-                           for layer in self.layers]}
+        return {
+            "name": self.name,
+            "batch_size": self.batch_size,
+            "optimizer_s": self.optimizer_s,
+            "source": self.source,
+            "layers": [
+                {
+                    "name": layer.name,
+                    "forward_s": layer.forward_s,
+                    "backward_s": layer.backward_s,
+                    "param_bytes": list(layer.param_bytes),
+                    **({"table": dataclasses.asdict(layer.table)} if layer.table else {}),
+                }
+                for layer in self.layers
+            ],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
-        layers = tuple(LayerProfile(name=item["name"], forward_s=float(item["forward_s"]),
-                                    backward_s=float(item["backward_s"]),
-                                    param_bytes=tuple(int(b) for b in item["param_bytes"]),
-                                    table=RowSparseTable(int(item["table"]["rows"]), float(item["table"]["share"]),
-                                                         float(item["table"].get("overlap", 0.0)))
-                                    if item.get("table") else None)
-                       for item in data["layers"])
-        return cls(name=data["name"], layers=layers, batch_size=int(data.get("batch_size", 1)),
-                   optimizer_s=float(data.get("optimizer_s", 0.0)),
-                   source=str(data.get("source", "recorded")))
+        layers = tuple(
+            LayerProfile(
+                name=item["name"],
+                forward_s=float(item["forward_s"]),
+                backward_s=float(item["backward_s"]),
+                param_bytes=tuple(int(b) for b in item["param_bytes"]),
+                table=RowSparseTable(
+                    int(item["table"]["rows"]),
+                    float(item["table"]["share"]),
+                    float(item["table"].get("overlap", 0.0)),
+                )
+                if item.get("table")
+                else None,
+            )
+            for item in data["layers"]
+        )
+        return cls(
+            name=data["name"],
+            layers=layers,
+            batch_size=int(data.get("batch_size", 1)),
+            optimizer_s=float(data.get("optimizer_s", 0.0)),
+            source=str(data.get("source", "recorded")),
+        )
 
     def save(self, path: str | pathlib.Path) -> None:
         pathlib.Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -154,23 +186,49 @@ class _ShapeBuilder:
         self.device_flops_per_s = device_flops_per_s
         self.layers: list[LayerProfile] = []
 
-    def add(self, name: str, forward_flops_per_sample: float, params: Sequence[int],
-            table: RowSparseTable | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        forward_flops_per_sample: float,
+        params: Sequence[int],
+        table: RowSparseTable | None = None,
+    ) -> None:
         forward_s = forward_flops_per_sample * self.batch_size / self.device_flops_per_s
-        self.layers.append(LayerProfile(name, forward_s, forward_s * BACKWARD_TO_FORWARD,
-                                        tuple(int(p) * BYTES_PER_PARAM for p in params), table))
+        self.layers.append(
+            LayerProfile(
+                name,
+                forward_s,
+                forward_s * BACKWARD_TO_FORWARD,
+                tuple(int(p) * BYTES_PER_PARAM for p in params),
+                table,
+            )
+        )
 
-    def embedding(self, name: str, rows: int, dim: int, lookups: int, *, shared: bool = False) -> None:
+    def embedding(
+        self, name: str, rows: int, dim: int, lookups: int, *, shared: bool = False
+    ) -> None:
         """A table of `rows` x `dim` read at `lookups` rows per sample: uniformly drawn tokens (the
         distinct rows of batch x lookups draws), or `shared`: the same rows for every sample and
         worker (positions)."""
         draws = lookups * (1 if shared else self.batch_size)
         share = min(1.0, draws / rows) if shared else 1.0 - math.exp(-draws / rows)
-        self.add(name, ELEMENTWISE_FLOPS_PER_ELEMENT * lookups * dim, [rows * dim],
-                 RowSparseTable(rows, share, 1.0 if shared else 0.0))
+        self.add(
+            name,
+            ELEMENTWISE_FLOPS_PER_ELEMENT * lookups * dim,
+            [rows * dim],
+            RowSparseTable(rows, share, 1.0 if shared else 0.0),
+        )
 
-    def conv(self, name: str, c_in: int, c_out: int, kernel: int, h_out: int, w_out: int,
-             bias: bool = False) -> None:
+    def conv(
+        self,
+        name: str,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        h_out: int,
+        w_out: int,
+        bias: bool = False,
+    ) -> None:
         flops = 2.0 * kernel * kernel * c_in * c_out * h_out * w_out
         params = [kernel * kernel * c_in * c_out] + ([c_out] if bias else [])
         self.add(name, flops, params)
@@ -178,8 +236,9 @@ class _ShapeBuilder:
     def norm(self, name: str, channels: int, elements: int) -> None:
         self.add(name, ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [channels, channels])
 
-    def linear(self, name: str, d_in: int, d_out: int, tokens: int = 1, extra_flops: float = 0.0
-               ) -> None:
+    def linear(
+        self, name: str, d_in: int, d_out: int, tokens: int = 1, extra_flops: float = 0.0
+    ) -> None:
         self.add(name, 2.0 * d_in * d_out * tokens + extra_flops, [d_in * d_out, d_out])
 
     def build(self, name: str, optimizer_s_per_byte: float = 0.0) -> ModelProfile:
@@ -193,8 +252,9 @@ class _ShapeBuilder:
 _OPTIMIZER_S_PER_BYTE = 1e-9 * 3
 
 
-def vgg16(batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
-          ) -> ModelProfile:
+def vgg16(
+    batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+) -> ModelProfile:
     """VGG-16 (configuration D) at 224x224: 13 conv + 3 fully connected layers, 138.4M params."""
     b = _ShapeBuilder(batch_size, device_flops_per_s)
     plan = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
@@ -211,8 +271,9 @@ def vgg16(batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS
     return b.build("vgg16", _OPTIMIZER_S_PER_BYTE)
 
 
-def resnet50(batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
-             ) -> ModelProfile:
+def resnet50(
+    batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+) -> ModelProfile:
     """ResNet-50 v1.5 (torchvision layout) at 224x224: 53 conv, 53 batch norms, fc; 25.6M params."""
     b = _ShapeBuilder(batch_size, device_flops_per_s)
     b.conv("conv1", 3, 64, 7, 112, 112)
@@ -238,8 +299,9 @@ def resnet50(batch_size: int = 32, device_flops_per_s: float = DEFAULT_DEVICE_FL
     return b.build("resnet50", _OPTIMIZER_S_PER_BYTE)
 
 
-def bert_base(batch_size: int = 32, seq_len: int = 128,
-              device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S) -> ModelProfile:
+def bert_base(
+    batch_size: int = 32, seq_len: int = 128, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+) -> ModelProfile:
     """A BERT-base encoder: 30522-token vocabulary, 12 layers, hidden 768, 12 heads, FFN 3072."""
     hidden, ffn, layers, vocab, positions = 768, 3072, 12, 30522, 512
     b = _ShapeBuilder(batch_size, device_flops_per_s)
@@ -251,7 +313,9 @@ def bert_base(batch_size: int = 32, seq_len: int = 128,
     b.embedding("embeddings.token_type", 2, hidden, seq_len, shared=True)
     b.norm("embeddings.norm", hidden, elements)
     # Scores (QK^T) and context (AV): 2 * 2 * seq^2 * hidden, plus softmax over heads x seq^2.
-    attention_flops = 4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len ** 2
+    attention_flops = (
+        4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len**2
+    )
     for index in range(layers):
         prefix = f"encoder.{index}"
         b.linear(f"{prefix}.attention.query", hidden, hidden, seq_len)
@@ -259,16 +323,22 @@ def bert_base(batch_size: int = 32, seq_len: int = 128,
         b.linear(f"{prefix}.attention.value", hidden, hidden, seq_len)
         b.linear(f"{prefix}.attention.output", hidden, hidden, seq_len, extra_flops=attention_flops)
         b.norm(f"{prefix}.attention.norm", hidden, elements)
-        b.linear(f"{prefix}.ffn.intermediate", hidden, ffn, seq_len,
-                 extra_flops=ELEMENTWISE_FLOPS_PER_ELEMENT * seq_len * ffn)
+        b.linear(
+            f"{prefix}.ffn.intermediate",
+            hidden,
+            ffn,
+            seq_len,
+            extra_flops=ELEMENTWISE_FLOPS_PER_ELEMENT * seq_len * ffn,
+        )
         b.linear(f"{prefix}.ffn.output", ffn, hidden, seq_len)
         b.norm(f"{prefix}.ffn.norm", hidden, elements)
     b.linear("pooler", hidden, hidden)
     return b.build("bert-base", _OPTIMIZER_S_PER_BYTE)
 
 
-def gpt2(batch_size: int = 8, seq_len: int = 1024,
-         device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S) -> ModelProfile:
+def gpt2(
+    batch_size: int = 8, seq_len: int = 1024, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+) -> ModelProfile:
     """The GPT-2 small decoder (124.4M parameters): 50257-token vocabulary, 12 pre-norm blocks of
     hidden 768 (12 heads, FFN 3072), a final layer norm and an LM head tied to the token embedding.
 
@@ -281,18 +351,28 @@ def gpt2(batch_size: int = 8, seq_len: int = 1024,
     elements = seq_len * hidden
     b.add("wte", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [vocab * hidden])
     b.embedding("wpe", 1024, hidden, seq_len, shared=True)
-    attention_flops = 4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len ** 2
+    attention_flops = (
+        4.0 * seq_len * seq_len * hidden + ELEMENTWISE_FLOPS_PER_ELEMENT * 12 * seq_len**2
+    )
     for index in range(layers):
         prefix = f"h.{index}"
         b.norm(f"{prefix}.ln_1", hidden, elements)
         b.linear(f"{prefix}.attn.c_attn", hidden, 3 * hidden, seq_len, extra_flops=attention_flops)
         b.linear(f"{prefix}.attn.c_proj", hidden, hidden, seq_len)
         b.norm(f"{prefix}.ln_2", hidden, elements)
-        b.linear(f"{prefix}.mlp.c_fc", hidden, ffn, seq_len,
-                 extra_flops=ELEMENTWISE_FLOPS_PER_ELEMENT * seq_len * ffn)
+        b.linear(
+            f"{prefix}.mlp.c_fc",
+            hidden,
+            ffn,
+            seq_len,
+            extra_flops=ELEMENTWISE_FLOPS_PER_ELEMENT * seq_len * ffn,
+        )
         b.linear(f"{prefix}.mlp.c_proj", ffn, hidden, seq_len)
-    b.add("ln_f", ELEMENTWISE_FLOPS_PER_ELEMENT * elements + 2.0 * hidden * vocab * seq_len,
-          [hidden, hidden])
+    b.add(
+        "ln_f",
+        ELEMENTWISE_FLOPS_PER_ELEMENT * elements + 2.0 * hidden * vocab * seq_len,
+        [hidden, hidden],
+    )
     return b.build("gpt2", _OPTIMIZER_S_PER_BYTE)
 
 
@@ -304,8 +384,11 @@ BUILTIN_PROFILES: dict[str, Callable[..., ModelProfile]] = {
 }
 
 
-def load_profile(name_or_path: str, batch_size: int | None = None,
-                 device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S) -> ModelProfile:
+def load_profile(
+    name_or_path: str,
+    batch_size: int | None = None,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+) -> ModelProfile:
     """A built-in profile by name, or a recorded profile from a JSON file."""
     if name_or_path in BUILTIN_PROFILES:
         kwargs: dict[str, Any] = {"device_flops_per_s": device_flops_per_s}
@@ -315,13 +398,22 @@ def load_profile(name_or_path: str, batch_size: int | None = None,
     path = pathlib.Path(name_or_path)
     if path.suffix == ".json" and path.exists():
         return ModelProfile.load(path)
-    raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(BUILTIN_PROFILES)} "
-                     "or a profile JSON written by record_profile")
+    raise ValueError(
+        f"unknown model {name_or_path!r}: use one of {sorted(BUILTIN_PROFILES)} "
+        "or a profile JSON written by record_profile"
+    )
 
 
-def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
-                   loss_fn: Callable[[Any, Any], Any], *, name: str = "recorded",
-                   optimizer: Any = None, warmup_steps: int = 2, steps: int = 5) -> ModelProfile:
+def record_profile(
+    model: Any,
+    make_batch: Callable[[], tuple[Any, Any]],
+    loss_fn: Callable[[Any, Any], Any],
+    *,
+    name: str = "recorded",
+    optimizer: Any = None,
+    warmup_steps: int = 2,
+    steps: int = 5,
+) -> ModelProfile:
     """Measure a profile from a real torch model on this machine.
 
     Forward time of a layer is the time from its forward pre-hook to the next layer's (parameter-free
@@ -335,24 +427,36 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
     import torch
     from autobyte.scheduler.sparse_rows import embedding_tables
 
-    modules = [(mod_name, module) for mod_name, module in model.named_modules()
-               if any(True for _ in module.parameters(recurse=False))]
+    modules = [
+        (mod_name, module)
+        for mod_name, module in model.named_modules()
+        if any(True for _ in module.parameters(recurse=False))
+    ]
     forward_marks: list[tuple[int, float]] = []
     grad_marks: dict[int, float] = {}
     param_owner: dict[int, int] = {}
     handles = []
     for index, (_, module) in enumerate(modules):
-        handles.append(module.register_forward_pre_hook(
-            lambda _m, _i, index=index: forward_marks.append((index, time.perf_counter()))))
+        handles.append(
+            module.register_forward_pre_hook(
+                lambda _m, _i, index=index: forward_marks.append((index, time.perf_counter()))
+            )
+        )
         for param in module.parameters(recurse=False):
             if param.requires_grad:
                 param_owner[id(param)] = index
-                handles.append(param.register_post_accumulate_grad_hook(
-                    lambda p, index=index: grad_marks.__setitem__(index, time.perf_counter())))
+                handles.append(
+                    param.register_post_accumulate_grad_hook(
+                        lambda p, index=index: grad_marks.__setitem__(index, time.perf_counter())
+                    )
+                )
 
     untied = {id(module) for module, _ in embedding_tables(model)}
-    tables = {index: module.weight for index, (_, module) in enumerate(modules)
-              if id(module) in untied and module.weight.requires_grad}
+    tables = {
+        index: module.weight
+        for index, (_, module) in enumerate(modules)
+        if id(module) in untied and module.weight.requires_grad
+    }
     touched: dict[int, list[float]] = {index: [] for index in tables}
     samples: list[tuple[list[float], list[float], float, list[int]]] = []
     try:
@@ -414,14 +518,23 @@ def record_profile(model: Any, make_batch: Callable[[], tuple[Any, Any]],
     layers = []
     for index in order:
         mod_name, module = modules[index]
-        sizes = tuple(p.numel() * p.element_size() for p in module.parameters(recurse=False)
-                      if p.requires_grad)
+        sizes = tuple(
+            p.numel() * p.element_size()
+            for p in module.parameters(recurse=False)
+            if p.requires_grad
+        )
         table = None
         if index in tables and touched[index] and sizes:
             table = RowSparseTable(int(tables[index].shape[0]), median(touched[index]))
-        layers.append(LayerProfile(mod_name or "model",
-                                   median([s[0][index] for s in samples]),
-                                   median([s[1][index] for s in samples]), sizes, table))
+        layers.append(
+            LayerProfile(
+                mod_name or "model",
+                median([s[0][index] for s in samples]),
+                median([s[1][index] for s in samples]),
+                sizes,
+                table,
+            )
+        )
     batch_size = 1
     inputs, _ = make_batch()
     if isinstance(inputs, torch.Tensor) and inputs.dim() > 0:

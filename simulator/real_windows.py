@@ -24,15 +24,23 @@ from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Window
 
 FORMAT = "autobyte real windows v1"
-DATASET_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "calibration" / "real-windows.json"
+DATASET_PATH = (
+    pathlib.Path(__file__).resolve().parent.parent
+    / "benchmarks"
+    / "calibration"
+    / "real-windows.json"
+)
 _FIELDS = {f.name for f in dataclasses.fields(StepMetrics)} - {"config"}
 
 
 def metrics_from_dict(record: dict[str, Any]) -> StepMetrics:
     config = record.get("config") or {}
-    return StepMetrics(**{k: v for k, v in record.items() if k in _FIELDS},
-                       config=Config(config.get("partition_bytes"), config.get("credit_bytes"),
-                                     config.get("tail_bytes")))
+    return StepMetrics(
+        **{k: v for k, v in record.items() if k in _FIELDS},
+        config=Config(
+            config.get("partition_bytes"), config.get("credit_bytes"), config.get("tail_bytes")
+        ),
+    )
 
 
 def block_job(block: dict[str, Any]) -> str:
@@ -48,8 +56,17 @@ def block_windows(block: dict[str, Any]) -> list[Window]:
         if not samples:
             continue
         step = statistics.median(s.step_time_s for s in samples)
-        out.append(Window(job, int(item["round"]), Config(*item["config"]), summarize(samples, shape), step,
-                          len(samples), 0.0))
+        out.append(
+            Window(
+                job,
+                int(item["round"]),
+                Config(*item["config"]),
+                summarize(samples, shape),
+                step,
+                len(samples),
+                0.0,
+            )
+        )
     return out
 
 
@@ -60,8 +77,9 @@ def load_dataset(path: pathlib.Path = DATASET_PATH) -> dict[str, Any]:
     return data
 
 
-def real_windows(path: pathlib.Path = DATASET_PATH,
-                 exclude: Callable[[dict[str, Any]], bool] | None = None) -> list[Window]:
+def real_windows(
+    path: pathlib.Path = DATASET_PATH, exclude: Callable[[dict[str, Any]], bool] | None = None
+) -> list[Window]:
     """Every block's Windows; `exclude(block)` leaves blocks out (a held-out model or condition)."""
     windows: list[Window] = []
     for block in load_dataset(path)["blocks"]:

@@ -29,10 +29,13 @@ class PiecewiseConstant:
             raise ValueError(f"a trace starts at time 0, got {self.times_s[0]}")
         if any(b <= a for a, b in zip(self.times_s, self.times_s[1:])):
             raise ValueError("trace segment start times must increase strictly")
-        if any(not ((v >= 0 if self.nonnegative else v > 0) and math.isfinite(v))
-               for v in self.values):
-            raise ValueError("trace values must be finite and "
-                             + ("non-negative" if self.nonnegative else "positive"))
+        if any(
+            not ((v >= 0 if self.nonnegative else v > 0) and math.isfinite(v)) for v in self.values
+        ):
+            raise ValueError(
+                "trace values must be finite and "
+                + ("non-negative" if self.nonnegative else "positive")
+            )
 
     @classmethod
     def constant(cls, value: float, nonnegative: bool = False) -> PiecewiseConstant:
@@ -85,9 +88,13 @@ class PiecewiseConstant:
         return out
 
     def scaled(self, factor: float) -> PiecewiseConstant:
-        return PiecewiseConstant(self.times_s, tuple(v * factor for v in self.values), self.nonnegative)
+        return PiecewiseConstant(
+            self.times_s, tuple(v * factor for v in self.values), self.nonnegative
+        )
 
-    def combine(self, other: PiecewiseConstant, op: Any, nonnegative: bool = False) -> PiecewiseConstant:
+    def combine(
+        self, other: PiecewiseConstant, op: Any, nonnegative: bool = False
+    ) -> PiecewiseConstant:
         """A trace whose value at t is op(self.at(t), other.at(t)) (equal neighbours merged)."""
         times = sorted(set(self.times_s) | set(other.times_s))
         values: list[float] = []
@@ -101,16 +108,25 @@ class PiecewiseConstant:
         return PiecewiseConstant(tuple(kept), tuple(values), nonnegative)
 
 
-def step_trace(levels: Sequence[float], change_times_s: Sequence[float],
-               nonnegative: bool = False) -> PiecewiseConstant:
+def step_trace(
+    levels: Sequence[float], change_times_s: Sequence[float], nonnegative: bool = False
+) -> PiecewiseConstant:
     """levels[0] from 0, levels[i] from change_times_s[i - 1]."""
     if len(levels) != len(change_times_s) + 1:
         raise ValueError("a step trace needs one more level than change times")
-    return PiecewiseConstant((0.0, *map(float, change_times_s)), tuple(map(float, levels)), nonnegative)
+    return PiecewiseConstant(
+        (0.0, *map(float, change_times_s)), tuple(map(float, levels)), nonnegative
+    )
 
 
-def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_end_s: float,
-               ramp_segments: int = 20, nonnegative: bool = False) -> PiecewiseConstant:
+def ramp_trace(
+    start_value: float,
+    end_value: float,
+    ramp_start_s: float,
+    ramp_end_s: float,
+    ramp_segments: int = 20,
+    nonnegative: bool = False,
+) -> PiecewiseConstant:
     """start_value until ramp_start_s, then linear to end_value at ramp_end_s, then flat."""
     if ramp_end_s <= ramp_start_s or ramp_segments < 1:
         raise ValueError("a ramp needs ramp_end_s > ramp_start_s and at least one segment")
@@ -130,8 +146,15 @@ def ramp_trace(start_value: float, end_value: float, ramp_start_s: float, ramp_e
     return PiecewiseConstant(tuple(times), tuple(values), nonnegative)
 
 
-def periodic_trace(high: float, low: float, period_s: float, low_s: float, offset_s: float,
-                   until_s: float, nonnegative: bool = False) -> PiecewiseConstant:
+def periodic_trace(
+    high: float,
+    low: float,
+    period_s: float,
+    low_s: float,
+    offset_s: float,
+    until_s: float,
+    nonnegative: bool = False,
+) -> PiecewiseConstant:
     """Periodic congestion: `high`, dropping to `low` for `low_s` every `period_s` from offset_s."""
     if not (0 < low_s < period_s):
         raise ValueError("periodic congestion needs 0 < low_s < period_s")
@@ -149,9 +172,10 @@ def periodic_trace(high: float, low: float, period_s: float, low_s: float, offse
     return PiecewiseConstant(tuple(times), tuple(values), nonnegative)
 
 
-def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.0,
-                    nonnegative: bool = False) -> PiecewiseConstant:
-    """Build a trace from a scenario table (see benchmarks/README.md for the keys per kind).
+def trace_from_spec(
+    spec: dict[str, Any], until_s: float, unit_scale: float = 1.0, nonnegative: bool = False
+) -> PiecewiseConstant:
+    """Build a trace from a scenario table (docs/benchmarks.md, "Scenario format", has the keys per kind).
 
     `unit_scale` converts the spec's unit into the trace's (e.g. Mbit/s -> bytes/s);
     `nonnegative` allows zero values (counts, such as competing flows).
@@ -161,13 +185,24 @@ def trace_from_spec(spec: dict[str, Any], until_s: float, unit_scale: float = 1.
     if kind == "constant":
         return PiecewiseConstant.constant(float(spec["value"]) * s, nonnegative)
     if kind == "step":
-        return step_trace([float(v) * s for v in spec["levels"]], spec.get("at_s", []),
-                          nonnegative)
+        return step_trace([float(v) * s for v in spec["levels"]], spec.get("at_s", []), nonnegative)
     if kind == "ramp":
-        return ramp_trace(float(spec["from"]) * s, float(spec["to"]) * s, float(spec["start_s"]),
-                          float(spec["end_s"]), int(spec.get("segments", 20)), nonnegative)
+        return ramp_trace(
+            float(spec["from"]) * s,
+            float(spec["to"]) * s,
+            float(spec["start_s"]),
+            float(spec["end_s"]),
+            int(spec.get("segments", 20)),
+            nonnegative,
+        )
     if kind == "periodic":
-        return periodic_trace(float(spec["high"]) * s, float(spec["low"]) * s,
-                              float(spec["period_s"]), float(spec["low_s"]),
-                              float(spec.get("offset_s", 0.0)), until_s, nonnegative)
+        return periodic_trace(
+            float(spec["high"]) * s,
+            float(spec["low"]) * s,
+            float(spec["period_s"]),
+            float(spec["low_s"]),
+            float(spec.get("offset_s", 0.0)),
+            until_s,
+            nonnegative,
+        )
     raise ValueError(f"unknown trace kind {kind!r}: use constant, step, ramp or periodic")

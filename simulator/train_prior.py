@@ -61,11 +61,16 @@ GBIT = 1e9 / 8
 # few jobs (12 blocks) but many pairs in a narrow region of the features, so even a quarter of the
 # weight dominates the leaves of that region. Chosen by benchmarks/predictor_error.py on left-out
 # blocks (pooled median error, left-out model / left-out condition): 25% 7.9% / 10.5%, 50% 8.2% /
-# 11.0%, 75% 8.7% / 11.2% (simulator only: 10.1% / 10.1%); see benchmarks/README.md.
+# 11.0%, 75% 8.7% / 11.2% (simulator only: 10.1% / 10.1%).
 REAL_SHARE = 0.25
 
-GLOO_CPU = LinkModel(latency_s=0.0, collective_overhead_s=1.35e-3, launch_s=40e-6, ddp_launch_s=20e-6,
-                     comm_cpu_s_per_byte=1.1e-9)  # the testbed's calibrated gloo (2-core machine)
+GLOO_CPU = LinkModel(
+    latency_s=0.0,
+    collective_overhead_s=1.35e-3,
+    launch_s=40e-6,
+    ddp_launch_s=20e-6,
+    comm_cpu_s_per_byte=1.1e-9,
+)  # the testbed's calibrated gloo (2-core machine)
 GLOO = LinkModel()  # gloo-like defaults
 NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)
 
@@ -77,8 +82,10 @@ def synthetic_model(rng: random.Random, index: int, tables: random.Random) -> Mo
     `tables` so that the other contexts' draws do not depend on them."""
     layers = []
     for i in range(rng.randint(3, 80)):
-        tensors = tuple(int(math.exp(rng.uniform(math.log(4e3), math.log(6e7)))) // 4 * 4
-                        for _ in range(rng.choice((1, 1, 2, 2, 3))))
+        tensors = tuple(
+            int(math.exp(rng.uniform(math.log(4e3), math.log(6e7)))) // 4 * 4
+            for _ in range(rng.choice((1, 1, 2, 2, 3)))
+        )
         forward = math.exp(rng.uniform(math.log(2e-4), math.log(3e-2)))
         layers.append(LayerProfile(f"l{i}", forward, forward * rng.uniform(1.5, 2.5), tensors))
     if tables.random() < 0.25:
@@ -86,18 +93,29 @@ def synthetic_model(rng: random.Random, index: int, tables: random.Random) -> Mo
         forward = math.exp(tables.uniform(math.log(1e-4), math.log(3e-3)))  # a lookup: cheap
         table = RowSparseTable(rows, math.exp(tables.uniform(math.log(0.01), math.log(0.6))))
         layers.insert(0, LayerProfile("embedding", forward, 2 * forward, (rows * dim * 4,), table))
-    return ModelProfile(f"synthetic{index}", tuple(layers), 32, optimizer_s=sum(map(sum, (l.param_bytes for l in layers))) * 3e-9)
+    return ModelProfile(
+        f"synthetic{index}",
+        tuple(layers),
+        32,
+        optimizer_s=sum(map(sum, (l.param_bytes for l in layers))) * 3e-9,
+    )
 
 
 def testbed_mlp() -> ModelProfile:
     return ModelProfile.load(ROOT / "benchmarks" / "scenarios" / "testbed-mlp.profile.json")
 
 
-NAMED_MODELS = {"vgg16": vgg16, "resnet50": resnet50, "bert-base": bert_base, "testbed-mlp": testbed_mlp}
+NAMED_MODELS = {
+    "vgg16": vgg16,
+    "resnet50": resnet50,
+    "bert-base": bert_base,
+    "testbed-mlp": testbed_mlp,
+}
 
 
-def draw_context(rng: random.Random, index: int, exclude: Sequence[str], seed: int = SEED
-                 ) -> tuple[ModelProfile, int, float, LinkModel]:
+def draw_context(
+    rng: random.Random, index: int, exclude: Sequence[str], seed: int = SEED
+) -> tuple[ModelProfile, int, float, LinkModel]:
     """(profile scaled to its device, workers, bandwidth bytes/s, link model) of one random context."""
     names = [n for n in NAMED_MODELS if n not in exclude]
     pick = rng.random()
@@ -121,12 +139,26 @@ def draw_context(rng: random.Random, index: int, exclude: Sequence[str], seed: i
     return profile, workers, bandwidth, link
 
 
-def context_windows(profile: ModelProfile, workers: int, bandwidth: float, link: LinkModel,
-                    configs: Sequence[Config], job: str, seed: int, compute_factor: float = 1.0) -> list[Window]:
+def context_windows(
+    profile: ModelProfile,
+    workers: int,
+    bandwidth: float,
+    link: LinkModel,
+    configs: Sequence[Config],
+    job: str,
+    seed: int,
+    compute_factor: float = 1.0,
+) -> list[Window]:
     """A settled window of every configuration, measured through the policy's adapter."""
     backend = "nccl" if link.collective_overhead_s < 100e-6 else "gloo"
     shape = job_shape(profile, workers, backend)
-    sim = Simulator(profile, workers, PiecewiseConstant.constant(bandwidth), link, PiecewiseConstant.constant(compute_factor))
+    sim = Simulator(
+        profile,
+        workers,
+        PiecewiseConstant.constant(bandwidth),
+        link,
+        PiecewiseConstant.constant(compute_factor),
+    )
     forward_share = profile.forward_s / profile.compute_s if profile.compute_s > 0 else 0.5
     adapter = MetricsAdapter(forward_share, seed=seed)
     windows = []
@@ -139,8 +171,12 @@ def context_windows(profile: ModelProfile, workers: int, bandwidth: float, link:
     return windows
 
 
-def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequence[str] = (),
-                     only: Sequence[str] = ()) -> list[Window]:
+def generate_windows(
+    seed: int = SEED,
+    contexts: int = CONTEXTS,
+    exclude: Sequence[str] = (),
+    only: Sequence[str] = (),
+) -> list[Window]:
     rng = random.Random(seed)
     windows: list[Window] = []
     for index in range(contexts):
@@ -152,12 +188,22 @@ def generate_windows(seed: int = SEED, contexts: int = CONTEXTS, exclude: Sequen
         grid = [c for c in candidate_grid(shape, tail_window=True) if c != SCHEDULER_DEFAULT]
         configs = [SCHEDULER_DEFAULT] + rng.sample(grid, min(len(grid), CONFIGS_PER_CONTEXT - 1))
         compute_factor = rng.choice((1.0, 1.0, 1.0, 1.3, 2.0))
-        windows += context_windows(profile, workers, bandwidth, link, configs, f"ctx{index}-{profile.name}",
-                                   seed * 100_000 + index, compute_factor)
+        windows += context_windows(
+            profile,
+            workers,
+            bandwidth,
+            link,
+            configs,
+            f"ctx{index}-{profile.name}",
+            seed * 100_000 + index,
+            compute_factor,
+        )
     return windows
 
 
-def with_real(simulated: TrainingSet, real: Sequence[Window], real_share: float = REAL_SHARE) -> TrainingSet:
+def with_real(
+    simulated: TrainingSet, real: Sequence[Window], real_share: float = REAL_SHARE
+) -> TrainingSet:
     """The simulator's pairs plus the real windows' pairs, the real ones weighted so that they carry
     `real_share` of the total weight (see REAL_SHARE)."""
     if not real or real_share <= 0:
@@ -165,10 +211,18 @@ def with_real(simulated: TrainingSet, real: Sequence[Window], real_share: float 
     measured = training_pairs(real, now_s=0.0, half_life_s=None)
     if len(measured.y) == 0:
         return simulated
-    scale = real_share / (1.0 - real_share) * float(simulated.weights.sum()) / float(measured.weights.sum())
-    return TrainingSet(np.concatenate([simulated.x, measured.x]), np.concatenate([simulated.y, measured.y]),
-                       np.concatenate([simulated.groups, measured.groups]),
-                       np.concatenate([simulated.weights, measured.weights * scale]))
+    scale = (
+        real_share
+        / (1.0 - real_share)
+        * float(simulated.weights.sum())
+        / float(measured.weights.sum())
+    )
+    return TrainingSet(
+        np.concatenate([simulated.x, measured.x]),
+        np.concatenate([simulated.y, measured.y]),
+        np.concatenate([simulated.groups, measured.groups]),
+        np.concatenate([simulated.weights, measured.weights * scale]),
+    )
 
 
 def default_real_windows() -> list[Window]:
@@ -176,18 +230,28 @@ def default_real_windows() -> list[Window]:
     return real_windows() if DATASET_PATH.exists() else []
 
 
-def train(seed: int = SEED, exclude: Sequence[str] = (), real: Sequence[Window] | None = None,
-          real_share: float = REAL_SHARE, simulated: Sequence[Window] | None = None) -> Ensemble:
+def train(
+    seed: int = SEED,
+    exclude: Sequence[str] = (),
+    real: Sequence[Window] | None = None,
+    real_share: float = REAL_SHARE,
+    simulated: Sequence[Window] | None = None,
+) -> Ensemble:
     """The prior: `simulated` (default: generate_windows(seed, exclude)) and `real` windows (default:
     the checked-in testbed dataset; pass [] for a simulator-only prior)."""
     windows = generate_windows(seed, exclude=exclude) if simulated is None else simulated
     real = default_real_windows() if real is None else list(real)
     data = with_real(training_pairs(windows, now_s=0.0, half_life_s=None), real, real_share)
     real_jobs = len({w.job for w in real})
-    note = (f"simulator/train_prior.py seed {seed}: {CONTEXTS} contexts x {CONFIGS_PER_CONTEXT} configurations"
-            + (f", without {','.join(exclude)}" if exclude else "")
-            + (f"; {len(real)} real windows of {real_jobs} testbed blocks at {real_share:.0%} of the weight"
-               if real and real_share > 0 else ""))
+    note = (
+        f"simulator/train_prior.py seed {seed}: {CONTEXTS} contexts x {CONFIGS_PER_CONTEXT} configurations"
+        + (f", without {','.join(exclude)}" if exclude else "")
+        + (
+            f"; {len(real)} real windows of {real_jobs} testbed blocks at {real_share:.0%} of the weight"
+            if real and real_share > 0
+            else ""
+        )
+    )
     return train_ensemble(data, seed=seed, kind="prior", note=note)
 
 
@@ -196,7 +260,10 @@ def probe_rows(seed: int = 12345) -> np.ndarray:
     from autobyted.tuner.features import feature_matrix
 
     windows = generate_windows(seed, contexts=12)
-    rows = [feature_matrix(w.context, w.config, [c.config for c in windows if c.job == w.job]) for w in windows]
+    rows = [
+        feature_matrix(w.context, w.config, [c.config for c in windows if c.job == w.job])
+        for w in windows
+    ]
     return np.concatenate(rows)
 
 
@@ -215,13 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = probe_rows()
         diff = float(np.max(np.abs(shipped.predict(rows)[0] - ensemble.predict(rows)[0])))
         same = shipped.meta["data_digest"] == ensemble.meta["data_digest"]
-        print(f"regenerated in {took:.1f} s: training data {'identical' if same else 'DIFFERENT'} "
-              f"({ensemble.meta['data_digest']}), max prediction difference {diff:.2e}")
+        print(
+            f"regenerated in {took:.1f} s: training data {'identical' if same else 'DIFFERENT'} "
+            f"({ensemble.meta['data_digest']}), max prediction difference {diff:.2e}"
+        )
         return 0 if same and diff < 1e-6 else 1
     pathlib.Path(args.out).write_bytes(data)
-    print(f"wrote {args.out}: {len(data)} bytes, {ensemble.meta['examples']} pairs from {ensemble.meta['jobs']} "
-          f"contexts, data {ensemble.meta['data_digest']}, sha256 {hashlib.sha256(data).hexdigest()[:16]}, "
-          f"{took:.1f} s")
+    print(
+        f"wrote {args.out}: {len(data)} bytes, {ensemble.meta['examples']} pairs from {ensemble.meta['jobs']} "
+        f"contexts, data {ensemble.meta['data_digest']}, sha256 {hashlib.sha256(data).hexdigest()[:16]}, "
+        f"{took:.1f} s"
+    )
     return 0
 
 

@@ -4,10 +4,9 @@
 import json
 import sys
 
+import autobyte
 import torch
 import torch.distributed as dist
-
-import autobyte
 from autobyte.transport import session
 
 dist.init_process_group("gloo")

@@ -20,6 +20,7 @@ streams the job to that daemon.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import signal
@@ -51,9 +52,13 @@ MODES = {
     "sigterm_one": "SIGTERM to rank 1 mid-training (what torchrun sends when a rank fails)",
     "kill_one": "SIGKILL to rank 1 mid-training",
 }
-SIGNALLED = {"sigint_all": (signal.SIGINT, (0, 1)), "sigint_one": (signal.SIGINT, (1,)),
-             "sigterm_all": (signal.SIGTERM, (0, 1)), "sigterm_one": (signal.SIGTERM, (1,)),
-             "kill_one": (signal.SIGKILL, (1,))}
+SIGNALLED = {
+    "sigint_all": (signal.SIGINT, (0, 1)),
+    "sigint_one": (signal.SIGINT, (1,)),
+    "sigterm_all": (signal.SIGTERM, (0, 1)),
+    "sigterm_one": (signal.SIGTERM, (1,)),
+    "kill_one": (signal.SIGKILL, (1,)),
+}
 
 
 def free_port() -> int:
@@ -62,7 +67,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None, state_path: str) -> None:
+def job(
+    mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None, state_path: str
+) -> None:
     """One rank's training script (`port` None: torchrun's environment)."""
     import autobyte
 
@@ -71,7 +78,9 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
         if os.environ.get("AUTOBYTE_DAEMON"):
             autobyte.init()
     else:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
+        )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
     atexit.register(lambda: torch.save(model.state_dict(), state_path))
@@ -81,7 +90,9 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
         opt = base
     else:
         model_call = model
-        opt = autobyte.ScheduledOptimizer(model, base, partition_bytes=8 << 10, credit_bytes=16 << 10)
+        opt = autobyte.ScheduledOptimizer(
+            model, base, partition_bytes=8 << 10, credit_bytes=16 << 10
+        )
     signalled = mode in SIGNALLED
     generator = torch.Generator().manual_seed(1 + rank)
 
@@ -96,7 +107,9 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
                 os.write(ready_fd, b"r")  # mid-training: the driver signals now
             if step == 3 and mode == "exit3":
                 sys.exit(3)
-            if step == 3 and (mode in ("raise", "raise_in_with") or (mode == "raise_one" and rank == 1)):
+            if step == 3 and (
+                mode in ("raise", "raise_in_with") or (mode == "raise_one" and rank == 1)
+            ):
                 raise RuntimeError(f"the script's own error on rank {rank}")
 
     if mode == "with" or mode == "raise_in_with":
@@ -104,9 +117,8 @@ def job(mode: str, ddp: bool, rank: int, port: int | None, ready_fd: int | None,
             train()
     else:
         train()
-    if mode == "close" or mode == "close_destroy":
-        if not ddp:
-            opt.close()
+    if mode in ("close", "close_destroy") and not ddp:
+        opt.close()
     if mode == "destroy" and not ddp:
         opt.synchronize()
     if mode in ("destroy", "destroy_only", "close_destroy"):
@@ -126,7 +138,11 @@ class _nothing:
 def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tuple | None:
     """The parent: runs the jobs (mode, ddp), `parallel` at a time; returns None. A forked rank
     returns its job's arguments instead."""
-    results = open(os.path.join(out_dir, "results.jsonl"), "a")
+    results = open(os.path.join(out_dir, "results.jsonl"), "a")  # noqa: SIM115 - appended to as each job ends; forked ranks return out of this loop
+    # torch's objects, imported once, out of every forked rank's garbage collections: each rank
+    # would otherwise walk (and copy, page by page) all of them at its first collection and at its
+    # interpreter's shutdown, seconds of CPU a rank; the shutdown itself is unchanged
+    gc.freeze()
     for first in range(0, len(specs), parallel):
         jobs = {}
         for rep in range(first, min(len(specs), first + parallel)):
@@ -145,10 +161,23 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
                     err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                     os.dup2(err, 2)
                     os.dup2(err, 1)
-                    return mode, ddp, rank, port, ready_w, os.path.join(out_dir, f"r{rep}-{rank}.pt")
+                    return (
+                        mode,
+                        ddp,
+                        rank,
+                        port,
+                        ready_w,
+                        os.path.join(out_dir, f"r{rep}-{rank}.pt"),
+                    )
                 os.close(ready_w)
                 os.set_blocking(ready_r, False)
-                ranks[rank] = {"pid": pid, "ready": ready_r, "err": err_path, "status": None, "seen": b""}
+                ranks[rank] = {
+                    "pid": pid,
+                    "ready": ready_r,
+                    "err": err_path,
+                    "status": None,
+                    "seen": b"",
+                }
             ranks["signal"] = SIGNALLED.get(mode, (None, ()))
         t_end: dict[int, float] = {}
         deadline = time.monotonic() + 120.0  # start-up and training on a busy machine
@@ -167,13 +196,16 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
                         pid, status = os.waitpid(r["pid"], os.WNOHANG)
                         if pid:
                             r["status"], r["gone"] = status, time.monotonic()
-                if rep not in t_end and all(marker in r["seen"] or r["status"] is not None
-                                            for r in ranks.values()):
+                if rep not in t_end and all(
+                    marker in r["seen"] or r["status"] is not None for r in ranks.values()
+                ):
                     t_end[rep] = time.monotonic()
                     for rank in targets:
                         os.kill(ranks[rank]["pid"], how)
                 waiting = any(r["status"] is None for r in ranks.values())
-                if waiting and (rep not in t_end or time.monotonic() - t_end[rep] <= RANK_DEADLINE_S):
+                if waiting and (
+                    rep not in t_end or time.monotonic() - t_end[rep] <= RANK_DEADLINE_S
+                ):
                     pending = True
             if not pending:
                 break
@@ -190,11 +222,22 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 with open(r["err"], errors="replace") as f:
                     err = f.read()
-                results.write(json.dumps({
-                    "job": rep, "mode": specs[rep][0], "ddp": specs[rep][1], "rank": rank, "code": code, "hung": hung,
-                    "gone_s": round(r["gone"] - t_end[rep], 3) if rep in t_end else None,
-                    "abort": "terminate called" in err or code == -signal.SIGABRT,
-                    "stderr_tail": err[-1500:]}) + "\n")
+                results.write(
+                    json.dumps(
+                        {
+                            "job": rep,
+                            "mode": specs[rep][0],
+                            "ddp": specs[rep][1],
+                            "rank": rank,
+                            "code": code,
+                            "hung": hung,
+                            "gone_s": round(r["gone"] - t_end[rep], 3) if rep in t_end else None,
+                            "abort": "terminate called" in err or code == -signal.SIGABRT,
+                            "stderr_tail": err[-1500:],
+                        }
+                    )
+                    + "\n"
+                )
                 results.flush()
                 os.close(r["ready"])
     return None
@@ -206,7 +249,9 @@ def parse_specs(args: list[str]) -> list[tuple[str, bool]]:
         name, _, repeats = arg.partition("*")
         mode, _, variant = name.partition("@")
         if mode not in MODES or variant not in ("", "ddp"):
-            raise SystemExit(f"unknown job {arg!r}: MODE[@ddp][*REPEATS] with MODE one of {sorted(MODES)}")
+            raise SystemExit(
+                f"unknown job {arg!r}: MODE[@ddp][*REPEATS] with MODE one of {sorted(MODES)}"
+            )
         specs += [(mode, variant == "ddp")] * int(repeats or 1)
     return specs
 

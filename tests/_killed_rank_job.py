@@ -39,10 +39,15 @@ if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
     # torchrun's store outlives a restart, and with it gloo's keys of the dead attempt: a restarted
     # rank can read its peer's old address and fail or hang connecting (plain torch, the default
     # group included). A prefix per attempt, as torchrun users of gloo need, keeps them apart.
-    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                is_master=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}/", agent_store),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    agent_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"attempt{attempt}/", agent_store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
 else:
     dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -88,22 +93,30 @@ try:
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 optimizer_state = sched.state_dict()  # synchronizes: every update has landed
                 if rank == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer_state,
-                                "lr_schedule": lr_schedule.state_dict(), "step": step + 1},
-                               checkpoint + ".tmp")
+                    torch.save(
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer_state,
+                            "lr_schedule": lr_schedule.state_dict(),
+                            "step": step + 1,
+                        },
+                        checkpoint + ".tmp",
+                    )
                     os.replace(checkpoint + ".tmp", checkpoint)
                 dist.barrier()  # every rank past this checkpoint before anyone trusts it
             time.sleep(args.step_sleep_s)
     report["completed"] = True
-    report["digests"] = [hashlib.sha256(p.detach().numpy().tobytes()).hexdigest()[:16]
-                         for p in model.parameters()]
+    report["digests"] = [
+        hashlib.sha256(p.detach().numpy().tobytes()).hexdigest()[:16] for p in model.parameters()
+    ]
 except SchedulerError as error:
     report["completed"] = False
     report["error"] = str(error)
     report["raised_t"] = time.monotonic()
 report["step"] = step
-report["threads_left"] = [t.name for t in threading.enumerate()
-                          if t.name.startswith("autobyte-") and t.is_alive()]
+report["threads_left"] = [
+    t.name for t in threading.enumerate() if t.name.startswith("autobyte-") and t.is_alive()
+]
 with open(os.path.join(args.out, f"r{rank}.json"), "w") as out:
     json.dump(report, out)
 dist.destroy_process_group()

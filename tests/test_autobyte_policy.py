@@ -12,9 +12,20 @@ from simulator.engine import SimulatedStep
 
 
 def record(**changes) -> SimulatedStep:
-    base = SimulatedStep(step=7, start_s=1.0, end_s=1.2, step_time_s=0.2, compute_s=0.12, blocked_s=0.05,
-                      comm_span_s=0.1, bandwidth_bytes_per_s=1.25e9, compute_factor=1.0, partitions=9,
-                      bytes_reduced=1 << 25, config=Config(4 << 20, 16 << 20))
+    base = SimulatedStep(
+        step=7,
+        start_s=1.0,
+        end_s=1.2,
+        step_time_s=0.2,
+        compute_s=0.12,
+        blocked_s=0.05,
+        comm_span_s=0.1,
+        bandwidth_bytes_per_s=1.25e9,
+        compute_factor=1.0,
+        partitions=9,
+        bytes_reduced=1 << 25,
+        config=Config(4 << 20, 16 << 20),
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -24,8 +35,12 @@ def test_the_tuner_cannot_see_the_scenarios_true_bandwidth_or_compute_factor():
     assert seen == hidden
     # what it sees instead: the scheduler's own estimate (bytes / communication span), with noise
     assert 0.7 * (1 << 25) / 0.1 < seen.bandwidth_bytes_per_s < 1.3 * (1 << 25) / 0.1
-    assert (seen.decision_id, seen.config, seen.host_load, seen.queueing_delay_s) == (3, Config(4 << 20, 16 << 20),
-                                                                                       0.0, 0.0)
+    assert (seen.decision_id, seen.config, seen.host_load, seen.queueing_delay_s) == (
+        3,
+        Config(4 << 20, 16 << 20),
+        0.0,
+        0.0,
+    )
 
 
 def test_the_policy_tunes_a_simulated_job(tmp_path):
@@ -33,9 +48,11 @@ def test_the_policy_tunes_a_simulated_job(tmp_path):
     from benchmarks.scenario import load_scenario
 
     path = tmp_path / "small.toml"
-    path.write_text('model = "resnet50"\nworkers = 8\nduration_s = 240\ncompute_scale = 50\n'
-                    '[bandwidth]\nkind = "step"\nlevels = [25, 3]\nat_s = [120]\n'
-                    '[link]\nlatency_s = 5e-6\ncollective_overhead_s = 50e-6\nlaunch_s = 50e-6\n')
+    path.write_text(
+        'model = "resnet50"\nworkers = 8\nduration_s = 240\ncompute_scale = 50\n'
+        '[bandwidth]\nkind = "step"\nlevels = [25, 3]\nat_s = [120]\n'
+        "[link]\nlatency_s = 5e-6\ncollective_overhead_s = 50e-6\nlaunch_s = 50e-6\n"
+    )
     keep: dict = {}
     result = simulate_scenario(load_scenario(path), ["autobyte"], keep)
     policy, records = keep["autobyte"]

@@ -1,14 +1,14 @@
-"""Issue 19 item 5: `autobyte best` compares only configurations measured in the same context, says
+"""`autobyte best` compares only configurations measured in the same context, says
 which context and how many steps each, and gives one speed-up figure (x faster than a reference)."""
 
 import json
 
 import pytest
-
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.types import describe_speedup, speedup
-from tests.helpers.rpc import Client, sample
+
 from tests.helpers.cli import run_cli
+from tests.helpers.rpc import Client, sample
 
 SMALL = pb.Config(partition_bytes=64 << 10, credit_bytes=64 << 10)
 MEDIUM = pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)
@@ -24,11 +24,22 @@ def stream(address: str, job: str, phases, first_seq: int = 1, instance: str = "
     for steps, config, step_time_s, bandwidth, load in phases:
         for _ in range(steps):
             wall += step_time_s
-            samples.append(sample(seq, step=seq - first_seq, wall_time_s=wall, step_time_s=step_time_s,
-                                  bandwidth_bytes_per_s=bandwidth, host_load=load, config=config))
+            samples.append(
+                sample(
+                    seq,
+                    step=seq - first_seq,
+                    wall_time_s=wall,
+                    step_time_s=step_time_s,
+                    bandwidth_bytes_per_s=bandwidth,
+                    host_load=load,
+                    config=config,
+                )
+            )
             seq += 1
     # final: this process is done (a later run's process may take rank 0 over at once)
-    client.stream([pb.MetricsBatch(job=job, rank=0, session_id=session, samples=samples, final=True)])
+    client.stream(
+        [pb.MetricsBatch(job=job, rank=0, session_id=session, samples=samples, final=True)]
+    )
     client.close()
     return seq
 
@@ -43,24 +54,35 @@ def test_best_compares_only_within_the_latest_context(thread_daemon):
     """SMALL ran only before a bandwidth drop (fast link: 200 ms); MEDIUM before and after; LARGE only
     after, as fast as MEDIUM there. Across contexts LARGE would look 1.33x slower than MEDIUM's
     early steps and SMALL would be compared with configurations it never ran beside."""
-    stream(thread_daemon.address, "drop", [
-        (40, SMALL, 0.200, 2.5e8, 0.05),
-        (40, MEDIUM, 0.050, 2.5e8, 0.05),
-        (40, MEDIUM, 0.150, 3.5e7, 0.05),   # the link drops 7x: MEDIUM measured again
-        (40, LARGE, 0.150, 3.6e7, 0.05),
-    ])
+    stream(
+        thread_daemon.address,
+        "drop",
+        [
+            (40, SMALL, 0.200, 2.5e8, 0.05),
+            (40, MEDIUM, 0.050, 2.5e8, 0.05),
+            (40, MEDIUM, 0.150, 3.5e7, 0.05),  # the link drops 7x: MEDIUM measured again
+            (40, LARGE, 0.150, 3.6e7, 0.05),
+        ],
+    )
     best = best_json(thread_daemon.address, "drop")
     assert best["contexts"] == 2
-    assert best["context"].startswith("context 2 of 2: run 1, steps ") and "a bandwidth drop at step 8" in \
-        best["context"], best["context"]
-    compared = {(c["config"]["partition_bytes"], c["config"]["credit_bytes"]): c for c in best["candidates"]}
+    assert (
+        best["context"].startswith("context 2 of 2: run 1, steps ")
+        and "a bandwidth drop at step 8" in best["context"]
+    ), best["context"]
+    compared = {
+        (c["config"]["partition_bytes"], c["config"]["credit_bytes"]): c for c in best["candidates"]
+    }
     assert set(compared) == {(4 << 20, 16 << 20), (16 << 20, 64 << 20)}  # SMALL is not compared
     assert all(c["median_step_time_s"] == pytest.approx(0.150) for c in compared.values())
     # The context began with MEDIUM (the baseline never ran in it): the speed-ups are over MEDIUM.
     assert best["reference"] == {"partition_bytes": 4 << 20, "credit_bytes": 16 << 20}
     assert best["baseline_step_time_s"] is None
     assert [c["speedup"] for c in best["candidates"]] == pytest.approx([1.0, 1.0])
-    assert compared[(4 << 20, 16 << 20)]["samples"] == 40 and compared[(16 << 20, 64 << 20)]["samples"] == 40
+    assert (
+        compared[(4 << 20, 16 << 20)]["samples"] == 40
+        and compared[(16 << 20, 64 << 20)]["samples"] == 40
+    )
 
     table = run_cli("best", "drop", "--daemon", thread_daemon.address)
     assert table.returncode == 0, table.stderr
@@ -74,13 +96,20 @@ def test_best_compares_only_within_the_latest_context(thread_daemon):
 def test_one_speedup_figure_over_the_baseline_in_its_context(thread_daemon):
     """With the no-scheduling baseline measured in the context, every speed-up is over it, and the
     table, the JSON and the headline give the same figure (baseline median / candidate median)."""
-    stream(thread_daemon.address, "steady", [
-        (30, BASELINE, 0.100, 1e8, 0.1),
-        (30, MEDIUM, 0.080, 1e8, 0.1),
-        (30, SMALL, 0.125, 1e8, 0.1),
-    ])
+    stream(
+        thread_daemon.address,
+        "steady",
+        [
+            (30, BASELINE, 0.100, 1e8, 0.1),
+            (30, MEDIUM, 0.080, 1e8, 0.1),
+            (30, SMALL, 0.125, 1e8, 0.1),
+        ],
+    )
     best = best_json(thread_daemon.address, "steady")
-    assert best["contexts"] == 1 and best["reference"] == {"partition_bytes": None, "credit_bytes": None}
+    assert best["contexts"] == 1 and best["reference"] == {
+        "partition_bytes": None,
+        "credit_bytes": None,
+    }
     speedups = {c["config"]["partition_bytes"]: c["speedup"] for c in best["candidates"]}
     assert speedups == pytest.approx({4 << 20: 1.25, None: 1.0, 64 << 10: 0.8})
     assert speedup(0.100, 0.080) == pytest.approx(1.25)
@@ -93,15 +122,24 @@ def test_one_speedup_figure_over_the_baseline_in_its_context(thread_daemon):
 
 
 def test_a_new_run_and_a_host_load_rise_are_new_contexts(thread_daemon):
-    seq = stream(thread_daemon.address, "runs", [(30, SMALL, 0.1, 1e8, 0.05), (30, MEDIUM, 0.05, 1e8, 0.05)])
+    seq = stream(
+        thread_daemon.address, "runs", [(30, SMALL, 0.1, 1e8, 0.05), (30, MEDIUM, 0.05, 1e8, 0.05)]
+    )
     after_restart = best_json(thread_daemon.address, "runs")
     assert after_restart["contexts"] == 1 and len(after_restart["candidates"]) == 2
     # A new process on rank 0 starts a new run (steps from 0), then a neighbour takes half the host.
-    stream(thread_daemon.address, "runs", [(30, LARGE, 0.07, 1e8, 0.05), (30, LARGE, 0.12, 1e8, 0.6),
-                                           (30, SMALL, 0.2, 1e8, 0.6)], first_seq=seq, instance="i-1")
+    stream(
+        thread_daemon.address,
+        "runs",
+        [(30, LARGE, 0.07, 1e8, 0.05), (30, LARGE, 0.12, 1e8, 0.6), (30, SMALL, 0.2, 1e8, 0.6)],
+        first_seq=seq,
+        instance="i-1",
+    )
     best = best_json(thread_daemon.address, "runs")
     assert best["contexts"] == 3, best
-    assert "run 2" in best["context"] and "a host load rise at step 30" in best["context"], best["context"]
+    assert "run 2" in best["context"] and "a host load rise at step 30" in best["context"], best[
+        "context"
+    ]
     assert {c["config"]["partition_bytes"] for c in best["candidates"]} == {16 << 20, 64 << 10}
 
 
@@ -132,6 +170,7 @@ def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
     import random
 
     from autobyte.types import Config
+
     from autobyted.contexts import StepPoint
     from autobyted.storage.sql import best_in_latest_context
 
@@ -147,7 +186,15 @@ def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
                 out.append(StepPoint(len(out), wall, time_s, config, 3e7, 0.2))
         return out
 
-    noisy = best_in_latest_context("j", points([(40, held, 0.48), (12, baseline, 0.466), (20, held, 0.48)]), 5)
-    assert noisy.config == held and "none/inf measured" in noisy.evidence and "within the noise" in noisy.evidence
-    clearly = best_in_latest_context("j", points([(40, held, 0.48), (20, clear, 0.40), (20, held, 0.48)]), 5)
+    noisy = best_in_latest_context(
+        "j", points([(40, held, 0.48), (12, baseline, 0.466), (20, held, 0.48)]), 5
+    )
+    assert (
+        noisy.config == held
+        and "none/inf measured" in noisy.evidence
+        and "within the noise" in noisy.evidence
+    )
+    clearly = best_in_latest_context(
+        "j", points([(40, held, 0.48), (20, clear, 0.40), (20, held, 0.48)]), 5
+    )
     assert clearly.config == clear and "within the noise" not in clearly.evidence

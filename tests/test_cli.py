@@ -6,8 +6,8 @@ import json
 import re
 
 import pytest
-
 from autobyte.protocol import autobyte_pb2 as pb
+
 from devtools.ports import free_port
 from tests.helpers.cli import run_cli
 from tests.helpers.rpc import Client, batch, sample
@@ -34,7 +34,11 @@ def test_a_list_of_daemons_is_asked_in_order_until_one_answers(thread_daemon):
     result = run_cli("status", "--format", "json", "--daemon", f"{dead}, {thread_daemon.address}")
     assert result.returncode == 0 and json.loads(result.stdout)["jobs"] == [], result.stderr
     both_dead = run_cli("status", env={"AUTOBYTE_DAEMON": f"{dead},127.0.0.1:{free_port()}"})
-    assert both_dead.returncode == 3 and dead in both_dead.stderr and len(both_dead.stderr.splitlines()) == 1
+    assert (
+        both_dead.returncode == 3
+        and dead in both_dead.stderr
+        and len(both_dead.stderr.splitlines()) == 1
+    )
     malformed = run_cli("status", "--daemon", f"{thread_daemon.address},nohost")
     assert malformed.returncode == 2 and "'nohost' must look like HOST:PORT" in malformed.stderr
 
@@ -45,25 +49,41 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
     assert "unknown job 'nope'" in result.stderr and "NOT_FOUND" in result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["propose", "job", "--partition", "0", "--credit", "1MiB"], "positive byte size"),
-    # Issue 13 item 8: the CLI spells the special sizes none/unlimited, and so must its errors.
-    (["propose", "job", "--partition", "1e30", "--credit", "1MiB"], "use none for no partitioning"),
-    (["propose", "job", "--partition", "1MiB", "--credit", "1e30"], "use unlimited for unlimited credit"),
-    (["propose", "job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "1e30"], "use none for no tail window"),
-    (["history", "job", "--rank", "-1"], "--rank"),  # item 8: a negative rank is refused
-    (["status", "--no-such-flag"], "No such option"),
-    (["frobnicate"], "No such command"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["propose", "job", "--partition", "0", "--credit", "1MiB"], "positive byte size"),
+        # The CLI spells the special sizes none/unlimited, and so must its errors.
+        (
+            ["propose", "job", "--partition", "1e30", "--credit", "1MiB"],
+            "use none for no partitioning",
+        ),
+        (
+            ["propose", "job", "--partition", "1MiB", "--credit", "1e30"],
+            "use unlimited for unlimited credit",
+        ),
+        (
+            ["propose", "job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "1e30"],
+            "use none for no tail window",
+        ),
+        (["history", "job", "--rank", "-1"], "--rank"),  # item 8: a negative rank is refused
+        (["status", "--no-such-flag"], "No such option"),
+        (["frobnicate"], "No such command"),
+    ],
+)
 def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
-    """Issue 13 item 8: a usage error (2) is never mistaken for 'cannot reach the daemon' (3)."""
+    """A usage error (2) is never mistaken for 'cannot reach the daemon' (3)."""
     result = run_cli(*args, "--daemon", thread_daemon.address)
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr and "None" not in result.stderr and "Traceback" not in result.stderr
+    assert (
+        message in result.stderr
+        and "None" not in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 def test_history_and_best_agree_with_themselves(thread_daemon):
-    """Issue 13 item 9: the table shows the step a decision was applied at, the CSV carries it, reasons
+    """The table shows the step a decision was applied at, the CSV carries it, reasons
     are whole, and `best` shows every configuration it compared and says when the baseline is missing."""
     client = Client(thread_daemon.address)
     session = client.register().session_id
@@ -75,8 +95,16 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     proposal = pb.ProposeConfigRequest(job="job", apply_at_step=0, reason=reason.strip())
     proposal.config.partition_bytes = 1 << 20
     decision = client.control.ProposeConfig(proposal, timeout=5)
-    client.control.ReportConfig(pb.ReportConfigRequest(job="job", rank=0, decision_id=decision.decision_id,
-                                                       applied_at_step=51, config=proposal.config), timeout=5)
+    client.control.ReportConfig(
+        pb.ReportConfigRequest(
+            job="job",
+            rank=0,
+            decision_id=decision.decision_id,
+            applied_at_step=51,
+            config=proposal.config,
+        ),
+        timeout=5,
+    )
     client.close()
 
     table = run_cli("history", "job", "--daemon", thread_daemon.address)
@@ -87,11 +115,24 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     assert lines[header].split() == ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"]
     assert lines[header + 1].split()[:3] == [f"#{decision.decision_id}", "next", "51"]
     assert lines[header + 2].strip().startswith("by operator; step time predicted -, measured")
-    shown_reason = " ".join(line.strip() for line in lines[header + 3:]).removeprefix("reason: ")
+    shown_reason = " ".join(line.strip() for line in lines[header + 3 :]).removeprefix("reason: ")
     assert shown_reason == reason.strip()
 
-    rows = list(csv.DictReader(io.StringIO(run_cli("history", "job", "--daemon", thread_daemon.address,
-                                                   "--format", "csv", "--steps").stdout)))
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                run_cli(
+                    "history",
+                    "job",
+                    "--daemon",
+                    thread_daemon.address,
+                    "--format",
+                    "csv",
+                    "--steps",
+                ).stdout
+            )
+        )
+    )
     (decision_row,) = [row for row in rows if row["kind"] == "decision"]
     assert decision_row["applied_at_step"] == "51" and decision_row["reason"] == reason.strip()
     assert all(row["applied_at_step"] == "" for row in rows if row["kind"] == "step")
@@ -101,7 +142,9 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     assert "2 configuration(s) compared" in best.stdout
     assert "none/inf" in best.stdout and "1MiB/inf" in best.stdout  # both compared ones are shown
     assert "no-scheduling baseline" in best.stdout
-    as_json = json.loads(run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
+    as_json = json.loads(
+        run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout
+    )
     assert [c["config"]["partition_bytes"] for c in as_json["candidates"]] == [1 << 20, None]
     assert as_json["baseline_step_time_s"] == pytest.approx(0.05)
 
@@ -116,7 +159,9 @@ def test_best_says_when_the_baseline_was_not_measured(thread_daemon):
     client.close()
     best = run_cli("best", "job", "--daemon", thread_daemon.address)
     assert "no-scheduling baseline: not measured" in best.stdout, best.stdout
-    as_json = json.loads(run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout)
+    as_json = json.loads(
+        run_cli("best", "job", "--daemon", thread_daemon.address, "--format", "json").stdout
+    )
     assert as_json["baseline_step_time_s"] is None and len(as_json["candidates"]) == 1
 
 
@@ -128,6 +173,7 @@ def test_status_history_and_tune_show_the_tuner(db_url):
     import time
 
     from autobyte.protocol import autobyte_pb2 as pb
+
     from tests.helpers.daemon import ThreadDaemon
     from tests.helpers.rpc import Client, sample
 
@@ -135,12 +181,23 @@ def test_status_history_and_tune_show_the_tuner(db_url):
     try:
         client = Client(daemon.address)
         session = client.register(job="cli-job").session_id
-        samples = [sample(seq, step_time_s=0.1, bandwidth_bytes_per_s=1e8,
-                          config=pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)) for seq in range(1, 61)]
+        samples = [
+            sample(
+                seq,
+                step_time_s=0.1,
+                bandwidth_bytes_per_s=1e8,
+                config=pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20),
+            )
+            for seq in range(1, 61)
+        ]
         client.stream([pb.MetricsBatch(job="cli-job", rank=0, session_id=session, samples=samples)])
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not client.query.History(
-                pb.HistoryRequest(job="cli-job", limit=1), timeout=10).decisions:
+        while (
+            time.monotonic() < deadline
+            and not client.query.History(
+                pb.HistoryRequest(job="cli-job", limit=1), timeout=10
+            ).decisions
+        ):
             time.sleep(0.1)
         client.close()
         address = ("--daemon", daemon.address)
@@ -152,24 +209,53 @@ def test_status_history_and_tune_show_the_tuner(db_url):
         assert data["tuner"]["state"] == "exploring" and data["tuner"]["mode"] == "auto"
         assert data["last_decision"]["source"] == "tuner"
         history = run_cli("history", "cli-job", *address)
-        assert re.search(r"by tuner; step time predicted \d+\.\d ms", history.stdout), history.stdout
+        assert re.search(r"by tuner; step time predicted \d+\.\d ms", history.stdout), (
+            history.stdout
+        )
         assert "reason: trial 1/" in history.stdout, history.stdout
-        decisions = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)["decisions"]
+        decisions = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)[
+            "decisions"
+        ]
         assert decisions[0]["source"] == "tuner" and decisions[0]["predicted_step_time_s"] > 0
-        proposed = run_cli("propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", *address)
+        proposed = run_cli(
+            "propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", *address
+        )
         assert proposed.returncode == 0 and "autobyte tune cli-job --resume" in proposed.stdout
-        tailed = run_cli("propose", "cli-job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "8MiB", *address)
+        tailed = run_cli(
+            "propose",
+            "cli-job",
+            "--partition",
+            "1MiB",
+            "--credit",
+            "4MiB",
+            "--tail",
+            "8MiB",
+            *address,
+        )
         assert tailed.returncode == 0 and "tail=8MiB" in tailed.stdout, tailed.stdout
-        last = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)["decisions"][-1]
-        assert last["config"] == {"partition_bytes": 1 << 20, "credit_bytes": 4 << 20, "tail_bytes": 8 << 20}
+        last = json.loads(run_cli("history", "cli-job", *address, "--format", "json").stdout)[
+            "decisions"
+        ][-1]
+        assert last["config"] == {
+            "partition_bytes": 1 << 20,
+            "credit_bytes": 4 << 20,
+            "tail_bytes": 8 << 20,
+        }
         rows = run_cli("history", "cli-job", *address, "--format", "csv").stdout.splitlines()
         assert rows[0].endswith(",tail_bytes") and rows[-1].endswith(f",{8 << 20}"), rows
         assert "1MiB/4MiB tail 8MiB" in run_cli("history", "cli-job", *address).stdout
-        paused = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"]
+        paused = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0][
+            "tuner"
+        ]
         assert paused["paused"] is True
         resumed = run_cli("tune", "cli-job", "--resume", *address)
         assert resumed.returncode == 0 and "tuner resumed" in resumed.stdout
-        assert json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"]["paused"] is False
+        assert (
+            json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0]["tuner"][
+                "paused"
+            ]
+            is False
+        )
         missing = run_cli("tune", "nope", "--pause", *address)
         assert missing.returncode == 1 and "unknown job 'nope'" in missing.stderr
     finally:

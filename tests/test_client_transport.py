@@ -7,17 +7,16 @@ import threading
 import time
 
 import pytest
+from autobyte.protocol import autobyte_pb2 as pb
 
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.dist import run_ranks
 from tests.helpers.rpc import Client
-from autobyte.protocol import autobyte_pb2 as pb
 
 
 def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wait_decision_at=None):
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import session
 
     root_handlers = list(logging.getLogger().handlers)
@@ -25,8 +24,12 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
         autobyte.init(daemon=address, job=job, buffer_samples=buffer_samples)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                      partition_bytes=8 << 10, credit_bytes=None)
+    opt = autobyte.ScheduledOptimizer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        partition_bytes=8 << 10,
+        credit_bytes=None,
+    )
     configs = {}
     opt.add_step_callback(lambda m: configs.__setitem__(m.step, m.config.to_dict()))
     for step in range(steps):
@@ -43,19 +46,25 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
         opt.zero_grad()
     opt.synchronize()
     metrics = [opt.last_step_metrics()]
-    out = {"configs": [configs[s] for s in range(steps)], "threads": sorted(t.name for t in threading.enumerate()),
-           "root_handlers_unchanged": list(logging.getLogger().handlers) == root_handlers,
-           "last_step": metrics[-1].step}
+    out = {
+        "configs": [configs[s] for s in range(steps)],
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "root_handlers_unchanged": list(logging.getLogger().handlers) == root_handlers,
+        "last_step": metrics[-1].step,
+    }
     if address is not None:
         reporter = session._reporter
-        out.update(flushed=reporter.flush(20), dropped=reporter.dropped_total, acked=reporter.acked_seq)
+        out.update(
+            flushed=reporter.flush(20), dropped=reporter.dropped_total, acked=reporter.acked_seq
+        )
         autobyte.shutdown()
     opt.close()
     return out
 
 
-def propose_once_registered(client: Client, job: str, ranks: int, apply_at_step: int, partition_bytes,
-                            credit_bytes) -> threading.Thread:
+def propose_once_registered(
+    client: Client, job: str, ranks: int, apply_at_step: int, partition_bytes, credit_bytes
+) -> threading.Thread:
     """A started thread that proposes a decision for `job` once `ranks` of its ranks registered."""
 
     def propose():
@@ -63,8 +72,13 @@ def propose_once_registered(client: Client, job: str, ranks: int, apply_at_step:
         while time.monotonic() < deadline:
             jobs = client.query.Status(pb.StatusRequest(), timeout=5).jobs
             if jobs and len(jobs[0].ranks) >= ranks:
-                request = pb.ProposeConfigRequest(job=job, apply_at_step=apply_at_step, reason="test")
-                for name, value in (("partition_bytes", partition_bytes), ("credit_bytes", credit_bytes)):
+                request = pb.ProposeConfigRequest(
+                    job=job, apply_at_step=apply_at_step, reason="test"
+                )
+                for name, value in (
+                    ("partition_bytes", partition_bytes),
+                    ("credit_bytes", credit_bytes),
+                ):
                     if value is not None:
                         setattr(request.config, name, value)
                 client.control.ProposeConfig(request, timeout=5)
@@ -80,15 +94,21 @@ def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
     client = Client(thread_daemon.address)
 
     proposer = propose_once_registered(client, "t1", 2, 30, 16 << 10, 64 << 10)
-    rank0, rank1 = run_ranks(_train, 2, thread_daemon.address, "t1", 60, 0.0, 10_000, 20, timeout_s=150)
+    rank0, rank1 = run_ranks(
+        _train, 2, thread_daemon.address, "t1", 60, 0.0, 10_000, 20, timeout_s=150
+    )
     proposer.join()
     for result in (rank0, rank1):
-        assert result["flushed"] and result["dropped"] == 0 and result["acked"] == 60, {k: v for k, v in result.items() if k != "configs"}
+        assert result["flushed"] and result["dropped"] == 0 and result["acked"] == 60, {
+            k: v for k, v in result.items() if k != "configs"
+        }
         assert result["root_handlers_unchanged"]
     # the decision named step 30: both ranks ran steps < 30 on the old and >= 30 on the new config
     for result in (rank0, rank1):
         assert result["configs"][29] == {"partition_bytes": 8 << 10, "credit_bytes": None}
-        assert result["configs"][30:] == [{"partition_bytes": 16 << 10, "credit_bytes": 64 << 10}] * 30
+        assert (
+            result["configs"][30:] == [{"partition_bytes": 16 << 10, "credit_bytes": 64 << 10}] * 30
+        )
     history = client.query.History(pb.HistoryRequest(job="t1", limit=1000), timeout=5)
     assert len(history.steps) == 120
     (decision,) = history.decisions
@@ -100,8 +120,9 @@ def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
 
 def test_without_init_nothing_is_sent_or_started():
     rank0, _ = run_ranks(_train, 2, None, None, 5, 0.0, timeout_s=90)
-    assert not any(name.startswith("autobyte-telemetry") or name.startswith("autobyte-control")
-                   for name in rank0["threads"])
+    assert not any(
+        name.startswith(("autobyte-telemetry", "autobyte-control")) for name in rank0["threads"]
+    )
 
 
 def test_absent_daemon_never_stops_training_and_overflow_is_counted(tmp_path):
@@ -112,16 +133,17 @@ def test_absent_daemon_never_stops_training_and_overflow_is_counted(tmp_path):
     for result in results:
         assert result["last_step"] == 79
         assert result["dropped"] == 80 - 25  # buffer of 25: the oldest were dropped and counted
-        assert result["flushed"] and result["acked"] == 80  # the 25 newest arrive once a daemon is up
+        assert (
+            result["flushed"] and result["acked"] == 80
+        )  # the 25 newest arrive once a daemon is up
     assert results[0]["status_dropped"] == 2 * 55
 
 
 def _train_then_daemon(rank, world, port, db_path):
     """Train with the daemon down, then start one and let the buffered samples drain."""
+    import autobyte
     import torch
     import torch.distributed as dist
-
-    import autobyte
     from autobyte.transport import session
 
     autobyte.init(daemon=f"127.0.0.1:{port}", job="late", buffer_samples=25)
@@ -137,7 +159,6 @@ def _train_then_daemon(rank, world, port, db_path):
     dist.barrier()
     if rank == 0:
         from autobyted.settings import Settings
-
         from tests.helpers.daemon import ThreadDaemon
 
         daemon = ThreadDaemon(f"sqlite:///{db_path}")
@@ -148,12 +169,17 @@ def _train_then_daemon(rank, world, port, db_path):
         daemon.start()
     flushed = reporter.flush(30)
     dist.barrier()
-    out = {"last_step": opt.last_step_metrics().step, "dropped": reporter.dropped_total, "flushed": flushed,
-           "acked": reporter.acked_seq}
-    if rank == 0:
-        time.sleep(0.5)
+    out = {
+        "last_step": opt.last_step_metrics().step,
+        "dropped": reporter.dropped_total,
+        "flushed": flushed,
+        "acked": reporter.acked_seq,
+    }
+    if rank == 0:  # both ranks' counts came with batches they saw acknowledged: stored
         client = Client(daemon.address)
-        out["status_dropped"] = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0].dropped_total
+        out["status_dropped"] = (
+            client.query.Status(pb.StatusRequest(), timeout=5).jobs[0].dropped_total
+        )
         client.close()
     dist.barrier()
     autobyte.shutdown()
@@ -166,9 +192,8 @@ def _train_then_daemon(rank, world, port, db_path):
 def _rejected_sample_worker(rank, world, address):
     import dataclasses
 
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import session
 
     autobyte.init(daemon=address, job="rejects")
@@ -203,11 +228,18 @@ def test_invalid_samples_are_dropped_and_streaming_goes_on(thread_daemon):
     assert all(s.step_time_s == s.step_time_s for s in stored)  # no NaN got in
 
 
-def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="steady", step_sleep_s=0.01,
-                   capture_logs=False):
-    import torch
-
+def _steady_worker(
+    rank,
+    world,
+    address,
+    steps,
+    flush_interval_s=0.05,
+    job="steady",
+    step_sleep_s=0.01,
+    capture_logs=False,
+):
     import autobyte
+    import torch
     from autobyte.transport import session
 
     logs = _capture_autobyte_logs() if capture_logs else None
@@ -221,7 +253,11 @@ def _steady_worker(rank, world, address, steps, flush_interval_s=0.05, job="stea
         time.sleep(step_sleep_s)
     opt.synchronize()
     reporter = session._reporter
-    out = {"flushed": reporter.flush(60), "dropped": reporter.dropped_total, "acked": reporter.acked_seq}
+    out = {
+        "flushed": reporter.flush(60),
+        "dropped": reporter.dropped_total,
+        "acked": reporter.acked_seq,
+    }
     if logs is not None:
         out["records"] = list(logs.records)
     autobyte.shutdown()
@@ -269,9 +305,8 @@ def test_quick_daemon_restarts_lose_and_duplicate_nothing(tmp_path):
 
 def _grouped_worker(rank, world, address, groups):
     """Trains in groups of steps; each group's samples go out as exactly one batch (flush())."""
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import session
 
     autobyte.init(daemon=address, job="groups", flush_interval_s=60)  # no time-based batches
@@ -311,9 +346,8 @@ def test_refused_batches_are_dropped_once_and_accounted(db_url):
 
 
 def _opted_out_worker(rank, world, address):
-    import torch
-
     import autobyte
+    import torch
 
     reporter = autobyte.init(daemon=address, job="opted-out", tune=False)
     model = torch.nn.Linear(8, 8)
@@ -359,9 +393,8 @@ def _capture_autobyte_logs() -> _Records:
 
 def _refused_worker(rank, world, address):
     """Two refusals that retrying does not fix: a wrong token, a job registered with another world size."""
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import reporter as reporter_module
     from autobyte.transport import session
 
@@ -370,7 +403,10 @@ def _refused_worker(rank, world, address):
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = {}
-    for case, kwargs in (("token", dict(job="guarded", token="wrong")), ("world", dict(job="sized", token="t0k"))):
+    for case, kwargs in (
+        ("token", {"job": "guarded", "token": "wrong"}),
+        ("world", {"job": "sized", "token": "t0k"}),
+    ):
         del logs.records[:]
         autobyte.init(daemon=address, **kwargs)
         for _ in range(10):
@@ -379,15 +415,18 @@ def _refused_worker(rank, world, address):
             opt.zero_grad()
             time.sleep(0.15)  # 1.5 s of training: several registration attempts
         reporter = session._reporter
-        out[case] = {"records": [(level, message) for _, level, message in logs.records],
-                     "acked": reporter.acked_seq, "buffered": reporter.buffered}
+        out[case] = {
+            "records": [(level, message) for _, level, message in logs.records],
+            "acked": reporter.acked_seq,
+            "buffered": reporter.buffered,
+        }
         autobyte.shutdown()
     opt.close()
     return out
 
 
 def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
-    """Issue 13 item 4: wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
+    """Wrong token, world-size mismatch: one WARNING each (why, what to do), then quiet
     retries; training goes on and the samples wait in the buffer."""
     daemon = ThreadDaemon(db_url, token="t0k").start()
     try:
@@ -395,19 +434,23 @@ def test_a_permanent_refusal_is_one_warning_that_says_what_to_do(db_url):
         (result,) = run_ranks(_refused_worker, 1, daemon.address, timeout_s=120)
     finally:
         daemon.stop()
-    for case, code, advice in (("token", "UNAUTHENTICATED", "AUTOBYTE_TOKEN"),
-                               ("world", "FAILED_PRECONDITION", "new job id")):
+    for case, code, advice in (
+        ("token", "UNAUTHENTICATED", "AUTOBYTE_TOKEN"),
+        ("world", "FAILED_PRECONDITION", "new job id"),
+    ):
         records = result[case]["records"]
         warnings = [message for level, message in records if level == "WARNING"]
         assert len(warnings) == 1, records
         assert code in warnings[0] and advice in warnings[0] and "retried every" in warnings[0]
-        retries = [message for level, message in records if level == "DEBUG" and "refused" in message]
+        retries = [
+            message for level, message in records if level == "DEBUG" and "refused" in message
+        ]
         assert len(retries) >= 2, records  # it did retry, quietly
         assert result[case]["acked"] == 0 and result[case]["buffered"] > 0
 
 
 def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url):
-    """Issue 13 item 2: the writer's queue fills while the database is locked; refused batches come
+    """The writer's queue fills while the database is locked; refused batches come
     with `retry-after-ms`; the client waits that long before registering again, keeps its samples,
     and every step arrives exactly once."""
     import sqlite3
@@ -435,7 +478,9 @@ def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url
     locker = threading.Thread(target=lock_the_database_for_a_while)
     locker.start()
     try:
-        results = run_ranks(_steady_worker, 2, daemon.address, steps, 0.05, "busy", 0.02, True, timeout_s=150)
+        results = run_ranks(
+            _steady_worker, 2, daemon.address, steps, 0.05, "busy", 0.02, True, timeout_s=150
+        )
     finally:
         locker.join()
         client.close()
@@ -444,32 +489,46 @@ def test_the_client_waits_as_long_as_a_busy_daemon_asks_and_loses_nothing(db_url
     for rank, result in enumerate(results):
         assert result["flushed"] and result["dropped"] == 0 and result["acked"] == steps
         with sqlite3.connect(path) as conn:
-            stored = [s for (s,) in conn.execute("select step from step_metrics where rank = ? order by step",
-                                                  (rank,))]
+            stored = [
+                s
+                for (s,) in conn.execute(
+                    "select step from step_metrics where rank = ? order by step", (rank,)
+                )
+            ]
         assert stored == list(range(steps))
         records = result["records"]
         registrations = [t for t, _, message in records if message.startswith("registered with")]
-        for refused_at, wait_s in [(t, float(m.group(1))) for t, level, message in records
-                                   if (m := re.search(r"retrying in (\d+\.\d+)s", message))]:
+        for refused_at, wait_s in [
+            (t, float(m.group(1)))
+            for t, level, message in records
+            if (m := re.search(r"retrying in (\d+\.\d+)s", message))
+        ]:
             waits.append(wait_s)
             assert wait_s >= 0.2
             next_registration = min(t for t in registrations if t > refused_at)
-            assert next_registration - refused_at >= wait_s - 0.01  # it waited as long as it was asked
-    assert waits, [r["records"] for r in results]  # the daemon pushed back and the client read its hint
+            assert (
+                next_registration - refused_at >= wait_s - 0.01
+            )  # it waited as long as it was asked
+    assert waits, [
+        r["records"] for r in results
+    ]  # the daemon pushed back and the client read its hint
 
 
 def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
     """A run that ends without synchronize(): shutdown() must still report its last step."""
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import session
 
     autobyte.init(daemon=address, job=job)
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
-    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                      partition_bytes=8 << 10, credit_bytes=None)
+    opt = autobyte.ScheduledOptimizer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        partition_bytes=8 << 10,
+        credit_bytes=None,
+    )
     configs = []
     opt.add_step_callback(lambda m: configs.append((m.step, m.config.to_dict())))
     reporter = session._reporter
@@ -488,10 +547,11 @@ def _one_run(rank, world, address, job, steps, hold_for_decision_at=None):
 
 
 def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(thread_daemon):
-    """Issue 13 items 4 and 9. Run 1 gets a decision for step 25 but stops at step 19: the decision
-    stays pending. Run 1's exit path records its last step and tells the daemon it finished (status
-    says `finished` at once). Run 2 of the same job takes rank 0 over at once (rank 0 finished) and
-    starts counting steps from 0: the old decision expires and is never applied at ITS step 25."""
+    """Run 1 gets a decision for step 25 but stops at step 19. Run 1's exit path records its last
+    step and tells the daemon it finished (status says `finished` at once), and the decision it never
+    reached expires with it: a finished job leaves nothing pending. Run 2 of the same job takes rank
+    0 over at once (rank 0 finished) and starts counting steps from 0: the old decision is never
+    applied at ITS step 25."""
     client = Client(thread_daemon.address)
 
     proposer = propose_once_registered(client, "rerun", 1, 25, 16 << 10, None)
@@ -501,12 +561,16 @@ def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(t
     (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
     assert job.state == "finished" and job.steps == 20
     history = client.query.History(pb.HistoryRequest(job="rerun"), timeout=5)
-    assert [s.step for s in history.steps] == list(range(20))  # the last step too, without synchronize()
-    assert [d.state for d in history.decisions] == ["pending"]
+    assert [s.step for s in history.steps] == list(
+        range(20)
+    )  # the last step too, without synchronize()
+    assert [d.state for d in history.decisions] == ["expired"]
 
     (second,) = run_ranks(_one_run, 1, thread_daemon.address, "rerun", 40, timeout_s=120)
     assert second["acked"] == 40 and second["received"] == 0
-    assert {config["partition_bytes"] for _, config in second["configs"]} == {8 << 10}  # never switched
+    assert {config["partition_bytes"] for _, config in second["configs"]} == {
+        8 << 10
+    }  # never switched
     history = client.query.History(pb.HistoryRequest(job="rerun"), timeout=5)
     assert [d.state for d in history.decisions] == ["expired"]
     (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
@@ -515,19 +579,22 @@ def test_a_new_run_never_gets_the_old_runs_decision_and_a_finished_job_says_so(t
 
 
 def _train_dp_groups(rank, world, address, job, steps):
+    import autobyte
     import torch
     import torch.distributed as dist
-
-    import autobyte
     from autobyte.transport import session
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     autobyte.init(daemon=address, job=job)
     torch.manual_seed(rank // 2)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                      partition_bytes=8 << 10, credit_bytes=None,
-                                      process_group=groups[rank // 2])
+    opt = autobyte.ScheduledOptimizer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        partition_bytes=8 << 10,
+        credit_bytes=None,
+        process_group=groups[rank // 2],
+    )
     configs = {}
     opt.add_step_callback(lambda m: configs.__setitem__(m.step, m.config.to_dict()))
     for step in range(steps):
@@ -554,7 +621,12 @@ def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions
     proposer = propose_once_registered(client, "dp-job", 4, at, 64 << 10, None)
     results = run_ranks(_train_dp_groups, 4, thread_daemon.address, "dp-job", steps, timeout_s=150)
     proposer.join()
-    assert [r["place"] for r in results] == [(0, 4, 0, 2, 0), (1, 4, 1, 2, 0), (2, 4, 0, 2, 2), (3, 4, 1, 2, 2)]
+    assert [r["place"] for r in results] == [
+        (0, 4, 0, 2, 0),
+        (1, 4, 1, 2, 0),
+        (2, 4, 0, 2, 2),
+        (3, 4, 1, 2, 2),
+    ]
     for r in results:
         before, after = r["configs"][:at], r["configs"][at:]
         assert all(c == {"partition_bytes": 8 << 10, "credit_bytes": None} for c in before)
@@ -565,8 +637,8 @@ def test_data_parallel_groups_report_their_place_and_every_leader_gets_decisions
 
 def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_starts(monkeypatch):
     import autobyte
-    from autobyte.transport import session
     from autobyte.channel import daemon_addresses
+    from autobyte.transport import session
 
     assert daemon_addresses("h1:7077, h2:7078,") == ("h1:7077", "h2:7078")
     monkeypatch.setenv("AUTOBYTE_DAEMON", "h1:7077,[::1]:7078")
@@ -594,6 +666,8 @@ def test_a_malformed_daemon_environment_warns_once_and_training_goes_on(monkeypa
             assert autobyte.init(job="j") is None
             assert autobyte.init(job="j") is None  # a second init() does not repeat it
         messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-        assert len(messages) == 1 and f"AUTOBYTE_DAEMON={bad!r} is not usable" in messages[0], messages
+        assert len(messages) == 1 and f"AUTOBYTE_DAEMON={bad!r} is not usable" in messages[0], (
+            messages
+        )
         assert "training goes on" in messages[0]
     assert session._reporter is before  # nothing was started

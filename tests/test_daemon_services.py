@@ -9,10 +9,10 @@ import urllib.request
 
 import grpc
 import pytest
+from autobyte.protocol import autobyte_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autobyte.protocol import autobyte_pb2 as pb
 from devtools.ports import free_port
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.databases import DATABASES, database_url
@@ -86,9 +86,15 @@ def test_unknown_job_is_not_found(client, call):
     requests = {
         "history": lambda: client.query.History(pb.HistoryRequest(job="nope"), timeout=10),
         "best": lambda: client.query.Best(pb.BestRequest(job="nope"), timeout=10),
-        "watch": lambda: next(iter(client.control.WatchConfig(pb.WatchConfigRequest(job="nope"), timeout=10))),
-        "propose": lambda: client.control.ProposeConfig(pb.ProposeConfigRequest(job="nope"), timeout=10),
-        "report": lambda: client.control.ReportConfig(pb.ReportConfigRequest(job="nope"), timeout=10),
+        "watch": lambda: next(
+            iter(client.control.WatchConfig(pb.WatchConfigRequest(job="nope"), timeout=10))
+        ),
+        "propose": lambda: client.control.ProposeConfig(
+            pb.ProposeConfigRequest(job="nope"), timeout=10
+        ),
+        "report": lambda: client.control.ReportConfig(
+            pb.ReportConfigRequest(job="nope"), timeout=10
+        ),
     }
     with pytest.raises(grpc.RpcError) as info:
         requests[call]()
@@ -129,11 +135,21 @@ def test_stream_that_stops_midway_loses_nothing_acked(client, thread_daemon):
 
 finite = st.floats(0, 1e3, allow_nan=False)
 bad_value = st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 1e20])
-bad_field = st.sampled_from(["step_time_s", "forward_s", "backward_s", "exposed_comm_s", "queueing_delay_s",
-                             "bandwidth_bytes_per_s"])
+bad_field = st.sampled_from(
+    [
+        "step_time_s",
+        "forward_s",
+        "backward_s",
+        "exposed_comm_s",
+        "queueing_delay_s",
+        "bandwidth_bytes_per_s",
+    ]
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(good=st.integers(0, 30), position=st.integers(0, 30), field=bad_field, value=bad_value)
 def test_a_bad_value_rejects_the_whole_batch(client, thread_daemon, good, position, field, value):
     job = f"prop-{time.monotonic_ns()}"
@@ -148,17 +164,27 @@ def test_a_bad_value_rejects_the_whole_batch(client, thread_daemon, good, positi
     assert storage_of(thread_daemon).sample_count(job) == 0
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(partition=st.integers(-(2**62), 2**62), credit=st.integers(-(2**62), 2**62), step=st.integers(-5, 2**40),
-       seq_gap=st.booleans())
-def test_arbitrary_samples_never_crash_or_half_write(client, thread_daemon, partition, credit, step, seq_gap):
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    partition=st.integers(-(2**62), 2**62),
+    credit=st.integers(-(2**62), 2**62),
+    step=st.integers(-5, 2**40),
+    seq_gap=st.booleans(),
+)
+def test_arbitrary_samples_never_crash_or_half_write(
+    client, thread_daemon, partition, credit, step, seq_gap
+):
     job = f"prop-{time.monotonic_ns()}"
     session = client.register(job=job).session_id
     message = sample(1, step=step)
     message.config.partition_bytes, message.config.credit_bytes = partition, credit
     samples = [sample(2), message] if not seq_gap else [message, sample(1)]
     try:
-        acks = client.stream([pb.MetricsBatch(job=job, rank=0, session_id=session, samples=samples)])
+        acks = client.stream(
+            [pb.MetricsBatch(job=job, rank=0, session_id=session, samples=samples)]
+        )
     except grpc.RpcError as error:
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
         assert storage_of(thread_daemon).sample_count(job) == 0
@@ -167,14 +193,21 @@ def test_arbitrary_samples_never_crash_or_half_write(client, thread_daemon, part
     assert client.query.Status(pb.StatusRequest(), timeout=10).daemon_version
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(job=st.text(max_size=300), rank=st.integers(-3, 10), world=st.integers(-2, 10))
 def test_arbitrary_registrations_get_a_clear_status(client, job, rank, world):
     try:
-        response = client.register(job=job, rank=rank, world_size=world, instance=f"h-{time.monotonic_ns()}")
+        response = client.register(
+            job=job, rank=rank, world_size=world, instance=f"h-{time.monotonic_ns()}"
+        )
     except grpc.RpcError as error:
-        assert error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                                grpc.StatusCode.ALREADY_EXISTS), error.details()
+        assert error.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.ALREADY_EXISTS,
+        ), error.details()
         assert error.details()
     else:
         assert response.session_id and 0 <= rank < world and 0 < len(job) <= 255
@@ -187,12 +220,16 @@ def test_decisions_flow_to_watchers_and_reports_back(client):
     proposal.config.partition_bytes = 1 << 20
     decision = client.control.ProposeConfig(proposal, timeout=10)
     update = next(updates)
-    assert (update.decision_id, update.apply_at_step, update.config.partition_bytes) == (decision.decision_id, 7,
-                                                                                         1 << 20)
+    assert (update.decision_id, update.apply_at_step, update.config.partition_bytes) == (
+        decision.decision_id,
+        7,
+        1 << 20,
+    )
     assert not update.config.HasField("credit_bytes")
     updates.cancel()
-    report = pb.ReportConfigRequest(job="job", rank=0, decision_id=decision.decision_id, applied_at_step=7,
-                                    config=update.config)
+    report = pb.ReportConfigRequest(
+        job="job", rank=0, decision_id=decision.decision_id, applied_at_step=7, config=update.config
+    )
     client.control.ReportConfig(report, timeout=10)
     history = client.query.History(pb.HistoryRequest(job="job"), timeout=10)
     (stored,) = history.decisions
@@ -205,7 +242,10 @@ def test_bad_proposal_is_invalid_argument(client):
     proposal.config.credit_bytes = 3
     with pytest.raises(grpc.RpcError) as info:
         client.control.ProposeConfig(proposal, timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "credit_bytes=3" in info.value.details()
+    assert (
+        info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        and "credit_bytes=3" in info.value.details()
+    )
 
 
 def test_best_prefers_the_fastest_measured_configuration(client):
@@ -216,7 +256,11 @@ def test_best_prefers_the_fastest_measured_configuration(client):
         s.config.partition_bytes = 1 << 20
     client.stream([pb.MetricsBatch(job="job", rank=0, session_id=session, samples=slow + fast)])
     best = client.query.Best(pb.BestRequest(job="job"), timeout=10)
-    assert best.found and best.config.partition_bytes == 1 << 20 and not best.config.HasField("credit_bytes")
+    assert (
+        best.found
+        and best.config.partition_bytes == 1 << 20
+        and not best.config.HasField("credit_bytes")
+    )
     assert best.median_step_time_s == pytest.approx(0.05)
     assert best.baseline_step_time_s == pytest.approx(0.1)
     assert "2.00x" in best.evidence
@@ -225,11 +269,20 @@ def test_best_prefers_the_fastest_measured_configuration(client):
 def test_token_is_required_for_every_service(db_url):
     daemon = ThreadDaemon(db_url, token="t0k").start()
     try:
-        anonymous, wrong, right = Client(daemon.address), Client(daemon.address, "bad"), Client(daemon.address, "t0k")
-        for client, code in ((anonymous, grpc.StatusCode.UNAUTHENTICATED), (wrong, grpc.StatusCode.UNAUTHENTICATED)):
-            for call in (lambda c: c.register(), lambda c: c.query.Status(pb.StatusRequest(), timeout=5,
-                                                                          metadata=c.metadata),
-                         lambda c: c.stream([batch("x", [1])])):
+        anonymous, wrong, right = (
+            Client(daemon.address),
+            Client(daemon.address, "bad"),
+            Client(daemon.address, "t0k"),
+        )
+        for client, code in (
+            (anonymous, grpc.StatusCode.UNAUTHENTICATED),
+            (wrong, grpc.StatusCode.UNAUTHENTICATED),
+        ):
+            for call in (
+                lambda c: c.register(),
+                lambda c: c.query.Status(pb.StatusRequest(), timeout=5, metadata=c.metadata),
+                lambda c: c.stream([batch("x", [1])]),
+            ):
                 with pytest.raises(grpc.RpcError) as info:
                     call(client)
                 assert info.value.code() == code
@@ -251,8 +304,11 @@ def test_prometheus_endpoint(db_url):
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         daemon.stop()
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-              if line and not line.startswith("#")}
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
     assert values["autobyted_samples_ingested_total"] == 30
     assert values["autobyted_samples_rejected_total"] == 1
     assert values['autobyted_jobs{state="running"}'] == 1
@@ -272,7 +328,10 @@ def test_status_json_shape(client, thread_daemon):
     long_session = client.register(job=long_job, instance="wide").session_id
     wide = batch(long_session, range(1, 4), job=long_job)
     for sample_message in wide.samples:
-        sample_message.config.partition_bytes, sample_message.config.credit_bytes = 64 << 10, 256 << 10
+        sample_message.config.partition_bytes, sample_message.config.credit_bytes = (
+            64 << 10,
+            256 << 10,
+        )
     client.stream([wide])
     proposal = pb.ProposeConfigRequest(job=long_job, reason="x" * 200)
     proposal.config.partition_bytes = 3 << 20
@@ -280,11 +339,17 @@ def test_status_json_shape(client, thread_daemon):
     client.control.ProposeConfig(proposal, timeout=5)  # the first becomes "superseded"
     for args in (["status"], ["history", long_job]):
         table = run_cli(*args, "--daemon", thread_daemon.address)
-        assert table.returncode == 0 and all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
-    history = json.loads(run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "json",
-                                 "--steps").stdout)
+        assert table.returncode == 0 and all(
+            len(line) <= 80 for line in table.stdout.splitlines()
+        ), table.stdout
+    history = json.loads(
+        run_cli(
+            "history", "job", "--daemon", thread_daemon.address, "--format", "json", "--steps"
+        ).stdout
+    )
     assert set(history) == {"job", "steps", "decisions"}
     assert {"step", "rank", "step_time_s", "config"} <= set(history["steps"][0])
-    csv_out = run_cli("history", "job", "--daemon", thread_daemon.address, "--format", "csv",
-                      "--steps").stdout.splitlines()
+    csv_out = run_cli(
+        "history", "job", "--daemon", thread_daemon.address, "--format", "csv", "--steps"
+    ).stdout.splitlines()
     assert csv_out[0].startswith("kind,step,rank") and len(csv_out) == 6

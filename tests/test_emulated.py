@@ -22,11 +22,16 @@ from simulator.profiles import LayerProfile, ModelProfile, load_profile
 from tests.helpers.paths import ROOT
 
 # Three layers, short waits: 5 ms of compute a step, 35 KiB of gradients in five tensors.
-TINY = ModelProfile("tiny", (
-    LayerProfile("embed", 0.0005, 0.0010, (16384,)),
-    LayerProfile("block", 0.0010, 0.0015, (12288, 4096)),
-    LayerProfile("head", 0.0005, 0.0005, (4000, 8)),
-), batch_size=4, source="recorded")
+TINY = ModelProfile(
+    "tiny",
+    (
+        LayerProfile("embed", 0.0005, 0.0010, (16384,)),
+        LayerProfile("block", 0.0010, 0.0015, (12288, 4096)),
+        LayerProfile("head", 0.0005, 0.0005, (4000, 8)),
+    ),
+    batch_size=4,
+    source="recorded",
+)
 
 
 def test_layers_carry_the_profile_sizes_and_gradients_arrive_in_backward_order():
@@ -62,8 +67,9 @@ def test_the_builder_loads_the_simulators_profiles_scaled():
     workload = build_emulated("resnet50", compute_scale=50, byte_scale=16)
     profile = load_profile("resnet50").scaled(50)
     assert workload.model.profile.compute_s == pytest.approx(profile.compute_s)
-    assert workload.gradient_bytes == sum(4 * scaled_elements(b, 16) for layer in profile.layers
-                                          for b in layer.param_bytes)
+    assert workload.gradient_bytes == sum(
+        4 * scaled_elements(b, 16) for layer in profile.layers for b in layer.param_bytes
+    )
     gpt2 = load_profile("gpt2")
     assert 124e6 < gpt2.total_param_bytes / 4 < 125e6 and gpt2.layers[0].name == "wte"
     with pytest.raises(ValueError, match="byte_scale"):
@@ -74,23 +80,31 @@ def test_the_builder_loads_the_simulators_profiles_scaled():
 def test_emulated_scenarios_select_the_mode_profile_scale_and_ranks(ranks, byte_scale):
     scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / f"emulated-resnet50-{ranks}w.toml")
     workload = scenario.testbed_workload()
-    assert (workload.model, workload.workers, scenario.byte_scale) == ("emulated", ranks, byte_scale)
+    assert (workload.model, workload.workers, scenario.byte_scale) == (
+        "emulated",
+        ranks,
+        byte_scale,
+    )
     assert workload.model_args["profile"] == "resnet50"
     built = build_emulated(**workload.model_args)
     assert built.model.profile.compute_s == pytest.approx(scenario.profile.compute_s)
     first = scenario.testbed_trace(10.0).changes[0]
     assert first.rate_bps == pytest.approx(scenario.bandwidth.at(0.0) * 8 / byte_scale, rel=0.01)
-    assert bench_emulated.wire_label("sched:4MiB,16MiB", byte_scale) == \
-        f"sched:{(4 << 20) // byte_scale},{(16 << 20) // byte_scale}"
+    assert (
+        bench_emulated.wire_label("sched:4MiB,16MiB", byte_scale)
+        == f"sched:{(4 << 20) // byte_scale},{(16 << 20) // byte_scale}"
+    )
     assert bench_emulated.wire_label("ddp:25MiB", byte_scale) == f"ddp:{(25 << 20) // byte_scale}"
     assert bench_emulated.wire_label("py:none,64KiB", byte_scale) == "py:none,4096"  # the floor
 
 
-@pytest.mark.parametrize("line, message", [("byte_scale = 0.5", "byte_scale"),
-                                           ('mode = "gpu"', "mode")])
+@pytest.mark.parametrize(
+    "line, message", [("byte_scale = 0.5", "byte_scale"), ('mode = "gpu"', "mode")]
+)
 def test_bad_emulated_settings_name_the_key(tmp_path, line, message):
     path = tmp_path / "bad.toml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         model = "resnet50"
         workers = 2
         duration_steps = 10
@@ -99,15 +113,17 @@ def test_bad_emulated_settings_name_the_key(tmp_path, line, message):
         value = 5
         [testbed]
         {line}
-    """))
+    """)
+    )
     with pytest.raises(ValueError, match=message):
         load_scenario(path)
 
 
-def _tiny_scenario(tmp_path, workers: int):
+def _tiny_scenario(tmp_path, workers: int, conditions: str = ""):
     TINY.save(tmp_path / "tiny.profile.json")
     path = tmp_path / "tiny.toml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         model = "tiny.profile.json"
         workers = {workers}
         duration_steps = 10
@@ -117,28 +133,129 @@ def _tiny_scenario(tmp_path, workers: int):
         [testbed]
         mode = "emulated"
         byte_scale = 2
-    """))
+    """)
+        + textwrap.dedent(conditions)
+    )
     return load_scenario(path)
+
+
+def test_rates_are_multiples_of_the_balanced_rate_and_conditions_scale_with_them():
+    from benchmarks.testbed.traces import FlowChange, RateChange
+
+    scenarios = ROOT / "benchmarks" / "scenarios"
+    straggler = load_scenario(scenarios / "emulated-resnet50-4w-straggler.toml")
+    profile = straggler.profile
+    balanced = bench_emulated.balanced_rate_gbit(profile, 4)
+    # at the balanced rate a ring all-reduce of all gradients (1.5x them on a link) takes the compute
+    assert 1.5 * profile.total_param_bytes / (balanced * GBIT) == pytest.approx(profile.compute_s)
+    assert bench_emulated.parse_rates("0.5x,2x,3", profile, 4, 7.5) == pytest.approx(
+        [balanced / 2, balanced * 2, 3.0]
+    )
+    assert bench_emulated.parse_rates("", profile, 4, 7.5) == [7.5]
+    for bad in ("fast", "0x", "-1"):
+        with pytest.raises(ValueError, match="--rates"):
+            bench_emulated.parse_rates(bad, profile, 4, 7.5)
+    # twice the scenario's rate: every link at 15 Gbit/s of model bytes, rank 1's at half of it
+    trace = bench_emulated.block_trace(bench_emulated.scenario_at_rate(straggler, 15.0), 10.0)
+    rates = {c.ranks: c.rate_bps for c in trace.changes if isinstance(c, RateChange)}
+    assert rates == {
+        None: round(15 * GBIT * 8 / 16 / 1e6) * 10**6,  # whole Mbit/s
+        (1,): round(7.5 * GBIT * 8 / 16 / 1e6) * 10**6,
+    }
+    flows = load_scenario(scenarios / "emulated-resnet50-4w-flows.toml")
+    changes = bench_emulated.block_trace(flows, 10.0).changes
+    assert [(c.ranks, c.flows) for c in changes if isinstance(c, FlowChange)] == [((1,), 1)]
+    assert not bench_emulated.rate_changes(flows)
+    changing = load_scenario(scenarios / "emulated-resnet50-4w-rate-changes.toml")
+    assert bench_emulated.rate_changes(changing)
+    assert len({c.rate_bps for c in bench_emulated.block_trace(changing, 4.0).changes}) == 2
+    assert (
+        bench_emulated.block_trace(load_scenario(scenarios / "emulated-resnet50-4w.toml"), 10.0)
+        is None
+    )
+
+
+def test_the_simulator_comparison_scores_a_block_against_its_own_predictions():
+    """A block whose measurements are the scenario's simulator's own steps (and whose probes are its
+    compute and bare all-reduce) scores no error and tau 1 both ways; a grid measured in reverse order
+    scores tau -1."""
+    from benchmarks import sim_vs_emulated
+
+    scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml")
+    labels = ["ddp:25MiB", "ddp:5MiB", "sched:4MiB,16MiB", "sched:1MiB,4MiB", "sched:none,none"]
+    rate = 3.0
+    block = {
+        "ranks": 2,
+        "rate_gbit": rate,
+        "rows": [],
+        "compute_s": scenario.profile.compute_s,
+        "comm_s": scenario.profile.total_param_bytes / (rate * GBIT),
+    }
+    sim = sim_vs_emulated.block_simulator(scenario, block, "scenario")
+    steps = [
+        sim_vs_emulated.simulated_step_s(sim, sim_vs_emulated.simulator_config(label), False)
+        for label in labels
+    ]
+    assert len(set(steps)) == len(steps)  # the grid's configurations differ in the simulator
+    block["rows"] = [
+        {"config": label, "step_s": step, "cpu_limited": []} for label, step in zip(labels, steps)
+    ]
+    result = sim_vs_emulated.compare_block(scenario, block)
+    for variant in ("scenario", "probes"):
+        assert result[variant]["median_abs_error"] == pytest.approx(0.0, abs=1e-9)
+        assert result[variant]["kendall_tau"] == pytest.approx(1.0)
+    # gloo's per-collective cost on this host only adds time to what the NCCL-like link predicts
+    assert all(error >= 0 for error in result["gloo"]["errors"].values())
+    assert result["gloo"]["errors"]["sched:1MiB,4MiB"] > 0
+    for row in block["rows"]:  # a second round 10% slower: the testbed repeats its order
+        row["round_steps_s"] = [row["step_s"], 1.1 * row["step_s"]]
+    floor = sim_vs_emulated.compare_block(scenario, block)["noise_floor"]
+    assert floor["median_abs_difference"] == pytest.approx(0.1) and floor[
+        "kendall_tau"
+    ] == pytest.approx(1.0)
+    order = sorted(steps)
+    for row in block["rows"]:  # the fastest measured slowest and so on
+        row["step_s"] = order[len(order) - 1 - order.index(row["step_s"])]
+    assert sim_vs_emulated.compare_block(scenario, block)["scenario"][
+        "kendall_tau"
+    ] == pytest.approx(-1.0)
+    assert "tau" in sim_vs_emulated.format_comparison([result])
+    with pytest.raises(ValueError, match="no configuration"):
+        sim_vs_emulated.simulator_config("comm")
 
 
 def needs_netns(test):
     """Ranks in the testbed's namespaces (the harness's code, which the markers' static reach does
     not follow): marked here; they need root and iproute2."""
-    for mark in (pytest.mark.netns, pytest.mark.multiprocess, pytest.mark.slow,
-                 pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None
-                                    or shutil.which("tc") is None,
-                                    reason="builds network namespaces: needs root and iproute2")):
+    for mark in (
+        pytest.mark.netns,
+        pytest.mark.multiprocess,
+        pytest.mark.slow,
+        pytest.mark.skipif(
+            os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+            reason="builds network namespaces: needs root and iproute2",
+        ),
+    ):
         test = mark(test)
     return test
 
 
 @needs_netns
 def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_path):
-    scenario = _tiny_scenario(tmp_path, 4)
+    scenario = _tiny_scenario(
+        tmp_path,
+        4,
+        """
+        [straggler]  # the testbed's trace puts it on rank 1
+        kind = "constant"
+        value = 0.25
+    """,
+    )
     # the scheduler on both hot paths (py: the Python one)
     labels = ["compute", "comm", "ddp:25MiB", "ddp:64KiB", "sched:4MiB,16MiB", "py:64KiB,256KiB"]
-    block = bench_emulated.run_block(scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1,
-                                     timeout_s=240)
+    block = bench_emulated.run_block(
+        scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1, timeout_s=240
+    )
     assert block["wire_rate_bps"] == int(0.5 * GBIT * 8 / 2)
     rows = {row["config"]: row for row in block["rows"]}
     assert list(rows) == labels
@@ -156,8 +273,11 @@ def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_p
     assert rows["sched:4MiB,16MiB"]["hot_path"] == "native"  # the worktree's built _native
     assert block["bound_s"] == max(rows["compute"]["step_s"], rows["comm"]["step_s"])
     assert rows["sched:4MiB,16MiB"]["exposed_comm_s"] is not None
+    applied = {tuple(c["ranks"] or ()): c["rate_bps"] for c in block["rate_changes"]["first"]}
+    assert applied == {(): int(0.5 * GBIT * 8 / 2), (1,): int(0.25 * GBIT * 8 / 2)}
+    assert "straggler" in block["conditions"]
     text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny")
-    assert "EMULATED" in text and "x bound" in text
+    assert "EMULATED" in text and "x bound" in text and "straggler" in text
 
 
 @needs_netns
@@ -186,11 +306,24 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
 
     scenario = _tiny_scenario(tmp_path, 2)
     labels = ["ddp", "sched:4096,16384", "py:4096,16384"]
-    command = [sys.executable, "-m", "benchmarks.train_worker", *scenario.testbed_workload().worker_args(),
-               "--configs", *labels, "--steps", "3", "--warmup", "0", "--param-digest"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.train_worker",
+        *scenario.testbed_workload().worker_args(),
+        "--configs",
+        *labels,
+        "--steps",
+        "3",
+        "--warmup",
+        "0",
+        "--param-digest",
+    ]
     with Testbed(world_size=2, rate="200mbit") as bed:
         result = bed.run(command, cwd=str(ROOT), timeout_s=180)
-    digests = {(rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results}
+    digests = {
+        (rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results
+    }
     assert len(digests) == 6 and len(set(digests.values())) == 1, digests
     start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
     assert _param_digest(start) not in digests.values()

@@ -1,4 +1,4 @@
-"""Issue 13 items 10 and 11: evaluation plots people can read, and --policy given either way."""
+"""Evaluation plots people can read, and --policy given either way."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_rolling_throughput_is_flat_for_evenly_spaced_steps():
 
 def test_the_plot_shades_phases_and_marks_each_policys_decisions(tmp_path):
     scenario_path = tmp_path / "two-phases.toml"
-    scenario_path.write_text(textwrap.dedent("""
+    scenario_path.write_text(
+        textwrap.dedent("""
         model = "resnet50"
         compute_scale = 50
         workers = 4
@@ -34,34 +35,53 @@ def test_the_plot_shades_phases_and_marks_each_policys_decisions(tmp_path):
         kind = "step"
         levels = [10, 2, 10]
         at_s = [40, 80]
-    """))
+    """)
+    )
     scenario = load_scenario(scenario_path)
     result = evaluate.simulate_scenario(scenario, ["ddp", "bo-once", "oracle"])
     runs = result["_runs"]
-    assert runs["bo-once"].decisions and not runs["ddp"].decisions  # bo-once switches between trials
+    assert (
+        runs["bo-once"].decisions and not runs["ddp"].decisions
+    )  # bo-once switches between trials
     fig = evaluate.draw_scenario(result, scenario)
     try:
         top, bottom = fig.axes[:2]
         shaded = [p for p in top.patches if p.get_label() == "_phase"]
-        assert len(shaded) == 1 and len([p for p in bottom.patches if p.get_label() == "_phase"]) == 1
+        assert (
+            len(shaded) == 1 and len([p for p in bottom.patches if p.get_label() == "_phase"]) == 1
+        )
         span = shaded[0].get_extents().transformed(top.transData.inverted())  # in data coordinates
-        assert (span.x0, span.x1) == pytest.approx((40, 80), abs=0.5)  # the middle phase, at 2 Gbit/s
+        assert (span.x0, span.x1) == pytest.approx(
+            (40, 80), abs=0.5
+        )  # the middle phase, at 2 Gbit/s
         labels = [line.get_label() for line in top.lines]
         for name in ("ddp", "bo-once", "oracle"):
             marks = [line for line in top.lines if line.get_label().startswith(f"{name}: ")]
             assert len(marks) == (1 if runs[name].decisions else 0), labels
             if marks:
-                assert len(marks[0].get_xdata()) == len(runs[name].decisions) and marks[0].get_marker() == "v"
-        assert all(any(label.startswith(f"{name} (mean of") for label in labels) for name in runs
-                   if name in ("ddp", "bo-once", "oracle"))
+                assert (
+                    len(marks[0].get_xdata()) == len(runs[name].decisions)
+                    and marks[0].get_marker() == "v"
+                )
+        assert all(
+            any(label.startswith(f"{name} (mean of") for label in labels)
+            for name in runs
+            if name in ("ddp", "bo-once", "oracle")
+        )
     finally:
         import matplotlib.pyplot as plt
 
         plt.close(fig)
 
 
-@pytest.mark.parametrize("argv", [["--policy", "ddp", "oracle"], ["--policy", "ddp", "--policy", "oracle"],
-                                  ["--policy", "ddp", "--policy", "oracle", "ddp"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--policy", "ddp", "oracle"],
+        ["--policy", "ddp", "--policy", "oracle"],
+        ["--policy", "ddp", "--policy", "oracle", "ddp"],
+    ],
+)
 def test_policies_repeated_or_listed(argv):
     assert evaluate.parse_args(["s.toml", *argv]).policy == ["ddp", "oracle"]
 

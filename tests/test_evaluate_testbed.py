@@ -15,11 +15,13 @@ import pytest
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-    pytest.skip("the testbed tests need root and iproute2 (ip, tc); they run as root in CI",
-                allow_module_level=True)
+    pytest.skip(
+        "the testbed tests need root and iproute2 (ip, tc); they run as root in CI",
+        allow_module_level=True,
+    )
 
-from benchmarks.evaluate import main  # noqa: E402  (after the root check)
-from benchmarks.testbed import NAME_PREFIX, list_namespaces  # noqa: E402
+from benchmarks.evaluate import main
+from benchmarks.testbed import NAME_PREFIX, list_namespaces
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,8 +52,22 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO.format(profile=profile))
     out = tmp_path / "out"
-    assert main([str(scenario), "--policy", "bo-once", "observe:1MiB,4MiB", "--testbed", "--out", str(out)]) == 0
-    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert (
+        main(
+            [
+                str(scenario),
+                "--policy",
+                "bo-once",
+                "observe:1MiB,4MiB",
+                "--testbed",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    with open(out / "results.csv", newline="") as table_file:
+        rows = list(csv.DictReader(table_file))
     assert [row["policy"] for row in rows] == ["bo-once", "observe:1MiB,4MiB"]
     assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
     result = json.loads((out / "results.json").read_text())["scenarios"][0]
@@ -64,11 +80,16 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     # at the job (a status record exists) and whose recommendations were never applied
     assert rows[1]["mode"] == "testbed" and int(rows[1]["steps"]) > 10
     observed = result["online"]["observe:1MiB,4MiB"]
-    assert observed["applied"] == 0 and observed["tuner"].get("mode") == "observe", observed["tuner"]
+    assert observed["applied"] == 0 and observed["tuner"].get("mode") == "observe", observed[
+        "tuner"
+    ]
     assert "sched:1MiB,4MiB held" in rows[1]["chose"]
     # the host during every run (load, the CPU the hypervisor stole: a share of all CPU time)
     for policy in ("bo-once", "observe:1MiB,4MiB", "oracle", "grid-best"):
         host = result["hosts"][policy]
-        assert 0.0 <= host["steal_share"] < 1.0 and len(host["load_start"].split()) == 3, (policy, host)
+        assert 0.0 <= host["steal_share"] < 1.0 and len(host["load_start"].split()) == 3, (
+            policy,
+            host,
+        )
     assert (out / "tiny.png").exists()
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{NAME_PREFIX}-{os.getpid()}-")]

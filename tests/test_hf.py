@@ -12,10 +12,16 @@ import sys
 
 import pytest
 
-pytest.importorskip("transformers", reason="the Hugging Face drop-ins are an optional extra: "
-                                           "pip install 'autobyte[hf]' (scripts/setup.sh installs it)")
-pytest.importorskip("accelerate", reason="the Hugging Face drop-ins are an optional extra: "
-                                         "pip install 'autobyte[hf]' (scripts/setup.sh installs it)")
+pytest.importorskip(
+    "transformers",
+    reason="the Hugging Face drop-ins are an optional extra: "
+    "pip install 'autobyte[hf]' (scripts/setup.sh installs it)",
+)
+pytest.importorskip(
+    "accelerate",
+    reason="the Hugging Face drop-ins are an optional extra: "
+    "pip install 'autobyte[hf]' (scripts/setup.sh installs it)",
+)
 
 from autobyte.protocol import autobyte_pb2 as pb
 
@@ -31,19 +37,43 @@ def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf")
     daemon = ThreadDaemon(f"sqlite:///{out / 'autobyted.db'}").start()
     try:
-        env = dict(os.environ, TMPDIR=str(out), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]))
+        env = dict(
+            os.environ,
+            TMPDIR=str(out),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
+        )
         env.pop("AUTOBYTE_DAEMON", None)
         env.pop("AUTOBYTE_JOB", None)
-        job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                              "--master-port", str(free_port()), str(ROOT / "tests" / "_hf_job.py"),
-                              str(out), daemon.address],
-                             env=env, cwd=out, capture_output=True, text=True, timeout=400, check=False)
+        job = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                str(ROOT / "tests" / "_hf_job.py"),
+                str(out),
+                daemon.address,
+            ],
+            env=env,
+            cwd=out,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            check=False,
+        )
         assert job.returncode == 0, job.stderr[-4000:]
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
         client = Client(daemon.address)
         try:
-            jobs = {j.job: sorted(j.ranks) for j in client.query.Status(pb.StatusRequest(), timeout=5).jobs}
+            jobs = {
+                j.job: sorted(j.ranks)
+                for j in client.query.Status(pb.StatusRequest(), timeout=5).jobs
+            }
         finally:
             client.close()
         yield ranks, jobs, job.stdout + job.stderr
@@ -51,7 +81,15 @@ def launch(tmp_path_factory):
         daemon.stop()
 
 
-CASES = ["gpt2", "gpt2_resumed", "bert", "accelerate", "accelerate_fp16"]
+CASES = [
+    "gpt2",
+    "gpt2_resumed",
+    "bert",
+    "batchnorm",
+    "accelerate",
+    "accelerate_fp16",
+    "accelerate_batchnorm_no_broadcast",
+]
 
 
 @pytest.mark.timeout(420)
@@ -62,7 +100,7 @@ def test_parameters_and_buffers_equal_ddp_on_every_rank(launch, case):
         assert result["keys_equal"][case], "the state_dicts hold different entries"
         worst = max(result["diffs"][case].values())
         assert worst == 0.0, f"{case}: max |autobyte - DDP| = {worst}"
-        assert result["across"][case] == 0.0, f"{case}: the ranks differ"
+        assert result["across"][case] == 0.0, f"{case}: the ranks' parameters differ"
 
 
 def test_the_scheduler_ran_and_its_configurations_are_in_the_trainer_log(launch):
@@ -72,19 +110,44 @@ def test_the_scheduler_ran_and_its_configurations_are_in_the_trainer_log(launch)
         assert fp16["scheduled"] == 1 and fp16["skipped_ours"] == fp16["skipped_ddp"] >= 1, fp16
         assert result["accelerate_scheduled"] == 1
         applied = [e for e in result["our_logs"] if "autobyte/partition_bytes" in e]
-        assert [(e["autobyte/partition_bytes"], e["autobyte/credit_bytes"]) for e in applied] == \
-            [(4096, 16384), (8192, -1)], applied
+        assert [(e["autobyte/partition_bytes"], e["autobyte/credit_bytes"]) for e in applied] == [
+            (4096, 16384),
+            (8192, -1),
+        ], applied
         assert applied[1]["autobyte/from_step"] == 2
         # the training log entries are Trainer's (one per logging step), with the same losses
         ddp = [(e["step"], e["loss"]) for e in result["ddp_logs"] if "loss" in e]
         ours = [(e["step"], e["loss"]) for e in result["our_logs"] if "loss" in e]
         assert ours == ddp
-        norms = [(e.get("grad_norm"), d.get("grad_norm")) for e, d in
-                 zip([e for e in result["our_logs"] if "loss" in e], [d for d in result["ddp_logs"] if "loss" in d])]
+        norms = [
+            (e.get("grad_norm"), d.get("grad_norm"))
+            for e, d in zip(
+                [e for e in result["our_logs"] if "loss" in e],
+                [d for d in result["ddp_logs"] if "loss" in d],
+            )
+        ]
         assert all(a is not None and abs(a - b) <= 1e-5 * abs(b) for a, b in norms), norms
         evals = [e["eval_loss"] for e in result["our_logs"] if "eval_loss" in e]
-        assert evals == [e["eval_loss"] for e in result["ddp_logs"] if "eval_loss" in e] and len(evals) == 2
+        assert (
+            evals == [e["eval_loss"] for e in result["ddp_logs"] if "eval_loss" in e]
+            and len(evals) == 2
+        )
     assert "autobyte configuration from step 2: partition=8KiB credit=unlimited" in output
+
+
+def test_batchnorm_statistics_and_evaluation_equal_ddp(launch):
+    """BatchNorm's buffers are in the compared state_dicts (so the cases above cover them); the
+    evaluation losses, gathered over both ranks' statistics, are DDP's; without the broadcast
+    the ranks keep statistics of their own, as with DDP(broadcast_buffers=False)."""
+    ranks, _, _ = launch
+    for result in ranks:
+        assert "body.1.running_mean" in result["diffs"]["batchnorm"]
+        ddp, ours = result["batchnorm_evals"]
+        assert ours == ddp and len(ddp) == 2, (ddp, ours)
+    # rank 1 against rank 0 (rank 0's own entry compares rank 0 with itself)
+    assert ranks[1]["across_statistics"]["accelerate_batchnorm_no_broadcast"] > 0.5, ranks[1][
+        "across_statistics"
+    ]
 
 
 def test_the_job_streams_under_the_trainer_run_name(launch):
@@ -97,9 +160,11 @@ def test_settings_the_scheduler_cannot_reproduce_are_refused(launch):
     ranks, _, _ = launch
     for result in ranks:
         refusals = result["refusals"]
-        assert "comm_hook='fp16'" in refusals["comm_hook"] and "remove the comm hook" in refusals["comm_hook"]
+        assert (
+            "comm_hook='fp16'" in refusals["comm_hook"]
+            and "remove the comm hook" in refusals["comm_hook"]
+        )
         assert "Accelerator(clip_grad_norm=1.0" in refusals["clip"]
-        assert "BatchNorm" in refusals["batchnorm"] and "broadcast_buffers=False" in refusals["batchnorm"]
 
 
 def test_unknown_trainer_option_is_refused():
@@ -111,12 +176,35 @@ def test_unknown_trainer_option_is_refused():
 
 @pytest.mark.timeout(240)
 def test_trainer_example_trains_and_saves(tmp_path):
-    env = dict(os.environ, TMPDIR=str(tmp_path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]))
-    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), str(ROOT / "examples" / "train_hf_trainer.py"),
-                          "--steps", "4", "--output-dir", str(tmp_path / "out")],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=200, check=False)
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp_path),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
+    )
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(ROOT / "examples" / "train_hf_trainer.py"),
+            "--steps",
+            "4",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert job.returncode == 0, job.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()
     assert "'autobyte/partition_bytes': 1048576" in job.stdout + job.stderr

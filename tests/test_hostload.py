@@ -5,6 +5,8 @@ import time
 
 from autobyte.hostload import MIN_KNOWN_LOAD, HostLoadSampler
 
+from tests.helpers.wait import wait_for
+
 
 def _write_stat(path, busy_ticks: int, idle_ticks: int) -> None:
     # user nice system idle iowait irq softirq steal guest guest_nice
@@ -40,8 +42,10 @@ def test_the_real_proc_stat_gives_a_known_share():
     sampler = HostLoadSampler(interval_s=0.1)
     assert sampler.start()
     try:
-        time.sleep(0.35)  # the sampler thread has taken a few samples
-        assert MIN_KNOWN_LOAD <= sampler.value <= 1.0
+        known = wait_for(
+            lambda: sampler.value, timeout_s=10, what="the sampler thread's first sample"
+        )
+        assert MIN_KNOWN_LOAD <= known <= 1.0
     finally:
         sampler.stop()
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from tests.helpers.dist import run_ranks
 from devtools.ports import free_port
 from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.dist import run_ranks
 from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.slow
@@ -24,19 +24,39 @@ pytestmark = pytest.mark.slow
 def test_bare_init_under_torchrun_derives_one_job_id_for_the_launch(db_url, tmp_path):
     daemon = ThreadDaemon(db_url).start()
     try:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("AUTOBYTE_JOB", "TORCHELASTIC_RUN_ID")}
-        env.update(AUTOBYTE_DAEMON=daemon.address, TMPDIR=str(tmp_path),
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]))
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("AUTOBYTE_JOB", "TORCHELASTIC_RUN_ID")
+        }
+        env.update(
+            AUTOBYTE_DAEMON=daemon.address,
+            TMPDIR=str(tmp_path),
+            PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
+        )
         ids = []
         for launch in range(2):
             out = tmp_path / f"launch{launch}-r{{rank}}.json"
             job = subprocess.run(
-                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                 "--master-port", str(free_port()), str(ROOT / "tests" / "_bare_init_job.py"),
-                 str(out)], env=env, capture_output=True, text=True, timeout=180, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc-per-node",
+                    "2",
+                    "--master-port",
+                    str(free_port()),
+                    str(ROOT / "tests" / "_bare_init_job.py"),
+                    str(out),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+                check=False,
+            )
             assert job.returncode == 0, job.stderr[-3000:]
-            ranks = [json.loads(open(str(out).format(rank=r)).read()) for r in range(2)]
+            ranks = [
+                json.loads(out.with_name(out.name.format(rank=r)).read_text()) for r in range(2)
+            ]
             assert ranks[0]["job"] == ranks[1]["job"], ranks
             assert ranks[0]["job"].startswith("torchrun-"), ranks
             assert all(r["flushed"] for r in ranks), ranks  # the daemon took every rank's steps
@@ -52,9 +72,8 @@ def test_bare_init_under_torchrun_derives_one_job_id_for_the_launch(db_url, tmp_
 def _warning_worker(rank, world, refusing_address, nobody_address):
     import warnings
 
-    import torch
-
     import autobyte
+    import torch
     from autobyte.transport import reporter
 
     reporter.REFUSED_RETRY_S = 0.3
@@ -62,8 +81,10 @@ def _warning_worker(rank, world, refusing_address, nobody_address):
     model = torch.nn.Linear(8, 8)
     opt = autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     out = {}
-    for case, kwargs in (("token", dict(daemon=refusing_address, job="guarded")),
-                         ("unreachable", dict(daemon=nobody_address, job="lonely"))):
+    for case, kwargs in (
+        ("token", {"daemon": refusing_address, "job": "guarded"}),
+        ("unreachable", {"daemon": nobody_address, "job": "lonely"}),
+    ):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("default")
             autobyte.init(**kwargs)  # no token: the daemon wants one
@@ -75,8 +96,9 @@ def _warning_worker(rank, world, refusing_address, nobody_address):
                 if seen and time.monotonic() > deadline - 17:
                     break  # a few more attempts after the first warning: still one warning
             autobyte.shutdown()
-        out[case] = [(w.category.__name__, str(w.message)) for w in seen
-                     if "autobyte" in str(w.message)]
+        out[case] = [
+            (w.category.__name__, str(w.message)) for w in seen if "autobyte" in str(w.message)
+        ]
     opt.close()
     return out
 
@@ -85,8 +107,9 @@ def _warning_worker(rank, world, refusing_address, nobody_address):
 def test_metrics_not_reaching_a_daemon_warn_once_without_logging_configured(db_url):
     daemon = ThreadDaemon(db_url, token="t0k").start()
     try:
-        (got,) = run_ranks(_warning_worker, 1, daemon.address, f"127.0.0.1:{free_port()}",
-                           timeout_s=100)
+        (got,) = run_ranks(
+            _warning_worker, 1, daemon.address, f"127.0.0.1:{free_port()}", timeout_s=100
+        )
     finally:
         daemon.stop()
     assert len(got["token"]) == 1, got

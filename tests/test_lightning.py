@@ -6,12 +6,16 @@ import os
 
 import pytest
 
-pytest.importorskip("lightning", reason="the Lightning strategy is an optional extra: "
-                                        "pip install 'autobyte[lightning]' (scripts/setup.sh installs it)")
+pytest.importorskip(
+    "lightning",
+    reason="the Lightning strategy is an optional extra: "
+    "pip install 'autobyte[lightning]' (scripts/setup.sh installs it)",
+)
+
+from autobyte.protocol import autobyte_pb2 as pb
 
 from tests.helpers.dist import run_ranks
 from tests.helpers.rpc import Client
-from autobyte.protocol import autobyte_pb2 as pb
 
 SAMPLES_PER_RANK = 24  # 6 steps of 4 samples per rank and epoch
 
@@ -19,7 +23,9 @@ SAMPLES_PER_RANK = 24  # 6 steps of 4 samples per rank and epoch
 def _lightning_env(rank: int, world: int) -> None:
     # torch.distributed is already initialised by run_ranks; LOCAL_RANK tells Lightning that the
     # processes exist already (it launches none) and the rest places this one.
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
+    os.environ.update(
+        LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1"
+    )
     os.environ.setdefault("MASTER_PORT", "29500")  # unused: the process group exists
 
 
@@ -30,12 +36,16 @@ def _module_class():
     from torch import nn
 
     class Net(L.LightningModule):
-        """A small MLP; SGD with momentum or AdamW, a per-step LR schedule, logged losses."""
+        """A small MLP (with BatchNorm if asked); SGD with momentum or AdamW, a per-step LR schedule,
+        logged losses."""
 
-        def __init__(self, optimizer: str = "sgd") -> None:
+        def __init__(self, optimizer: str = "sgd", batchnorm: bool = False) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU())
+            norm = [nn.BatchNorm1d(64)] if batchnorm else []
+            self.body = nn.Sequential(
+                nn.Linear(16, 64), *norm, nn.ReLU(), nn.Linear(64, 32), nn.ReLU()
+            )
             self.head = nn.Linear(32, 4)
             self.optimizer_name = optimizer
 
@@ -45,7 +55,9 @@ def _module_class():
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = F.cross_entropy(self(x), y)
-            self.log("train_loss", loss, sync_dist=True)  # a collective of the user's on the default group
+            self.log(
+                "train_loss", loss, sync_dist=True
+            )  # a collective of the user's on the default group
             return loss
 
         def validation_step(self, batch, batch_idx):
@@ -69,7 +81,9 @@ def _loaders(with_validation: bool):
 
     generator = torch.Generator().manual_seed(1)
     n = 2 * SAMPLES_PER_RANK
-    data = TensorDataset(torch.randn(n, 16, generator=generator) * 3, torch.randint(0, 4, (n,), generator=generator))
+    data = TensorDataset(
+        torch.randn(n, 16, generator=generator) * 3, torch.randint(0, 4, (n,), generator=generator)
+    )
     train = DataLoader(data, batch_size=4, shuffle=False)
     return (train, DataLoader(data, batch_size=8, shuffle=False)) if with_validation else (train,)
 
@@ -90,9 +104,22 @@ def _grad_norms():
     return GradNorms()
 
 
-def _fit(strategy_name: str, *, max_steps: int, precision: str = "32-true", fp16_scaler: bool = False,
-         clip: float | None = None, optimizer: str = "sgd", accumulate: int = 1, with_validation: bool = True,
-         ckpt_dir: str | None = None, resume_from: str | None = None, strategy_kwargs: dict | None = None):
+def _fit(
+    strategy_name: str,
+    *,
+    max_steps: int,
+    precision: str = "32-true",
+    fp16_scaler: bool = False,
+    clip: float | None = None,
+    optimizer: str = "sgd",
+    accumulate: int = 1,
+    with_validation: bool = True,
+    ckpt_dir: str | None = None,
+    resume_from: str | None = None,
+    strategy_kwargs: dict | None = None,
+    batchnorm: bool = False,
+    broadcast_buffers: bool = True,
+):
     import lightning as L
     import torch
     from autobyte.lightning import AutobyteStrategy
@@ -101,31 +128,54 @@ def _fit(strategy_name: str, *, max_steps: int, precision: str = "32-true", fp16
     from lightning.pytorch.strategies import DDPStrategy
 
     if strategy_name == "autobyte":
-        strategy = AutobyteStrategy(**{"partition_bytes": 4 << 10, "credit_bytes": 8 << 10,
-                                       **(strategy_kwargs or {})})
+        strategy = AutobyteStrategy(
+            **{
+                "partition_bytes": 4 << 10,
+                "credit_bytes": 8 << 10,
+                "broadcast_buffers": broadcast_buffers,
+                **(strategy_kwargs or {}),
+            }
+        )
     else:
-        strategy = DDPStrategy()
+        strategy = DDPStrategy() if broadcast_buffers else DDPStrategy(broadcast_buffers=False)
     plugins = []
     if fp16_scaler:  # Lightning turns "16-mixed" on CPU into bf16 unless the plugin is given
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
         plugins.append(MixedPrecision("16-mixed", "cpu", scaler=scaler))
     norms = _grad_norms()
     callbacks = [norms]
     if ckpt_dir is not None:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, filename="first", save_top_k=-1))
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=2, num_nodes=1, max_steps=max_steps,
-                        precision=None if fp16_scaler else precision, plugins=plugins or None,
-                        gradient_clip_val=clip, accumulate_grad_batches=accumulate,
-                        val_check_interval=3 if with_validation else None, limit_val_batches=2,
-                        num_sanity_val_steps=1 if with_validation else 0, callbacks=callbacks,
-                        logger=False, enable_checkpointing=ckpt_dir is not None, enable_progress_bar=False,
-                        enable_model_summary=False)
-    module = _module_class()(optimizer)
+    trainer = L.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        num_nodes=1,
+        max_steps=max_steps,
+        precision=None if fp16_scaler else precision,
+        plugins=plugins or None,
+        gradient_clip_val=clip,
+        accumulate_grad_batches=accumulate,
+        val_check_interval=3 if with_validation else None,
+        limit_val_batches=2,
+        num_sanity_val_steps=1 if with_validation else 0,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=ckpt_dir is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = _module_class()(optimizer, batchnorm)
     trainer.fit(module, *_loaders(with_validation), ckpt_path=resume_from)
     # plain floats (exact for float32): tensors do not outlive a spawned rank through its queue
-    out = {"params": [p.detach().reshape(-1).tolist() for p in module.parameters()],
-           "lr": trainer.optimizers[0].param_groups[0]["lr"], "global_step": trainer.global_step,
-           "norms": norms.norms}
+    # the whole state_dict: parameters and buffers (BatchNorm statistics)
+    out = {
+        "state": {k: v.detach().reshape(-1).tolist() for k, v in module.state_dict().items()},
+        "params": [p.detach().reshape(-1).tolist() for p in module.parameters()],
+        "lr": trainer.optimizers[0].param_groups[0]["lr"],
+        "global_step": trainer.global_step,
+        "norms": norms.norms,
+    }
     if fp16_scaler:
         out["scale"] = trainer.precision_plugin.scaler.get_scale()
     return out
@@ -140,18 +190,29 @@ def _fit_both(rank, world, settings):
 
 
 def _max_diff(a, b) -> float:
+    """The largest difference of two parameter lists, or of two state_dicts (name -> values)."""
     import torch
 
     assert len(a) == len(b)
-    return max((torch.tensor(x, dtype=torch.float64) - torch.tensor(y, dtype=torch.float64)).abs().max().item()
-               for x, y in zip(a, b))
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        a, b = [a[k] for k in a], [b[k] for k in a]
+    return max(
+        (torch.tensor(x, dtype=torch.float64) - torch.tensor(y, dtype=torch.float64))
+        .abs()
+        .max()
+        .item()
+        for x, y in zip(a, b)
+    )
 
 
 def _assert_equal_to_ddp(results) -> None:
     for rank, result in enumerate(results):
         ddp, ours = result["ddp"], result["autobyte"]
         assert ddp["global_step"] == ours["global_step"] > 0
-        assert _max_diff(ddp["params"], ours["params"]) == 0.0, f"rank {rank} differs from DDPStrategy"
+        assert _max_diff(ddp["state"], ours["state"]) == 0.0, (
+            f"rank {rank} differs from DDPStrategy"
+        )
         assert ddp["lr"] == ours["lr"]
         assert ddp.get("scale") == ours.get("scale")
     assert _max_diff(results[0]["autobyte"]["params"], results[1]["autobyte"]["params"]) == 0.0
@@ -161,21 +222,35 @@ def test_fit_equals_ddp_strategy_with_clipping_lr_schedule_and_validation():
     results = run_ranks(_fit_both, 2, {"max_steps": 7, "clip": 0.5}, timeout_s=240)
     _assert_equal_to_ddp(results)
     ours = results[0]["autobyte"]
-    assert ours["lr"] == pytest.approx(0.2 * 0.5 ** 3), "the per-step LR schedule must have stepped"
+    assert ours["lr"] == pytest.approx(0.2 * 0.5**3), "the per-step LR schedule must have stepped"
     assert max(ours["norms"]) > 0.5, "the test must clip for real"
 
 
 def test_bf16_mixed_precision_equals_ddp_strategy():
-    results = run_ranks(_fit_both, 2, {"max_steps": 5, "precision": "bf16-mixed", "clip": 1.0,
-                                       "optimizer": "adamw", "with_validation": False}, timeout_s=240)
+    results = run_ranks(
+        _fit_both,
+        2,
+        {
+            "max_steps": 5,
+            "precision": "bf16-mixed",
+            "clip": 1.0,
+            "optimizer": "adamw",
+            "with_validation": False,
+        },
+        timeout_s=240,
+    )
     _assert_equal_to_ddp(results)
 
 
 def test_fp16_mixed_precision_with_grad_scaler_equals_ddp_strategy():
-    results = run_ranks(_fit_both, 2, {"max_steps": 6, "fp16_scaler": True, "clip": 1.0,
-                                       "with_validation": False}, timeout_s=240)
+    results = run_ranks(
+        _fit_both,
+        2,
+        {"max_steps": 6, "fp16_scaler": True, "clip": 1.0, "with_validation": False},
+        timeout_s=240,
+    )
     _assert_equal_to_ddp(results)
-    assert results[0]["autobyte"]["scale"] != 2.0 ** 10, "the loss scale must follow GradScaler's"
+    assert results[0]["autobyte"]["scale"] != 2.0**10, "the loss scale must follow GradScaler's"
 
 
 def test_gradient_accumulation_equals_ddp_strategy():
@@ -185,17 +260,46 @@ def test_gradient_accumulation_equals_ddp_strategy():
     assert max(results[0]["autobyte"]["norms"]) > 0.5
 
 
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_batchnorm_statistics_equal_ddp_strategys(broadcast_buffers):
+    """BatchNorm's running statistics, with validation during fit (a sanity check first, as
+    DDPStrategy runs through its DDP wrapper) and accumulation: every rank's whole state_dict is
+    DDPStrategy's, broadcast_buffers=True (the default) and False."""
+    results = run_ranks(
+        _fit_both,
+        2,
+        {
+            "max_steps": 7,
+            "accumulate": 2,
+            "batchnorm": True,
+            "broadcast_buffers": broadcast_buffers,
+        },
+        timeout_s=240,
+    )
+    _assert_equal_to_ddp(results)
+    first, second = (result["autobyte"]["state"]["body.1.running_mean"] for result in results)
+    assert first != second  # each rank's last training forward updates its own statistics
+
+
 def _resume(rank, world, ckpt_dir):
     import torch
 
     _lightning_env(rank, world)
     torch.set_num_threads(1)
     out = {}
-    for name in ("ddp", "autobyte"):  # each: 6 steps saving a checkpoint in the fit, then resume to 12
+    for name in (
+        "ddp",
+        "autobyte",
+    ):  # each: 6 steps saving a checkpoint in the fit, then resume to 12
         folder = os.path.join(ckpt_dir, name)
         first = _fit(name, max_steps=6, clip=0.5, with_validation=False, ckpt_dir=folder)
-        resumed = _fit(name, max_steps=12, clip=0.5, with_validation=False,
-                       resume_from=os.path.join(folder, "first.ckpt"))
+        resumed = _fit(
+            name,
+            max_steps=12,
+            clip=0.5,
+            with_validation=False,
+            resume_from=os.path.join(folder, "first.ckpt"),
+        )
         out[name] = {"first": first, "resumed": resumed}
     return out
 
@@ -207,10 +311,15 @@ def test_checkpoint_saved_during_fit_resumes_as_ddp_strategys(tmp_path):
         assert ours["first"]["global_step"] == 6 and ours["resumed"]["global_step"] == 12
         # the checkpoint holds every update of the first fit (and the momentum buffers: the resumed
         # fit would drift from DDPStrategy's otherwise)
-        assert _max_diff(ddp["first"]["params"], ours["first"]["params"]) == 0.0
-        assert _max_diff(ddp["resumed"]["params"], ours["resumed"]["params"]) == 0.0
+        assert _max_diff(ddp["first"]["state"], ours["first"]["state"]) == 0.0
+        assert _max_diff(ddp["resumed"]["state"], ours["resumed"]["state"]) == 0.0
         assert ddp["resumed"]["lr"] == ours["resumed"]["lr"]
-    assert _max_diff(results[0]["autobyte"]["resumed"]["params"], results[1]["autobyte"]["resumed"]["params"]) == 0.0
+    assert (
+        _max_diff(
+            results[0]["autobyte"]["resumed"]["params"], results[1]["autobyte"]["resumed"]["params"]
+        )
+        == 0.0
+    )
 
 
 def _fit_with_daemon(rank, world, address, job):
@@ -218,8 +327,12 @@ def _fit_with_daemon(rank, world, address, job):
 
     _lightning_env(rank, world)
     torch.set_num_threads(1)
-    out = _fit("autobyte", max_steps=8, with_validation=False,
-               strategy_kwargs={"daemon": address, "job": job})
+    out = _fit(
+        "autobyte",
+        max_steps=8,
+        with_validation=False,
+        strategy_kwargs={"daemon": address, "job": job},
+    )
     from autobyte.transport import session
 
     return {"global_step": out["global_step"], "session_closed": session._reporter is None}
@@ -234,7 +347,9 @@ def test_strategy_job_streams_to_the_daemon(thread_daemon):
         (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
         assert job.job == "lit-job" and sorted(job.ranks) == [0, 1]
         history = client.query.History(pb.HistoryRequest(job="lit-job", limit=1000), timeout=5)
-        assert sorted({(s.rank, s.step) for s in history.steps}) == [(r, s) for r in (0, 1) for s in range(8)]
+        assert sorted({(s.rank, s.step) for s in history.steps}) == [
+            (r, s) for r in (0, 1) for s in range(8)
+        ]
     finally:
         client.close()
 
@@ -247,16 +362,27 @@ def _refused_settings(rank, world):
     net = _module_class()
 
     class ClipsItself(net):
-        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        def configure_gradient_clipping(
+            self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+        ):
             self.clip_gradients(optimizer, 0.1, "norm")
 
     messages = {}
     for name, trainer_kwargs, module_class in (
-            ("clip_by_value", {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"}, net),
-            ("clipping_hook", {}, ClipsItself)):
-        trainer = L.Trainer(strategy=AutobyteStrategy(), accelerator="cpu", devices=1, max_steps=1,
-                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                            enable_model_summary=False, **trainer_kwargs)
+        ("clip_by_value", {"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"}, net),
+        ("clipping_hook", {}, ClipsItself),
+    ):
+        trainer = L.Trainer(
+            strategy=AutobyteStrategy(),
+            accelerator="cpu",
+            devices=1,
+            max_steps=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **trainer_kwargs,
+        )
         try:
             trainer.fit(module_class(), *_loaders(False))
         except ValueError as error:

@@ -30,7 +30,7 @@ def _spawns_ranks_too():
 
 
 def _in_a_lambda():
-    return (lambda: subprocess.run(["true"]))
+    return lambda: subprocess.run(["true"], check=False)
 
 
 def _imports_the_testbed_inside():
@@ -52,10 +52,20 @@ def _imports_torch_multiprocessing():
 
 
 # Reached through a dict, which the walk does not enter: these tests themselves stay unmarked.
-SAMPLE = {function.__name__.lstrip("_"): function for function in (
-    _pure, _starts_a_process, _through_a_local_helper, _spawns_ranks, _spawns_ranks_too,
-    _in_a_lambda, _imports_the_testbed_inside, _imports_only_pure_testbed_parts,
-    _imports_torch_multiprocessing)}
+SAMPLE = {
+    function.__name__.lstrip("_"): function
+    for function in (
+        _pure,
+        _starts_a_process,
+        _through_a_local_helper,
+        _spawns_ranks,
+        _spawns_ranks_too,
+        _in_a_lambda,
+        _imports_the_testbed_inside,
+        _imports_only_pure_testbed_parts,
+        _imports_torch_multiprocessing,
+    )
+}
 
 
 def test_each_kind_is_found_where_the_code_reaches_it():

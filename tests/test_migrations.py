@@ -34,7 +34,9 @@ def test_every_revision_downgrades_and_upgrades_again(db_url):
     from autobyted.storage.db import _alembic_config
 
     engine = make_engine(db_url)
-    revisions = [r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()][::-1]
+    revisions = [
+        r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()
+    ][::-1]
     with engine.begin() as connection:
         for revision in revisions:  # one at a time, as an older database would be brought along
             command.upgrade(_alembic_config(connection), revision)
@@ -80,16 +82,25 @@ def test_upgrade_from_0001_keeps_rows_and_fills_new_columns(db_url):
     engine = make_engine(db_url)
     with engine.begin() as connection:
         command.upgrade(_alembic_config(connection), "0001")
-        connection.execute(sa.text(
-            "insert into jobs (id, name, world_size, backend, model_digest, parameter_count, parameter_bytes, "
-            "tensor_count, largest_tensor_bytes, median_tensor_bytes, created_at, last_seen_at, max_step, "
-            "dropped_total) values (1, 'old', 2, 'gloo', '', 1, 4, 1, 4, 4, 0, 0, 0, 0)"))
-        connection.execute(sa.text(
-            "insert into step_metrics (job_id, rank, step, wall_time_s, step_time_s, forward_s, backward_s, "
-            "exposed_comm_s, queueing_delay_s, bytes_reduced, partitions, bandwidth_bytes_per_s, decision_id) "
-            "values (1, 0, 0, 1.0, 0.1, 0, 0, 0, 0, 4, 1, 0, 0)"))
-        connection.execute(sa.text(
-            "insert into decisions (job_id, apply_at_step, reason, created_at, state) values (1, 5, 'x', 0, 'pending')"))
+        connection.execute(
+            sa.text(
+                "insert into jobs (id, name, world_size, backend, model_digest, parameter_count, parameter_bytes, "
+                "tensor_count, largest_tensor_bytes, median_tensor_bytes, created_at, last_seen_at, max_step, "
+                "dropped_total) values (1, 'old', 2, 'gloo', '', 1, 4, 1, 4, 4, 0, 0, 0, 0)"
+            )
+        )
+        connection.execute(
+            sa.text(
+                "insert into step_metrics (job_id, rank, step, wall_time_s, step_time_s, forward_s, backward_s, "
+                "exposed_comm_s, queueing_delay_s, bytes_reduced, partitions, bandwidth_bytes_per_s, decision_id) "
+                "values (1, 0, 0, 1.0, 0.1, 0, 0, 0, 0, 4, 1, 0, 0)"
+            )
+        )
+        connection.execute(
+            sa.text(
+                "insert into decisions (job_id, apply_at_step, reason, created_at, state) values (1, 5, 'x', 0, 'pending')"
+            )
+        )
     assert migrate(engine) == head_revision()
     store = SqlStorage(engine)
     (row,) = store.samples_after("old", 0)

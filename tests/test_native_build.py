@@ -26,18 +26,47 @@ from tests.helpers.wheel_job import TWO_RANK_JOB
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture(scope="module")
 def isolated_wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     src = tmp_path_factory.mktemp("src") / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "out", "results",
-        "_native*.so"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "build",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+            "out",
+            "results",
+            "_native*.so",
+        ),
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_NO_BUILD_ISOLATION")}
     # pip's defaults: build isolation on (torch is not in the isolated build environment)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
-                            "-w", str(out), str(src)], capture_output=True, text=True, env=env, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     (path,) = out.glob("autobyte-*.whl")
     return path
@@ -61,22 +90,63 @@ def test_plain_install_compiles_on_first_use_then_runs_native(isolated_wheel, tm
     (site,) = venv.glob("lib/python*/site-packages")
     (site / "borrowed-torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
     cache = tmp_path / "torch_extensions"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "AUTOBYTE_NATIVE", "AUTOBYTE_NATIVE_BUILD")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "PYTHONPATH",
+            "VIRTUAL_ENV",
+            "PYTHONHOME",
+            "AUTOBYTE_NATIVE",
+            "AUTOBYTE_NATIVE_BUILD",
+        )
+    }
     # PATH without this environment's bin/: ninja must be found through its Python package
-    path = [d for d in env.get("PATH", "").split(os.pathsep) if Path(d).resolve() != Path(sys.executable).parent]
-    env.update(PYTHONNOUSERSITE="1", TORCH_EXTENSIONS_DIR=str(cache),
-               PATH=os.pathsep.join([str(bin_dir), *path]))
+    path = [
+        d
+        for d in env.get("PATH", "").split(os.pathsep)
+        if Path(d).resolve() != Path(sys.executable).parent
+    ]
+    env.update(
+        PYTHONNOUSERSITE="1",
+        TORCH_EXTENSIONS_DIR=str(cache),
+        PATH=os.pathsep.join([str(bin_dir), *path]),
+    )
     work = tmp_path / "work"
     work.mkdir()
 
     def run(*args, timeout=180):
-        return subprocess.run([str(a) for a in args], cwd=work, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [str(a) for a in args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                                "--no-deps", "--disable-pip-version-check", str(isolated_wheel)],
-                               cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            str(isolated_wheel),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
 
     before = run(bin_dir / "autobyte", "check-build", "--format", "json")
@@ -104,15 +174,24 @@ def test_plain_install_compiles_on_first_use_then_runs_native(isolated_wheel, tm
     started = [found[0] for found in lines if "in the background" in found[0]]
     waiting = [found[0] for found in lines if "another process on this host" in found[0]]
     assert len(started) == 1 and len(waiting) == 1, logs
-    assert sorted(r["reason"] for r in results) == sorted(line.split("Python hot path: ", 1)[1]
-                                                          for line in started + waiting), (results, logs)
+    assert sorted(r["reason"] for r in results) == sorted(
+        line.split("Python hot path: ", 1)[1] for line in started + waiting
+    ), (results, logs)
     assert str(ROOT) not in "".join(logs)
 
     # check-build --build waits for the compile under way rather than starting a second one
     waited = run(bin_dir / "autobyte", "check-build", "--build", "--format", "json", timeout=900)
-    assert waited.returncode == 0, (waited.stderr[-3000:], (next(cache.rglob("build.log"))).read_text()[-3000:])
+    assert waited.returncode == 0, (
+        waited.stderr[-3000:],
+        (next(cache.rglob("build.log"))).read_text()[-3000:],
+    )
     after = json.loads(waited.stdout)
-    assert after["native"] == {"built": True, "active": True, "reason": "", "built_for_torch": torch.__version__}
+    assert after["native"] == {
+        "built": True,
+        "active": True,
+        "reason": "",
+        "built_for_torch": torch.__version__,
+    }
     assert after["native_build"]["source"] == "compiled"
     (entry,) = [p for p in cache.glob("autobyte_native/*") if p.is_dir()]
     assert (entry / "complete.json").is_file() and "done" in (entry / "build.log").read_text()

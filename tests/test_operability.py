@@ -1,4 +1,4 @@
-"""Issue 13 items 2 and 3 against a real daemon: the standard health service, the concurrent-RPC limit,
+"""Against a real daemon: the standard health service, the concurrent-RPC limit,
 a bounded ingest queue that pushes back with a retry hint, capped registrations, large requests kept
 off the event loop, and the token on every RPC of every service."""
 
@@ -9,9 +9,9 @@ import time
 
 import grpc
 import pytest
+from autobyte.protocol import autobyte_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from autobyte.protocol import autobyte_pb2 as pb
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.rpc import Client, batch
 
@@ -26,15 +26,22 @@ def test_health_is_serving_while_up_and_not_serving_while_draining(db_url):
     health = health_pb2_grpc.HealthStub(channel)
     try:
         for service in SERVICES:
-            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == SERVING
+            assert (
+                health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+                == SERVING
+            )
         with pytest.raises(grpc.RpcError) as info:
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-        watch = health.Watch(health_pb2.HealthCheckRequest(service="autobyte.v1.Telemetry"), timeout=30)
+        watch = health.Watch(
+            health_pb2.HealthCheckRequest(service="autobyte.v1.Telemetry"), timeout=30
+        )
         assert next(watch).status == SERVING
         stopper = threading.Thread(target=daemon.stop)
         stopper.start()
-        assert next(watch).status == NOT_SERVING  # pushed when the shutdown begins, before the server stops
+        assert (
+            next(watch).status == NOT_SERVING
+        )  # pushed when the shutdown begins, before the server stops
         stopper.join(30)
     finally:
         channel.close()
@@ -59,7 +66,10 @@ def test_concurrent_rpc_limit(db_url):
                 query.Status(pb.StatusRequest(), timeout=5)
                 break
             except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                assert (
+                    error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    and time.monotonic() < deadline
+                )
                 time.sleep(0.05)
         for watch in watches[1:]:
             watch.cancel()
@@ -80,7 +90,9 @@ def test_full_ingest_queue_pushes_back_with_a_retry_hint(db_url):
         blocker = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # the writer's transaction now waits (busy timeout 10 s)
         acks = []
-        stalled = threading.Thread(target=lambda: acks.extend(client.stream([batch(first, range(1, 31))])))
+        stalled = threading.Thread(
+            target=lambda: acks.extend(client.stream([batch(first, range(1, 31))]))
+        )
         stalled.start()
         deadline = time.monotonic() + 10
         while daemon.daemon.writer.queued_rows < 30:  # the first batch waits in the queue
@@ -114,13 +126,18 @@ def test_registrations_are_capped(client):
     from autobyte.types import MAX_WORLD_SIZE
 
     assert client.register(job="big", rank=MAX_WORLD_SIZE - 1, world_size=MAX_WORLD_SIZE).session_id
-    for fields, message in (({"world_size": MAX_WORLD_SIZE + 1}, "world size"),
-                            ({"hostname": "h" * 300}, "hostname"),
-                            ({"backend": "b" * 40}, "backend"),
-                            ({"instance": "i" * 200}, "instance_id")):
+    for fields, message in (
+        ({"world_size": MAX_WORLD_SIZE + 1}, "world size"),
+        ({"hostname": "h" * 300}, "hostname"),
+        ({"backend": "b" * 40}, "backend"),
+        ({"instance": "i" * 200}, "instance_id"),
+    ):
         with pytest.raises(grpc.RpcError) as info:
             client.register(job="capped", **fields)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in info.value.details()
+        assert (
+            info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and message in info.value.details()
+        )
 
 
 @pytest.fixture
@@ -170,19 +187,27 @@ def test_large_requests_do_not_block_the_event_loop(db_url):
 
 
 RPCS = {
-    "Register": lambda c, md: c.telemetry.Register(pb.RegisterRequest(job="job", rank=0, world_size=1,
-                                                                      instance_id="x"), timeout=5, metadata=md),
-    "StreamMetrics": lambda c, md: list(c.telemetry.StreamMetrics(iter([batch("s", [1])]), timeout=5, metadata=md)),
-    "WatchConfig": lambda c, md: next(c.control.WatchConfig(pb.WatchConfigRequest(job="job"), timeout=5,
-                                                            metadata=md)),
-    "ReportConfig": lambda c, md: c.control.ReportConfig(pb.ReportConfigRequest(job="job"), timeout=5, metadata=md),
-    "ProposeConfig": lambda c, md: c.control.ProposeConfig(pb.ProposeConfigRequest(job="job"), timeout=5,
-                                                           metadata=md),
+    "Register": lambda c, md: c.telemetry.Register(
+        pb.RegisterRequest(job="job", rank=0, world_size=1, instance_id="x"), timeout=5, metadata=md
+    ),
+    "StreamMetrics": lambda c, md: list(
+        c.telemetry.StreamMetrics(iter([batch("s", [1])]), timeout=5, metadata=md)
+    ),
+    "WatchConfig": lambda c, md: next(
+        c.control.WatchConfig(pb.WatchConfigRequest(job="job"), timeout=5, metadata=md)
+    ),
+    "ReportConfig": lambda c, md: c.control.ReportConfig(
+        pb.ReportConfigRequest(job="job"), timeout=5, metadata=md
+    ),
+    "ProposeConfig": lambda c, md: c.control.ProposeConfig(
+        pb.ProposeConfigRequest(job="job"), timeout=5, metadata=md
+    ),
     "Status": lambda c, md: c.query.Status(pb.StatusRequest(), timeout=5, metadata=md),
     "History": lambda c, md: c.query.History(pb.HistoryRequest(job="job"), timeout=5, metadata=md),
     "Best": lambda c, md: c.query.Best(pb.BestRequest(job="job"), timeout=5, metadata=md),
-    "SetTuning": lambda c, md: c.control.SetTuning(pb.SetTuningRequest(job="job", paused=True), timeout=5,
-                                                   metadata=md),
+    "SetTuning": lambda c, md: c.control.SetTuning(
+        pb.SetTuningRequest(job="job", paused=True), timeout=5, metadata=md
+    ),
 }
 
 
@@ -196,12 +221,18 @@ def test_the_token_guards_every_rpc_of_every_service(db_url):
     daemon = ThreadDaemon(db_url, token="t0k").start()
     client = Client(daemon.address)
     try:
-        for metadata, message in (((), "missing token"), ((("authorization", "Bearer bad"),), "wrong token"),
-                                  ((("authorization", "t0k"),), "wrong token")):
+        for metadata, message in (
+            ((), "missing token"),
+            ((("authorization", "Bearer bad"),), "wrong token"),
+            ((("authorization", "t0k"),), "wrong token"),
+        ):
             for name, call in RPCS.items():
                 with pytest.raises(grpc.RpcError) as info:
                     call(client, metadata)
-                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, (name, info.value.details())
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, (
+                    name,
+                    info.value.details(),
+                )
                 assert message in info.value.details(), name
         right = (("authorization", "Bearer t0k"),)
         assert RPCS["Register"](client, right).session_id
@@ -214,7 +245,7 @@ def test_the_token_guards_every_rpc_of_every_service(db_url):
 
 
 def test_prometheus_binds_loopback_by_default(db_url):
-    """Issue 13 item 3: `--metrics-listen PORT` serves on 127.0.0.1 only."""
+    """`--metrics-listen PORT` serves on 127.0.0.1 only."""
     import urllib.request
 
     import psutil
@@ -224,9 +255,15 @@ def test_prometheus_binds_loopback_by_default(db_url):
     port = free_port()
     daemon = ThreadDaemon(db_url, metrics_listen=str(port)).start()
     try:
-        listening = [c.laddr for c in psutil.Process().net_connections(kind="tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        listening = [
+            c.laddr
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
         assert [address.ip for address in listening] == ["127.0.0.1"]
-        assert b"autobyted_jobs" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert (
+            b"autobyted_jobs"
+            in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        )
     finally:
         daemon.stop()

@@ -1,13 +1,13 @@
 """`autobyte plot JOB`: a PNG of a real job (a real daemon, a real 2-rank gloo run), a clean error
-for an unknown job, and the extra to install when matplotlib is missing (issue 21 item 3)."""
+for an unknown job, and the extra to install when matplotlib is missing."""
 
 import os
 import struct
 
+from tests.helpers.cli import run_cli
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.paths import ROOT
 from tests.helpers.trainer import start_mlp_trainer
-from tests.helpers.cli import run_cli
 
 
 def png_size(path) -> tuple[int, int]:
@@ -27,7 +27,9 @@ def test_plot_of_a_real_job_and_of_an_unknown_one(db_url, tmp_path):
         png = tmp_path / "job.png"
         result = run_cli("plot", "pictured", "--out", str(png), "--daemon", daemon.address)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith(f"{png}: 500 steps") and "(1200x600)" in result.stdout, result.stdout
+        assert result.stdout.startswith(f"{png}: 500 steps") and "(1200x600)" in result.stdout, (
+            result.stdout
+        )
         assert png_size(png) == (1200, 600)
         assert png.stat().st_size > 20_000  # lines, bands and labels, not an empty canvas
 
@@ -37,9 +39,17 @@ def test_plot_of_a_real_job_and_of_an_unknown_one(db_url, tmp_path):
         assert "unknown job 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
         assert not missing.exists()
 
-        unwritable = run_cli("plot", "pictured", "--out", str(tmp_path / "no-such-dir" / "x.png"),
-                             "--daemon", daemon.address)
-        assert unwritable.returncode in (1, 2) and "Traceback" not in unwritable.stderr, unwritable.stderr
+        unwritable = run_cli(
+            "plot",
+            "pictured",
+            "--out",
+            str(tmp_path / "no-such-dir" / "x.png"),
+            "--daemon",
+            daemon.address,
+        )
+        assert unwritable.returncode in (1, 2) and "Traceback" not in unwritable.stderr, (
+            unwritable.stderr
+        )
     finally:
         daemon.stop()
 
@@ -50,9 +60,18 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path):
     shadow = tmp_path / "shadow" / "matplotlib"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
-    path = os.pathsep.join([str(shadow.parent), str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    result = run_cli("plot", "any-job", "--out", str(tmp_path / "x.png"), "--daemon", "127.0.0.1:1",
-                     env={"PYTHONPATH": path})
+    path = os.pathsep.join(
+        [str(shadow.parent), str(ROOT / "client"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    )
+    result = run_cli(
+        "plot",
+        "any-job",
+        "--out",
+        str(tmp_path / "x.png"),
+        "--daemon",
+        "127.0.0.1:1",
+        env={"PYTHONPATH": path},
+    )
     assert result.returncode == 1, result.stderr
     assert "pip install 'autobyte[plot]'" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "x.png").exists()
@@ -63,14 +82,32 @@ def test_crowded_decisions_never_overlap_and_missing_figures_say_not_measured(tm
     legend, their dashed lines stay); a decision without a measurement says so, never 'meas - ms'."""
     from autobyte.plot import DecisionMark, StepPoint, draw_job, step_times_text
 
-    steps = [StepPoint(rank, i, 1.7e9 + i * 0.1, 0.1 + 0.01 * (i % 7), 64 << 10, 64 << 10, 2e8, 0.3, i // 10)
-             for i in range(300) for rank in (0, 1)]
-    decisions = [DecisionMark(d, 1.7e9 + d * 0.25, "rolled_back" if d % 3 else "applied",
-                              f"trial {d}/20: something", "tuner", 1 << 20, 4 << 20, 0.09, None if d % 2 else 0.1)
-                 for d in range(1, 21)]
+    steps = [
+        StepPoint(
+            rank, i, 1.7e9 + i * 0.1, 0.1 + 0.01 * (i % 7), 64 << 10, 64 << 10, 2e8, 0.3, i // 10
+        )
+        for i in range(300)
+        for rank in (0, 1)
+    ]
+    decisions = [
+        DecisionMark(
+            d,
+            1.7e9 + d * 0.25,
+            "rolled_back" if d % 3 else "applied",
+            f"trial {d}/20: something",
+            "tuner",
+            1 << 20,
+            4 << 20,
+            0.09,
+            None if d % 2 else 0.1,
+        )
+        for d in range(1, 21)
+    ]
     drawn = draw_job("crowded", steps, decisions, str(tmp_path / "crowded.png"))
     assert (tmp_path / "crowded.png").stat().st_size > 0
-    assert drawn.labelled >= 3 and drawn.labelled + drawn.unlabelled == 20 and drawn.unlabelled > 0, drawn
+    assert (
+        drawn.labelled >= 3 and drawn.labelled + drawn.unlabelled == 20 and drawn.unlabelled > 0
+    ), drawn
     assert step_times_text(decisions[0]) == "pred 90 ms, not measured"
     assert step_times_text(decisions[1]) == "pred 90 / meas 100 ms"
     assert step_times_text(decisions[0]._replace(predicted_step_time_s=None)) == "not measured"

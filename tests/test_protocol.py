@@ -4,26 +4,63 @@ import subprocess
 import sys
 
 import pytest
+from autobyte.convert import (
+    best_from_proto,
+    best_to_proto,
+    config_from_proto,
+    config_to_proto,
+    config_update_to_proto,
+    decision_from_proto,
+    decision_to_proto,
+    fingerprint_from_proto,
+    fingerprint_to_proto,
+    history_step_from_proto,
+    history_to_proto,
+    job_status_from_proto,
+    job_status_to_proto,
+    metrics_from_proto,
+    metrics_to_proto,
+    registration_from_proto,
+    tuner_status_from_proto,
+    tuner_status_to_proto,
+)
+from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.records import (
+    BestRecord,
+    CandidateRecord,
+    DecisionRecord,
+    Fingerprint,
+    HistoryStep,
+    JobRecord,
+    Registration,
+    TunerStatusRecord,
+)
+from autobyte.types import (
+    MAX_CREDIT_BYTES,
+    MAX_PARTITION_BYTES,
+    MAX_TAIL_BYTES,
+    MIN_CREDIT_BYTES,
+    MIN_PARTITION_BYTES,
+    MIN_TAIL_BYTES,
+    NO_LIMIT_BYTES,
+    Config,
+    StepMetrics,
+    config_from_ints,
+    config_to_ints,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autobyte.convert import (best_from_proto, best_to_proto, config_from_proto, config_to_proto,
-                              config_update_to_proto, decision_from_proto, decision_to_proto, fingerprint_from_proto,
-                              fingerprint_to_proto, history_step_from_proto, history_to_proto, job_status_from_proto,
-                              job_status_to_proto, metrics_from_proto, metrics_to_proto, registration_from_proto,
-                              tuner_status_from_proto, tuner_status_to_proto)
-from autobyte.protocol import autobyte_pb2 as pb
-from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, HistoryStep, JobRecord,
-                              Registration, TunerStatusRecord)
-from autobyte.types import MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MIN_CREDIT_BYTES, MIN_PARTITION_BYTES
-from autobyte.types import MAX_TAIL_BYTES, MIN_TAIL_BYTES
-from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics, config_from_ints, config_to_ints
 from tests.helpers.paths import ROOT
 
 
 def test_generated_code_is_fresh():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -44,9 +81,12 @@ def test_stale_check_detects_an_edit(tmp_path, monkeypatch):
     assert gen.main(["--check"]) == 1
 
 
-configs = st.builds(Config, st.one_of(st.none(), st.integers(MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)),
-                    st.one_of(st.none(), st.integers(MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)),
-                    st.one_of(st.none(), st.integers(MIN_TAIL_BYTES, MAX_TAIL_BYTES)))
+configs = st.builds(
+    Config,
+    st.one_of(st.none(), st.integers(MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)),
+    st.one_of(st.none(), st.integers(MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)),
+    st.one_of(st.none(), st.integers(MIN_TAIL_BYTES, MAX_TAIL_BYTES)),
+)
 floats = st.floats(0, 1e6, allow_nan=False)
 
 
@@ -71,8 +111,14 @@ def test_a_config_without_a_tail_window_is_the_message_an_old_peer_sends_and_rea
     before the field existed, and a message without it reads as no tail window."""
     old = pb.Config(partition_bytes=4 << 20, credit_bytes=16 << 20)
     assert config_to_proto(Config(4 << 20, 16 << 20)).SerializeToString() == old.SerializeToString()
-    assert config_from_proto(old) == Config(4 << 20, 16 << 20) and config_from_proto(old).tail_bytes is None
-    assert Config(4 << 20, 16 << 20).to_dict() == {"partition_bytes": 4 << 20, "credit_bytes": 16 << 20}
+    assert (
+        config_from_proto(old) == Config(4 << 20, 16 << 20)
+        and config_from_proto(old).tail_bytes is None
+    )
+    assert Config(4 << 20, 16 << 20).to_dict() == {
+        "partition_bytes": 4 << 20,
+        "credit_bytes": 16 << 20,
+    }
     with_tail = Config(1 << 20, 4 << 20, 8 << 20)
     assert config_from_proto(config_to_proto(with_tail)) == with_tail
     assert with_tail.to_dict()["tail_bytes"] == 8 << 20
@@ -89,10 +135,21 @@ def test_config_rejects_bad_tail_windows(bad):
             config_from_proto(pb.Config(tail_bytes=bad))
 
 
-@given(st.integers(1, 2**40), st.builds(StepMetrics, step=st.integers(0, 2**40), wall_time_s=floats,
-                                        step_time_s=floats, exposed_comm_s=floats, bytes_reduced=st.integers(0, 2**50),
-                                        partitions=st.integers(0, 2**30), config=configs,
-                                        decision_id=st.integers(0, 2**40), host_load=st.floats(0, 1)))
+@given(
+    st.integers(1, 2**40),
+    st.builds(
+        StepMetrics,
+        step=st.integers(0, 2**40),
+        wall_time_s=floats,
+        step_time_s=floats,
+        exposed_comm_s=floats,
+        bytes_reduced=st.integers(0, 2**50),
+        partitions=st.integers(0, 2**30),
+        config=configs,
+        decision_id=st.integers(0, 2**40),
+        host_load=st.floats(0, 1),
+    ),
+)
 def test_metrics_round_trip(seq, metrics):
     assert metrics_from_proto(metrics_to_proto(metrics, seq)) == (seq, metrics)
 
@@ -106,16 +163,34 @@ def test_config_rejects_bad_values(bad):
 # ---------------------------------------------------------------- the daemon's values <-> messages
 optional_floats = st.one_of(st.none(), floats)
 texts = st.text(max_size=20)
-decisions = st.builds(DecisionRecord, decision_id=st.integers(1, 2**40), job=texts, config=configs,
-                      apply_at_step=st.integers(0, 2**40), reason=texts, created_at_s=floats,
-                      state=st.sampled_from(["pending", "applied", "superseded", "expired", "recommended"]),
-                      predicted_step_time_s=optional_floats, measured_step_time_s=optional_floats,
-                      applied_at_step=st.one_of(st.none(), st.integers(0, 2**40)),
-                      source=st.sampled_from(["operator", "tuner"]))
-tuner_states = st.builds(TunerStatusRecord, mode=texts, state=texts, detail=texts, config=configs,
-                         baseline_step_time_s=floats, measured_step_time_s=floats, predicted_step_time_s=floats,
-                         trials_done=st.integers(0, 1000), trials_planned=st.integers(0, 1000),
-                         paused=st.booleans(), updated_at_s=floats)
+decisions = st.builds(
+    DecisionRecord,
+    decision_id=st.integers(1, 2**40),
+    job=texts,
+    config=configs,
+    apply_at_step=st.integers(0, 2**40),
+    reason=texts,
+    created_at_s=floats,
+    state=st.sampled_from(["pending", "applied", "superseded", "expired", "recommended"]),
+    predicted_step_time_s=optional_floats,
+    measured_step_time_s=optional_floats,
+    applied_at_step=st.one_of(st.none(), st.integers(0, 2**40)),
+    source=st.sampled_from(["operator", "tuner"]),
+)
+tuner_states = st.builds(
+    TunerStatusRecord,
+    mode=texts,
+    state=texts,
+    detail=texts,
+    config=configs,
+    baseline_step_time_s=floats,
+    measured_step_time_s=floats,
+    predicted_step_time_s=floats,
+    trials_done=st.integers(0, 1000),
+    trials_planned=st.integers(0, 1000),
+    paused=st.booleans(),
+    updated_at_s=floats,
+)
 
 
 @given(decisions)
@@ -134,7 +209,11 @@ def test_decision_unset_optionals_read_as_none():
 def test_config_update_carries_the_decision(record):
     update = config_update_to_proto(record)
     assert (update.job, update.decision_id, update.apply_at_step, update.reason) == (
-        record.job, record.decision_id, record.apply_at_step, record.reason)
+        record.job,
+        record.decision_id,
+        record.apply_at_step,
+        record.reason,
+    )
     assert config_from_proto(update.config) == record.config
 
 
@@ -146,22 +225,43 @@ def test_tuner_status_round_trip(record, known):
     assert not tuner_status_to_proto(record, with_config=False).HasField("config")
 
 
-@given(st.builds(JobRecord, job=texts, state=st.sampled_from(["running", "idle", "finished"]),
-                 world_size=st.integers(1, 64), backend=texts, steps=st.integers(0, 2**40), config=configs,
-                 ranks=st.lists(st.integers(0, 63), max_size=8).map(tuple), recent_step_time_s=floats,
-                 last_seen_s=floats, dropped_total=st.integers(0, 2**40),
-                 last_decision=st.one_of(st.none(), decisions), tuner=tuner_states),
-       st.booleans())
+@given(
+    st.builds(
+        JobRecord,
+        job=texts,
+        state=st.sampled_from(["running", "idle", "finished"]),
+        world_size=st.integers(1, 64),
+        backend=texts,
+        steps=st.integers(0, 2**40),
+        config=configs,
+        ranks=st.lists(st.integers(0, 63), max_size=8).map(tuple),
+        recent_step_time_s=floats,
+        last_seen_s=floats,
+        dropped_total=st.integers(0, 2**40),
+        last_decision=st.one_of(st.none(), decisions),
+        tuner=tuner_states,
+    ),
+    st.booleans(),
+)
 def test_job_status_round_trip(job, known):
     message = job_status_to_proto(job, tuner_status_to_proto(job.tuner, known=known))
     assert message.has_last_decision == (job.last_decision is not None)
-    assert message.recent_steps_per_s == (1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0)
+    assert message.recent_steps_per_s == (
+        1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0
+    )
     assert job_status_from_proto(message) == job
 
 
-history_steps = st.builds(HistoryStep, step=st.integers(0, 2**40), rank=st.integers(0, 64), wall_time_s=floats,
-                          step_time_s=floats, exposed_comm_s=floats, bytes_reduced=st.integers(0, 2**50),
-                          config=configs)
+history_steps = st.builds(
+    HistoryStep,
+    step=st.integers(0, 2**40),
+    rank=st.integers(0, 64),
+    wall_time_s=floats,
+    step_time_s=floats,
+    exposed_comm_s=floats,
+    bytes_reduced=st.integers(0, 2**50),
+    config=configs,
+)
 
 
 @given(st.lists(history_steps, max_size=5), st.lists(decisions, max_size=3))
@@ -172,28 +272,70 @@ def test_history_round_trip(steps, records):
     assert [decision_from_proto(d) for d in message.decisions] == records
 
 
-@given(st.builds(BestRecord, job=texts, found=st.booleans(), config=configs, median_step_time_s=floats,
-                 samples=st.integers(0, 2**40), baseline_step_time_s=floats, evidence=texts,
-                 candidates=st.lists(st.builds(CandidateRecord, config=configs, median_step_time_s=floats,
-                                               samples=st.integers(0, 2**40)), max_size=4).map(tuple)))
+@given(
+    st.builds(
+        BestRecord,
+        job=texts,
+        found=st.booleans(),
+        config=configs,
+        median_step_time_s=floats,
+        samples=st.integers(0, 2**40),
+        baseline_step_time_s=floats,
+        evidence=texts,
+        candidates=st.lists(
+            st.builds(
+                CandidateRecord,
+                config=configs,
+                median_step_time_s=floats,
+                samples=st.integers(0, 2**40),
+            ),
+            max_size=4,
+        ).map(tuple),
+    )
+)
 def test_best_round_trip(best):
     assert best_from_proto(best_to_proto(best)) == best
 
 
-@given(st.builds(Fingerprint, parameter_count=st.integers(0, 2**40), parameter_bytes=st.integers(0, 2**50),
-                 tensor_count=st.integers(0, 2**30), largest_tensor_bytes=st.integers(0, 2**40),
-                 median_tensor_bytes=st.integers(0, 2**40), digest=texts))
+@given(
+    st.builds(
+        Fingerprint,
+        parameter_count=st.integers(0, 2**40),
+        parameter_bytes=st.integers(0, 2**50),
+        tensor_count=st.integers(0, 2**30),
+        largest_tensor_bytes=st.integers(0, 2**40),
+        median_tensor_bytes=st.integers(0, 2**40),
+        digest=texts,
+    )
+)
 def test_fingerprint_round_trip(fingerprint):
     assert fingerprint_from_proto(fingerprint_to_proto(fingerprint)) == fingerprint
 
 
 def test_registration_from_request():
     fingerprint = Fingerprint(10, 40, 2, 32, 8, "abc")
-    request = pb.RegisterRequest(job="j", rank=1, world_size=2, model=fingerprint_to_proto(fingerprint),
-                                 config=config_to_proto(Config(4096, None)), hostname="h", pid=7,
-                                 instance_id="i", tuning_disabled=True)
+    request = pb.RegisterRequest(
+        job="j",
+        rank=1,
+        world_size=2,
+        model=fingerprint_to_proto(fingerprint),
+        config=config_to_proto(Config(4096, None)),
+        hostname="h",
+        pid=7,
+        instance_id="i",
+        tuning_disabled=True,
+    )
     assert registration_from_proto(request) == Registration(
-        job="j", rank=1, world_size=2, backend="unknown", instance_id="i", fingerprint=fingerprint,
-        config=Config(4096, None), hostname="h", pid=7, tuning_disabled=True)
+        job="j",
+        rank=1,
+        world_size=2,
+        backend="unknown",
+        instance_id="i",
+        fingerprint=fingerprint,
+        config=Config(4096, None),
+        hostname="h",
+        pid=7,
+        tuning_disabled=True,
+    )
     with pytest.raises(ValueError, match="partition_bytes"):
         registration_from_proto(pb.RegisterRequest(job="j", config=pb.Config(partition_bytes=1)))

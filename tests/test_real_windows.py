@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 import pytest
-
 from autobyte.types import Config
+
 from autobyted.tuner.features import JobShape
 from autobyted.tuner.grid import candidate_grid
 from simulator import real_windows as rw
@@ -29,7 +29,11 @@ def test_every_block_has_the_shape_a_real_client_registers(dataset):
 
     shapes = {}
     for block in dataset["blocks"]:
-        key = (block["builder"], json.dumps(block["model_args"], sort_keys=True), block["world_size"])
+        key = (
+            block["builder"],
+            json.dumps(block["model_args"], sort_keys=True),
+            block["world_size"],
+        )
         if key not in shapes:
             shapes[key] = model_shape(block["builder"], block["model_args"], block["world_size"])
         assert block["shape"] == shapes[key], (block["model"], block["condition"])
@@ -42,9 +46,15 @@ def test_every_block_measured_the_whole_grid_in_every_round(dataset):
         grid = set(candidate_grid(JobShape(**block["shape"])))
         rounds = {}
         for item in block["windows"]:
-            assert len(item["metrics"]) == block["steps"], (block["model"], block["condition"], item["config"])
+            assert len(item["metrics"]) == block["steps"], (
+                block["model"],
+                block["condition"],
+                item["config"],
+            )
             rounds.setdefault(item["round"], set()).add(Config(*item["config"]))
-        assert len(rounds) == block["rounds"] and all(configs == grid for configs in rounds.values())
+        assert len(rounds) == block["rounds"] and all(
+            configs == grid for configs in rounds.values()
+        )
         assert block["commit"] and block["load"] and block["load_after"]
 
 
@@ -55,8 +65,15 @@ def test_windows_read_into_finite_contexts_of_the_measured_configuration(dataset
     for window, item in zip(windows, block["windows"]):
         assert window.config == Config(*item["config"]) and window.samples == block["steps"]
         assert window.job == rw.block_job(block) and window.segment == item["round"]
-        assert all(math.isfinite(v) for v in (window.step_time_s, window.context.forward_s,
-                                                window.context.backward_s, window.context.bandwidth_bytes_per_s))
+        assert all(
+            math.isfinite(v)
+            for v in (
+                window.step_time_s,
+                window.context.forward_s,
+                window.context.backward_s,
+                window.context.bandwidth_bytes_per_s,
+            )
+        )
         # the sample's own configuration is the window's: what the rank reported it ran
         assert {tuple(m["config"].values()) for m in item["metrics"]} == {tuple(item["config"])}
 

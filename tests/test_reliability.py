@@ -7,13 +7,13 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from autobyte.protocol import autobyte_pb2 as pb
 
 from devtools.ports import free_port
 from tests.helpers.daemon import start_daemon_process, stop_process
 from tests.helpers.databases import DATABASES, database_url
 from tests.helpers.rpc import Client
 from tests.helpers.trainer import start_mlp_trainer
-from autobyte.protocol import autobyte_pb2 as pb
 
 STEPS = 400
 
@@ -28,9 +28,15 @@ def stored_steps(db_url: str, job: str, rank: int) -> list[int]:
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as connection:
-            return list(connection.scalars(sa.text(
-                "select s.step from step_metrics s join jobs j on j.id = s.job_id "
-                "where j.name = :job and s.rank = :rank order by s.step"), {"job": job, "rank": rank}))
+            return list(
+                connection.scalars(
+                    sa.text(
+                        "select s.step from step_metrics s join jobs j on j.id = s.job_id "
+                        "where j.name = :job and s.rank = :rank order by s.step"
+                    ),
+                    {"job": job, "rank": rank},
+                )
+            )
     finally:
         engine.dispose()
 
@@ -40,7 +46,7 @@ def steps_seen(address: str) -> int:
     try:
         jobs = client.query.Status(pb.StatusRequest(), timeout=2).jobs
         return jobs[0].steps if jobs else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - a daemon that is down or restarting has no steps yet
         return 0
     finally:
         client.close()
@@ -90,4 +96,6 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
         during = [end for end in report["step_ends"] if killed_at < end < back_at]
         gaps = [b - a for a, b in zip(report["step_ends"], report["step_ends"][1:])]
         assert during, f"rank {rank}: no step finished during the {outage_s:.1f}s outage"
-        assert max(gaps) < outage_s, f"rank {rank} stalled for {max(gaps):.2f}s of a {outage_s:.1f}s outage"
+        assert max(gaps) < outage_s, (
+            f"rank {rank} stalled for {max(gaps):.2f}s of a {outage_s:.1f}s outage"
+        )

@@ -25,19 +25,34 @@ def block_from(landscape, steps: int = 10, rounds: int = 2) -> dict:
             for i in range(steps):
                 m = sample(i, config, 0, step_s, bandwidth, rng, noise=0.02)
                 record = dataclasses.asdict(m)
-                record["config"] = {"partition_bytes": config.partition_bytes, "credit_bytes": config.credit_bytes}
+                record["config"] = {
+                    "partition_bytes": config.partition_bytes,
+                    "credit_bytes": config.credit_bytes,
+                }
                 metrics.append(record)
-            windows.append({"round": round_, "config": [config.partition_bytes, config.credit_bytes],
-                            "metrics": metrics})
-    return {"model": "test", "condition": "quiet", "commit": "t", "shape": dataclasses.asdict(SHAPE),
-            "windows": windows}
+            windows.append(
+                {
+                    "round": round_,
+                    "config": [config.partition_bytes, config.credit_bytes],
+                    "metrics": metrics,
+                }
+            )
+    return {
+        "model": "test",
+        "condition": "quiet",
+        "commit": "t",
+        "shape": dataclasses.asdict(SHAPE),
+        "windows": windows,
+    }
 
 
 def test_a_replay_finds_the_faster_configuration_and_counts_what_it_cost():
     block = block_from(better(BEST, 0.3))
     summary = replay_block(block, predictor_for(BEST, 0.3), steps=300, seed=0).summary()
     assert summary["final"] == BEST.short() and summary["final_vs_best"] > 0.97
-    assert summary["trials"] >= 1 and summary["gains"] >= 1  # BEST beat the default it was tried against
+    assert (
+        summary["trials"] >= 1 and summary["gains"] >= 1
+    )  # BEST beat the default it was tried against
     # the replay's time against the default held: most of the 30% (baseline and trial steps cost)
     assert 1.15 < summary["vs_default"] < 1 / 0.7 and summary["vs_oracle"] > 0.85
     assert abs(summary["default_vs_best"] - 0.7) < 0.03
@@ -47,12 +62,18 @@ def test_a_replay_where_nothing_wins_keeps_the_default_and_counts_the_lost_trial
     def landscape(config, step):  # every other configuration 20% slower than the default
         return (0.1 if config == START else 0.12), 1e8
 
-    summary = replay_block(block_from(landscape), predictor_for(BEST, 0.3), steps=300, seed=0).summary()
+    summary = replay_block(
+        block_from(landscape), predictor_for(BEST, 0.3), steps=300, seed=0
+    ).summary()
     assert summary["final"] == START.short() and summary["trials"] >= 1
     assert summary["gains"] == 0 and 0 < summary["steps_in_lost_trials"] < 40 * summary["trials"]
     assert summary["vs_default"] < 1.0 and summary["vs_default"] > 0.95  # the lost trials' cost
     both = pooled([summary, summary])
-    assert both["replays"] == 2 and both["trials"] == 2 * summary["trials"] and both["gain_share"] == 0.0
+    assert (
+        both["replays"] == 2
+        and both["trials"] == 2 * summary["trials"]
+        and both["gain_share"] == 0.0
+    )
 
 
 def test_a_block_without_the_default_is_refused_by_name():

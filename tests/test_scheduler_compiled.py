@@ -13,12 +13,17 @@ pytestmark = pytest.mark.slow
 
 def _compiled_worker(rank: int, world: int, steps: int) -> dict:
     import torch._dynamo
+    from autobyte import ScheduledOptimizer
     from torch._dynamo.utils import counters
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from autobyte import ScheduledOptimizer
-    from tests.test_scheduler_recipes import (lm_loss, make_lm, max_param_diff, param_digests,
-                                        token_batches)
+    from tests.test_scheduler_recipes import (
+        lm_loss,
+        make_lm,
+        max_state_diff,
+        param_digests,
+        token_batches,
+    )
 
     batches = token_batches(rank, steps)
     torch._dynamo.reset()
@@ -41,10 +46,15 @@ def _compiled_worker(rank: int, world: int, steps: int) -> dict:
         for tokens in batches:
             lm_loss(compiled, tokens).backward()
             sched.step()
-            compiled_frames.append((counters["frames"]["total"],
-                                    counters["stats"]["unique_graphs"]))
-    return {"diff": max_param_diff(ref, model), "frames": compiled_frames,
-            "digests": param_digests(model), "hot_path": sched.hot_path}
+            compiled_frames.append(
+                (counters["frames"]["total"], counters["stats"]["unique_graphs"])
+            )
+    return {
+        "diff": max_state_diff(ref, model),
+        "frames": compiled_frames,
+        "digests": param_digests(model),
+        "hot_path": sched.hot_path,
+    }
 
 
 @pytest.mark.timeout(280)

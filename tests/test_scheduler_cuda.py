@@ -16,13 +16,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import run_ranks
-from tests.helpers.equiv import max_param_diff, train_ddp, train_scheduled
+from tests.helpers.equiv import max_state_diff, train_ddp, train_scheduled
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)"),
+]
 
-needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2,
-                               reason="NCCL needs one GPU per rank: needs 2 CUDA GPUs")
+needs_two = pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank: needs 2 CUDA GPUs"
+)
 
 
 class Block(nn.Module):
@@ -54,11 +57,16 @@ def _cuda_worker(rank: int, world: int, sync_bn: bool) -> dict:
         return torch.optim.AdamW(params, lr=1e-3)
 
     gen = torch.Generator().manual_seed(70 + rank)
-    batches = [(torch.randn(8, 6, 32, generator=gen).to(device),
-                torch.randint(0, 10, (8,), generator=gen).to(device)) for _ in range(60)]
+    batches = [
+        (
+            torch.randn(8, 6, 32, generator=gen).to(device),
+            torch.randint(0, 10, (8,), generator=gen).to(device),
+        )
+        for _ in range(60)
+    ]
     ref, _ = train_ddp(make_model, make_opt, batches, F.cross_entropy)
     model, _, seen, _ = train_scheduled(make_model, make_opt, batches, F.cross_entropy, rank)
-    return {"diff": max_param_diff(ref, model), "steps": len(seen)}
+    return {"diff": max_state_diff(ref, model), "steps": len(seen)}
 
 
 @pytest.mark.timeout(300)

@@ -51,8 +51,14 @@ class SyncNorm(nn.Module):
 
 def _net(seed: int, group=None) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 64), SyncNorm(64, group), nn.Tanh(), nn.Linear(64, 64),
-                         nn.Tanh(), nn.Linear(64, 1024))
+    return nn.Sequential(
+        nn.Linear(16, 64),
+        SyncNorm(64, group),
+        nn.Tanh(),
+        nn.Linear(64, 64),
+        nn.Tanh(),
+        nn.Linear(64, 1024),
+    )
 
 
 def _side(seed: int) -> nn.Module:
@@ -88,13 +94,18 @@ def _habits_loop(rank: int, model_a, step_a, model_b, ddp_b, opt_b, batches) -> 
 
 
 def _habits_worker(rank: int, world: int, steps: int) -> dict:
+    from autobyte import ScheduledOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from autobyte import ScheduledOptimizer
-
     gen = torch.Generator().manual_seed(40 + rank)
-    batches = [(torch.randn(8, 16, generator=gen), torch.randn(8, 1024, generator=gen),
-                torch.randn(8, 4, generator=gen)) for _ in range(steps)]
+    batches = [
+        (
+            torch.randn(8, 16, generator=gen),
+            torch.randn(8, 1024, generator=gen),
+            torch.randn(8, 4, generator=gen),
+        )
+        for _ in range(steps)
+    ]
 
     hot_paths: list = []
 
@@ -105,8 +116,9 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
         ddp_b = DDP(model_b)
         opt_b = torch.optim.Adam(model_b.parameters(), lr=1e-3)
         if scheduled:
-            sched = ScheduledOptimizer(model_a, opt_a, partition_bytes=4 << 10, credit_bytes=8 << 10,
-                                       timeout_s=30)
+            sched = ScheduledOptimizer(
+                model_a, opt_a, partition_bytes=4 << 10, credit_bytes=8 << 10, timeout_s=30
+            )
             with sched:
                 logged = _habits_loop(rank, model_a, sched.step, model_b, ddp_b, opt_b, batches)
             hot_paths.append(sched.hot_path)
@@ -122,35 +134,48 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
 
     ref_a, ref_b, ref_logged = run(False)
     model_a, model_b, logged = run(True)
-    diff = lambda m, n: max((p - q).abs().max().item() for p, q in zip(m.parameters(), n.parameters()))  # noqa: E731
-    return {"a": diff(ref_a, model_a), "b": diff(ref_b, model_b), "logged": logged == ref_logged,
-            "hot_paths": hot_paths}
+    diff = lambda m, n: max(
+        (p - q).abs().max().item() for p, q in zip(m.parameters(), n.parameters())
+    )
+    return {
+        "a": diff(ref_a, model_a),
+        "b": diff(ref_b, model_b),
+        "logged": logged == ref_logged,
+        "hot_paths": hot_paths,
+    }
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("hot_path", ["native", "python"])  # the native engine issues from C++
 def test_user_collectives_never_interleave_with_the_schedulers(hot_path):
-    for rank, got in enumerate(run_ranks_on(hot_path, _habits_worker, 2, 40, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)):
+    for rank, got in enumerate(
+        run_ranks_on(hot_path, _habits_worker, 2, 40, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)
+    ):
         assert got == {"a": 0.0, "b": 0.0, "logged": True, "hot_paths": [hot_path]}, (rank, got)
 
 
 def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     # The user's groups: data-parallel {0,1} and {2,3}; "model-parallel" {0,2} and {1,3}.
     dp = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mp = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     my_dp, my_mp = dp[rank // 2], mp[rank % 2]
     gen = torch.Generator().manual_seed(60 + rank)
-    batches = [(torch.randn(8, 16, generator=gen), torch.randn(8, 1024, generator=gen))
-               for _ in range(steps)]
+    batches = [
+        (torch.randn(8, 16, generator=gen), torch.randn(8, 1024, generator=gen))
+        for _ in range(steps)
+    ]
 
     def run(scheduled: bool):
         model = _net(10 + rank // 2, my_dp)  # each data-parallel group trains its own replica set
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        sched = ScheduledOptimizer(model, opt, 8 << 10, 8 << 10, process_group=my_dp) if scheduled else None
+        sched = (
+            ScheduledOptimizer(model, opt, 8 << 10, 8 << 10, process_group=my_dp)
+            if scheduled
+            else None
+        )
         net = model if scheduled else DDP(model, process_group=my_dp)
         for x, y in batches:
             F.mse_loss(net(x), y).backward()
@@ -168,13 +193,20 @@ def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
 
     hot_paths: list = []
     ref, model = run(False), run(True)
-    return {"diff": max((p - q).abs().max().item() for p, q in zip(ref.parameters(), model.parameters())),
-            "first": next(model.parameters()).detach().flatten().tolist(), "hot_paths": hot_paths}
+    return {
+        "diff": max(
+            (p - q).abs().max().item() for p, q in zip(ref.parameters(), model.parameters())
+        ),
+        "first": next(model.parameters()).detach().flatten().tolist(),
+        "hot_paths": hot_paths,
+    }
 
 
 @pytest.mark.timeout(200)
 def test_data_parallel_subgroups_of_a_larger_job():
-    results = run_ranks_on("native", _subgroups_worker, 4, 25, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)
+    results = run_ranks_on(
+        "native", _subgroups_worker, 4, 25, timeout_s=180, env=SPARSE_ROWS_EVERYWHERE
+    )
     for rank, got in enumerate(results):
         assert got["diff"] == 0.0, (rank, got["diff"])
         assert got["hot_paths"] == ["native"], (rank, got["hot_paths"])

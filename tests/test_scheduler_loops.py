@@ -6,6 +6,7 @@ on 2 gloo ranks."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -37,7 +38,9 @@ def _net() -> Net:
 
 def _batches(rank: int, steps: int = STEPS) -> list:
     gen = torch.Generator().manual_seed(90 + rank)
-    return [(torch.randn(8, 16, generator=gen), torch.randn(8, 8, generator=gen)) for _ in range(steps)]
+    return [
+        (torch.randn(8, 16, generator=gen), torch.randn(8, 8, generator=gen)) for _ in range(steps)
+    ]
 
 
 def _diff(a: nn.Module, b: nn.Module) -> float:
@@ -59,9 +62,8 @@ def _state_diff(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> float:
 
 
 def _amp_worker(rank: int, world: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     batches = _batches(rank)
     out = {}
@@ -69,7 +71,9 @@ def _amp_worker(rank: int, world: int) -> dict:
     def run(dtype, scaled: bool, scheduled: bool, overflow_at: int = 7):
         model = _net()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=4) if scaled else None
+        scaler = (
+            torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=4) if scaled else None
+        )
         if scheduled:
             sched = ScheduledOptimizer(model, opt, 4 << 10, 8 << 10, grad_scaler=scaler)
             net = model
@@ -96,12 +100,19 @@ def _amp_worker(rank: int, world: int) -> dict:
             sched.close()
         return model, opt, scales, skipped
 
-    for name, dtype, scaled in (("bf16", torch.bfloat16, False), ("fp16_scaler", torch.float16, True)):
+    for name, dtype, scaled in (
+        ("bf16", torch.bfloat16, False),
+        ("fp16_scaler", torch.float16, True),
+    ):
         ref, ref_opt, ref_scales, _ = run(dtype, scaled, False)
         model, opt, scales, skipped = run(dtype, scaled, True)
-        out[name] = {"params": _diff(ref, model), "state": _state_diff(ref_opt, opt),
-                     "scales": scales == ref_scales, "skipped": skipped,
-                     "backoffs": sum(b < a for a, b in zip(ref_scales, ref_scales[1:]))}
+        out[name] = {
+            "params": _diff(ref, model),
+            "state": _state_diff(ref_opt, opt),
+            "scales": scales == ref_scales,
+            "skipped": skipped,
+            "backoffs": sum(b < a for a, b in itertools.pairwise(ref_scales)),
+        }
     return out
 
 
@@ -168,10 +179,9 @@ def test_mixed_precision_misuse_is_refused_with_directions():
 
 
 def _freeze_worker(rank: int, world: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
     from autobyte.scheduler import SchedulerError
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     batches = _batches(rank)
     out = {}
@@ -217,7 +227,11 @@ def _freeze_worker(rank: int, world: int) -> dict:
         model.mid.requires_grad_(False)
         model.head.requires_grad_(False)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        wrap = (lambda: ScheduledOptimizer(model, opt, 8 << 10, 8 << 10)) if scheduled else (lambda: DDP(model))
+        wrap = (
+            (lambda: ScheduledOptimizer(model, opt, 8 << 10, 8 << 10))
+            if scheduled
+            else (lambda: DDP(model))
+        )
         wrapped = wrap()
         for step, (x, y) in enumerate(batches):
             if step in (8, 16):
@@ -246,7 +260,9 @@ def _freeze_worker(rank: int, world: int) -> dict:
             net, sched = DDP(model), None
         else:
             net = model
-            sched = ScheduledOptimizer(model, [sgd, adam] if mode == "list" else sgd, 4 << 10, 8 << 10)
+            sched = ScheduledOptimizer(
+                model, [sgd, adam] if mode == "list" else sgd, 4 << 10, 8 << 10
+            )
         for x, y in batches:
             sgd.zero_grad()
             adam.zero_grad()
@@ -284,9 +300,8 @@ def test_freezing_and_two_optimizers_equal_ddp():
 
 
 def _reads_worker(rank: int, world: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     batches = _batches(rank)
 
@@ -314,14 +329,21 @@ def _reads_worker(rank: int, world: int) -> dict:
 
     ref_saved, ref_ema, ref_norms, _ = run(False)
     saved, ema, norms, plain = run(True)
-    return {"state_dict": max((ref_saved[k] - saved[k]).abs().max().item() for k in saved),
-            "ema": _diff(ref_ema, ema), "norms": norms == ref_norms, "plain_copy": plain}
+    return {
+        "state_dict": max((ref_saved[k] - saved[k]).abs().max().item() for k in saved),
+        "ema": _diff(ref_ema, ema),
+        "norms": norms == ref_norms,
+        "plain_copy": plain,
+    }
 
 
 @pytest.mark.timeout(120)
 def test_reading_parameters_after_step_without_synchronize():
     for rank, got in enumerate(run_ranks(_reads_worker, 2, timeout_s=100)):
-        assert got == {"state_dict": 0.0, "ema": 0.0, "norms": True, "plain_copy": True}, (rank, got)
+        assert got == {"state_dict": 0.0, "ema": 0.0, "norms": True, "plain_copy": True}, (
+            rank,
+            got,
+        )
 
 
 def _untracked_worker(rank: int, world: int) -> str:

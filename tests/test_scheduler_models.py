@@ -46,8 +46,9 @@ class TiedDecoder(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D)
         self.position = nn.Parameter(torch.randn(SEQ, D) * 0.02)
-        self.block = nn.TransformerEncoderLayer(D, HEADS, 2 * D, dropout=0.0, batch_first=True,
-                                                norm_first=True)
+        self.block = nn.TransformerEncoderLayer(
+            D, HEADS, 2 * D, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.norm = nn.LayerNorm(D)
         self.lm_head = nn.Linear(D, VOCAB, bias=False)
         self.lm_head.weight = self.embed.weight
@@ -78,8 +79,14 @@ class ViTBlock(nn.Module):
         x = self.patch(images).flatten(2).transpose(1, 2)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
         b, n, _ = x.shape
-        q, k, v = F.linear(self.norm1(x), self.qkv.weight, self.qkv.bias).view(b, n, 3, HEADS, -1).unbind(2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = (
+            F.linear(self.norm1(x), self.qkv.weight, self.qkv.bias)
+            .view(b, n, 3, HEADS, -1)
+            .unbind(2)
+        )
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         x = x + F.linear(attn.transpose(1, 2).reshape(b, n, D), self.proj.weight, self.proj.bias)
         x = x + self.mlp(self.norm2(x))
         return self.head(x[:, 0])
@@ -101,7 +108,9 @@ class Siblings(nn.Module):
 
 
 def _tokens_cls(gen):
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen), torch.randint(
+        0, 3, (BATCH,), generator=gen
+    )
 
 
 def _tokens_lm(gen):
@@ -134,15 +143,21 @@ def _case_worker(rank: int, world: int, names: list[str]) -> dict:
     out = {}
     for k, name in enumerate(names):
         build, data, loss_fn = CASES[name]
-        out[name] = compare_with_ddp(build, data, loss_fn, rank, STEPS, model_seed=11, data_seed=500, run_seed=k)
+        out[name] = compare_with_ddp(
+            build, data, loss_fn, rank, STEPS, model_seed=11, data_seed=500, run_seed=k
+        )
     return out
 
 
 @pytest.fixture(scope="module", params=["native", "python"])
 def model_cases(request):
     """Both hot paths (AUTOBYTE_NATIVE in the ranks' environment); each must really run."""
-    return ranks_on_path(run_ranks_on(request.param, _case_worker, 2, list(CASES), timeout_s=280,
-                                      env=SPARSE_ROWS_EVERYWHERE), request.param)
+    return ranks_on_path(
+        run_ranks_on(
+            request.param, _case_worker, 2, list(CASES), timeout_s=280, env=SPARSE_ROWS_EVERYWHERE
+        ),
+        request.param,
+    )
 
 
 @pytest.mark.timeout(300)
@@ -150,4 +165,6 @@ def model_cases(request):
 def test_parameters_read_outside_their_module_equal_ddp(model_cases, name):
     for got in assert_case_equals_ddp(model_cases, name, STEPS):
         if name.startswith("encoder"):
-            assert got["stats"]["sparse_rows_packed"] == STEPS, "24 tokens per rank: sent packed every step"
+            assert got["stats"]["sparse_rows_packed"] == STEPS, (
+                "24 tokens per rank: sent packed every step"
+            )

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from devtools.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -22,9 +23,13 @@ JOB = ROOT / "tests" / "_killed_rank_job.py"
 
 
 def _env(tmp_path: Path, hot_path: str) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-            "AUTOBYTE_NATIVE": "1" if hot_path == "native" else "0",
-            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folder goes with the test
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "AUTOBYTE_NATIVE": "1" if hot_path == "native" else "0",
+        "TMPDIR": str(tmp_path),
+    }  # torchrun's torchelastic_* folder goes with the test
 
 
 def _report(out: Path, rank: int) -> dict:
@@ -41,12 +46,35 @@ def test_a_rank_killed_mid_step_makes_the_other_raise_within_seconds(tmp_path, h
     procs = []
     try:
         for rank in (0, 1):
-            env = {**_env(tmp_path, hot_path), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"}
-            procs.append(subprocess.Popen(
-                [sys.executable, str(JOB), "--out", str(tmp_path), "--steps", "100000",
-                 "--kill-rank", str(killed), "--kill-step", "15", "--step-sleep-s", "0.05"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env = {
+                **_env(tmp_path, hot_path),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+            }
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(JOB),
+                        "--out",
+                        str(tmp_path),
+                        "--steps",
+                        "100000",
+                        "--kill-rank",
+                        str(killed),
+                        "--kill-step",
+                        "15",
+                        "--step-sleep-s",
+                        "0.05",
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         assert procs[killed].wait(150) == -9, procs[killed].stdout.read()
         # exits on its own, well before the scheduler's 300 s timeout
         procs[survivor].wait(60)
@@ -72,11 +100,35 @@ def _torchrun(tmp_path: Path, out: Path, *extra: str) -> subprocess.CompletedPro
     """One launch, in a session of its own: on a timeout the whole group goes (torchrun's workers
     would outlive a kill of torchrun alone)."""
     out.mkdir()
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--max-restarts", "1", "--monitor-interval", "0.5", "--master-port", str(free_port()),
-            str(JOB), "--out", str(out), "--steps", "20", "--checkpoint-every", "5", *extra]
-    proc = subprocess.Popen(argv, env=_env(tmp_path, "native"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.5",
+        "--master-port",
+        str(free_port()),
+        str(JOB),
+        "--out",
+        str(out),
+        "--steps",
+        "20",
+        "--checkpoint-every",
+        "5",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        argv,
+        env=_env(tmp_path, "native"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=120)
     finally:

@@ -21,8 +21,9 @@ def _skip_worker(rank: int, world: int, steps: int) -> dict:
     from autobyte.scheduler import SchedulerError
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                          nn.Linear(64, 8))
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
     outcome: dict = {"steps": 0}

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE, run_ranks_on
-from tests.helpers.equiv import jitter, max_param_diff
+from tests.helpers.equiv import jitter, max_state_diff
 
 pytestmark = pytest.mark.slow
 
@@ -83,24 +83,25 @@ def make_optimizer(kind: str, params) -> tuple:
         opt = torch.optim.SGD(params, lr=0.2, momentum=0.9)
     warmup, total = 3, 20
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warmup if s < warmup
-        else 0.5 * (1 + math.cos(math.pi * s / total)))
+        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * s / total))
+    )
     return opt, schedule
 
 
 def param_digests(model: nn.Module) -> list[str]:
     """One digest per parameter tensor: equal lists mean bit-equal replicas."""
-    return [hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
-            for p in model.parameters()]
+    return [
+        hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+        for p in model.parameters()
+    ]
 
 
 # ---------------------------------------------------------------- 1. exact global-norm clipping
 
 
 def _clip_worker(rank: int, world: int, steps: int) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from autobyte import ScheduledOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     results: dict = {"hot_paths": []}
     batches = token_batches(rank, steps)
@@ -113,16 +114,23 @@ def _clip_worker(rank: int, world: int, steps: int) -> dict:
             for tokens in batches:
                 opt.zero_grad()
                 lm_loss(ddp, tokens).backward()
-                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5,
-                                                            foreach=foreach).item())
+                norms.append(
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=foreach).item()
+                )
                 opt.step()
                 schedule.step()
             ref = model
 
             model = make_lm()
             opt, schedule = make_optimizer(kind, model.parameters())
-            sched = ScheduledOptimizer(model, opt, partition_bytes=4 << 10, credit_bytes=8 << 10,
-                                       clip_grad_norm=0.5, timeout_s=60)
+            sched = ScheduledOptimizer(
+                model,
+                opt,
+                partition_bytes=4 << 10,
+                credit_bytes=8 << 10,
+                clip_grad_norm=0.5,
+                timeout_s=60,
+            )
             jitter(model, random.Random(rank * 7 + 1))  # vary the order gradients complete in
             with sched:
                 for tokens in batches:
@@ -131,10 +139,12 @@ def _clip_worker(rank: int, world: int, steps: int) -> dict:
                     schedule.step()
                 sched.synchronize()
                 last_norm = sched.last_grad_norm
-            results[(kind, foreach)] = {"diff": max_param_diff(ref, model),
-                                        "digests": param_digests(model),
-                                        "clipped": sum(n > 0.5 for n in norms),
-                                        "last_norm_equal": last_norm == norms[-1]}
+            results[(kind, foreach)] = {
+                "diff": max_state_diff(ref, model),
+                "digests": param_digests(model),
+                "clipped": sum(n > 0.5 for n in norms),
+                "last_norm_equal": last_norm == norms[-1],
+            }
             results["hot_paths"].append(sched.hot_path)
     return results
 
@@ -170,23 +180,24 @@ def _accumulate(model, micro_batches, backward, no_sync) -> None:
 
 
 def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
+    from autobyte import ScheduledOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from autobyte import ScheduledOptimizer
-
     batches = token_batches(rank, steps * MICRO, batch=2)
-    steps_of = [batches[s * MICRO:(s + 1) * MICRO] for s in range(steps)]
+    steps_of = [batches[s * MICRO : (s + 1) * MICRO] for s in range(steps)]
     results: dict = {"hot_paths": []}
     for case in ("plain", "clip", "amp"):
         clip = 0.5 if case == "clip" else None
 
         def scaler():
-            return torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) \
-                if case == "amp" else None
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+            return None
 
         def autocast():
-            return torch.autocast("cpu", dtype=torch.float16) if case == "amp" \
-                else contextlib.nullcontext()
+            if case == "amp":  # noqa: B023 - called within this iteration
+                return torch.autocast("cpu", dtype=torch.float16)
+            return contextlib.nullcontext()
 
         model = make_lm()
         ddp = DDP(model)
@@ -196,7 +207,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             opt.zero_grad()
 
             def backward(loss):
-                (ref_scaler.scale(loss) if ref_scaler else loss).backward()
+                (ref_scaler.scale(loss) if ref_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
             with autocast():
                 _accumulate(ddp, micro, backward, ddp.no_sync)
@@ -213,13 +224,21 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
         model = make_lm()
         opt, schedule = make_optimizer("adamw", model.parameters())
         sched_scaler = scaler()
-        sched = ScheduledOptimizer(model, opt, partition_bytes=4 << 10, credit_bytes=8 << 10,
-                                   clip_grad_norm=clip, grad_scaler=sched_scaler, timeout_s=60)
+        sched = ScheduledOptimizer(
+            model,
+            opt,
+            partition_bytes=4 << 10,
+            credit_bytes=8 << 10,
+            clip_grad_norm=clip,
+            grad_scaler=sched_scaler,
+            timeout_s=60,
+        )
         jitter(model, random.Random(rank * 11 + 3))
         with sched:
             for micro in steps_of:
+
                 def backward(loss):
-                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()
+                    (sched_scaler.scale(loss) if sched_scaler else loss).backward()  # noqa: B023 - called within this iteration
 
                 with autocast():
                     _accumulate(model, micro, backward, sched.no_sync)
@@ -231,8 +250,11 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
                 schedule.step()
             sched.synchronize()
             scale = sched_scaler.get_scale() if sched_scaler else None
-        results[case] = {"diff": max_param_diff(ref, model), "digests": param_digests(model),
-                         "scale_equal": scale == (ref_scaler.get_scale() if ref_scaler else None)}
+        results[case] = {
+            "diff": max_state_diff(ref, model),
+            "digests": param_digests(model),
+            "scale_equal": scale == (ref_scaler.get_scale() if ref_scaler else None),
+        }
         results["hot_paths"].append(sched.hot_path)
 
     # Misuse: a second synchronising backward raises at that backward, naming the parameter.
@@ -252,7 +274,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             results["misuse_step"] = type(error).__name__
         try:
             sched.close()
-        except Exception:  # noqa: BLE001 - close after a failure may report it again
+        except Exception:  # noqa: BLE001, S110 - close after a failure may report it again
             pass
     return results
 
@@ -262,7 +284,9 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
 def test_accumulation_with_no_sync_equals_ddp_no_sync(hot_path):
     """4 micro-batches, 3 inside no_sync(): DDP + no_sync's parameters to the bit, alone, with
     clipping and with GradScaler (fp16 autocast), and equal on both ranks."""
-    ranks = run_ranks_on(hot_path, _accumulation_worker, 2, 6, timeout_s=220, env=SPARSE_ROWS_EVERYWHERE)
+    ranks = run_ranks_on(
+        hot_path, _accumulation_worker, 2, 6, timeout_s=220, env=SPARSE_ROWS_EVERYWHERE
+    )
     for rank, got in enumerate(ranks):
         assert set(got.pop("hot_paths")) == {hot_path}
         misuse, misuse_step = got.pop("misuse"), got.pop("misuse_step")

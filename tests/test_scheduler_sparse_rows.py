@@ -1,4 +1,4 @@
-"""Row-sparse reduction of embedding gradients (`autobyte.scheduler.sparse_rows`, issue 20): only the
+"""Row-sparse reduction of embedding gradients (`autobyte.scheduler.sparse_rows`): only the
 rows some rank touched go on the wire, and the parameters stay DDP's bit for bit.
 
 - the reduction itself against `all_reduce` of the same tensors, bit for bit, with the cases a
@@ -40,9 +40,9 @@ def _reduce_worker(rank: int, world: int) -> dict:
         buffer = torch.zeros(1 + ROWS * COLS + 1 + 5)
         buffer[0] = 5.0
         flat = buffer[1:]
-        grad = flat[:ROWS * COLS].view(ROWS, COLS)
+        grad = flat[: ROWS * COLS].view(ROWS, COLS)
         if case != "unused":  # "unused": no rank read the table this step (zeros, flag 0)
-            touched = torch.randperm(ROWS, generator=gen)[:100 if case == "sparse" else ROWS - 10]
+            touched = torch.randperm(ROWS, generator=gen)[: 100 if case == "sparse" else ROWS - 10]
             grad[touched] = torch.randn(len(touched), COLS, generator=gen)
             grad[touched[:3], :5] = -0.0  # -0.0 inside touched rows
             grad[11] = -0.0 if rank == 0 else 0.0  # a -0.0 row on one rank: DDP gives +0.0 there
@@ -50,8 +50,8 @@ def _reduce_worker(rank: int, world: int) -> dict:
             grad[13] = 0.0
             grad[13, 7] = float(rank + 1) if rank == 1 else 0.0  # touched by rank 1 only
             flat[ROWS * COLS] = 1.0  # the "used" flag
-        flat[ROWS * COLS + 1:] = 3.0  # must stay as it is
-        expected = flat[:ROWS * COLS + 1].clone()
+        flat[ROWS * COLS + 1 :] = 3.0  # must stay as it is
+        expected = flat[: ROWS * COLS + 1].clone()
         dist.all_reduce(expected)
         entry = sparse_rows.SparseRows(1, ROWS, COLS)
         result = entry.reduce(buffer, None)
@@ -61,11 +61,15 @@ def _reduce_worker(rank: int, world: int) -> dict:
             unpack()
         else:
             nbytes = None
-            dist.all_reduce(flat[:entry.length])
+            dist.all_reduce(flat[: entry.length])
         assert buffer[0].item() == 5.0
-        out[case] = {"packed": result is not None, "nbytes": nbytes,
-                     "equal": _bits(flat[:ROWS * COLS + 1]) == _bits(expected),
-                     "neighbour": flat[ROWS * COLS + 1:].tolist(), "row12": _bits(flat[12 * COLS:13 * COLS])}
+        out[case] = {
+            "packed": result is not None,
+            "nbytes": nbytes,
+            "equal": _bits(flat[: ROWS * COLS + 1]) == _bits(expected),
+            "neighbour": flat[ROWS * COLS + 1 :].tolist(),
+            "row12": _bits(flat[12 * COLS : 13 * COLS]),
+        }
     return out
 
 
@@ -81,7 +85,9 @@ def test_the_packed_reduction_equals_all_reduce_bit_for_bit():
         # 100 + 100 touched rows (at most) of 4096, plus rows 11-13: a small fraction of 1 MiB
         assert sparse["nbytes"] < 210 * COLS * 4 + ROWS + 8, sparse["nbytes"]
         assert sparse["neighbour"] == [3.0] * 5
-        assert set(sparse["row12"]) == {minus_zero}, "a row of -0.0 on every rank stays -0.0 (DDP's sum)"
+        assert set(sparse["row12"]) == {minus_zero}, (
+            "a row of -0.0 on every rank stays -0.0 (DDP's sum)"
+        )
 
 
 class TableModel(nn.Module):
@@ -105,7 +111,9 @@ def test_eligible_weights_are_large_untied_embeddings():
     bag = TableModel(bag=True)
     assert sparse_rows.eligible(bag, list(bag.parameters())) == [0]
     tied = TableModel(tied_by_module=True)
-    assert sparse_rows.eligible(tied, list(tied.parameters())) == [], "a tied table's gradient is dense"
+    assert sparse_rows.eligible(tied, list(tied.parameters())) == [], (
+        "a tied table's gradient is dense"
+    )
     narrow = nn.Embedding(1 << 20, 8)  # 32 MiB, but rows of 32 bytes: the mask would be 1/32 of it
     assert sparse_rows.eligible(narrow, list(narrow.parameters())) == []
     frozen = TableModel()
@@ -120,12 +128,14 @@ def test_plans_keep_a_standalone_weight_one_partition_and_cover_every_element_on
     plan = layout.plan(partition_bytes)
     covered = torch.zeros(layout.total, dtype=torch.int64)
     for start, length in plan.parts:
-        covered[start:start + length] += 1
+        covered[start : start + length] += 1
     assert covered.eq(1).all()
     assert (layout.offsets[1], layout.ext_len[1]) in plan.parts
     for i in range(layout.n):  # every parameter's partitions are the ones its slice overlaps
         a, b = layout.offsets[i], layout.offsets[i] + layout.ext_len[i]
-        assert list(plan.param_parts[i]) == [k for k, (s, n) in enumerate(plan.parts) if s < b and s + n > a]
+        assert list(plan.param_parts[i]) == [
+            k for k, (s, n) in enumerate(plan.parts) if s < b and s + n > a
+        ]
     assert sum(plan.remaining) == sum(len(ks) for ks in plan.param_parts)
     if partition_bytes is not None:
         size = max(1, partition_bytes // 4)
@@ -174,7 +184,9 @@ class TwoTables(nn.Module):
 
 
 def _classify(gen):
-    return torch.randint(0, ROWS, (BATCH, SEQ), generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
+    return torch.randint(0, ROWS, (BATCH, SEQ), generator=gen), torch.randint(
+        0, 3, (BATCH,), generator=gen
+    )
 
 
 def _lm(gen):
@@ -199,17 +211,35 @@ def _train_worker(rank: int, world: int, names: list[str]) -> dict:
     out = {}
     for k, name in enumerate(names):
         build, data, loss_fn, kwargs = CASES[name]
-        ddp_kwargs = {"clip_grad_norm": kwargs.get("clip_grad_norm"), "find_unused": name == "two_tables"}
-        got = compare_with_ddp(build, data, loss_fn, rank, STEPS, model_seed=5, data_seed=900, run_seed=k,
-                               ddp_kwargs=ddp_kwargs, **kwargs)
-        got["weights"], got["packed"] = got["stats"]["sparse_rows_weights"], got["stats"]["sparse_rows_packed"]
+        ddp_kwargs = {
+            "clip_grad_norm": kwargs.get("clip_grad_norm"),
+            "find_unused": name == "two_tables",
+        }
+        got = compare_with_ddp(
+            build,
+            data,
+            loss_fn,
+            rank,
+            STEPS,
+            model_seed=5,
+            data_seed=900,
+            run_seed=k,
+            ddp_kwargs=ddp_kwargs,
+            **kwargs,
+        )
+        got["weights"], got["packed"] = (
+            got["stats"]["sparse_rows_weights"],
+            got["stats"]["sparse_rows_packed"],
+        )
         out[name] = got
     return out
 
 
 @pytest.fixture(scope="module", params=["native", "python"])
 def trained(request):
-    return ranks_on_path(run_ranks_on(request.param, _train_worker, 2, list(CASES), timeout_s=280), request.param)
+    return ranks_on_path(
+        run_ranks_on(request.param, _train_worker, 2, list(CASES), timeout_s=280), request.param
+    )
 
 
 @pytest.mark.slow
@@ -231,8 +261,9 @@ def test_the_smallest_table_can_be_set_and_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "0")
     small = TableModel()
     params = list(small.parameters())
-    assert sparse_rows.eligible(small, params) == sorted([_index(params, small.embed.weight),
-                                                          _index(params, small.small.weight)])
+    assert sparse_rows.eligible(small, params) == sorted(
+        [_index(params, small.embed.weight), _index(params, small.small.weight)]
+    )
     monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "lots")
     with pytest.raises(ValueError, match="AUTOBYTE_SPARSE_ROWS_MIN_BYTES.*'lots'"):
         sparse_rows.eligible(small, params)

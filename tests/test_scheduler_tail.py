@@ -1,4 +1,4 @@
-"""The tail window (Config.tail_bytes, issue 20): in the last tail_bytes of a backward pass rank 0
+"""The tail window (Config.tail_bytes): in the last tail_bytes of a backward pass rank 0
 issues a collective only while nothing is in flight, on both hot paths; outside it the credit
 window holds as before. Its math is DDP's (tests/helpers/equiv.py draws tail windows in every
 equivalence, model and habit test; the jitter test in test_scheduler.py reconfigures among them).
@@ -30,7 +30,6 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
     import os
 
     import torch.distributed as dist
-
     from autobyte import ScheduledOptimizer
 
     os.environ["AUTOBYTE_TRACE_PARTITIONS"] = "1"
@@ -45,7 +44,9 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
             if kwargs.get("async_op"):
                 record = [t0, float("inf")]
                 calls.append(record)
-                work.get_future().add_done_callback(lambda _f: record.__setitem__(1, time.perf_counter()))
+                work.get_future().add_done_callback(
+                    lambda _f: record.__setitem__(1, time.perf_counter())
+                )
             return work
 
         dist.all_reduce = stamped
@@ -54,7 +55,9 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
     model = nn.Sequential(*(nn.Linear(48, 48) for _ in range(6)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     # 4 KiB partitions, a 64 KiB window: ~16 collectives could be in flight at once.
-    sched = ScheduledOptimizer(model, opt, partition_bytes=4 << 10, credit_bytes=64 << 10, tail_bytes=tail_bytes)
+    sched = ScheduledOptimizer(
+        model, opt, partition_bytes=4 << 10, credit_bytes=64 << 10, tail_bytes=tail_bytes
+    )
     hooks: list[float] = []
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda _p: hooks.append(time.perf_counter()))

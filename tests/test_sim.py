@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 
@@ -35,8 +36,13 @@ from simulator.trace import periodic_trace, step_trace
 
 GBIT = 1e9 / 8
 MIB = 1 << 20
-CONFIGS = [DDP, Config(None, None), Config(4 * MIB, 16 * MIB), Config(1 * MIB, 1 * MIB),
-           Config(256 << 10, None)]
+CONFIGS = [
+    DDP,
+    Config(None, None),
+    Config(4 * MIB, 16 * MIB),
+    Config(1 * MIB, 1 * MIB),
+    Config(256 << 10, None),
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +71,9 @@ def test_step_time_never_beats_lower_bound(resnet, workers, gbit):
 def test_more_bandwidth_never_slower_for_ddp(resnet):
     previous = math.inf
     for gbit in (0.5, 1, 2, 5, 10, 25, 100, 1000):
-        step = Simulator(resnet, 8, PiecewiseConstant.constant(gbit * GBIT)).steady_step_s(DDP, gbit * GBIT)
+        step = Simulator(resnet, 8, PiecewiseConstant.constant(gbit * GBIT)).steady_step_s(
+            DDP, gbit * GBIT
+        )
         assert step <= previous + 1e-12
         previous = step
 
@@ -157,7 +165,7 @@ def test_cached_and_exact_paths_agree_across_trace_changes(resnet):
     low = [r.step_time_s for r in records if 4 < r.start_s < 7]
     high = [r.step_time_s for r in records if 1 < r.start_s < 3]
     assert min(low) > max(high)
-    for a, b in zip(records, records[1:]):
+    for a, b in itertools.pairwise(records):
         assert b.start_s == a.end_s
 
 
@@ -199,7 +207,9 @@ def test_policy_names_parse():
     # held like static:P,C (on the testbed a daemon observes beside it)
     assert make_policy("observe:1MiB,4MiB").initial_config() == Config(1 * MIB, 4 * MIB)
     poor = make_policy("autobyte:64KiB,64KiB")  # the tuner from a poor start
-    assert poor.initial_config() == Config(64 << 10, 64 << 10) and poor.name == "autobyte:64KiB,64KiB"
+    assert (
+        poor.initial_config() == Config(64 << 10, 64 << 10) and poor.name == "autobyte:64KiB,64KiB"
+    )
     with pytest.raises(ValueError):
         make_policy("static:4MiB")
     with pytest.raises(ValueError, match="autobyte:4MiB,16MiB"):
@@ -212,13 +222,17 @@ def test_policy_names_parse():
 
 # ---- compute slowed while communication runs (calibrated on the testbed) --------------------------
 
+
 @pytest.mark.parametrize("config", CONFIGS)
 def test_contended_path_equals_fast_path_without_slowdown(config):
     profile = vgg16(16)
-    plain = Simulator(profile, 4, PiecewiseConstant.constant(1 * GBIT), LinkModel()).run(config, steps=4)
+    plain = Simulator(profile, 4, PiecewiseConstant.constant(1 * GBIT), LinkModel()).run(
+        config, steps=4
+    )
     # a slowdown of (almost) 1 takes the contended code path and must give the same steps
-    same = Simulator(profile, 4, PiecewiseConstant.constant(1 * GBIT),
-                     LinkModel(comm_compute_slowdown=1 + 1e-12)).run(config, steps=4)
+    same = Simulator(
+        profile, 4, PiecewiseConstant.constant(1 * GBIT), LinkModel(comm_compute_slowdown=1 + 1e-12)
+    ).run(config, steps=4)
     for a, b in zip(plain, same):
         assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
         assert b.blocked_s == pytest.approx(a.blocked_s, abs=1e-9)
@@ -233,18 +247,26 @@ def test_cpu_bound_communication_serialises_with_compute():
     base = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     comm = ring_allreduce_s(profile.total_param_bytes, 2, bandwidth, 0.0)
     config = Config(4 * MIB, None)
-    free = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), base).steady_step_s(config, bandwidth)
+    free = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), base).steady_step_s(
+        config, bandwidth
+    )
     bound = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 1.0 / bandwidth})
     assert bound.compute_slowdown(bandwidth) == pytest.approx(20.0)  # capped at 95% of the CPU
-    serial = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), bound).steady_step_s(config, bandwidth)
+    serial = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), bound).steady_step_s(
+        config, bandwidth
+    )
     assert free < serial <= profile.compute_s + comm + 1e-9
     assert serial > profile.compute_s + 0.9 * comm
     light = LinkModel(**{**base.__dict__, "comm_cpu_s_per_byte": 0.1 / bandwidth})
-    mid = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), light).steady_step_s(config, bandwidth)
+    mid = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), light).steady_step_s(
+        config, bandwidth
+    )
     assert free < mid < serial
     for config in CONFIGS:
         sim = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), light)
-        assert sim.steady_step_s(config, bandwidth) >= lower_bound_step_s(profile, 2, bandwidth) - 1e-9
+        assert (
+            sim.steady_step_s(config, bandwidth) >= lower_bound_step_s(profile, 2, bandwidth) - 1e-9
+        )
 
 
 def test_contended_steps_follow_a_trace_change():
@@ -264,20 +286,44 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
 
     from benchmarks.calibrate import MBIT, from_bench
     from benchmarks.run_inputs import bench_buckets
+
     grad_bytes, buckets = bench_buckets("mlp", {})
 
     def block(rate, comm_s, ddp_s):
-        rows = {"compute": {"median_step_s": 0.2}, "comm": {"median_step_s": comm_s},
-                "ddp": {"median_step_s": ddp_s, "rounds": 3}}
-        return {"model": "mlp", "rate": rate, "load": "1.0 1.0 1.0", "batch_size": 512,
-                "rows": rows, "raw": []}
-    bench = {"command": "x", "load_before": "1", "load_after": "1",
-             "blocks": [block("10gbit", 0.03, 0.25), block("1gbit", 0.23, 0.42)],
-             "dispatch": {"configs": {
-                 "a": {"external_us_per_extra_partition": 1000.0, "scheduler_us_per_partition": 10.0,
-                       "backend_launch_us_per_partition": 30.0},
-                 "b": {"external_us_per_extra_partition": None, "scheduler_us_per_partition": 10.0,
-                       "backend_launch_us_per_partition": 30.0}}}}
+        rows = {
+            "compute": {"median_step_s": 0.2},
+            "comm": {"median_step_s": comm_s},
+            "ddp": {"median_step_s": ddp_s, "rounds": 3},
+        }
+        return {
+            "model": "mlp",
+            "rate": rate,
+            "load": "1.0 1.0 1.0",
+            "batch_size": 512,
+            "rows": rows,
+            "raw": [],
+        }
+
+    bench = {
+        "command": "x",
+        "load_before": "1",
+        "load_after": "1",
+        "blocks": [block("10gbit", 0.03, 0.25), block("1gbit", 0.23, 0.42)],
+        "dispatch": {
+            "configs": {
+                "a": {
+                    "external_us_per_extra_partition": 1000.0,
+                    "scheduler_us_per_partition": 10.0,
+                    "backend_launch_us_per_partition": 30.0,
+                },
+                "b": {
+                    "external_us_per_extra_partition": None,
+                    "scheduler_us_per_partition": 10.0,
+                    "backend_launch_us_per_partition": 30.0,
+                },
+            }
+        },
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench))
     measured = from_bench([path])
@@ -287,18 +333,23 @@ def test_from_bench_takes_link_constants_from_the_probes(tmp_path):
     assert fast["step_time_median_s"] == 0.25 and slow["step_time_median_s"] == 0.42
     assert slow["rate_mbit"] == pytest.approx(grad_bytes / (0.23 - buckets * 1e-3) / MBIT)
     # the 10gbit probe reached far less than 10 Gbit/s: CPU-bound, its inverse goodput is the cost
-    assert fast["link"]["comm_cpu_s_per_byte"] == pytest.approx((0.03 - buckets * 1e-3) / grad_bytes)
+    assert fast["link"]["comm_cpu_s_per_byte"] == pytest.approx(
+        (0.03 - buckets * 1e-3) / grad_bytes
+    )
     assert slow["link"] == fast["link"]
 
 
-# ---- issue 10: the scheduler's flat-buffer partitions, per-message costs, condition keys ---------
+# ---- the scheduler's flat-buffer partitions, per-message costs, condition keys ---------
+
 
 def test_partitions_are_slices_of_the_flat_buffer_as_the_scheduler_cuts_them():
     # Tensors laid out in reverse forward order (KiB): C.1 30, C.0 30, B 1000, A.1 40, A.0 400.
     k = 1 << 10
-    layers = (LayerProfile("A", 0.001, 0.001, (400 * k, 40 * k)),
-              LayerProfile("B", 0.001, 0.001, (1000 * k,)),
-              LayerProfile("C", 0.001, 0.001, (30 * k, 30 * k)))
+    layers = (
+        LayerProfile("A", 0.001, 0.001, (400 * k, 40 * k)),
+        LayerProfile("B", 0.001, 0.001, (1000 * k,)),
+        LayerProfile("C", 0.001, 0.001, (30 * k, 30 * k)),
+    )
     sim = Simulator(ModelProfile("toy", layers), 2, PiecewiseConstant.constant(GBIT))
     plan = sim._plan(Config(512 * k, None))
     assert plan.sizes == (512 * k, 512 * k, 476 * k)  # small tensors fused, the big one split
@@ -306,15 +357,20 @@ def test_partitions_are_slices_of_the_flat_buffer_as_the_scheduler_cuts_them():
     # highest offset (earliest forward use) first: a lower priority value goes first
     assert sorted(range(3), key=plan.priority.__getitem__) == [2, 1, 0]
     unpartitioned = sim._plan(Config(None, None))
-    assert sorted(unpartitioned.sizes) == sorted(x * k for x in (30, 30, 1000, 40, 400))  # one per tensor
+    assert sorted(unpartitioned.sizes) == sorted(
+        x * k for x in (30, 30, 1000, 40, 400)
+    )  # one per tensor
     assert unpartitioned.ready_layer == (2, 2, 1, 0, 0)
     assert sim.messages_per_step(Config(4 * MIB, None)) == 1
 
 
 def test_message_costs_interpolate_by_size_and_add_per_competing_flow():
-    link = LinkModel(latency_s=0, collective_overhead_s=1e-3,
-                     message_extra_s=((4096, 2e-3), (1 << 20, 0.0)),
-                     flow_message_extra_s=((4096, 1e-3), (1 << 20, 5e-3)))
+    link = LinkModel(
+        latency_s=0,
+        collective_overhead_s=1e-3,
+        message_extra_s=((4096, 2e-3), (1 << 20, 0.0)),
+        flow_message_extra_s=((4096, 1e-3), (1 << 20, 5e-3)),
+    )
     assert link.message_s(1024, 2) == pytest.approx(3e-3)  # flat below the first point
     assert link.message_s(64 << 10, 2) == pytest.approx(1e-3 + 1e-3)  # halfway in log2(bytes)
     assert link.message_s(8 << 20, 2) == pytest.approx(1e-3)  # flat beyond the last point
@@ -335,15 +391,18 @@ def test_competing_flows_and_a_cpu_quota_slow_the_simulated_job(resnet):
     assert half_core >= 2 * resnet.compute_s * 0.999  # compute alone takes twice as long
     # more messages pay the per-flow penalty more often
     small = Config(256 << 10, 1 * MIB)
-    assert (sim.steady_step_s(small, 5 * GBIT / 2, 1.0, 1.0) - sim.steady_step_s(small, 5 * GBIT)
-            > with_flow - quiet)
+    assert (
+        sim.steady_step_s(small, 5 * GBIT / 2, 1.0, 1.0) - sim.steady_step_s(small, 5 * GBIT)
+        > with_flow - quiet
+    )
 
 
 def test_scenario_condition_keys(tmp_path):
     from benchmarks.scenario import load_scenario
 
     scenario = tmp_path / "conditions.toml"
-    scenario.write_text(textwrap.dedent("""
+    scenario.write_text(
+        textwrap.dedent("""
         model = "resnet50"
         compute_scale = 50
         workers = 4
@@ -364,7 +423,8 @@ def test_scenario_condition_keys(tmp_path):
         value = 4
         [link]
         flow_message_extra_s = [[4096, 0.002], [2097152, 0.01]]
-    """))
+    """)
+    )
     loaded = load_scenario(scenario)
     assert loaded.has_conditions
     assert loaded.bandwidth.at(5) == pytest.approx(4 * GBIT)  # the straggler link
@@ -375,10 +435,13 @@ def test_scenario_condition_keys(tmp_path):
     assert phases[2][2:] == (2 * GBIT, 1.0, 1.0, 0.5)  # bandwidth, compute, flows, cpu share
     sim = loaded.make_simulator()
     records = sim.run(Config(4 * MIB, 16 * MIB), until_s=30)
-    by_phase = [[r.step_time_s for r in records if a + 1 < r.start_s < b - 1] for a, b, *_ in phases]
+    by_phase = [
+        [r.step_time_s for r in records if a + 1 < r.start_s < b - 1] for a, b, *_ in phases
+    ]
     assert max(by_phase[0]) < min(by_phase[1]) < min(by_phase[2])  # flow, then also half a core
     policy = make_policy("oracle")
     from benchmarks.evaluate import policy_context
+
     policy.prepare(policy_context(loaded, sim, 30))
     assert len(policy.phase_configs) == 4
     trace = loaded.testbed_trace(30)
@@ -387,8 +450,10 @@ def test_scenario_condition_keys(tmp_path):
     assert ("FlowChange", 10.0, (1,)) in kinds and ("CpuShareChange", 15.0, (1,)) in kinds
     # a scenario without the keys is what it was
     plain = tmp_path / "plain.toml"
-    plain.write_text('model = "resnet50"\nworkers = 2\nduration_s = 10\n[bandwidth]\n'
-                     'kind = "constant"\nvalue = 1\n')
+    plain.write_text(
+        'model = "resnet50"\nworkers = 2\nduration_s = 10\n[bandwidth]\n'
+        'kind = "constant"\nvalue = 1\n'
+    )
     old = load_scenario(plain)
     assert not old.has_conditions and len(old.phases(10)[0]) == 4 and old.link_bandwidth is None
 
@@ -400,8 +465,13 @@ def test_partitions_are_slices_of_one_buffer_like_the_real_scheduler(resnet):
     total = resnet.total_param_bytes
     assert sim.messages_per_step(Config(4 * MIB, None)) == -(-total // (4 * MIB))
     assert sim.messages_per_step(Config(None, None)) == resnet.num_tensors
-    profile = ModelProfile("two", (LayerProfile("a", 0.001, 0.002, (3 * MIB, 1 << 10)),
-                                   LayerProfile("b", 0.001, 0.002, (1 << 10, 3 * MIB))))
+    profile = ModelProfile(
+        "two",
+        (
+            LayerProfile("a", 0.001, 0.002, (3 * MIB, 1 << 10)),
+            LayerProfile("b", 0.001, 0.002, (1 << 10, 3 * MIB)),
+        ),
+    )
     link = LinkModel(latency_s=0, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     two = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), link)
     plan = two._plan(Config(4 * MIB, None))
@@ -465,10 +535,14 @@ def test_the_row_sparse_model_uses_the_clients_thresholds_and_union():
 def _table_model(rows=8192, dim=256, share=0.12):
     from simulator import RowSparseTable
 
-    return ModelProfile("tabled", (
-        LayerProfile("embedding", 0.001, 0.002, (rows * dim * 4,), RowSparseTable(rows, share)),
-        LayerProfile("hidden", 0.010, 0.020, (3 * MIB, 4096)),
-        LayerProfile("out", 0.005, 0.010, (1 * MIB, 1024))))
+    return ModelProfile(
+        "tabled",
+        (
+            LayerProfile("embedding", 0.001, 0.002, (rows * dim * 4,), RowSparseTable(rows, share)),
+            LayerProfile("hidden", 0.010, 0.020, (3 * MIB, 4096)),
+            LayerProfile("out", 0.005, 0.010, (1 * MIB, 1024)),
+        ),
+    )
 
 
 @pytest.mark.parametrize("partition", [64 << 10, 1 * MIB, 3 * MIB, 4 * MIB, 16 * MIB, None])
@@ -487,12 +561,16 @@ def test_a_row_sparse_table_is_a_message_of_its_own_in_every_plan(partition):
     assert wire is not None and wire < table_bytes // 4
     table = [k for k, (mask, _) in enumerate(plan.sparse) if mask]
     assert len(table) == 1 and plan.sizes[table[0]] == wire
-    assert plan.ready_layer[table[0]] == 0 and plan.priority[table[0]] == min(plan.priority)  # the first to go
+    assert plan.ready_layer[table[0]] == 0 and plan.priority[table[0]] == min(
+        plan.priority
+    )  # the first to go
     assert sum(plan.sizes) - wire == profile.total_param_bytes - table_bytes
     if partition is not None:
         assert all(size <= partition for k, size in enumerate(plan.sizes) if k != table[0])
     fixed = sim._fixed_per_message(Config(partition, 16 * MIB), plan, 0.0, 1.0)
-    assert fixed[table[0]] > 2 * 1e-3 and all(f == pytest.approx(1e-3) for k, f in enumerate(fixed) if k != table[0])
+    assert fixed[table[0]] > 2 * 1e-3 and all(
+        f == pytest.approx(1e-3) for k, f in enumerate(fixed) if k != table[0]
+    )
     whole = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), link, row_sparse=False)
     dense_plan = whole._plan(Config(partition, 16 * MIB))
     assert dense_plan.sparse == () and sum(dense_plan.sizes) == profile.total_param_bytes
@@ -505,7 +583,9 @@ def test_a_row_sparse_table_shortens_the_step_where_the_link_is_the_limit():
     profile = _table_model()
     config = Config(1 * MIB, 2 * MIB)
     sparse = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT)).run(config, steps=6)[-1]
-    dense = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), row_sparse=False).run(config, steps=6)[-1]
+    dense = Simulator(profile, 2, PiecewiseConstant.constant(1 * GBIT), row_sparse=False).run(
+        config, steps=6
+    )[-1]
     assert sparse.step_time_s < 0.9 * dense.step_time_s
     assert sparse.blocked_s < dense.blocked_s
     assert dense.bytes_reduced == profile.total_param_bytes
@@ -534,4 +614,7 @@ def test_the_lower_bound_counts_a_row_sparse_table_at_its_wire_bytes():
     dense_bound = lower_bound_step_s(profile, 2, rate, row_sparse=False)
     assert sparse_bound < dense_bound
     for config in (Config(1 * MIB, 2 * MIB), Config(None, None), Config(4 * MIB, None)):
-        assert Simulator(profile, 2, PiecewiseConstant.constant(rate)).steady_step_s(config, rate) >= sparse_bound
+        assert (
+            Simulator(profile, 2, PiecewiseConstant.constant(rate)).steady_step_s(config, rate)
+            >= sparse_bound
+        )

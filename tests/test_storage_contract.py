@@ -4,8 +4,8 @@ PostgreSQL server (a throwaway cluster, tests/conftest.py)."""
 import time
 
 import pytest
-
 from autobyte.types import Config, StepMetrics
+
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
@@ -26,8 +26,10 @@ def reg(rank=0, instance="a", job="j", world=2):
 
 
 def samples(first, last, **kw):
-    return tuple((seq, StepMetrics(step=seq - 1, wall_time_s=time.time(), step_time_s=0.1, **kw))
-                 for seq in range(first, last + 1))
+    return tuple(
+        (seq, StepMetrics(step=seq - 1, wall_time_s=time.time(), step_time_s=0.1, **kw))
+        for seq in range(first, last + 1)
+    )
 
 
 def test_register_and_append(store):
@@ -48,8 +50,9 @@ def test_append_is_idempotent_per_seq(store):
 def test_stale_session_is_reported_not_stored(store):
     old = store.register(reg(), 30).session_id
     new = store.register(reg(), 30).session_id
-    assert store.append_samples([SampleBatch("j", 0, old, samples(1, 3)),
-                                 SampleBatch("j", 0, new, samples(1, 2))]) == [-1, 2]
+    assert store.append_samples(
+        [SampleBatch("j", 0, old, samples(1, 3)), SampleBatch("j", 0, new, samples(1, 2))]
+    ) == [-1, 2]
     assert store.sample_count("j") == 2
 
 
@@ -81,8 +84,12 @@ def test_decisions(store):
 
 
 def test_unknown_job(store):
-    for call in (lambda: store.history("x"), lambda: store.best("x"), lambda: store.decisions("x"),
-                 lambda: store.add_decision("x", Config(), 0, "")):
+    for call in (
+        lambda: store.history("x"),
+        lambda: store.best("x"),
+        lambda: store.decisions("x"),
+        lambda: store.add_decision("x", Config(), 0, ""),
+    ):
         with pytest.raises(NotFound, match="unknown job 'x'"):
             call()
 
@@ -100,7 +107,9 @@ def test_retention_downsamples_oldest(store):
 def test_history_filters(store):
     s0 = store.register(reg(0), 30).session_id
     s1 = store.register(reg(1, instance="b"), 30).session_id
-    store.append_samples([SampleBatch("j", 0, s0, samples(1, 5)), SampleBatch("j", 1, s1, samples(1, 5))])
+    store.append_samples(
+        [SampleBatch("j", 0, s0, samples(1, 5)), SampleBatch("j", 1, s1, samples(1, 5))]
+    )
     assert {r.rank for r in store.history("j", rank=1)} == {1}
     assert len(store.history("j", limit=3)) == 3
     assert store.history("j", since_s=time.time() + 100) == []
@@ -109,19 +118,41 @@ def test_history_filters(store):
 def test_model_must_match_the_job(store):
     from autobyted.storage.records import Fingerprint
 
-    store.register(Registration(job="j", rank=0, world_size=2, backend="gloo", instance_id="a",
-                                fingerprint=Fingerprint(digest="aaaa")), 30)
+    store.register(
+        Registration(
+            job="j",
+            rank=0,
+            world_size=2,
+            backend="gloo",
+            instance_id="a",
+            fingerprint=Fingerprint(digest="aaaa"),
+        ),
+        30,
+    )
     with pytest.raises(FailedPrecondition, match="different model"):
-        store.register(Registration(job="j", rank=1, world_size=2, backend="gloo", instance_id="b",
-                                    fingerprint=Fingerprint(digest="bbbb")), 30)
+        store.register(
+            Registration(
+                job="j",
+                rank=1,
+                world_size=2,
+                backend="gloo",
+                instance_id="b",
+                fingerprint=Fingerprint(digest="bbbb"),
+            ),
+            30,
+        )
 
 
 def test_ranks_of_a_new_job_register_at_once(store):
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda rank: store.register(reg(rank=rank, instance=f"i{rank}", world=8), 30),
-                                range(8)))
+        results = list(
+            pool.map(
+                lambda rank: store.register(reg(rank=rank, instance=f"i{rank}", world=8), 30),
+                range(8),
+            )
+        )
     assert len({r.session_id for r in results}) == 8
     assert store.jobs(30)[0].ranks == tuple(range(8))
 
@@ -149,9 +180,24 @@ def test_samples_are_read_incrementally_with_every_field(store):
 
     s0 = store.register(reg(0), 30).session_id
     s1 = store.register(reg(1, instance="b"), 30).session_id
-    store.append_samples([SampleBatch("j", 0, s0, samples(1, 5, host_load=0.25, bandwidth_bytes_per_s=1e8,
-                                                          config=Config(1 << 20, 1 << 22), decision_id=0)),
-                          SampleBatch("j", 1, s1, samples(1, 5))])
+    store.append_samples(
+        [
+            SampleBatch(
+                "j",
+                0,
+                s0,
+                samples(
+                    1,
+                    5,
+                    host_load=0.25,
+                    bandwidth_bytes_per_s=1e8,
+                    config=Config(1 << 20, 1 << 22),
+                    decision_id=0,
+                ),
+            ),
+            SampleBatch("j", 1, s1, samples(1, 5)),
+        ]
+    )
     first = store.samples_after("j", 0, rank=0, limit=3)
     assert [row.metrics.step for row in first] == [0, 1, 2] and {row.rank for row in first} == {0}
     assert isinstance(first[0].metrics, StepMetrics)
@@ -171,13 +217,17 @@ def test_operator_decision_pauses_the_tuner_and_refuses_its_decisions(store):
     store.register(reg(), 30)
     trial = store.add_decision("j", Config(1 << 20, None), 5, "trial 1/3", 0.1, source="tuner")
     assert trial.source == "tuner" and trial.predicted_step_time_s == 0.1
-    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="exploring", detail="exploring 1/3"))
+    store.save_tuner_status(
+        "j", TunerStatusRecord(mode="auto", state="exploring", detail="exploring 1/3")
+    )
     store.add_decision("j", Config(None, None), 9, "operator")
     assert store.tuner_status("j").paused
     with pytest.raises(FailedPrecondition, match="--resume"):
         store.add_decision("j", Config(4 << 20, None), 12, "trial 2/3", source="tuner")
     # saving the tuner's view keeps the operator's pause; only a resume ends it
-    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="paused", detail="paused by operator"))
+    store.save_tuner_status(
+        "j", TunerStatusRecord(mode="auto", state="paused", detail="paused by operator")
+    )
     assert store.tuner_status("j").paused
     assert not store.set_tuning_paused("j", False).paused
     store.add_decision("j", Config(4 << 20, None), 12, "trial 2/3", source="tuner")
@@ -190,8 +240,13 @@ def test_recommendations_are_stored_not_pending(store):
     store.register(reg(), 30)
     pending = store.add_decision("j", Config(1 << 20, None), 5, "operator")
     store.set_tuning_paused("j", False)
-    store.add_decision("j", Config(4 << 20, None), 0, "observe", source="tuner", state="recommended")
-    assert [d.state for d in store.decisions("j")] == ["pending", "recommended"]  # nothing superseded
+    store.add_decision(
+        "j", Config(4 << 20, None), 0, "observe", source="tuner", state="recommended"
+    )
+    assert [d.state for d in store.decisions("j")] == [
+        "pending",
+        "recommended",
+    ]  # nothing superseded
     store.close_decision(pending.decision_id, 0.123, "rolled_back")
     (first, _) = store.decisions("j")
     assert (first.measured_step_time_s, first.state) == (0.123, "rolled_back")
@@ -210,7 +265,11 @@ def test_windows_and_models(store):
     assert [w.job for w in store.windows(after_window_id=first)] == ["b"]
     assert [w.job for w in store.windows(limit=1, newest=True)] == ["b"]
     # a new tuner of a job numbers its segments past the stored ones (two runs of one job name)
-    assert (store.next_window_segment("a"), store.next_window_segment("b"), store.next_window_segment("c")) == (1, 3, 0)
+    assert (
+        store.next_window_segment("a"),
+        store.next_window_segment("b"),
+        store.next_window_segment("c"),
+    ) == (1, 3, 0)
     assert store.latest_model() is None
     for index in range(5):
         store.save_model("online", bytes([index]) * 10, examples=index, keep=3)
@@ -221,15 +280,30 @@ def test_windows_and_models(store):
 def test_job_info_and_opt_out(store):
     from autobyted.storage.records import Fingerprint
 
-    store.register(Registration(job="j", rank=0, world_size=2, backend="gloo", instance_id="a",
-                                fingerprint=Fingerprint(10, 40, 2, 32, 8, "d"), tuning_disabled=True), 30)
+    store.register(
+        Registration(
+            job="j",
+            rank=0,
+            world_size=2,
+            backend="gloo",
+            instance_id="a",
+            fingerprint=Fingerprint(10, 40, 2, 32, 8, "d"),
+            tuning_disabled=True,
+        ),
+        30,
+    )
     info = store.job_info("j")
-    assert (info.world_size, info.backend, info.fingerprint.tensor_count, info.tuning_disabled) == (2, "gloo", 2, True)
+    assert (info.world_size, info.backend, info.fingerprint.tensor_count, info.tuning_disabled) == (
+        2,
+        "gloo",
+        2,
+        True,
+    )
     assert store.active_jobs(30) == ["j"] and store.active_jobs(-1) == []
 
 
 def test_final_batches_finish_a_job_and_free_its_ranks(store):
-    """Issue 13 item 9: a job is `finished` once every rank it knows sent its final batch; a finished
+    """A job is `finished` once every rank it knows sent its final batch; a finished
     rank is free for a new process at once (no liveness wait)."""
     sessions = [store.register(reg(rank=r), 30).session_id for r in (0, 1)]
     store.append_samples([SampleBatch("j", 0, sessions[0], samples(1, 5), final=True)])
@@ -242,20 +316,27 @@ def test_final_batches_finish_a_job_and_free_its_ranks(store):
 
 @pytest.mark.parametrize("how", ["finished", "silent"])
 def test_a_new_run_expires_the_pending_decisions_of_the_old_one(store, how):
-    """Issue 13 item 4: a new process on rank 0 starts a new run (steps count from 0 again): a decision
+    """A new process on rank 0 starts a new run (steps count from 0 again): a decision
     still pending for the old run expires, a decision made afterwards is pending for the new run."""
     session = store.register(reg(), 30).session_id
     store.append_samples([SampleBatch("j", 0, session, samples(1, 30))])
     old = store.add_decision("j", Config(1 << 20, None), 500, "for run 1")
-    session = store.register(reg(), 30).session_id  # the same process again (daemon restart): same run
+    session = store.register(
+        reg(), 30
+    ).session_id  # the same process again (daemon restart): same run
     assert store.decisions("j")[0].state == "pending"
     store.append_samples([SampleBatch("j", 0, session, (), final=how == "finished")])
     liveness_s = 30 if how == "finished" else 0.0  # a silent rank is taken over after liveness_s
     store.register(reg(instance="run-2"), liveness_s)
-    assert [(d.decision_id, d.state) for d in store.decisions("j")] == [(old.decision_id, "expired")]
+    assert [(d.decision_id, d.state) for d in store.decisions("j")] == [
+        (old.decision_id, "expired")
+    ]
     assert store.jobs(30)[0].steps == 0  # the new run's steps
     new = store.add_decision("j", Config(None, 4 << 20), 10, "for run 2")
-    assert [d.state for d in store.decisions("j")] == ["expired", "pending"] and new.decision_id > old.decision_id
+    assert [d.state for d in store.decisions("j")] == [
+        "expired",
+        "pending",
+    ] and new.decision_id > old.decision_id
     store.register(reg(rank=1, instance="run-2b"), 30)  # another rank joining is not a new run
     assert store.decisions("j")[-1].state == "pending"
 
@@ -273,9 +354,16 @@ def test_leases_are_exclusive_renewed_and_taken_over_once_expired(store):
     renewed = store.lease("tuner:j")
     assert renewed.expires_in_s > 55 and renewed.acquired_at_s == first.acquired_at_s
     assert store.acquire_lease("other", "daemon-b", 30)  # leases are independent
-    assert store.acquire_lease("tuner:j", "daemon-a", 0.05)
-    time.sleep(0.2)  # daemon-a stops renewing (it died): once expired, daemon-b takes over
-    assert store.acquire_lease("tuner:j", "daemon-b", 30)
+    assert store.acquire_lease("tuner:j", "daemon-a", 30)
+    # daemon-a stops renewing (it died): daemon-b, seen on a clock driven past the expiry, takes over
+    # once it expired and not a second before
+    clock_s = [time.time()]
+    driven = SqlStorage(store._engine, lease_clock=lambda: clock_s[0])
+    clock_s[0] += 25
+    assert not driven.acquire_lease("tuner:j", "daemon-b", 30)
+    assert driven.lease("tuner:j").expires_in_s < 6
+    clock_s[0] += 10
+    assert driven.acquire_lease("tuner:j", "daemon-b", 30)
     taken = store.lease("tuner:j")
     assert taken.holder == "daemon-b" and taken.acquired_at_s > first.acquired_at_s
     assert not store.acquire_lease("tuner:j", "daemon-a", 30)
@@ -290,11 +378,17 @@ def test_leases_are_exclusive_renewed_and_taken_over_once_expired(store):
 def test_only_the_lease_holder_makes_tuner_decisions(store):
     store.register(reg(), 30)
     with pytest.raises(FailedPrecondition, match="not held"):
-        store.add_decision("j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a")
+        store.add_decision(
+            "j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a"
+        )
     assert store.acquire_lease("tuner:j", "daemon-a", 30)
-    made = store.add_decision("j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a")
+    made = store.add_decision(
+        "j", Config(1 << 20, None), 5, "trial", source="tuner", lease_holder="daemon-a"
+    )
     with pytest.raises(FailedPrecondition, match="held by daemon-a"):
-        store.add_decision("j", Config(4 << 20, None), 9, "trial", source="tuner", lease_holder="daemon-b")
+        store.add_decision(
+            "j", Config(4 << 20, None), 9, "trial", source="tuner", lease_holder="daemon-b"
+        )
     assert [d.decision_id for d in store.decisions("j")] == [made.decision_id]
 
 
@@ -326,7 +420,10 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
 
         def resend(storage, first):  # the client resends from seq `first`; both daemons got it
             gate.wait(10)
-            return storage.append_samples([SampleBatch("j", 0, session, samples(first, first + 199))])
+            return storage.append_samples(
+                [SampleBatch("j", 0, session, samples(first, first + 199))]
+            )
+
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             for first in range(1, 1001, 100):  # in order, as a client sends; each overlaps the last
                 results = list(pool.map(lambda s, first=first: resend(s, first), (store, other)))
@@ -336,7 +433,9 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
         again = other.register(reg(), 30)  # the same process, now on the other daemon
         assert again.last_acked_seq == 1100
         assert store.append_samples([SampleBatch("j", 0, session, samples(1090, 1101))]) == [-1]
-        assert other.append_samples([SampleBatch("j", 0, again.session_id, samples(1090, 1101))]) == [1101]
+        assert other.append_samples(
+            [SampleBatch("j", 0, again.session_id, samples(1090, 1101))]
+        ) == [1101]
         assert store.sample_count("j") == 1101
     finally:
         for engine in engines:
@@ -344,7 +443,7 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
 
 
 def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store):
-    """Config.tail_bytes (issue 20, migration 0005) in samples, the job, decisions, applied
+    """Config.tail_bytes (migration 0005) in samples, the job, decisions, applied
     configurations, the tuner's status and windows, and `best`; a configuration without it reads
     back as it was written (NULL is no tail window)."""
     from autobyted.storage.records import TunerStatusRecord, WindowRecord
@@ -352,9 +451,25 @@ def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store)
     tail = Config(1 << 20, 4 << 20, 8 << 20)
     plain = Config(1 << 20, 4 << 20)
     s0 = store.register(reg(), 30).session_id
-    store.append_samples([SampleBatch("j", 0, s0, samples(1, 12, config=tail) + tuple(
-        (seq, StepMetrics(step=seq - 1, wall_time_s=time.time(), step_time_s=0.2, config=plain))
-        for seq in range(13, 25)))])
+    store.append_samples(
+        [
+            SampleBatch(
+                "j",
+                0,
+                s0,
+                samples(1, 12, config=tail)
+                + tuple(
+                    (
+                        seq,
+                        StepMetrics(
+                            step=seq - 1, wall_time_s=time.time(), step_time_s=0.2, config=plain
+                        ),
+                    )
+                    for seq in range(13, 25)
+                ),
+            )
+        ]
+    )
     configs = [row.metrics.config for row in store.samples_after("j", 0, rank=0)]
     assert configs[:12] == [tail] * 12 and configs[12:] == [plain] * 12
     assert store.jobs(30)[0].config == plain  # rank 0's newest
@@ -363,7 +478,9 @@ def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store)
     store.record_applied_config("j", 0, decision.decision_id, tail, 30)
     assert store.jobs(30)[0].config == tail
     store.set_tuning_paused("j", False)
-    store.save_tuner_status("j", TunerStatusRecord(mode="auto", state="holding", detail="holding", config=tail))
+    store.save_tuner_status(
+        "j", TunerStatusRecord(mode="auto", state="holding", detail="holding", config=tail)
+    )
     assert store.tuner_status("j").config == tail
     store.add_window(WindowRecord("j", 0, tail, 0.1, 12, "{}"))
     assert store.windows()[-1].config == tail

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
 
 import grpc
 import pytest
-
 from autobyte.protocol import autobyte_pb2 as pb
+
 from tests.helpers.daemon import ThreadDaemon
 from tests.helpers.rpc import Client, SyntheticJob
 from tests.helpers.wait import wait_for
@@ -44,14 +43,18 @@ def test_operator_proposal_pauses_the_tuner_until_resumed(daemon):
     job.steps(40, bandwidth_bytes_per_s=1e8)
     first = wait_for(lambda: job.history().decisions, what="the tuner's first decision")
     assert first[0].source == "tuner" and first[0].reason.startswith("trial 1/")
-    proposal = client.control.ProposeConfig(pb.ProposeConfigRequest(
-        job="job", config=pb.Config(partition_bytes=MIB), reason="operator"), timeout=10)
+    proposal = client.control.ProposeConfig(
+        pb.ProposeConfigRequest(
+            job="job", config=pb.Config(partition_bytes=MIB), reason="operator"
+        ),
+        timeout=10,
+    )
     assert proposal.source == "operator"
     tuner = wait_for(lambda: (t := job.tuner()).state == "paused" and t, what="paused")
     assert tuner.paused and "--resume" in tuner.detail
     before = len(job.history().decisions)
     job.steps(200, bandwidth_bytes_per_s=1e8)
-    time.sleep(1.0)
+    daemon.wait_tuner_looked("job")
     assert len(job.history().decisions) == before  # the operator's word stands
     resumed = client.control.SetTuning(pb.SetTuningRequest(job="job", paused=False), timeout=10)
     assert not resumed.paused
@@ -82,7 +85,7 @@ def test_a_job_that_opted_out_is_never_tuned(daemon):
     job.steps(80, bandwidth_bytes_per_s=1e8)
     tuner = wait_for(lambda: (t := job.tuner()).state == "off" and t, what="off")
     assert tuner.mode == "opted out" and "tune=False" in tuner.detail
-    time.sleep(1.0)
+    daemon.wait_tuner_looked("job")  # it has seen all 80 steps
     assert list(job.history().decisions) == []
     client.close()
 
@@ -94,7 +97,9 @@ def test_tuner_off_shows_off(db_url):
         assert daemon.daemon.tuner is None
 
 
-def test_a_job_that_vanishes_mid_trial_and_a_rank_that_never_applies_leave_the_daemon_healthy(daemon):
+def test_a_job_that_vanishes_mid_trial_and_a_rank_that_never_applies_leave_the_daemon_healthy(
+    daemon,
+):
     client = Client(daemon.address)
     gone = SyntheticJob(client, job="gone")
     gone.steps(40, bandwidth_bytes_per_s=1e8)
@@ -105,7 +110,9 @@ def test_a_job_that_vanishes_mid_trial_and_a_rank_that_never_applies_leave_the_d
     wait_for(lambda: stubborn.history().decisions, what="a decision for stubborn")
     for _ in range(10):  # 40 more seconds of its clock, still on the old configuration
         stubborn.steps(40, bandwidth_bytes_per_s=1e8)
-    tuner = wait_for(lambda: "was not applied" in (t := stubborn.tuner()).detail and t, what="given up")
+    tuner = wait_for(
+        lambda: "was not applied" in (t := stubborn.tuner()).detail and t, what="given up"
+    )
     assert tuner.state == "holding"
     idle = wait_for(lambda: (t := gone.tuner()).state == "idle" and t, timeout_s=30, what="idle")
     assert idle.detail.startswith("idle: no steps")
@@ -132,22 +139,28 @@ def test_the_predictor_is_retrained_from_every_job_and_survives_a_restart(db_url
     import random
 
     from autobyte.types import Config
+
     from autobyted.storage.db import make_engine, migrate
     from autobyted.storage.records import Registration, WindowRecord
     from autobyted.storage.sql import SqlStorage
     from autobyted.tuner.features import summarize
     from autobyted.tuner.manager import TunerManager
-    from tests.helpers.tuner import SHAPE, sample as tuner_sample
+    from tests.helpers.tuner import SHAPE
+    from tests.helpers.tuner import sample as tuner_sample
 
     engine = make_engine(db_url)
     migrate(engine)
     storage = SqlStorage(engine)
     rng = random.Random(0)
     for job in ("a", "b"):
-        storage.register(Registration(job=job, rank=0, world_size=2, backend="gloo", instance_id=job), 30)
+        storage.register(
+            Registration(job=job, rank=0, world_size=2, backend="gloo", instance_id=job), 30
+        )
         for config, step_s in ((Config(4 * MIB, 16 * MIB), 0.1), (Config(MIB, 4 * MIB), 0.07)):
             samples = [tuner_sample(i, config, 0, step_s, 1e8, rng) for i in range(15)]
-            storage.add_window(WindowRecord(job, 0, config, step_s, 15, summarize(samples, SHAPE).to_json()))
+            storage.add_window(
+                WindowRecord(job, 0, config, step_s, 15, summarize(samples, SHAPE).to_json())
+            )
 
     def no_decisions(*args, **kwargs):
         raise AssertionError("not deciding here")
@@ -157,12 +170,18 @@ def test_the_predictor_is_retrained_from_every_job_and_survives_a_restart(db_url
     assert first.predictor.ensemble.meta["kind"] == "prior"
     assert first.retrain_now()
     trained = first.predictor.ensemble
-    assert trained.meta["kind"] == "online" and trained.meta["jobs"] == 2 and trained.meta["examples"] == 4
+    assert (
+        trained.meta["kind"] == "online"
+        and trained.meta["jobs"] == 2
+        and trained.meta["examples"] == 4
+    )
     restarted = TunerManager(storage, no_decisions)  # a new daemon on the same database
     restarted._load_predictor()
     assert restarted.predictor.ensemble.digest == trained.digest
     # a model trained on top of another prior (an upgraded daemon) is not used; it is retrained
-    storage.save_model("online", trained.to_bytes().replace(trained.meta["base"].encode(), b"0" * 16), 4)
+    storage.save_model(
+        "online", trained.to_bytes().replace(trained.meta["base"].encode(), b"0" * 16), 4
+    )
     upgraded = TunerManager(storage, no_decisions)
     upgraded._load_predictor()
     assert upgraded.predictor.ensemble.meta["kind"] == "prior" and upgraded.new_windows

@@ -9,22 +9,29 @@ import math
 import random
 
 import pytest
-
 from autobyte.types import StepMetrics
+
 from autobyted.tuner.drift import Cusum, DriftDetector, context_jump, window_shift
 
 
-def series(n, rng, step_s=0.1, bandwidth=1e9, compute=0.06, host_load=0.0, noise=0.03, start=0,
-           spikes=0.0):
+def series(
+    n, rng, step_s=0.1, bandwidth=1e9, compute=0.06, host_load=0.0, noise=0.03, start=0, spikes=0.0
+):
     out = []
     for i in range(n):
         spike = rng.uniform(1.5, 3.0) if rng.random() < spikes else 1.0
-        out.append(StepMetrics(step=start + i, wall_time_s=1.7e9 + (start + i) * step_s,
-                               step_time_s=step_s * math.exp(rng.gauss(0, noise)) * spike,
-                               forward_s=compute / 3 * math.exp(rng.gauss(0, noise)),
-                               backward_s=2 * compute / 3 * math.exp(rng.gauss(0, noise)),
-                               bandwidth_bytes_per_s=bandwidth * math.exp(rng.gauss(0, 2 * noise)) / spike,
-                               bytes_reduced=1 << 24, host_load=host_load))
+        out.append(
+            StepMetrics(
+                step=start + i,
+                wall_time_s=1.7e9 + (start + i) * step_s,
+                step_time_s=step_s * math.exp(rng.gauss(0, noise)) * spike,
+                forward_s=compute / 3 * math.exp(rng.gauss(0, noise)),
+                backward_s=2 * compute / 3 * math.exp(rng.gauss(0, noise)),
+                bandwidth_bytes_per_s=bandwidth * math.exp(rng.gauss(0, 2 * noise)) / spike,
+                bytes_reduced=1 << 24,
+                host_load=host_load,
+            )
+        )
     return out
 
 
@@ -45,12 +52,15 @@ def test_stationary_noise_with_spikes_never_alarms(seed):
     assert alarms(detector, series(20_000, rng, start=60, spikes=0.02)) == []
 
 
-@pytest.mark.parametrize("change, signal, reason", [
-    (dict(bandwidth=2.5e8, step_s=0.2), "bandwidth", "bandwidth drop"),
-    (dict(bandwidth=3e9), "bandwidth", "bandwidth rise"),
-    (dict(compute=0.09, step_s=0.13), "compute", "compute slowdown"),
-    (dict(step_s=0.125), "step_time", "step time rise"),
-])
+@pytest.mark.parametrize(
+    "change, signal, reason",
+    [
+        ({"bandwidth": 2.5e8, "step_s": 0.2}, "bandwidth", "bandwidth drop"),
+        ({"bandwidth": 3e9}, "bandwidth", "bandwidth rise"),
+        ({"compute": 0.09, "step_s": 0.13}, "compute", "compute slowdown"),
+        ({"step_s": 0.125}, "step_time", "step time rise"),
+    ],
+)
 def test_a_real_change_alarms_within_a_few_seconds_and_names_its_cause(change, signal, reason):
     rng = random.Random(7)
     detector = DriftDetector(series(60, rng))
@@ -84,7 +94,9 @@ def test_fast_steps_are_judged_per_block_of_time():
     rng = random.Random(5)
     detector = DriftDetector(series(3_500, rng, step_s=0.002))  # > 12 blocks of 0.5 s
     assert detector.ready
-    assert alarms(detector, series(50_000, rng, step_s=0.002, start=3_500)) == []  # 100 s of 2 ms steps
+    assert (
+        alarms(detector, series(50_000, rng, step_s=0.002, start=3_500)) == []
+    )  # 100 s of 2 ms steps
     found = alarms(detector, series(5_000, rng, step_s=0.004, start=52_000, bandwidth=4e8))
     assert found and found[0][0] <= 1_500  # 3 s
 
@@ -94,7 +106,12 @@ def test_cusum_arithmetic():
     assert (test.k, test.h) == (0.05, 0.2)
     assert [test.update(0.11) for _ in range(4)] == [0, 0, 0, 1]  # 0.06 per block over h = 0.2
     wild = Cusum(mu=0.0, sigma=0.01, min_shift=0.1)
-    assert [wild.update(10.0) for _ in range(4)] == [0, 0, 0, 1]  # wild blocks are clipped at k + h/3
+    assert [wild.update(10.0) for _ in range(4)] == [
+        0,
+        0,
+        0,
+        1,
+    ]  # wild blocks are clipped at k + h/3
 
 
 def test_window_comparisons():

@@ -45,12 +45,19 @@ def two_ranks(n, rng, condition, start=0, noise=0.03, compute_noise=None):
             peer = condition.compute_s[1 - rank]
             span = wire_s + 0.8 * max(0.0, peer - compute)
             peer_cpu = (peer + 0.02) / step_s / 2
-            ranks.append(StepMetrics(
-                step=start + i, wall_time_s=1.7e9 + (start + i) * step_s, step_time_s=step_s,
-                forward_s=compute / 3 * jitter[1], backward_s=2 * compute / 3 * jitter[2],
-                exposed_comm_s=max(0.0, step_s - compute),
-                bandwidth_bytes_per_s=GRADIENT_BYTES / span * jitter[3], bytes_reduced=GRADIENT_BYTES,
-                host_load=min(1.0, max(1e-3, peer_cpu + condition.neighbour_load))))
+            ranks.append(
+                StepMetrics(
+                    step=start + i,
+                    wall_time_s=1.7e9 + (start + i) * step_s,
+                    step_time_s=step_s,
+                    forward_s=compute / 3 * jitter[1],
+                    backward_s=2 * compute / 3 * jitter[2],
+                    exposed_comm_s=max(0.0, step_s - compute),
+                    bandwidth_bytes_per_s=GRADIENT_BYTES / span * jitter[3],
+                    bytes_reduced=GRADIENT_BYTES,
+                    host_load=min(1.0, max(1e-3, peer_cpu + condition.neighbour_load)),
+                )
+            )
         out.append(ranks)
     return out
 
@@ -60,10 +67,18 @@ def merged(streams):
 
 
 CHANGES = {
-    "bandwidth drop (tc 2 Gbit/s -> 300 Mbit/s)": (Condition(link_bytes_per_s=3.75e7), "bandwidth drop"),
-    "CPU quota of half a core on rank 1": (Condition(compute_s=(0.075, 0.16)), "compute slowdown on rank 1"),
-    "a competing flow takes half the link": (Condition(link_bytes_per_s=1.25e8, compute_s=(0.08, 0.08),
-                                                       neighbour_load=0.08), "bandwidth drop"),
+    "bandwidth drop (tc 2 Gbit/s -> 300 Mbit/s)": (
+        Condition(link_bytes_per_s=3.75e7),
+        "bandwidth drop",
+    ),
+    "CPU quota of half a core on rank 1": (
+        Condition(compute_s=(0.075, 0.16)),
+        "compute slowdown on rank 1",
+    ),
+    "a competing flow takes half the link": (
+        Condition(link_bytes_per_s=1.25e8, compute_s=(0.08, 0.08), neighbour_load=0.08),
+        "bandwidth drop",
+    ),
 }
 
 
@@ -118,7 +133,9 @@ def test_a_straggler_is_seen_on_its_own_rank_when_another_ranks_compute_swings()
     def rank1(m):
         return dict(m.rank_compute_s)[1]
 
-    assert abs(median_log(after, straggler) - median_log(before, straggler)) < 0.25  # the max: < 25%
+    assert (
+        abs(median_log(after, straggler) - median_log(before, straggler)) < 0.25
+    )  # the max: < 25%
     assert median_log(after, rank1) - median_log(before, rank1) > 0.6  # rank 1 itself: ~2x
     detector = DriftDetector(before[:60])
     assert "compute@1" in detector.watched and "compute@0" in detector.watched
@@ -157,7 +174,10 @@ def test_a_quota_that_also_slows_the_ranks_communication_is_the_rank():
     rng = random.Random(22)
     before = merged(two_ranks(80, rng, Condition()))
     quota = Condition(link_bytes_per_s=2.5e8 / 4, compute_s=(0.075, 0.16))
-    assert labels(before, merged(two_ranks(200, rng, quota, start=80))) == ("compute slowdown on rank 1",) * 2
+    assert (
+        labels(before, merged(two_ranks(200, rng, quota, start=80)))
+        == ("compute slowdown on rank 1",) * 2
+    )
 
 
 def test_a_ranks_compute_that_the_step_does_not_feel_does_not_alarm():
@@ -167,9 +187,13 @@ def test_a_ranks_compute_that_the_step_does_not_feel_does_not_alarm():
     link = 5e7
     before = merged(two_ranks(80, rng, Condition(link_bytes_per_s=link)))
     detector = DriftDetector(before[:40])
-    unfelt = merged(two_ranks(300, rng, Condition(link_bytes_per_s=link, compute_s=(0.13, 0.075)), start=80))
+    unfelt = merged(
+        two_ranks(300, rng, Condition(link_bytes_per_s=link, compute_s=(0.13, 0.075)), start=80)
+    )
     assert [a for a in map(detector.update, [*before[40:], *unfelt]) if a] == []
-    felt = merged(two_ranks(100, rng, Condition(link_bytes_per_s=link, compute_s=(0.9, 0.075)), start=380))
+    felt = merged(
+        two_ranks(100, rng, Condition(link_bytes_per_s=link, compute_s=(0.9, 0.075)), start=380)
+    )
     found = [a for a in map(detector.update, felt) if a]
     assert found and found[0].reason == "compute slowdown on rank 0", found[:1]
 
@@ -184,10 +208,17 @@ def _quota_shape(n, rng, start, rank1_compute_s, bandwidth, step_s):
         ranks = []
         for compute in (0.075, rank1_compute_s):
             jitter = math.exp(rng.gauss(0, 0.03))
-            ranks.append(StepMetrics(step=start + i, wall_time_s=1.7e9 + (start + i) * 0.17, step_time_s=step,
-                                     forward_s=compute / 3 * jitter, backward_s=2 * compute / 3 * jitter,
-                                     bandwidth_bytes_per_s=bandwidth * math.exp(rng.gauss(0, 0.02)),
-                                     bytes_reduced=GRADIENT_BYTES))
+            ranks.append(
+                StepMetrics(
+                    step=start + i,
+                    wall_time_s=1.7e9 + (start + i) * 0.17,
+                    step_time_s=step,
+                    forward_s=compute / 3 * jitter,
+                    backward_s=2 * compute / 3 * jitter,
+                    bandwidth_bytes_per_s=bandwidth * math.exp(rng.gauss(0, 0.02)),
+                    bytes_reduced=GRADIENT_BYTES,
+                )
+            )
         out.append(merge_ranks(ranks[0], ranks[1:]))
     return out
 
@@ -223,8 +254,14 @@ def test_a_references_noise_is_never_below_what_its_steps_imply():
     compute = [0.05, 0.075, 0.11] * 40  # 2 ranks' compute per step, every block's median 0.075
     steps = []
     for i, c in enumerate(compute):
-        r0 = StepMetrics(step=i, wall_time_s=1.7e9 + i / 6, step_time_s=1 / 6, forward_s=c / 3,
-                         backward_s=2 * c / 3, bandwidth_bytes_per_s=2e8)
+        r0 = StepMetrics(
+            step=i,
+            wall_time_s=1.7e9 + i / 6,
+            step_time_s=1 / 6,
+            forward_s=c / 3,
+            backward_s=2 * c / 3,
+            bandwidth_bytes_per_s=2e8,
+        )
         steps.append(merge_ranks(r0, [r0]))
     detector = DriftDetector(steps[:24], reference_blocks=8)
     assert detector.ready and set(detector.noise) >= {"compute@0", "compute@1"}
@@ -233,10 +270,25 @@ def test_a_references_noise_is_never_below_what_its_steps_imply():
 
 
 def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():
-    leader = StepMetrics(step=3, wall_time_s=1.7e9, step_time_s=0.3, forward_s=0.02, backward_s=0.05,
-                         bandwidth_bytes_per_s=1e8, host_load=0.1, decision_id=7)
-    peer = dataclasses.replace(leader, step_time_s=0.31, forward_s=0.05, backward_s=0.1,
-                               bandwidth_bytes_per_s=2e8, host_load=0.4, decision_id=6)
+    leader = StepMetrics(
+        step=3,
+        wall_time_s=1.7e9,
+        step_time_s=0.3,
+        forward_s=0.02,
+        backward_s=0.05,
+        bandwidth_bytes_per_s=1e8,
+        host_load=0.1,
+        decision_id=7,
+    )
+    peer = dataclasses.replace(
+        leader,
+        step_time_s=0.31,
+        forward_s=0.05,
+        backward_s=0.1,
+        bandwidth_bytes_per_s=2e8,
+        host_load=0.4,
+        decision_id=6,
+    )
     job = merge_ranks(leader, [peer])
     assert (job.step_time_s, job.decision_id) == (0.3, 7)  # the step boundary is rank 0's
     assert (job.forward_s, job.backward_s) == (0.05, 0.1)
@@ -248,8 +300,9 @@ def test_merge_takes_the_stragglers_compute_and_the_best_bandwidth():
 
 def test_rank_merger_waits_for_every_rank_in_step_order_but_never_for_ever():
     def sample(step):
-        return StepMetrics(step=step, wall_time_s=1.7e9 + step, step_time_s=0.1, forward_s=0.01,
-                           backward_s=0.02)
+        return StepMetrics(
+            step=step, wall_time_s=1.7e9 + step, step_time_s=0.1, forward_s=0.01, backward_s=0.02
+        )
 
     merger = RankMerger(world_size=2, max_lag_steps=4)
     for step in range(3):
@@ -288,13 +341,17 @@ def test_a_step_time_alarm_waits_for_the_context_test_that_explains_it():
     rng = random.Random(5)
     quiet = merged(two_ranks(80, rng, Condition(), noise=0.0))
     detector = DriftDetector(quiet[:40])
-    creep = [dataclasses.replace(m, step_time_s=m.step_time_s * math.exp(0.08))
-             for m in merged(two_ranks(24, rng, Condition(), start=80, noise=0.0))]
+    creep = [
+        dataclasses.replace(m, step_time_s=m.step_time_s * math.exp(0.08))
+        for m in merged(two_ranks(24, rng, Condition(), start=80, noise=0.0))
+    ]
     assert [a for a in map(detector.update, [*quiet[40:], *creep]) if a] == []
     drop = merged(two_ranks(80, rng, Condition(link_bytes_per_s=3.75e7), start=104, noise=0.0))
     found = [(i, a) for i, a in enumerate(map(detector.update, drop)) if a]
     assert found and found[0][1].reason == "bandwidth drop", found[:1]
-    assert found[0][0] < 4 * 4, found[:1]  # the bandwidth test's crossing: four blocks of four steps
+    assert found[0][0] < 4 * 4, found[
+        :1
+    ]  # the bandwidth test's crossing: four blocks of four steps
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -8,11 +8,11 @@ import random
 
 import numpy as np
 import pytest
-
 from autobyte.types import Config
+
 from autobyted.tuner.features import FEATURE_NAMES, summarize
-from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.grid import candidate_grid
+from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from tests.helpers.tuner import SHAPE, START, sample
 
 
@@ -30,7 +30,9 @@ def test_the_shipped_prior_is_what_its_script_makes():
     assert np.max(np.abs(regenerated.predict(rows)[0] - shipped.predict(rows)[0])) < 1e-6
     real_blocks = {w.job for w in train_prior.default_real_windows()}
     assert real_blocks, "the prior is trained on the checked-in testbed windows too"
-    assert shipped.meta["kind"] == "prior" and shipped.meta["jobs"] == train_prior.CONTEXTS + len(real_blocks)
+    assert shipped.meta["kind"] == "prior" and shipped.meta["jobs"] == train_prior.CONTEXTS + len(
+        real_blocks
+    )
 
 
 def test_file_format_round_trip_and_refusals():
@@ -72,18 +74,36 @@ def test_online_training_learns_a_job_the_prior_gets_wrong():
     windows = []
     for job in range(3):
         for config in configs:
-            samples = [sample(i, config, 0, step_s(config) * (1 + 0.1 * job), 1e8, rng) for i in range(15)]
-            windows.append(Window(f"job{job}", 0, config, summarize(samples, SHAPE),
-                                  float(np.median([s.step_time_s for s in samples])), 15, 1.7e9))
+            samples = [
+                sample(i, config, 0, step_s(config) * (1 + 0.1 * job), 1e8, rng) for i in range(15)
+            ]
+            windows.append(
+                Window(
+                    f"job{job}",
+                    0,
+                    config,
+                    summarize(samples, SHAPE),
+                    float(np.median([s.step_time_s for s in samples])),
+                    15,
+                    1.7e9,
+                )
+            )
     prior = load_prior()
     ref = windows[0]
 
     def error(ensemble):
-        mean, _ = ensemble.predict(__import__("autobyted.tuner.features", fromlist=["x"]).feature_matrix(
-            ref.context, ref.config, [fast]))
+        mean, _ = ensemble.predict(
+            __import__("autobyted.tuner.features", fromlist=["x"]).feature_matrix(
+                ref.context, ref.config, [fast]
+            )
+        )
         return abs(float(mean[0]) - math.log(step_s(fast) / step_s(START)))
 
     trained = train_online(prior, windows, now_s=1.7e9)
-    assert trained is not None and trained.meta["kind"] == "online" and trained.meta["base"] == prior.digest
+    assert (
+        trained is not None
+        and trained.meta["kind"] == "online"
+        and trained.meta["base"] == prior.digest
+    )
     assert error(trained) < 0.5 * error(prior) and error(trained) < 0.25
     assert train_online(prior, windows[:1]) is None  # one window alone makes no pair

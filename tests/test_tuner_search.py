@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from autobyte.types import Config
+
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.search import JobTuner, gain_calibration, trial_value
@@ -33,7 +34,9 @@ def test_finds_the_better_configuration_and_holds_it():
     trials = [d for d in sink.decisions if d.kind == "trial"]
     assert trials and trials[0].config == BEST  # the predictor's top candidate first
     assert all(d.measured_step_time_s is not None for d in trials)
-    assert trials[0].predicted_step_time_s < 0.1 and abs(trials[0].measured_step_time_s - 0.07) < 0.005
+    assert (
+        trials[0].predicted_step_time_s < 0.1 and abs(trials[0].measured_step_time_s - 0.07) < 0.005
+    )
     assert "holding 1MiB/4MiB" in tuner.detail and "1.4" in tuner.detail  # 0.1 / 0.07 = 1.43x
     status = tuner.status
     assert status.config == BEST and abs(status.baseline_step_time_s - 0.1) < 0.005
@@ -116,7 +119,9 @@ def test_a_bandwidth_drop_reopens_the_search_and_noise_does_not():
     assert tuner.segment >= 1 and any(w.segment == tuner.segment for w in sink.windows)
     assert len(sink.decisions) >= before
     assert tuner.phase == "no headroom" and job.config == BEST
-    assert tuner.detail.startswith("no headroom after bandwidth drop: 1MiB/4MiB stays"), tuner.detail
+    assert tuner.detail.startswith("no headroom after bandwidth drop: 1MiB/4MiB stays"), (
+        tuner.detail
+    )
     assert abs(tuner.status.measured_step_time_s - 0.2) < 0.02
 
 
@@ -170,32 +175,47 @@ def test_a_job_that_never_applies_a_decision_is_left_alone():
 def test_broken_samples_do_not_break_the_tuner():
     tuner, sink = make(predictor_for(BEST, 0.3))
     rng = __import__("random").Random(0)
-    bad = [dataclasses.replace(sample(i, START, 0, 0.1, 1e8, rng), bandwidth_bytes_per_s=0.0, forward_s=0.0,
-                               backward_s=0.0, exposed_comm_s=0.0, bytes_reduced=0, partitions=0,
-                               step_time_s=0.0 if i % 7 == 0 else 0.1)
-           for i in range(200)]
+    bad = [
+        dataclasses.replace(
+            sample(i, START, 0, 0.1, 1e8, rng),
+            bandwidth_bytes_per_s=0.0,
+            forward_s=0.0,
+            backward_s=0.0,
+            exposed_comm_s=0.0,
+            bytes_reduced=0,
+            partitions=0,
+            step_time_s=0.0 if i % 7 == 0 else 0.1,
+        )
+        for i in range(200)
+    ]
     tuner.observe(bad)
     tuner.observe(bad[:50])  # resent, out of order: ignored
     assert tuner.phase in ("exploring", "no headroom", "holding")
-    assert all(math.isfinite(d.predicted_step_time_s) for d in sink.decisions if d.predicted_step_time_s)
+    assert all(
+        math.isfinite(d.predicted_step_time_s) for d in sink.decisions if d.predicted_step_time_s
+    )
 
 
 def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     from autobyte.types import MAX_CREDIT_BYTES, MIN_PARTITION_BYTES
-    from autobyted.tuner.grid import candidate_grid
 
     from autobyted.storage.records import Fingerprint
     from autobyted.tuner.features import JobShape
+    from autobyted.tuner.grid import candidate_grid
 
     odd = Config(4096, None)
-    small = JobShape.from_fingerprint(2, "gloo", Fingerprint(750_000, 3_000_000, 4, 2_000_000, 500_000, "s"))
+    small = JobShape.from_fingerprint(
+        2, "gloo", Fingerprint(750_000, 3_000_000, 4, 2_000_000, 500_000, "s")
+    )
     grid = candidate_grid(small, odd)
     assert odd in grid and Config(None, None) in grid
     assert all((c.partition_bytes or MIN_PARTITION_BYTES) >= MIN_PARTITION_BYTES for c in grid)
     assert all((c.credit_bytes or 0) <= MAX_CREDIT_BYTES for c in grid)
     # partitions beyond the whole gradient all send one message: only one of them is kept
-    assert {c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes} == {4 * MIB}
-    # the tail window (issue 20) is searched only when asked for; a job that starts with one keeps it
+    assert {
+        c.partition_bytes for c in grid if (c.partition_bytes or 0) >= small.parameter_bytes
+    } == {4 * MIB}
+    # the tail window is searched only when asked for; a job that starts with one keeps it
     assert all(c.tail_bytes is None for c in grid)
     tailed = candidate_grid(small, odd, tail_window=True)
     extra = [c for c in tailed if c.tail_bytes is not None]
@@ -237,8 +257,11 @@ def test_a_trend_during_the_search_is_not_taken_for_a_better_configuration():
     job.run(tuner, sink, 400)
     assert not [d for d in sink.decisions if d.kind == "switch"]
     confirms = [d for d in sink.decisions if d.reason.startswith("confirm")]
-    assert confirms and any(s.detail.endswith(", during the search: measuring 4MiB/16MiB") for s in sink.statuses
-                            if s.state == "re-tuning")
+    assert confirms and any(
+        s.detail.endswith(", during the search: measuring 4MiB/16MiB")
+        for s in sink.statuses
+        if s.state == "re-tuning"
+    )
 
 
 POOR = Config(64 * 1024, 64 * 1024)
@@ -263,10 +286,15 @@ def test_a_poor_start_is_left_after_one_short_confirm_and_no_check():
     job.run(tuner, sink, 300)
     kinds = [d.kind for d in sink.decisions]
     assert kinds == ["trial", "check", "switch"], [d.reason for d in sink.decisions]
-    assert sink.decisions[1].reason.startswith("confirm: measuring 64KiB/64KiB again"), sink.decisions[1].reason
+    assert sink.decisions[1].reason.startswith("confirm: measuring 64KiB/64KiB again"), (
+        sink.decisions[1].reason
+    )
     assert "(~12 steps, 5 when the winner beats both measurements)" in sink.decisions[1].reason
     confirm, switch = sink.decisions[1:]
-    assert switch.apply_at_step - confirm.apply_at_step <= TunerParams().min_trial_steps + TunerParams().transition_steps + 10
+    assert (
+        switch.apply_at_step - confirm.apply_at_step
+        <= TunerParams().min_trial_steps + TunerParams().transition_steps + 10
+    )
     held_from = next(i for i in range(len(job.configs)) if all(c == BEST for c in job.configs[i:]))
     assert held_from <= 65 and tuner.phase == "holding"
 
@@ -284,7 +312,9 @@ def test_a_check_is_made_only_where_the_trials_context_could_explain_its_gain():
     tuner, sink = make(predictor_for(BEST, 0.3))
     ScriptedJob(modest, start=POOR, noise=0.0).run(tuner, sink, 200)
     checks = [d.reason for d in sink.decisions if d.reason.startswith("check:")]
-    assert checks and "could explain the trial's 225 ms (the incumbent at best 107 ms)" in checks[0], checks
+    assert (
+        checks and "could explain the trial's 225 ms (the incumbent at best 107 ms)" in checks[0]
+    ), checks
     import random
 
     rng = random.Random(0)
@@ -307,7 +337,9 @@ def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_che
 
     def window(config):
         step_s, bandwidth, load = poor_start(config, 0)
-        return _Measured(config, [sample(i, config, 0, step_s, bandwidth, rng, 0.01, load) for i in range(12)])
+        return _Measured(
+            config, [sample(i, config, 0, step_s, bandwidth, rng, 0.01, load) for i in range(12)]
+        )
 
     tuner, _sink = make(predictor_for(BEST, 0.3))
     tuner.incumbent = window(POOR)
@@ -318,8 +350,10 @@ def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_che
     assert tuner._unexplained_jump(other) is None
     # a jump of the context itself (the link 4x faster) shows against every configuration measured
     step_s, bandwidth, load = poor_start(BEST, 0)
-    moved = _Measured(other.config, [sample(i, other.config, 0, step_s / 2, bandwidth * 4, rng, 0.01, load)
-                                     for i in range(12)])
+    moved = _Measured(
+        other.config,
+        [sample(i, other.config, 0, step_s / 2, bandwidth * 4, rng, 0.01, load) for i in range(12)],
+    )
     assert tuner._unexplained_jump(moved) is not None
 
 
@@ -344,8 +378,12 @@ def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
     assert raw.mean[0] < -0.1  # the model alone: 1MiB/4MiB is clearly faster
     measured = math.log(1.2)  # corrected: most of the way to what was measured
     assert corrected.mean[0] - raw.mean[0] > 0.6 * (measured - raw.mean[0])
-    assert corrected.mean[1] - raw.mean[1] > 0.5 * (corrected.mean[0] - raw.mean[0])  # a neighbour, too
-    assert abs(corrected.mean[2] - raw.mean[2]) < abs(corrected.mean[1] - raw.mean[1])  # far away, less
+    assert corrected.mean[1] - raw.mean[1] > 0.5 * (
+        corrected.mean[0] - raw.mean[0]
+    )  # a neighbour, too
+    assert abs(corrected.mean[2] - raw.mean[2]) < abs(
+        corrected.mean[1] - raw.mean[1]
+    )  # far away, less
 
 
 def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
@@ -366,7 +404,9 @@ def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
     job.run(tuner, sink, 900)
     assert drop["from"] is not None and tuner.stats["retunes"] >= 2
     retunes = [s.detail for s in sink.statuses if s.state == "re-tuning"]
-    assert any("bandwidth drop" in d for d in retunes) and any("bandwidth rise" in d for d in retunes)
+    assert any("bandwidth drop" in d for d in retunes) and any(
+        "bandwidth rise" in d for d in retunes
+    )
     best = [d for d in sink.decisions if d.kind == "trial" and d.config == BEST]
     assert "1MiB/4MiB predicted 1.2" in best[0].reason  # the predictor alone: 20+% faster
     assert len(best) == 1 and any(config == BEST for config, _error in tuner.evidence.errors)
@@ -448,7 +488,9 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
     assert second.stats["trials"] == 0 and second.phase == "no headroom"
     assert "no trial is likely to win more than it costs" in second.detail, second.detail
     # nothing was tried, so nothing "beat" anything: the status says no trial was made
-    assert "stays, no trial made" in second.detail and "nothing beat" not in second.detail, second.detail
+    assert "stays, no trial made" in second.detail and "nothing beat" not in second.detail, (
+        second.detail
+    )
     # in another context (a 4x slower link) the first job's windows say nothing: the search runs
     # as it would on a daemon that never saw the first job
     runs = []
@@ -456,12 +498,25 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
         sink = MemorySink("other")
         other = JobTuner("other", SHAPE, predictor, sink, known=known)
         ScriptedJob(better(BEST, 0.0, bandwidth=2.5e7), seed=3).run(other, sink, 400)
-        assert other.evidence.known_ratios(other.incumbent, [other.incumbent, *other.trials], other.sigma) == {}
+        assert (
+            other.evidence.known_ratios(
+                other.incumbent, [other.incumbent, *other.trials], other.sigma
+            )
+            == {}
+        )
         runs.append([(d.kind, d.config, d.reason) for d in sink.decisions])
     assert runs[0] == runs[1]
     # a job of another shape never reads them
-    assert JobTuner("x", dataclasses.replace(SHAPE, world_size=4), predictor, MemorySink("x"),
-                    known=first_sink.windows).evidence.known == {}
+    assert (
+        JobTuner(
+            "x",
+            dataclasses.replace(SHAPE, world_size=4),
+            predictor,
+            MemorySink("x"),
+            known=first_sink.windows,
+        ).evidence.known
+        == {}
+    )
 
 
 def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
@@ -476,12 +531,21 @@ def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
     as_before = JobTuner("job", SHAPE, predictor, MemorySink("job"), known=first_sink.windows)
     assert as_before.evidence.known == {}  # the same segments: its own, not an earlier run's
     again_sink = MemorySink("job")
-    again = JobTuner("job", SHAPE, predictor, again_sink, known=first_sink.windows, first_segment=max(segments) + 1)
+    again = JobTuner(
+        "job",
+        SHAPE,
+        predictor,
+        again_sink,
+        known=first_sink.windows,
+        first_segment=max(segments) + 1,
+    )
     assert ("job", 0, BEST) in again.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(again, again_sink, 400)
     assert again_sink.windows and {w.segment for w in again_sink.windows}.isdisjoint(segments)
     assert [d.config for d in again_sink.decisions if d.kind in ("trial", "switch")] == [BEST]
-    assert again.stats["trials"] == 0 and again.held.config == BEST  # the first run's winner, at once
+    assert (
+        again.stats["trials"] == 0 and again.held.config == BEST
+    )  # the first run's winner, at once
 
 
 def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_wins_again():
@@ -491,12 +555,15 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
     assert first.phase == "holding" and first.held.config == BEST
     second_sink = MemorySink("second")
     second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
-    assert ("job", 0, BEST) in second.evidence.known_held  # the trial's window, then the verification's
+    # the trial's window, then the verification's
+    assert ("job", 0, BEST) in second.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(second, second_sink, 400)
     # what won in this context for the first job is switched to without a trial, then verified
     assert first.stats["trials"] >= 1 and second.stats["trials"] == 0
     assert [(d.kind, d.config) for d in second_sink.decisions] == [("switch", BEST)]
-    assert second_sink.decisions[0].reason.startswith("warm start: 1MiB/4MiB, held by an earlier job")
+    assert second_sink.decisions[0].reason.startswith(
+        "warm start: 1MiB/4MiB, held by an earlier job"
+    )
     assert second.phase == "holding" and second.held.config == BEST
     assert second.evidence.known_winners == {BEST}
 

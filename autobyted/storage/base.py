@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 from autobyte.types import Config
-from autobyted.storage.records import (BestRecord, DecisionRecord, JobInfo, JobRecord, LeaseRecord,
-                                       ModelRecord, RegisterResult, Registration, SampleBatch, SampleRow,
-                                       HistoryStep, TunerStatusRecord, WindowRecord)
+
+from autobyted.storage.records import (
+    BestRecord,
+    DecisionRecord,
+    HistoryStep,
+    JobInfo,
+    JobRecord,
+    LeaseRecord,
+    ModelRecord,
+    RegisterResult,
+    Registration,
+    SampleBatch,
+    SampleRow,
+    TunerStatusRecord,
+    WindowRecord,
+)
 
 
 class BaseStorage(abc.ABC):
@@ -24,13 +37,22 @@ class BaseStorage(abc.ABC):
         Samples with a seq already stored are ignored (a resend after a lost ack)."""
 
     @abc.abstractmethod
-    def record_applied_config(self, job: str, rank: int, decision_id: int, config: Config,
-                              applied_at_step: int) -> None: ...
+    def record_applied_config(
+        self, job: str, rank: int, decision_id: int, config: Config, applied_at_step: int
+    ) -> None: ...
 
     @abc.abstractmethod
-    def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None, source: str = "operator",
-                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
+    def add_decision(
+        self,
+        job: str,
+        config: Config,
+        apply_at_step: int,
+        reason: str,
+        predicted_step_time_s: float | None = None,
+        source: str = "operator",
+        state: str = "pending",
+        lease_holder: str | None = None,
+    ) -> DecisionRecord:
         """Store a decision. A pending one supersedes the job's pending ones. An operator's decision
         pauses the job's tuner (in the same transaction); a tuner's decision for a paused job raises
         FailedPrecondition (so an operator's word is never overwritten by a tuner that had not
@@ -38,8 +60,9 @@ class BaseStorage(abc.ABC):
         job's tuner lease (records.tuner_lease) now: a daemon that lost it decides nothing."""
 
     @abc.abstractmethod
-    def close_decision(self, decision_id: int, measured_step_time_s: float | None,
-                       state: str | None = None) -> None:
+    def close_decision(
+        self, decision_id: int, measured_step_time_s: float | None, state: str | None = None
+    ) -> None:
         """Record a decision's measured effect (and a new state, e.g. rolled_back)."""
 
     @abc.abstractmethod
@@ -54,8 +77,9 @@ class BaseStorage(abc.ABC):
     def jobs(self, running_within_s: float) -> list[JobRecord]: ...
 
     @abc.abstractmethod
-    def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
-                limit: int = 1000) -> list[HistoryStep]:
+    def history(
+        self, job: str, since_s: float = 0.0, rank: int | None = None, limit: int = 1000
+    ) -> list[HistoryStep]:
         """The latest `limit` step records (ascending by step) of a job; NotFound if unknown."""
 
     @abc.abstractmethod
@@ -78,8 +102,9 @@ class BaseStorage(abc.ABC):
         """Names of jobs heard from within the last seen_within_s seconds."""
 
     @abc.abstractmethod
-    def samples_after(self, job: str, after_row_id: int, rank: int | None = 0,
-                      limit: int = 10_000) -> list[SampleRow]:
+    def samples_after(
+        self, job: str, after_row_id: int, rank: int | None = 0, limit: int = 10_000
+    ) -> list[SampleRow]:
         """A job's samples with a row id above after_row_id, ascending, at most `limit`
         (rank None: every rank). NotFound if the job is unknown."""
 
@@ -102,7 +127,9 @@ class BaseStorage(abc.ABC):
     def add_window(self, window: WindowRecord) -> int: ...
 
     @abc.abstractmethod
-    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
+    def windows(
+        self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False
+    ) -> list[WindowRecord]:
         """Measured windows of every job, ascending by id: the first `limit` after after_window_id,
         or (newest=True) the last `limit`."""
 
@@ -113,7 +140,9 @@ class BaseStorage(abc.ABC):
         a segment."""
 
     @abc.abstractmethod
-    def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
+    def save_model(
+        self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3
+    ) -> int:
         """Store a trained predictor; only the newest `keep` are kept."""
 
     @abc.abstractmethod

@@ -7,7 +7,7 @@ import functools
 import importlib
 import logging
 import pathlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -38,10 +38,15 @@ def make_engine(url: str, sqlite_synchronous: str = "normal") -> Engine:
         if isinstance(error, ImportError) and url.startswith("postgresql"):
             hint = "; install the PostgreSQL driver: pip install 'autobyte[postgres]'"
         # Neither the URL nor SQLAlchemy's message (which may quote it) may show a password.
-        raise StorageError(redact(f"cannot use database URL {redact_url(url)!r}: {error}{hint}",
-                                  secrets_of(url, None))) from None
+        raise StorageError(
+            redact(
+                f"cannot use database URL {redact_url(url)!r}: {error}{hint}", secrets_of(url, None)
+            )
+        ) from None
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, sqlite_synchronous.upper()))
+        event.listen(
+            engine, "connect", functools.partial(_sqlite_pragmas, sqlite_synchronous.upper())
+        )
     return engine
 
 
@@ -110,7 +115,9 @@ def migrate(engine: Engine) -> str:
         return _migrate(engine, command, MigrationContext, ScriptDirectory)
     except SQLAlchemyError as error:
         url = engine.url.render_as_string(hide_password=True)
-        raise StorageError(f"cannot open or migrate database {url}: {getattr(error, 'orig', None) or error}") from None
+        raise StorageError(
+            f"cannot open or migrate database {url}: {getattr(error, 'orig', None) or error}"
+        ) from None
 
 
 # PostgreSQL advisory lock key held while one daemon checks and migrates the schema ("autobyte").
@@ -118,26 +125,34 @@ MIGRATION_LOCK_KEY = 0x6175746F62797465
 
 
 def _migrate(engine: Engine, command, MigrationContext, ScriptDirectory) -> str:
-    known = {rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    known = {
+        rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()
+    }
     url = engine.url.render_as_string(hide_password=True)
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             # Daemons started at once on one database: one migrates, the others wait and find it done.
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            connection.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
         tables = set(sa.inspect(connection).get_table_names())
         current = MigrationContext.configure(connection).get_current_revision()
         if current is None and tables - {"alembic_version"}:
             raise ForeignDatabase(
                 f"database {url} already holds tables ({', '.join(sorted(tables)[:5])}) that autobyted did "
-                "not create; point --db at a new file or an autobyted database")
+                "not create; point --db at a new file or an autobyted database"
+            )
         if current is not None and current not in known:
             raise ForeignDatabase(
                 f"database {url} is at schema revision {current!r}, which this autobyted does not know "
-                "(written by a newer autobyted?); upgrade autobyted or use another database")
+                "(written by a newer autobyted?); upgrade autobyted or use another database"
+            )
         command.upgrade(_alembic_config(connection), "head")
     revision = head_revision()
     if current != revision:
-        log.info("database schema migrated", extra={"from_revision": current, "to_revision": revision})
+        log.info(
+            "database schema migrated", extra={"from_revision": current, "to_revision": revision}
+        )
     return revision
 
 

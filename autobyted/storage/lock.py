@@ -21,9 +21,13 @@ def sqlite_path(url: str) -> str | None:
     """The file of a SQLite URL, None for any other database."""
     try:
         parsed = make_url(url)
-    except Exception:  # make_engine reports an unparsable URL
+    except Exception:  # noqa: BLE001 - make_engine reports an unparsable URL
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not parsed.database
+        or parsed.database == ":memory:"
+    ):
         return None
     return os.path.abspath(parsed.database)
 

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-                        UniqueConstraint, false)
+from autobyte.sample_schema import SAMPLE_COLUMNS
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,10 +46,16 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_seen_at: Mapped[float] = mapped_column(Float)
     max_step: Mapped[int] = mapped_column(BigInteger, default=-1)
-    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited).
+    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited). Its one source
+    # is what rank 0's steps ran with: every sample carries it, and the ReportConfig a rank sends when
+    # a decision took effect is built from that step's sample (autobyte/transport/control.py). Both
+    # arrive here through one writer (storage/sql.py, _set_config): samples as they are stored, the
+    # report at once (it also marks the decision applied).
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
     # Rank 0 registered with autobyte.init(tune=False): the tuner leaves this job alone.
     tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -61,29 +81,30 @@ class Rank(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
-class StepSample(Base):
-    __tablename__ = "step_metrics"
-    __table_args__ = (Index("ix_step_metrics_job_step", "job_id", "step"),
-                      Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"))
+_COLUMN_KINDS = {"int64": BigInteger, "int32": Integer, "float": Float}
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    rank: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(BigInteger)
-    wall_time_s: Mapped[float] = mapped_column(Float)
-    step_time_s: Mapped[float] = mapped_column(Float)
-    forward_s: Mapped[float] = mapped_column(Float)
-    backward_s: Mapped[float] = mapped_column(Float)
-    exposed_comm_s: Mapped[float] = mapped_column(Float)
-    queueing_delay_s: Mapped[float] = mapped_column(Float)
-    bytes_reduced: Mapped[int] = mapped_column(BigInteger)
-    partitions: Mapped[int] = mapped_column(Integer)
-    bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
-    decision_id: Mapped[int] = mapped_column(BigInteger)
-    host_load: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+class StepSample(Base):
+    """One rank's step: its columns are StepMetrics' fields (autobyte/sample_schema.py)."""
+
+    __table__ = Table(
+        "step_metrics",
+        Base.metadata,
+        Column("id", BigId, primary_key=True),
+        Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        Column("rank", Integer, nullable=False),
+        *(
+            Column(
+                column.name,
+                _COLUMN_KINDS[column.kind](),
+                nullable=column.nullable,
+                server_default=column.server_default,
+            )
+            for column in SAMPLE_COLUMNS
+        ),
+        Index("ix_step_metrics_job_step", "job_id", "step"),
+        Index("ix_step_metrics_job_wall", "job_id", "wall_time_s"),
+    )
 
 
 class Decision(Base):
@@ -95,7 +116,9 @@ class Decision(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     apply_at_step: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -118,7 +141,9 @@ class AppliedConfig(Base):
     decision_id: Mapped[int] = mapped_column(BigInteger)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     applied_at_step: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[float] = mapped_column(Float)
 
@@ -135,7 +160,9 @@ class TunerState(Base):
     detail: Mapped[str] = mapped_column(Text)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     baseline_step_time_s: Mapped[float] = mapped_column(Float)
     measured_step_time_s: Mapped[float] = mapped_column(Float)
     predicted_step_time_s: Mapped[float] = mapped_column(Float)
@@ -157,7 +184,9 @@ class TunerWindow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # 0005: the tail window
+    tail_bytes: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # 0005: the tail window
     step_time_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer)
     context: Mapped[str] = mapped_column(Text)

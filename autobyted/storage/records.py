@@ -4,14 +4,37 @@ from __future__ import annotations
 
 import dataclasses
 
-from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, HistoryStep, JobRecord,
-                              Registration, TunerStatusRecord)
+from autobyte.records import (
+    BestRecord,
+    CandidateRecord,
+    DecisionRecord,
+    Fingerprint,
+    HistoryStep,
+    JobRecord,
+    Registration,
+    TunerStatusRecord,
+)
 from autobyte.types import Config, StepMetrics
 
 # The values that cross the wire live with the protocol (autobyte.records); storage returns them too.
-__all__ = ["BestRecord", "CandidateRecord", "DecisionRecord", "Fingerprint", "HistoryStep", "JobRecord",
-           "Registration", "TunerStatusRecord", "JobInfo", "LeaseRecord", "ModelRecord", "RegisterResult", "SampleBatch", "SampleRow", "WindowRecord",
-           "tuner_lease"]
+__all__ = [
+    "BestRecord",
+    "CandidateRecord",
+    "DecisionRecord",
+    "Fingerprint",
+    "HistoryStep",
+    "JobInfo",
+    "JobRecord",
+    "LeaseRecord",
+    "ModelRecord",
+    "RegisterResult",
+    "Registration",
+    "SampleBatch",
+    "SampleRow",
+    "TunerStatusRecord",
+    "WindowRecord",
+    "tuner_lease",
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,26 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
+from autobyte.records import history_step
+from autobyte.sample_schema import SAMPLE_COLUMN_NAMES, sample_from_row, sample_row
+from autobyte.types import Config, describe_speedup, speedup
 from sqlalchemy.engine import Engine
 
-from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.contexts import StepPoint, split_contexts
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
+from autobyted.signals import robust_sigma
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
-from autobyted.storage.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, JobInfo,
-                                       JobRecord, LeaseRecord, ModelRecord, RegisterResult, Registration,
-                                       SampleBatch, SampleRow, HistoryStep, TunerStatusRecord, WindowRecord,
-                                       tuner_lease)
-from autobyted.tuner.drift import robust_sigma
+from autobyted.storage.records import (
+    BestRecord,
+    CandidateRecord,
+    DecisionRecord,
+    Fingerprint,
+    HistoryStep,
+    JobInfo,
+    JobRecord,
+    LeaseRecord,
+    ModelRecord,
+    RegisterResult,
+    Registration,
+    SampleBatch,
+    SampleRow,
+    TunerStatusRecord,
+    WindowRecord,
+    tuner_lease,
+)
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.verdict import beats
 
@@ -30,12 +47,23 @@ WARMUP_STEPS = 5
 RETENTION_CHUNK_ROWS = 20_000
 
 
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+
+
 def _config(row) -> Config:
-    return Config(row.partition_bytes, row.credit_bytes, row.tail_bytes)
+    """The configuration a row holds in its columns named as Config's fields."""
+    return Config(*(getattr(row, name) for name in _CONFIG_FIELDS))
 
 
-def _config_of(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
-    return Config(partition_bytes, credit_bytes, tail_bytes)
+def _config_columns(config: Config) -> dict[str, int | None]:
+    """A configuration as the values of the columns named as Config's fields (every table that holds one)."""
+    return dataclasses.asdict(config)
+
+
+def _set_config(row, config: Config) -> None:
+    """Write a configuration into a row's columns named as Config's fields."""
+    for name, value in _config_columns(config).items():
+        setattr(row, name, value)
 
 
 def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) -> BestRecord:
@@ -49,75 +77,125 @@ def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) 
         for point in context.steps:
             if point.step >= WARMUP_STEPS:
                 by_config.setdefault(point.config, []).append(point)
-        medians = {config: statistics.median(p.step_time_s for p in measured)
-                   for config, measured in by_config.items() if len(measured) >= min_samples}
+        medians = {
+            config: statistics.median(p.step_time_s for p in measured)
+            for config, measured in by_config.items()
+            if len(measured) >= min_samples
+        }
         if medians:
             break
     else:
-        return BestRecord(job=job, found=False, contexts=len(contexts),
-                          evidence=f"no configuration has {min_samples} measured steps past warm-up yet")
+        return BestRecord(
+            job=job,
+            found=False,
+            contexts=len(contexts),
+            evidence=f"no configuration has {min_samples} measured steps past warm-up yet",
+        )
     # The tuner's rule (tuner.verdict): the configuration the context began with (the incumbent
     # the tuner measured first there) stays the best unless another beats it beyond the noise.
-    logs = {config: [math.log(p.step_time_s) for p in by_config[config] if p.step_time_s > 0] for config in medians}
-    sigma = max(TunerParams().sigma_floor, statistics.median(robust_sigma(v) for v in logs.values()))
+    logs = {
+        config: [math.log(p.step_time_s) for p in by_config[config] if p.step_time_s > 0]
+        for config in medians
+    }
+    sigma = max(
+        TunerParams().sigma_floor, statistics.median(robust_sigma(v) for v in logs.values())
+    )
     fastest = best = min(medians, key=medians.get)
     incumbent = context.steps[0].config
-    if incumbent in medians and best != incumbent and not beats(
-            math.log(medians[best]), len(logs[best]), math.log(medians[incumbent]), len(logs[incumbent]), sigma):
+    if (
+        incumbent in medians
+        and best != incumbent
+        and not beats(
+            math.log(medians[best]),
+            len(logs[best]),
+            math.log(medians[incumbent]),
+            len(logs[incumbent]),
+            sigma,
+        )
+    ):
         best = incumbent
     baseline = medians.get(Config(), 0.0)
     reference = Config() if baseline else context.steps[0].config
     reference_s = medians.get(reference, 0.0)
     steps = sorted(p.step for p in by_config[best])
-    evidence = (f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; {len(medians)} configuration(s) "
-                f"compared in context {context.index} of {len(contexts)}")
+    evidence = (
+        f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; {len(medians)} configuration(s) "
+        f"compared in context {context.index} of {len(contexts)}"
+    )
     if reference_s and best != reference:
-        name = (reference.short()
-                + (" (the no-scheduling baseline)" if baseline else " (the context's first configuration)"))
+        name = reference.short() + (
+            " (the no-scheduling baseline)" if baseline else " (the context's first configuration)"
+        )
         evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
     if fastest != best:
-        evidence += (f"; {fastest.short()} measured {describe_speedup(speedup(medians[best], medians[fastest]), best.short())}"
-                     f", within the noise (the tuner's rule, tuner.verdict: at least {TunerParams().min_gain:.0%} "
-                     f"and {TunerParams().z_switch} standard errors)")
+        evidence += (
+            f"; {fastest.short()} measured {describe_speedup(speedup(medians[best], medians[fastest]), best.short())}"
+            f", within the noise (the tuner's rule, tuner.verdict: at least {TunerParams().min_gain:.0%} "
+            f"and {TunerParams().z_switch} standard errors)"
+        )
     if len(contexts) > 1:
         evidence += "; configurations measured only in other contexts are not compared"
-    compared = tuple(CandidateRecord(config, medians[config], len(by_config[config]),
-                                     speedup(reference_s, medians[config]) if reference_s else 0.0)
-                     for config in sorted(medians, key=medians.get))
-    return BestRecord(job=job, found=True, config=best, median_step_time_s=medians[best], samples=len(steps),
-                      baseline_step_time_s=baseline, evidence=evidence, candidates=compared,
-                      context=context.describe(len(contexts)), reference=reference,
-                      reference_step_time_s=reference_s, contexts=len(contexts))
+    compared = tuple(
+        CandidateRecord(
+            config,
+            medians[config],
+            len(by_config[config]),
+            speedup(reference_s, medians[config]) if reference_s else 0.0,
+        )
+        for config in sorted(medians, key=medians.get)
+    )
+    return BestRecord(
+        job=job,
+        found=True,
+        config=best,
+        median_step_time_s=medians[best],
+        samples=len(steps),
+        baseline_step_time_s=baseline,
+        evidence=evidence,
+        candidates=compared,
+        context=context.describe(len(contexts)),
+        reference=reference,
+        reference_step_time_s=reference_s,
+        contexts=len(contexts),
+    )
 
 
 def _decision(row: m.Decision, job: str) -> DecisionRecord:
-    return DecisionRecord(decision_id=row.id, job=job, config=_config(row), apply_at_step=row.apply_at_step,
-                          reason=row.reason, created_at_s=row.created_at, state=row.state,
-                          predicted_step_time_s=row.predicted_step_time_s,
-                          measured_step_time_s=row.measured_step_time_s, applied_at_step=row.applied_at_step,
-                          source=row.source)
+    return DecisionRecord(
+        decision_id=row.id,
+        job=job,
+        config=_config(row),
+        apply_at_step=row.apply_at_step,
+        reason=row.reason,
+        created_at_s=row.created_at,
+        state=row.state,
+        predicted_step_time_s=row.predicted_step_time_s,
+        measured_step_time_s=row.measured_step_time_s,
+        applied_at_step=row.applied_at_step,
+        source=row.source,
+    )
 
 
 def _tuner_status(row: m.TunerState) -> TunerStatusRecord:
-    return TunerStatusRecord(mode=row.mode, state=row.state, detail=row.detail, config=_config(row),
-                             baseline_step_time_s=row.baseline_step_time_s,
-                             measured_step_time_s=row.measured_step_time_s,
-                             predicted_step_time_s=row.predicted_step_time_s, trials_done=row.trials_done,
-                             trials_planned=row.trials_planned, paused=row.paused, updated_at_s=row.updated_at)
+    return TunerStatusRecord(
+        mode=row.mode,
+        state=row.state,
+        detail=row.detail,
+        config=_config(row),
+        baseline_step_time_s=row.baseline_step_time_s,
+        measured_step_time_s=row.measured_step_time_s,
+        predicted_step_time_s=row.predicted_step_time_s,
+        trials_done=row.trials_done,
+        trials_planned=row.trials_planned,
+        paused=row.paused,
+        updated_at_s=row.updated_at,
+    )
 
 
-def _metrics(r: m.StepSample) -> StepMetrics:
-    return StepMetrics(step=r.step, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s, forward_s=r.forward_s,
-                       backward_s=r.backward_s, exposed_comm_s=r.exposed_comm_s,
-                       queueing_delay_s=r.queueing_delay_s, bytes_reduced=r.bytes_reduced, partitions=r.partitions,
-                       bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, config=_config(r), decision_id=r.decision_id,
-                       host_load=r.host_load)
-
-
-# The columns of a stored sample, in the order append_samples builds its rows.
-SAMPLE_COLUMNS = ("job_id", "rank", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s",
-                  "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s",
-                  "partition_bytes", "credit_bytes", "decision_id", "host_load", "tail_bytes")
+# The columns of a stored sample, in the order append_samples builds its rows: the job and rank,
+# then StepMetrics' own (autobyte/sample_schema.py).
+SAMPLE_COLUMNS = ("job_id", "rank", *SAMPLE_COLUMN_NAMES)
+_METRIC_COLUMNS = tuple(m.StepSample.__table__.c[name] for name in SAMPLE_COLUMN_NAMES)
 
 
 def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
@@ -127,20 +205,28 @@ def _insert_samples(connection: sa.Connection, rows: list[tuple]) -> None:
     columns = ", ".join(SAMPLE_COLUMNS)
     dialect = connection.dialect
     if dialect.name == "postgresql" and dialect.driver == "psycopg":
-        with connection.connection.dbapi_connection.cursor() as cursor:
-            with cursor.copy(f"COPY {m.StepSample.__tablename__} ({columns}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+        with (
+            connection.connection.dbapi_connection.cursor() as cursor,
+            cursor.copy(f"COPY {m.StepSample.__table__.name} ({columns}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
         return
     marker = "?" if dialect.paramstyle == "qmark" else "%s"
-    connection.exec_driver_sql(f"INSERT INTO {m.StepSample.__tablename__} ({columns}) VALUES "
-                               f"({', '.join([marker] * len(SAMPLE_COLUMNS))})", rows)
+    connection.exec_driver_sql(
+        f"INSERT INTO {m.StepSample.__table__.name} ({columns}) VALUES "
+        f"({', '.join([marker] * len(SAMPLE_COLUMNS))})",
+        rows,
+    )
 
 
 class SqlStorage(BaseStorage):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, lease_clock: Callable[[], float] | None = None) -> None:
+        """lease_clock: seconds since the epoch for lease expiry instead of the database's clock
+        (tests drive it; daemons leave it None so that they agree whatever their hosts' clocks)."""
         self._engine = engine
         self._scope = SessionScope(engine)
+        self._lease_clock = lease_clock
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -150,7 +236,9 @@ class SqlStorage(BaseStorage):
         query = sa.select(m.Job).where(m.Job.name == name)
         job = session.scalars(query.with_for_update() if lock else query).one_or_none()
         if job is None:
-            raise NotFound(f"unknown job {name!r}; `autobyte status` lists the jobs the daemon knows")
+            raise NotFound(
+                f"unknown job {name!r}; `autobyte status` lists the jobs the daemon knows"
+            )
         return job
 
     # ------------------------------------------------------------------ telemetry
@@ -160,16 +248,29 @@ class SqlStorage(BaseStorage):
         fp = r.fingerprint
         try:  # the ranks of a new job register at the same moment: the first insert wins
             with self._scope() as session:
-                if session.scalars(sa.select(m.Job.id).where(m.Job.name == r.job)).one_or_none() is None:
-                    session.add(m.Job(name=r.job, world_size=r.world_size, backend=r.backend,
-                                      model_digest=fp.digest, parameter_count=fp.parameter_count,
-                                      parameter_bytes=fp.parameter_bytes, tensor_count=fp.tensor_count,
-                                      largest_tensor_bytes=fp.largest_tensor_bytes,
-                                      median_tensor_bytes=fp.median_tensor_bytes, created_at=now,
-                                      last_seen_at=now, max_step=-1, partition_bytes=r.config.partition_bytes,
-                                      credit_bytes=r.config.credit_bytes, tail_bytes=r.config.tail_bytes,
-                                      dropped_total=0,
-                                      tuning_disabled=r.tuning_disabled))
+                if (
+                    session.scalars(sa.select(m.Job.id).where(m.Job.name == r.job)).one_or_none()
+                    is None
+                ):
+                    session.add(
+                        m.Job(
+                            name=r.job,
+                            world_size=r.world_size,
+                            backend=r.backend,
+                            model_digest=fp.digest,
+                            parameter_count=fp.parameter_count,
+                            parameter_bytes=fp.parameter_bytes,
+                            tensor_count=fp.tensor_count,
+                            largest_tensor_bytes=fp.largest_tensor_bytes,
+                            median_tensor_bytes=fp.median_tensor_bytes,
+                            created_at=now,
+                            last_seen_at=now,
+                            max_step=-1,
+                            **_config_columns(r.config),
+                            dropped_total=0,
+                            tuning_disabled=r.tuning_disabled,
+                        )
+                    )
         except AlreadyExists:
             pass
         with self._scope() as session:
@@ -179,20 +280,36 @@ class SqlStorage(BaseStorage):
             if job.world_size != r.world_size:
                 raise FailedPrecondition(
                     f"job {r.job!r} is registered with world size {job.world_size}, not {r.world_size}; "
-                    "use a new job id for a differently sized run")
+                    "use a new job id for a differently sized run"
+                )
             if fp.digest and job.model_digest and fp.digest != job.model_digest:
                 raise FailedPrecondition(
                     f"job {r.job!r} is registered with a different model (digest {job.model_digest[:12]}, "
-                    f"not {fp.digest[:12]}); use a new job id (AUTOBYTE_JOB) for this run")
+                    f"not {fp.digest[:12]}); use a new job id (AUTOBYTE_JOB) for this run"
+                )
             if r.rank == 0:  # rank 0 decides for the job, as it does for the configuration
                 job.tuning_disabled = r.tuning_disabled
-            rank = session.scalars(sa.select(m.Rank).where(m.Rank.job_id == job.id, m.Rank.rank == r.rank)
-                                   .with_for_update()).one_or_none()
+            rank = session.scalars(
+                sa.select(m.Rank)
+                .where(m.Rank.job_id == job.id, m.Rank.rank == r.rank)
+                .with_for_update()
+            ).one_or_none()
             session_id = uuid.uuid4().hex
             if rank is None:
-                session.add(m.Rank(job_id=job.id, rank=r.rank, instance_id=r.instance_id, session_id=session_id,
-                                   hostname=r.hostname, pid=r.pid, registered_at=now, last_seen_at=now,
-                                   last_acked_seq=0, dropped_total=0))
+                session.add(
+                    m.Rank(
+                        job_id=job.id,
+                        rank=r.rank,
+                        instance_id=r.instance_id,
+                        session_id=session_id,
+                        hostname=r.hostname,
+                        pid=r.pid,
+                        registered_at=now,
+                        last_seen_at=now,
+                        last_acked_seq=0,
+                        dropped_total=0,
+                    )
+                )
                 last_acked = 0
             elif rank.instance_id == r.instance_id:
                 rank.session_id, rank.last_seen_at, rank.finished_at = session_id, now, None
@@ -201,10 +318,15 @@ class SqlStorage(BaseStorage):
                 raise AlreadyExists(
                     f"rank {r.rank} of job {r.job!r} is held by a live process (pid {rank.pid} on "
                     f"{rank.hostname}, seen {now - rank.last_seen_at:.1f}s ago); use another job id "
-                    f"or wait {liveness_s:.0f}s after it stops")
+                    f"or wait {liveness_s:.0f}s after it stops"
+                )
             else:  # a new process takes over a finished or silent rank; its samples start from seq 1
-                rank.instance_id, rank.session_id, rank.hostname, rank.pid = (r.instance_id, session_id,
-                                                                               r.hostname, r.pid)
+                rank.instance_id, rank.session_id, rank.hostname, rank.pid = (
+                    r.instance_id,
+                    session_id,
+                    r.hostname,
+                    r.pid,
+                )
                 rank.registered_at = rank.last_seen_at = now
                 rank.last_acked_seq = rank.dropped_total = 0
                 rank.finished_at = None
@@ -218,8 +340,11 @@ class SqlStorage(BaseStorage):
     def _start_new_run(session, job: m.Job) -> None:
         """A new process holds rank 0: a new run, whose steps count from 0 again. Decisions still
         pending were made for the previous run's step numbering: they expire, never to be replayed."""
-        session.execute(sa.update(m.Decision).where(m.Decision.job_id == job.id, m.Decision.state == "pending")
-                        .values(state="expired"))
+        session.execute(
+            sa.update(m.Decision)
+            .where(m.Decision.job_id == job.id, m.Decision.state == "pending")
+            .values(state="expired")
+        )
         job.max_step = -1
 
     def append_samples(self, batches: Sequence[SampleBatch]) -> list[int]:
@@ -230,13 +355,29 @@ class SqlStorage(BaseStorage):
             # Every job row, then every rank row, each in id order and held to the end: the order
             # every writer takes (no deadlock between daemons), and a resend that another daemon
             # stores at the same moment sees this one's last_acked_seq (no sample stored twice).
-            jobs = {job.name: job for job in session.scalars(
-                sa.select(m.Job).where(m.Job.name.in_(sorted({b.job for b in batches})))
-                .order_by(m.Job.id).with_for_update())}
+            jobs = {
+                job.name: job
+                for job in session.scalars(
+                    sa.select(m.Job)
+                    .where(m.Job.name.in_(sorted({b.job for b in batches})))
+                    .order_by(m.Job.id)
+                    .with_for_update()
+                )
+            }
             wanted = sorted({(jobs[b.job].id, b.rank) for b in batches if b.job in jobs})
-            ranks = {(rank.job_id, rank.rank): rank for rank in session.scalars(
-                sa.select(m.Rank).where(sa.tuple_(m.Rank.job_id, m.Rank.rank).in_(wanted))
-                .order_by(m.Rank.id).with_for_update())} if wanted else {}
+            ranks = (
+                {
+                    (rank.job_id, rank.rank): rank
+                    for rank in session.scalars(
+                        sa.select(m.Rank)
+                        .where(sa.tuple_(m.Rank.job_id, m.Rank.rank).in_(wanted))
+                        .order_by(m.Rank.id)
+                        .with_for_update()
+                    )
+                }
+                if wanted
+                else {}
+            )
             rows: list[dict] = []
             finished: set[int] = set()  # jobs a rank of which said goodbye in these batches
             for batch in batches:
@@ -246,18 +387,14 @@ class SqlStorage(BaseStorage):
                     acked.append(-1)
                     continue
                 fresh = [(seq, s) for seq, s in batch.samples if seq > rank.last_acked_seq]
-                for seq, s in fresh:
-                    rows.append((job.id, batch.rank, s.step, s.wall_time_s, s.step_time_s, s.forward_s,
-                                 s.backward_s, s.exposed_comm_s, s.queueing_delay_s, s.bytes_reduced, s.partitions,
-                                 s.bandwidth_bytes_per_s, s.config.partition_bytes, s.config.credit_bytes,
-                                 s.decision_id, s.host_load, s.config.tail_bytes))  # in SAMPLE_COLUMNS order
+                rows += [
+                    (job.id, batch.rank, *sample_row(s)) for _, s in fresh
+                ]  # in SAMPLE_COLUMNS order
                 if fresh:
                     rank.last_acked_seq = fresh[-1][0]
                     job.max_step = max(job.max_step, max(s.step for _, s in fresh))
                     if batch.rank == 0:
-                        job.partition_bytes = fresh[-1][1].config.partition_bytes
-                        job.credit_bytes = fresh[-1][1].config.credit_bytes
-                        job.tail_bytes = fresh[-1][1].config.tail_bytes
+                        _set_config(job, fresh[-1][1].config)
                 if batch.final:
                     rank.finished_at = now
                     finished.add(job.id)
@@ -273,19 +410,29 @@ class SqlStorage(BaseStorage):
                 if job.id in finished and self._finished_at(session, job) is not None:
                     # Every rank said goodbye: no process will apply what is still pending (the
                     # state is stored, so a daemon restarted on this database shows it too).
-                    session.execute(sa.update(m.Decision).where(m.Decision.job_id == job.id,
-                                                                m.Decision.state == "pending")
-                                    .values(state="expired"))
+                    session.execute(
+                        sa.update(m.Decision)
+                        .where(m.Decision.job_id == job.id, m.Decision.state == "pending")
+                        .values(state="expired")
+                    )
         return acked
 
     # ------------------------------------------------------------------ control
-    def record_applied_config(self, job: str, rank: int, decision_id: int, config: Config,
-                              applied_at_step: int) -> None:
+    def record_applied_config(
+        self, job: str, rank: int, decision_id: int, config: Config, applied_at_step: int
+    ) -> None:
         with self._scope() as session:
             job_row = self._job(session, job)
-            session.add(m.AppliedConfig(job_id=job_row.id, rank=rank, decision_id=decision_id,
-                                        partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                        tail_bytes=config.tail_bytes, applied_at_step=applied_at_step, reported_at=time.time()))
+            session.add(
+                m.AppliedConfig(
+                    job_id=job_row.id,
+                    rank=rank,
+                    decision_id=decision_id,
+                    **_config_columns(config),
+                    applied_at_step=applied_at_step,
+                    reported_at=time.time(),
+                )
+            )
             if decision_id:
                 decision = session.get(m.Decision, decision_id)
                 if decision is None or decision.job_id != job_row.id:
@@ -293,12 +440,19 @@ class SqlStorage(BaseStorage):
                 if rank == 0:
                     decision.state, decision.applied_at_step = "applied", applied_at_step
             if rank == 0:
-                job_row.partition_bytes, job_row.credit_bytes = config.partition_bytes, config.credit_bytes
-                job_row.tail_bytes = config.tail_bytes
+                _set_config(job_row, config)
 
-    def add_decision(self, job: str, config: Config, apply_at_step: int, reason: str,
-                     predicted_step_time_s: float | None = None, source: str = "operator",
-                     state: str = "pending", lease_holder: str | None = None) -> DecisionRecord:
+    def add_decision(
+        self,
+        job: str,
+        config: Config,
+        apply_at_step: int,
+        reason: str,
+        predicted_step_time_s: float | None = None,
+        source: str = "operator",
+        state: str = "pending",
+        lease_holder: str | None = None,
+    ) -> DecisionRecord:
         if state not in ("pending", "recommended"):
             raise ValueError(f"a new decision is pending or recommended, not {state!r}")
         if source == "operator":
@@ -315,16 +469,26 @@ class SqlStorage(BaseStorage):
                 tuner.paused = True
                 tuner.updated_at = time.time()
             elif tuner is not None and tuner.paused:
-                raise FailedPrecondition(f"the tuner is paused for job {job!r} (an operator decided); "
-                                         f"`autobyte tune {job} --resume` hands it back")
+                raise FailedPrecondition(
+                    f"the tuner is paused for job {job!r} (an operator decided); "
+                    f"`autobyte tune {job} --resume` hands it back"
+                )
             if state == "pending":
-                session.execute(sa.update(m.Decision).where(m.Decision.job_id == job_row.id,
-                                                            m.Decision.state == "pending")
-                                .values(state="superseded"))
-            row = m.Decision(job_id=job_row.id, partition_bytes=config.partition_bytes,
-                             credit_bytes=config.credit_bytes, tail_bytes=config.tail_bytes, apply_at_step=apply_at_step, reason=reason,
-                             predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
-                             state=state, source=source)
+                session.execute(
+                    sa.update(m.Decision)
+                    .where(m.Decision.job_id == job_row.id, m.Decision.state == "pending")
+                    .values(state="superseded")
+                )
+            row = m.Decision(
+                job_id=job_row.id,
+                **_config_columns(config),
+                apply_at_step=apply_at_step,
+                reason=reason,
+                predicted_step_time_s=predicted_step_time_s,
+                created_at=time.time(),
+                state=state,
+                source=source,
+            )
             session.add(row)
             session.flush()
             return _decision(row, job)
@@ -332,9 +496,11 @@ class SqlStorage(BaseStorage):
     @staticmethod
     def _finished_at(session, job_row: m.Job) -> float | None:
         """When the last rank of the job said goodbye, if every rank it knows did; else None."""
-        ranks, done, last = session.execute(sa.select(sa.func.count(), sa.func.count(m.Rank.finished_at),
-                                                      sa.func.max(m.Rank.finished_at))
-                                            .where(m.Rank.job_id == job_row.id)).one()
+        ranks, done, last = session.execute(
+            sa.select(
+                sa.func.count(), sa.func.count(m.Rank.finished_at), sa.func.max(m.Rank.finished_at)
+            ).where(m.Rank.job_id == job_row.id)
+        ).one()
         return last if ranks and ranks == done else None
 
     @classmethod
@@ -344,12 +510,15 @@ class SqlStorage(BaseStorage):
         last = cls._finished_at(session, job_row)
         if last is not None:
             when = time.strftime("%H:%M:%S", time.gmtime(last))
-            raise FailedPrecondition(f"job {job_row.name!r} finished (every rank sent its last steps, the last "
-                                     f"at {when} UTC): no process would apply the decision; propose it to "
-                                     "a running job")
+            raise FailedPrecondition(
+                f"job {job_row.name!r} finished (every rank sent its last steps, the last "
+                f"at {when} UTC): no process would apply the decision; propose it to "
+                "a running job"
+            )
 
-    def close_decision(self, decision_id: int, measured_step_time_s: float | None,
-                       state: str | None = None) -> None:
+    def close_decision(
+        self, decision_id: int, measured_step_time_s: float | None, state: str | None = None
+    ) -> None:
         with self._scope() as session:
             row = session.get(m.Decision, decision_id)
             if row is None:
@@ -366,29 +535,52 @@ class SqlStorage(BaseStorage):
             with self._scope() as session:
                 job_id = self._job(session, job).id
                 if session.get(m.TunerState, job_id) is None:
-                    session.add(m.TunerState(job_id=job_id, mode="", state="", detail="", baseline_step_time_s=0.0,
-                                             measured_step_time_s=0.0, predicted_step_time_s=0.0, trials_done=0,
-                                             trials_planned=0, paused=False, updated_at=time.time()))
+                    session.add(
+                        m.TunerState(
+                            job_id=job_id,
+                            mode="",
+                            state="",
+                            detail="",
+                            baseline_step_time_s=0.0,
+                            measured_step_time_s=0.0,
+                            predicted_step_time_s=0.0,
+                            trials_done=0,
+                            trials_planned=0,
+                            paused=False,
+                            updated_at=time.time(),
+                        )
+                    )
         except AlreadyExists:
             pass
 
     def decisions(self, job: str, after_decision_id: int = 0) -> list[DecisionRecord]:
         with self._scope() as session:
             job_row = self._job(session, job)
-            rows = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job_row.id,
-                                                               m.Decision.id > after_decision_id)
-                                   .order_by(m.Decision.id)).all()
+            rows = session.scalars(
+                sa.select(m.Decision)
+                .where(m.Decision.job_id == job_row.id, m.Decision.id > after_decision_id)
+                .order_by(m.Decision.id)
+            ).all()
             return [_decision(row, job) for row in rows]
 
     def newest_decision_ids(self, jobs: Sequence[str]) -> dict[str, int]:
-        newest = sa.select(sa.func.max(m.Decision.id)).where(m.Decision.job_id == m.Job.id).scalar_subquery()
+        newest = (
+            sa.select(sa.func.max(m.Decision.id))
+            .where(m.Decision.job_id == m.Job.id)
+            .scalar_subquery()
+        )
         with self._scope() as session:
-            rows = session.execute(sa.select(m.Job.name, newest).where(m.Job.name.in_(sorted(set(jobs))))).all()
+            rows = session.execute(
+                sa.select(m.Job.name, newest).where(m.Job.name.in_(sorted(set(jobs))))
+            ).all()
         return {name: decision_id or 0 for name, decision_id in rows}
 
     # ------------------------------------------------------------------ leases
     def _db_now(self):
-        """The database's clock in seconds since the epoch (daemons on several hosts agree on it)."""
+        """The database's clock in seconds since the epoch (daemons on several hosts agree on it),
+        or the lease_clock given."""
+        if self._lease_clock is not None:
+            return sa.literal(self._lease_clock(), sa.Float)
         dialect = self._engine.dialect.name
         if dialect == "postgresql":
             return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Float)
@@ -402,43 +594,66 @@ class SqlStorage(BaseStorage):
         now = self._db_now()
         with self._scope() as session:
             renewed = session.execute(
-                sa.update(m.Lease).where(m.Lease.name == name,
-                                         sa.or_(m.Lease.holder == holder, m.Lease.expires_at < now))
-                .values(acquired_at=sa.case((m.Lease.holder == holder, m.Lease.acquired_at), else_=now),
-                        holder=holder, expires_at=now + duration_s)
-                .execution_options(synchronize_session=False)).rowcount
+                sa.update(m.Lease)
+                .where(
+                    m.Lease.name == name, sa.or_(m.Lease.holder == holder, m.Lease.expires_at < now)
+                )
+                .values(
+                    acquired_at=sa.case((m.Lease.holder == holder, m.Lease.acquired_at), else_=now),
+                    holder=holder,
+                    expires_at=now + duration_s,
+                )
+                .execution_options(synchronize_session=False)
+            ).rowcount
         if renewed:
             return True
         try:
             with self._scope() as session:
-                session.execute(sa.insert(m.Lease).values(name=name, holder=holder, acquired_at=now,
-                                                          expires_at=now + duration_s))
+                session.execute(
+                    sa.insert(m.Lease).values(
+                        name=name, holder=holder, acquired_at=now, expires_at=now + duration_s
+                    )
+                )
             return True
         except AlreadyExists:  # another daemon holds it (or took it this very moment)
             return False
 
     def release_lease(self, name: str, holder: str) -> None:
         with self._scope() as session:
-            session.execute(sa.update(m.Lease).where(m.Lease.name == name, m.Lease.holder == holder)
-                            .values(expires_at=0.0).execution_options(synchronize_session=False))
+            session.execute(
+                sa.update(m.Lease)
+                .where(m.Lease.name == name, m.Lease.holder == holder)
+                .values(expires_at=0.0)
+                .execution_options(synchronize_session=False)
+            )
 
     def lease(self, name: str) -> LeaseRecord | None:
         with self._scope() as session:
-            row = session.execute(sa.select(m.Lease.holder, m.Lease.acquired_at, m.Lease.expires_at,
-                                            self._db_now()).where(m.Lease.name == name)).one_or_none()
+            row = session.execute(
+                sa.select(
+                    m.Lease.holder, m.Lease.acquired_at, m.Lease.expires_at, self._db_now()
+                ).where(m.Lease.name == name)
+            ).one_or_none()
         if row is None:
             return None
         holder, acquired_at, expires_at, now = row
-        return LeaseRecord(name=name, holder=holder, acquired_at_s=acquired_at, expires_in_s=expires_at - now)
+        return LeaseRecord(
+            name=name, holder=holder, acquired_at_s=acquired_at, expires_in_s=expires_at - now
+        )
 
     def _check_lease(self, session, name: str, holder: str) -> None:
         """FailedPrecondition unless `holder` holds the lease now. The row stays share-locked to the
         end of the transaction: a takeover waits until what this holder writes is committed."""
-        row = session.execute(sa.select(m.Lease.holder, m.Lease.expires_at > self._db_now())
-                              .where(m.Lease.name == name).with_for_update(read=True)).one_or_none()
+        row = session.execute(
+            sa.select(m.Lease.holder, m.Lease.expires_at > self._db_now())
+            .where(m.Lease.name == name)
+            .with_for_update(read=True)
+        ).one_or_none()
         if row is None or row[0] != holder or not row[1]:
-            raise FailedPrecondition(f"lease {name!r} is not held by {holder}"
-                                     + (f" (held by {row[0]})" if row is not None and row[1] else ""))
+            raise FailedPrecondition(
+                f"lease {name!r} is not held by {holder}"
+                + (f" (held by {row[0]})" if row is not None and row[1] else "")
+            )
 
     # ------------------------------------------------------------------ query
     def jobs(self, running_within_s: float) -> list[JobRecord]:
@@ -446,8 +661,11 @@ class SqlStorage(BaseStorage):
         out = []
         with self._scope() as session:
             for job in session.scalars(sa.select(m.Job).order_by(m.Job.name)).all():
-                rank_rows = session.execute(sa.select(m.Rank.rank, m.Rank.finished_at)
-                                            .where(m.Rank.job_id == job.id).order_by(m.Rank.rank)).all()
+                rank_rows = session.execute(
+                    sa.select(m.Rank.rank, m.Rank.finished_at)
+                    .where(m.Rank.job_id == job.id)
+                    .order_by(m.Rank.rank)
+                ).all()
                 ranks = tuple(rank for rank, _ in rank_rows)
                 if rank_rows and all(finished is not None for _, finished in rank_rows):
                     state = "finished"  # every rank it knows said goodbye
@@ -456,50 +674,77 @@ class SqlStorage(BaseStorage):
                 else:
                     state = "idle"
                 # the latest by wall time: a new run's steps count from 0 again
-                recent = session.scalars(sa.select(m.StepSample.step_time_s)
-                                         .where(m.StepSample.job_id == job.id, m.StepSample.rank == 0)
-                                         .order_by(m.StepSample.wall_time_s.desc()).limit(20)).all()
-                last = session.scalars(sa.select(m.Decision).where(m.Decision.job_id == job.id)
-                                       .order_by(m.Decision.id.desc()).limit(1)).one_or_none()
+                recent = session.scalars(
+                    sa.select(m.StepSample.step_time_s)
+                    .where(m.StepSample.job_id == job.id, m.StepSample.rank == 0)
+                    .order_by(m.StepSample.wall_time_s.desc())
+                    .limit(20)
+                ).all()
+                last = session.scalars(
+                    sa.select(m.Decision)
+                    .where(m.Decision.job_id == job.id)
+                    .order_by(m.Decision.id.desc())
+                    .limit(1)
+                ).one_or_none()
                 tuner = session.get(m.TunerState, job.id)
-                out.append(JobRecord(
-                    job=job.name, state=state,
-                    world_size=job.world_size, backend=job.backend, steps=job.max_step + 1, config=_config(job),
-                    ranks=ranks, recent_step_time_s=statistics.median(recent) if recent else 0.0,
-                    last_seen_s=job.last_seen_at, dropped_total=job.dropped_total,
-                    last_decision=_decision(last, job.name) if last else None,
-                    tuner=_tuner_status(tuner) if tuner is not None and tuner.mode else None,
-                    tuning_disabled=job.tuning_disabled))
+                out.append(
+                    JobRecord(
+                        job=job.name,
+                        state=state,
+                        world_size=job.world_size,
+                        backend=job.backend,
+                        steps=job.max_step + 1,
+                        config=_config(job),
+                        ranks=ranks,
+                        recent_step_time_s=statistics.median(recent) if recent else 0.0,
+                        last_seen_s=job.last_seen_at,
+                        dropped_total=job.dropped_total,
+                        last_decision=_decision(last, job.name) if last else None,
+                        tuner=_tuner_status(tuner) if tuner is not None and tuner.mode else None,
+                        tuning_disabled=job.tuning_disabled,
+                    )
+                )
         return out
 
-    def history(self, job: str, since_s: float = 0.0, rank: int | None = None,
-                limit: int = 1000) -> list[HistoryStep]:
+    def history(
+        self, job: str, since_s: float = 0.0, rank: int | None = None, limit: int = 1000
+    ) -> list[HistoryStep]:
         with self._scope() as session:
             job_row = self._job(session, job)
-            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id,
-                                                  m.StepSample.wall_time_s >= since_s)
+            query = sa.select(m.StepSample.rank, *_METRIC_COLUMNS).where(
+                m.StepSample.job_id == job_row.id, m.StepSample.wall_time_s >= since_s
+            )
             if rank is not None:
                 query = query.where(m.StepSample.rank == rank)
-            rows = session.scalars(query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc())
-                                   .limit(limit)).all()
-            return [HistoryStep(step=r.step, rank=r.rank, wall_time_s=r.wall_time_s, step_time_s=r.step_time_s,
-                                exposed_comm_s=r.exposed_comm_s, bytes_reduced=r.bytes_reduced, config=_config(r),
-                                forward_s=r.forward_s, backward_s=r.backward_s,
-                                bandwidth_bytes_per_s=r.bandwidth_bytes_per_s, host_load=r.host_load,
-                                decision_id=r.decision_id)
-                    for r in reversed(rows)]
+            rows = session.execute(
+                query.order_by(m.StepSample.step.desc(), m.StepSample.rank.desc()).limit(limit)
+            ).all()
+            return [history_step(r[0], sample_from_row(r[1:])) for r in reversed(rows)]
 
     def best(self, job: str, min_samples: int = 5) -> BestRecord:
         with self._scope() as session:
             job_row = self._job(session, job)
-            rows = session.execute(sa.select(m.StepSample.step, m.StepSample.wall_time_s, m.StepSample.step_time_s,
-                                             m.StepSample.partition_bytes, m.StepSample.credit_bytes,
-                                             m.StepSample.bandwidth_bytes_per_s, m.StepSample.host_load,
-                                             m.StepSample.tail_bytes)
-                                   .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
-                                   .order_by(m.StepSample.wall_time_s, m.StepSample.id)).all()
-        return best_in_latest_context(job, [StepPoint(r[0], r[1], r[2], _config_of(r[3], r[4], r[7]), r[5], r[6])
-                                            for r in rows], min_samples)
+            rows = session.execute(
+                sa.select(*_METRIC_COLUMNS)
+                .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
+                .order_by(m.StepSample.wall_time_s, m.StepSample.id)
+            ).all()
+        samples = [sample_from_row(r) for r in rows]
+        return best_in_latest_context(
+            job,
+            [
+                StepPoint(
+                    s.step,
+                    s.wall_time_s,
+                    s.step_time_s,
+                    s.config,
+                    s.bandwidth_bytes_per_s,
+                    s.host_load,
+                )
+                for s in samples
+            ],
+            min_samples,
+        )
 
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:
@@ -507,22 +752,38 @@ class SqlStorage(BaseStorage):
         jobs_to_trim: list[tuple[int, int]] = []
         with self._scope() as session:
             for job_id in session.scalars(sa.select(m.Job.id)).all():
-                count = session.scalar(sa.select(sa.func.count()).where(m.StepSample.job_id == job_id))
+                count = session.scalar(
+                    sa.select(sa.func.count()).where(m.StepSample.job_id == job_id)
+                )
                 excess = count - max_raw_samples
                 if excess <= 0:
                     continue
                 # The oldest `excess` rows lose all but every keep_every-th step.
-                cutoff = session.scalar(sa.select(m.StepSample.id).where(m.StepSample.job_id == job_id)
-                                        .order_by(m.StepSample.id).offset(excess - 1).limit(1))
+                cutoff = session.scalar(
+                    sa.select(m.StepSample.id)
+                    .where(m.StepSample.job_id == job_id)
+                    .order_by(m.StepSample.id)
+                    .offset(excess - 1)
+                    .limit(1)
+                )
                 jobs_to_trim.append((job_id, cutoff))
         # Delete in short transactions so that the writer never waits long for the lock.
         for job_id, cutoff in jobs_to_trim:
             while True:
                 with self._scope() as session:
-                    chunk = sa.select(m.StepSample.id).where(
-                        m.StepSample.job_id == job_id, m.StepSample.id <= cutoff,
-                        m.StepSample.step % keep_every != 0).limit(RETENTION_CHUNK_ROWS).scalar_subquery()
-                    deleted = session.execute(sa.delete(m.StepSample).where(m.StepSample.id.in_(chunk))).rowcount
+                    chunk = (
+                        sa.select(m.StepSample.id)
+                        .where(
+                            m.StepSample.job_id == job_id,
+                            m.StepSample.id <= cutoff,
+                            m.StepSample.step % keep_every != 0,
+                        )
+                        .limit(RETENTION_CHUNK_ROWS)
+                        .scalar_subquery()
+                    )
+                    deleted = session.execute(
+                        sa.delete(m.StepSample).where(m.StepSample.id.in_(chunk))
+                    ).rowcount
                 removed += deleted or 0
                 if not deleted or deleted < RETENTION_CHUNK_ROWS:
                     break
@@ -539,31 +800,52 @@ class SqlStorage(BaseStorage):
     def job_info(self, job: str) -> JobInfo:
         with self._scope() as session:
             row = self._job(session, job)
-            return JobInfo(job=row.name, world_size=row.world_size, backend=row.backend,
-                           fingerprint=Fingerprint(row.parameter_count, row.parameter_bytes, row.tensor_count,
-                                                   row.largest_tensor_bytes, row.median_tensor_bytes,
-                                                   row.model_digest),
-                           tuning_disabled=row.tuning_disabled, created_at_s=row.created_at,
-                           last_seen_s=row.last_seen_at, finished_at_s=self._finished_at(session, row))
+            return JobInfo(
+                job=row.name,
+                world_size=row.world_size,
+                backend=row.backend,
+                fingerprint=Fingerprint(
+                    row.parameter_count,
+                    row.parameter_bytes,
+                    row.tensor_count,
+                    row.largest_tensor_bytes,
+                    row.median_tensor_bytes,
+                    row.model_digest,
+                ),
+                tuning_disabled=row.tuning_disabled,
+                created_at_s=row.created_at,
+                last_seen_s=row.last_seen_at,
+                finished_at_s=self._finished_at(session, row),
+            )
 
     def active_jobs(self, seen_within_s: float) -> list[str]:
         with self._scope() as session:
-            return list(session.scalars(sa.select(m.Job.name).where(m.Job.last_seen_at >= time.time() - seen_within_s)
-                                        .order_by(m.Job.name)).all())
+            return list(
+                session.scalars(
+                    sa.select(m.Job.name)
+                    .where(m.Job.last_seen_at >= time.time() - seen_within_s)
+                    .order_by(m.Job.name)
+                ).all()
+            )
 
-    def samples_after(self, job: str, after_row_id: int, rank: int | None = 0,
-                      limit: int = 10_000) -> list[SampleRow]:
+    def samples_after(
+        self, job: str, after_row_id: int, rank: int | None = 0, limit: int = 10_000
+    ) -> list[SampleRow]:
         with self._scope() as session:
             job_row = self._job(session, job)
-            query = sa.select(m.StepSample).where(m.StepSample.job_id == job_row.id, m.StepSample.id > after_row_id)
+            query = sa.select(m.StepSample.id, m.StepSample.rank, *_METRIC_COLUMNS).where(
+                m.StepSample.job_id == job_row.id, m.StepSample.id > after_row_id
+            )
             if rank is not None:
                 query = query.where(m.StepSample.rank == rank)
-            rows = session.scalars(query.order_by(m.StepSample.id).limit(limit)).all()
-            return [SampleRow(r.id, r.rank, _metrics(r)) for r in rows]
+            rows = session.execute(query.order_by(m.StepSample.id).limit(limit)).all()
+            return [SampleRow(r[0], r[1], sample_from_row(r[2:])) for r in rows]
 
     def last_sample_row(self, job: str, rank: int | None = 0) -> int:
         with self._scope() as session:
-            query = sa.select(sa.func.max(m.StepSample.id)).where(m.StepSample.job_id == self._job(session, job).id)
+            query = sa.select(sa.func.max(m.StepSample.id)).where(
+                m.StepSample.job_id == self._job(session, job).id
+            )
             if rank is not None:
                 query = query.where(m.StepSample.rank == rank)
             return session.scalar(query) or 0
@@ -578,8 +860,7 @@ class SqlStorage(BaseStorage):
         with self._scope() as session:
             row = session.get(m.TunerState, self._job(session, job).id)
             row.mode, row.state, row.detail = status.mode, status.state, status.detail
-            row.partition_bytes, row.credit_bytes = status.config.partition_bytes, status.config.credit_bytes
-            row.tail_bytes = status.config.tail_bytes
+            _set_config(row, status.config)
             row.baseline_step_time_s = status.baseline_step_time_s
             row.measured_step_time_s = status.measured_step_time_s
             row.predicted_step_time_s = status.predicted_step_time_s
@@ -598,46 +879,86 @@ class SqlStorage(BaseStorage):
     def add_window(self, window: WindowRecord) -> int:
         with self._scope() as session:
             job_row = self._job(session, window.job)
-            row = m.TunerWindow(job_id=job_row.id, segment=window.segment, created_at=window.created_at_s or time.time(),
-                                partition_bytes=window.config.partition_bytes, credit_bytes=window.config.credit_bytes,
-                                tail_bytes=window.config.tail_bytes, step_time_s=window.step_time_s, samples=window.samples, context=window.context)
+            row = m.TunerWindow(
+                job_id=job_row.id,
+                segment=window.segment,
+                created_at=window.created_at_s or time.time(),
+                **_config_columns(window.config),
+                step_time_s=window.step_time_s,
+                samples=window.samples,
+                context=window.context,
+            )
             session.add(row)
             session.flush()
             return row.id
 
-    def windows(self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False) -> list[WindowRecord]:
+    def windows(
+        self, after_window_id: int = 0, limit: int = 100_000, newest: bool = False
+    ) -> list[WindowRecord]:
         with self._scope() as session:
             order = m.TunerWindow.id.desc() if newest else m.TunerWindow.id
-            rows = session.execute(sa.select(m.TunerWindow, m.Job.name).join(m.Job, m.Job.id == m.TunerWindow.job_id)
-                                   .where(m.TunerWindow.id > after_window_id).order_by(order)
-                                   .limit(limit)).all()
+            rows = session.execute(
+                sa.select(m.TunerWindow, m.Job.name)
+                .join(m.Job, m.Job.id == m.TunerWindow.job_id)
+                .where(m.TunerWindow.id > after_window_id)
+                .order_by(order)
+                .limit(limit)
+            ).all()
             if newest:
                 rows = rows[::-1]
-            return [WindowRecord(job=name, segment=w.segment, config=_config(w), step_time_s=w.step_time_s,
-                                 samples=w.samples, context=w.context, created_at_s=w.created_at, window_id=w.id)
-                    for w, name in rows]
+            return [
+                WindowRecord(
+                    job=name,
+                    segment=w.segment,
+                    config=_config(w),
+                    step_time_s=w.step_time_s,
+                    samples=w.samples,
+                    context=w.context,
+                    created_at_s=w.created_at,
+                    window_id=w.id,
+                )
+                for w, name in rows
+            ]
 
     def next_window_segment(self, job: str) -> int:
         with self._scope() as session:
-            top = session.scalar(sa.select(sa.func.max(m.TunerWindow.segment))
-                                 .join(m.Job, m.Job.id == m.TunerWindow.job_id).where(m.Job.name == job))
+            top = session.scalar(
+                sa.select(sa.func.max(m.TunerWindow.segment))
+                .join(m.Job, m.Job.id == m.TunerWindow.job_id)
+                .where(m.Job.name == job)
+            )
             return 0 if top is None else int(top) + 1
 
-    def save_model(self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3) -> int:
+    def save_model(
+        self, kind: str, model: bytes, examples: int, note: str = "", keep: int = 3
+    ) -> int:
         with self._scope() as session:
-            row = m.PredictorModel(created_at=time.time(), kind=kind, examples=examples, model=model, note=note)
+            row = m.PredictorModel(
+                created_at=time.time(), kind=kind, examples=examples, model=model, note=note
+            )
             session.add(row)
             session.flush()
-            old = session.scalars(sa.select(m.PredictorModel.id).order_by(m.PredictorModel.id.desc())
-                                  .offset(max(1, keep))).all()
+            old = session.scalars(
+                sa.select(m.PredictorModel.id)
+                .order_by(m.PredictorModel.id.desc())
+                .offset(max(1, keep))
+            ).all()
             if old:
                 session.execute(sa.delete(m.PredictorModel).where(m.PredictorModel.id.in_(old)))
             return row.id
 
     def latest_model(self) -> ModelRecord | None:
         with self._scope() as session:
-            row = session.scalars(sa.select(m.PredictorModel).order_by(m.PredictorModel.id.desc()).limit(1)).one_or_none()
+            row = session.scalars(
+                sa.select(m.PredictorModel).order_by(m.PredictorModel.id.desc()).limit(1)
+            ).one_or_none()
             if row is None:
                 return None
-            return ModelRecord(model_id=row.id, kind=row.kind, examples=row.examples, model=row.model, note=row.note,
-                               created_at_s=row.created_at)
+            return ModelRecord(
+                model_id=row.id,
+                kind=row.kind,
+                examples=row.examples,
+                model=row.model,
+                note=row.note,
+                created_at_s=row.created_at,
+            )

@@ -44,7 +44,7 @@ Context, medians over a window of rank 0's steps of the reference configuration:
 Configuration, once for the reference (ref_*) and once for the candidate (cand_*):
     partition_none, log2_partition, log2_partition_share (of the gradient)
     credit_unlimited, log2_credit, log2_credit_share, log2_credit_in_partitions
-    tail_none, log2_tail_share (of the gradient), log2_tail_in_credits: the tail window (issue 20),
+    tail_none, log2_tail_share (of the gradient), log2_tail_in_credits: the tail window (Config.tail_bytes),
                           which holds the deep credit window back at the end of the backward
     log_messages          all-reduces per step as the scheduler cuts them (one per tensor without
                           partitioning, ceil(gradient / partition) with it)

@@ -99,33 +99,8 @@ from collections.abc import Callable, Sequence
 
 from autobyte.types import StepMetrics
 
+from autobyted.signals import SIGNALS, Signal, log_or_nan, robust_sigma
 
-@dataclasses.dataclass(frozen=True)
-class Signal:
-    name: str  # what is measured: bandwidth, compute, host_load, step_time
-    extract: Callable[[StepMetrics], float]  # NaN: not measured in this sample
-    min_shift: float
-    sigma_floor: float
-    rise: str  # how an upward shift reads in a reason ("re-tuning after bandwidth rise")
-    fall: str
-    rank: int | None = None  # one rank's own value (compute per rank); None: the job's
-
-    @property
-    def key(self) -> str:
-        return self.name if self.rank is None else f"{self.name}@{self.rank}"
-
-
-def _log(value: float) -> float:
-    return math.log(value) if value > 0 else math.nan
-
-
-SIGNALS = (
-    Signal("bandwidth", lambda m: _log(m.bandwidth_bytes_per_s), 0.25, 0.02, "bandwidth rise", "bandwidth drop"),
-    Signal("compute", lambda m: _log(m.forward_s + m.backward_s), 0.15, 0.01, "compute slowdown", "compute speed-up"),
-    Signal("host_load", lambda m: m.host_load if m.host_load > 0 else math.nan, 0.2, 0.02,
-           "host load rise", "host load drop"),
-    Signal("step_time", lambda m: _log(m.step_time_s), 0.10, 0.01, "step time rise", "step time drop"),
-)
 MIN_REFERENCE = 5
 Z_APART = 2.5  # TunerParams.z_switch: a difference of 2.5 standard errors (~0.6% one-sided)
 FRESH_BLOCKS = 4  # blocks after an alarm's change point that its label is measured on
@@ -137,12 +112,15 @@ def _rank_compute(rank: int) -> Callable[[StepMetrics], float]:
     def extract(m: StepMetrics) -> float:
         for r, seconds in getattr(m, "rank_compute_s", ()):
             if r == rank:
-                return _log(seconds)
+                return log_or_nan(seconds)
         return math.nan
+
     return extract
 
 
-def job_signals(samples: Sequence[StepMetrics], signals: Sequence[Signal] = SIGNALS) -> tuple[Signal, ...]:
+def job_signals(
+    samples: Sequence[StepMetrics], signals: Sequence[Signal] = SIGNALS
+) -> tuple[Signal, ...]:
     """The signals to watch on a job's samples: `signals`, with the job's compute replaced by one
     signal per rank when the samples carry every rank's compute (tuner.ranks.JobStep, 2+ ranks)."""
     ranks = sorted({r for m in samples for r, _ in getattr(m, "rank_compute_s", ())})
@@ -153,9 +131,16 @@ def job_signals(samples: Sequence[StepMetrics], signals: Sequence[Signal] = SIGN
         if signal.name != "compute" or signal.rank is not None:
             out.append(signal)
             continue
-        out += [dataclasses.replace(signal, extract=_rank_compute(r), rank=r,
-                                    rise=f"{signal.rise} on rank {r}", fall=f"{signal.fall} on rank {r}")
-                for r in ranks]
+        out += [
+            dataclasses.replace(
+                signal,
+                extract=_rank_compute(r),
+                rank=r,
+                rise=f"{signal.rise} on rank {r}",
+                fall=f"{signal.fall} on rank {r}",
+            )
+            for r in ranks
+        ]
     return tuple(out)
 
 
@@ -208,11 +193,6 @@ class Cusum:
         return 0
 
 
-def robust_sigma(values: Sequence[float]) -> float:
-    median = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - median) for v in values)
-
-
 class DriftDetector:
     """CUSUMs of every signal of the held configuration, on block medians.
 
@@ -224,8 +204,14 @@ class DriftDetector:
     configuration); until then nothing alarms.
     """
 
-    def __init__(self, head_start: Sequence[StepMetrics] = (), signals: Sequence[Signal] = SIGNALS,
-                 block_s: float = 0.5, reference_blocks: int = 8, shift_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        head_start: Sequence[StepMetrics] = (),
+        signals: Sequence[Signal] = SIGNALS,
+        block_s: float = 0.5,
+        reference_blocks: int = 8,
+        shift_scale: float = 1.0,
+    ) -> None:
         self._base_signals = tuple(signals)
         self._signals = self._base_signals  # per rank once the reference shows the ranks (_start)
         self._reference_samples: list[list[StepMetrics]] = []
@@ -272,10 +258,17 @@ class DriftDetector:
             if len(values) < max(MIN_REFERENCE, len(self._reference) // 2):
                 continue  # not measured (e.g. host load from an older client): not watched
             per_step = [v for v in map(signal.extract, steps) if math.isfinite(v)]
-            sigma = max(signal.sigma_floor, robust_sigma(values),
-                        MEDIAN_SE * robust_sigma(per_step) / math.sqrt(self._block_steps))
-            self._tests.append((signal, Cusum(statistics.median(values), sigma,
-                                              signal.min_shift * self._shift_scale)))
+            sigma = max(
+                signal.sigma_floor,
+                robust_sigma(values),
+                MEDIAN_SE * robust_sigma(per_step) / math.sqrt(self._block_steps),
+            )
+            self._tests.append(
+                (
+                    signal,
+                    Cusum(statistics.median(values), sigma, signal.min_shift * self._shift_scale),
+                )
+            )
             self._recent[signal.key] = []
 
     def update(self, sample: StepMetrics) -> Alarm | None:
@@ -284,7 +277,9 @@ class DriftDetector:
         explains it (`_cause`; so the reason names the cause when it is visible), else the
         step-time residual."""
         if not self._block_steps:
-            self._block_steps = max(1, min(1000, round(self._block_s / max(sample.step_time_s, 1e-6))))
+            self._block_steps = max(
+                1, min(1000, round(self._block_s / max(sample.step_time_s, 1e-6)))
+            )
         self._pending.append(sample)
         if len(self._pending) < self._block_steps:
             return None
@@ -342,7 +337,7 @@ class DriftDetector:
 
         if all(signal.rank is not None and not felt(test) for signal, test in alarmed):
             for _, test in alarmed:  # only ranks' compute moved, the job did not: not a change
-                test.restart()       # of the job's context (module docstring)
+                test.restart()  # of the job's context (module docstring)
             return None
 
         # Every signal's shift is measured over the same, fresh blocks: the last (at most
@@ -365,20 +360,30 @@ class DriftDetector:
         shifts = {}
         for signal, test in self._tests:
             recent = self._recent[signal.key][-since:]
-            shifts[signal.key] = (signal, statistics.median(recent) - test.mu if recent else 0.0,
-                                  MEDIAN_SE * test.sigma / math.sqrt(max(1, len(recent))))
-        context = {signal.key for signal, test in self._tests
-                   if signal.name != "step_time" and progress((signal, test)) >= 0.5}
+            shifts[signal.key] = (
+                signal,
+                statistics.median(recent) - test.mu if recent else 0.0,
+                MEDIAN_SE * test.sigma / math.sqrt(max(1, len(recent))),
+            )
+        context = {
+            signal.key
+            for signal, test in self._tests
+            if signal.name != "step_time" and progress((signal, test)) >= 0.5
+        }
         cause = _cause(shifts, context)
         if cause is None:  # no context signal moved: the step-time residual, or the nearest test
             signal, test = max(self._tests, key=progress)
             shift = shifts[signal.key][1]
             direction = (1 if shift > 0 else -1) if shift else (1 if test.up >= test.down else -1)
-            return Alarm(signal.name, direction, shift, signal.rise if direction > 0 else signal.fall)
+            return Alarm(
+                signal.name, direction, shift, signal.rise if direction > 0 else signal.fall
+            )
         return _alarm(*cause)
 
 
-def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> tuple[Signal, float] | None:
+def _cause(
+    shifts: dict[str, tuple[Signal, float, float]], moved: set[str]
+) -> tuple[Signal, float] | None:
     """Which change explains the context signals in `moved` (keys of `shifts`: every watched
     signal's shift and its standard error), by the precedence of the module docstring: one rank's
     compute moving apart from the other ranks' (by its min_shift and by Z_APART standard errors of
@@ -386,7 +391,9 @@ def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> t
     bandwidth estimate (the peers wait for it); otherwise the signal that moved most in units of
     its min_shift, except that compute moving on every rank together with a bandwidth change by
     its min_shift is the link's (on a shared host competing traffic costs every rank CPU)."""
-    candidates = [shifts[key] for key in sorted(moved) if key in shifts]  # ties: the same pick every run
+    candidates = [
+        shifts[key] for key in sorted(moved) if key in shifts
+    ]  # ties: the same pick every run
     if not candidates:
         return None
     per_rank = [item for item in shifts.values() if item[0].rank is not None]
@@ -406,7 +413,10 @@ def _cause(shifts: dict[str, tuple[Signal, float, float]], moved: set[str]) -> t
             return signal, gap
         return link[0]  # the rank moved the other way: the link's traffic moved the rank
     signal, shift, _ = max(candidates, key=lambda t: abs(t[1]) / t[0].min_shift)
-    if link and ((signal.name == "compute" and per_rank) or (signal.name == "host_load" and shift * link[0][1] > 0)):
+    if link and (
+        (signal.name == "compute" and per_rank)
+        or (signal.name == "host_load" and shift * link[0][1] > 0)
+    ):
         return link[0]
     return signal, shift
 
@@ -422,8 +432,11 @@ def _rank_explains_link(rank_shift: float, link: Signal, link_shift: float) -> b
     return rank_shift * link_shift < 0
 
 
-def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics],
-                 signals: Sequence[Signal] = SIGNALS) -> Alarm | None:
+def window_shift(
+    reference: Sequence[StepMetrics],
+    window: Sequence[StepMetrics],
+    signals: Sequence[Signal] = SIGNALS,
+) -> Alarm | None:
     """Two windows of the same configuration: among the context signals whose medians differ by
     more than max(min_shift, 3 standard errors), the one that moved most in units of its min_shift
     (module docstring) — a change that happened between them."""
@@ -446,7 +459,9 @@ def window_shift(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
 
 
 def _alarm(signal: Signal, shift: float) -> Alarm:
-    return Alarm(signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall)
+    return Alarm(
+        signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall
+    )
 
 
 # How far a context signal may differ between two windows of *different* configurations before the
@@ -480,7 +495,6 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
     return _alarm(*cause) if cause else None
 
 
-
 def fastest_in_context(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> float:
     """The shortest median step time `reference`'s configuration could reach in the context
     `window` was measured in: a bound from what a step is made of (compute c, forward + backward
@@ -494,6 +508,7 @@ def fastest_in_context(reference: Sequence[StepMetrics], window: Sequence[StepMe
     A configuration measured faster than this in `window` is faster whatever the context did
     (tuner.search: no check, no confirm). The bandwidth estimate also moves with the configuration
     (small partitions' overheads read as a slow link), which only lowers the bound: conservative."""
+
     def median_of(samples, extract, log=True):
         values = [extract(m) for m in samples]
         values = [math.log(v) if log else v for v in values if v > 0]
@@ -502,11 +517,21 @@ def fastest_in_context(reference: Sequence[StepMetrics], window: Sequence[StepMe
     t = statistics.median(m.step_time_s for m in reference)
     compute = min(t, statistics.median(m.forward_s + m.backward_s for m in reference))
     moves = {}
-    for name, extract in (("bandwidth", lambda m: m.bandwidth_bytes_per_s),
-                          ("compute", lambda m: m.forward_s + m.backward_s), ("host_load", lambda m: m.host_load)):
-        a, b = median_of(reference, extract, name != "host_load"), median_of(window, extract, name != "host_load")
+    for name, extract in (
+        ("bandwidth", lambda m: m.bandwidth_bytes_per_s),
+        ("compute", lambda m: m.forward_s + m.backward_s),
+        ("host_load", lambda m: m.host_load),
+    ):
+        a, b = (
+            median_of(reference, extract, name != "host_load"),
+            median_of(window, extract, name != "host_load"),
+        )
         moves[name] = (a, b) if a is not None and b is not None else None
-    r = math.exp(max(0.0, moves["bandwidth"][1] - moves["bandwidth"][0])) if moves["bandwidth"] else 1.0
+    r = (
+        math.exp(max(0.0, moves["bandwidth"][1] - moves["bandwidth"][0]))
+        if moves["bandwidth"]
+        else 1.0
+    )
     f = math.exp(max(0.0, moves["compute"][0] - moves["compute"][1])) if moves["compute"] else 1.0
     cpu = 1.0
     if moves["host_load"]:

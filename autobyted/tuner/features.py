@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Sequence
 
 import numpy as np
-
 from autobyte.types import Config, StepMetrics
+
 from autobyted.storage.records import Fingerprint, JobInfo
 
 NAN = float("nan")
@@ -38,10 +38,14 @@ class JobShape:
 
     @classmethod
     def from_fingerprint(cls, world_size: int, backend: str, fp: Fingerprint) -> JobShape:
-        return cls(world_size=max(1, world_size), backend=backend or "unknown",
-                   parameter_bytes=max(0, fp.parameter_bytes), tensor_count=max(0, fp.tensor_count),
-                   largest_tensor_bytes=max(0, fp.largest_tensor_bytes),
-                   median_tensor_bytes=max(0, fp.median_tensor_bytes))
+        return cls(
+            world_size=max(1, world_size),
+            backend=backend or "unknown",
+            parameter_bytes=max(0, fp.parameter_bytes),
+            tensor_count=max(0, fp.tensor_count),
+            largest_tensor_bytes=max(0, fp.largest_tensor_bytes),
+            median_tensor_bytes=max(0, fp.median_tensor_bytes),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +97,8 @@ def summarize(samples: Sequence[StepMetrics], shape: JobShape) -> Context:
         bytes_reduced=_median([float(s.bytes_reduced) for s in samples]),
         partitions=_median([float(s.partitions) for s in samples]),
         bandwidth_bytes_per_s=_median([s.bandwidth_bytes_per_s for s in samples]),
-        host_load=_median(loads) if loads else 0.0)
+        host_load=_median(loads) if loads else 0.0,
+    )
 
 
 def _log(value: float) -> float:
@@ -117,7 +122,9 @@ def _config_features(config: Config, shape: JobShape, gradient_bytes: float) -> 
     messages = messages_per_step(config, shape, gradient_bytes)
     return [
         1.0 if t is None else 0.0,
-        _log2(min(t, gradient_bytes) / gradient_bytes) if t is not None and gradient_bytes > 0 else NAN,
+        _log2(min(t, gradient_bytes) / gradient_bytes)
+        if t is not None and gradient_bytes > 0
+        else NAN,
         _log2(t / c) if t is not None and c is not None else NAN,
         1.0 if p is None else 0.0,
         _log2(p) if p is not None else NAN,
@@ -130,18 +137,46 @@ def _config_features(config: Config, shape: JobShape, gradient_bytes: float) -> 
     ]
 
 
-CONFIG_FEATURES = ("tail_none", "log2_tail_share", "log2_tail_in_credits",
-                   "partition_none", "log2_partition", "log2_partition_share", "credit_unlimited",
-                   "log2_credit", "log2_credit_share", "log2_credit_in_partitions", "log_messages")
+CONFIG_FEATURES = (
+    "tail_none",
+    "log2_tail_share",
+    "log2_tail_in_credits",
+    "partition_none",
+    "log2_partition",
+    "log2_partition_share",
+    "credit_unlimited",
+    "log2_credit",
+    "log2_credit_share",
+    "log2_credit_in_partitions",
+    "log_messages",
+)
 _LOG_MESSAGES = CONFIG_FEATURES.index("log_messages")
-CONTEXT_FEATURES = ("log_step_s", "log_compute_s", "backward_share", "compute_share", "exposed_share",
-                    "queueing_share", "log_gradient_bytes", "log2_world_size", "ring_factor",
-                    "backend_nccl", "backend_gloo", "log_tensor_count", "largest_tensor_share",
-                    "log_median_tensor_bytes", "log_bandwidth", "log_wire_s", "log_wire_to_compute",
-                    "host_load")
-FEATURE_NAMES = (CONTEXT_FEATURES + tuple(f"ref_{n}" for n in CONFIG_FEATURES)
-                 + tuple(f"cand_{n}" for n in CONFIG_FEATURES)
-                 + ("delta_log_messages", "delta_log2_partition", "delta_log2_credit"))
+CONTEXT_FEATURES = (
+    "log_step_s",
+    "log_compute_s",
+    "backward_share",
+    "compute_share",
+    "exposed_share",
+    "queueing_share",
+    "log_gradient_bytes",
+    "log2_world_size",
+    "ring_factor",
+    "backend_nccl",
+    "backend_gloo",
+    "log_tensor_count",
+    "largest_tensor_share",
+    "log_median_tensor_bytes",
+    "log_bandwidth",
+    "log_wire_s",
+    "log_wire_to_compute",
+    "host_load",
+)
+FEATURE_NAMES = (
+    CONTEXT_FEATURES
+    + tuple(f"ref_{n}" for n in CONFIG_FEATURES)
+    + tuple(f"cand_{n}" for n in CONFIG_FEATURES)
+    + ("delta_log_messages", "delta_log2_partition", "delta_log2_credit")
+)
 
 
 def context_features(ctx: Context) -> list[float]:
@@ -183,13 +218,20 @@ def feature_matrix(ctx: Context, reference: Config, candidates: Sequence[Config]
     mean_tensor = gradient / max(1, ctx.shape.tensor_count)
 
     def effective(config: Config) -> tuple[float, float]:
-        return (_log2(config.partition_bytes or mean_tensor),
-                _log2(min(config.credit_bytes or gradient, gradient)))
+        return (
+            _log2(config.partition_bytes or mean_tensor),
+            _log2(min(config.credit_bytes or gradient, gradient)),
+        )
 
     ref_p, ref_c = effective(reference)
     rows = []
     for candidate in candidates:
         cand = _config_features(candidate, ctx.shape, gradient)
         cand_p, cand_c = effective(candidate)
-        rows.append(base + ref + cand + [cand[_LOG_MESSAGES] - ref[_LOG_MESSAGES], cand_p - ref_p, cand_c - ref_c])
+        rows.append(
+            base
+            + ref
+            + cand
+            + [cand[_LOG_MESSAGES] - ref[_LOG_MESSAGES], cand_p - ref_p, cand_c - ref_c]
+        )
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))

@@ -35,9 +35,9 @@ from autobyted.errors import FailedPrecondition, NotFound
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
 from autobyted.tuner.features import Context, JobShape
+from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.ranks import RankMerger
-from autobyted.tuner.params import TunerParams
 from autobyted.tuner.search import JobTuner, TunerSink
 
 log = logging.getLogger(__name__)
@@ -47,24 +47,41 @@ log = logging.getLogger(__name__)
 DecideFn = Callable[..., DecisionRecord]
 MODES = ("auto", "observe", "off")
 MAX_WINDOWS = 20_000  # a retraining reads at most the newest this many windows (bounded cost)
-MAX_KNOWN_WINDOWS = 5_000  # a job's tuner opens with the earlier jobs' windows of its shape among these
+MAX_KNOWN_WINDOWS = (
+    5_000  # a job's tuner opens with the earlier jobs' windows of its shape among these
+)
 
 
 class StorageSink(TunerSink):
     """A JobTuner's effects, into storage and the decision path."""
 
-    def __init__(self, job: str, storage: BaseStorage, decide: DecideFn, on_window: Callable[[], None],
-                 holder: str) -> None:
+    def __init__(
+        self,
+        job: str,
+        storage: BaseStorage,
+        decide: DecideFn,
+        on_window: Callable[[], None],
+        holder: str,
+    ) -> None:
         self.job, self.storage, self._decide, self._on_window = job, storage, decide, on_window
         self.holder = holder
         self.status: TunerStatusRecord | None = None
 
     def decide(self, config, apply_at_step, reason, predicted_step_time_s, kind):
         try:
-            record = self._decide(self.job, config, apply_at_step, reason, predicted_step_time_s, source="tuner",
-                                  state="recommended" if kind == "recommend" else "pending",
-                                  lease_holder=self.holder)
-        except FailedPrecondition:  # an operator paused the tuner meanwhile, or this daemon lost the lease
+            record = self._decide(
+                self.job,
+                config,
+                apply_at_step,
+                reason,
+                predicted_step_time_s,
+                source="tuner",
+                state="recommended" if kind == "recommend" else "pending",
+                lease_holder=self.holder,
+            )
+        except (
+            FailedPrecondition
+        ):  # an operator paused the tuner meanwhile, or this daemon lost the lease
             return None
         return record.decision_id
 
@@ -72,8 +89,17 @@ class StorageSink(TunerSink):
         self.storage.close_decision(decision_id, measured_step_time_s, state)
 
     def record_window(self, window: Window) -> None:
-        self.storage.add_window(WindowRecord(self.job, window.segment, window.config, window.step_time_s,
-                                             window.samples, window.context.to_json(), window.created_at_s))
+        self.storage.add_window(
+            WindowRecord(
+                self.job,
+                window.segment,
+                window.config,
+                window.step_time_s,
+                window.samples,
+                window.context.to_json(),
+                window.created_at_s,
+            )
+        )
         self._on_window()
 
     def publish(self, status: TunerStatusRecord) -> None:
@@ -93,11 +119,21 @@ class _JobState:
 class TunerManager:
     """Constructed with its parts; `start()` starts its two threads, `close()` stops them."""
 
-    def __init__(self, storage: BaseStorage, decide: DecideFn, mode: str = "auto",
-                 params: TunerParams = TunerParams(), poll_interval_s: float = 5.0,
-                 retrain_interval_s: float = 60.0, idle_after_s: float = 30.0, error_backoff_s: float = 30.0,
-                 prior: Ensemble | None = None, clock: Callable[[], float] = time.monotonic,
-                 holder: str | None = None, lease_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        storage: BaseStorage,
+        decide: DecideFn,
+        mode: str = "auto",
+        params: TunerParams = TunerParams(),
+        poll_interval_s: float = 5.0,
+        retrain_interval_s: float = 60.0,
+        idle_after_s: float = 30.0,
+        error_backoff_s: float = 30.0,
+        prior: Ensemble | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        holder: str | None = None,
+        lease_s: float = 15.0,
+    ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"the tuner manager runs in auto or observe mode, not {mode!r}")
         if not lease_s > 0:
@@ -106,7 +142,9 @@ class TunerManager:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_s = lease_s
         self._lease_retry_at: dict[str, float] = {}  # jobs another daemon tunes: when to ask again
-        self._renewed_at: dict[str, float] = {}  # jobs this daemon tunes: when their lease was renewed
+        self._renewed_at: dict[
+            str, float
+        ] = {}  # jobs this daemon tunes: when their lease was renewed
         self.storage, self._decide, self.mode, self.params = storage, decide, mode, params
         self.poll_interval_s, self.retrain_interval_s = poll_interval_s, retrain_interval_s
         self.idle_after_s, self.error_backoff_s = idle_after_s, error_backoff_s
@@ -123,15 +161,23 @@ class TunerManager:
         self.predictor: Predictor | None = None
         self.base: Ensemble | None = None
         self.new_windows = 0
-        self.cycle_cpu_s: list[float] = []  # CPU of cycles that issued a decision (bench_tuner reads it)
+        self.cycle_cpu_s: list[
+            float
+        ] = []  # CPU of cycles that issued a decision (bench_tuner reads it)
         self.cycles = 0
+        # Per job, the cycles that looked at it (whatever they found: another daemon's lease, an
+        # opted-out or paused job, nothing new): what a caller waits on to know the tuner has seen
+        # what it stored.
+        self.cycles_of: dict[str, int] = {}
         self._started_wall_s = time.time()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._started_wall_s = time.time()
-        self._threads = [threading.Thread(target=self._run, name="autobyted-tuner", daemon=True),
-                         threading.Thread(target=self._train_loop, name="autobyted-trainer", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._run, name="autobyted-tuner", daemon=True),
+            threading.Thread(target=self._train_loop, name="autobyted-trainer", daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -161,12 +207,16 @@ class TunerManager:
                 candidate = Ensemble.from_bytes(stored.model)
                 if candidate.meta.get("base") == prior.digest:
                     ensemble = candidate
-                    log.info("predictor loaded from the database", extra={"examples": stored.examples})
+                    log.info(
+                        "predictor loaded from the database", extra={"examples": stored.examples}
+                    )
                 else:
-                    log.info("stored predictor was trained on another prior; retraining from the windows")
+                    log.info(
+                        "stored predictor was trained on another prior; retraining from the windows"
+                    )
                     self.new_windows += 1
                     self._train_wake.set()
-        except Exception as error:  # an unreadable model is not worth a dead tuner
+        except Exception as error:  # noqa: BLE001 - an unreadable model is not worth a dead tuner
             log.warning("cannot load the stored predictor (%s); using the prior", error)
         self.predictor = Predictor(ensemble)
 
@@ -179,8 +229,13 @@ class TunerManager:
         if trained is None:
             return False
         self.predictor.swap(trained)
-        self.storage.save_model("online", trained.to_bytes(), trained.meta["examples"], trained.meta["note"])
-        log.info("predictor retrained", extra={"pairs": trained.meta["examples"], "jobs": trained.meta["jobs"]})
+        self.storage.save_model(
+            "online", trained.to_bytes(), trained.meta["examples"], trained.meta["note"]
+        )
+        log.info(
+            "predictor retrained",
+            extra={"pairs": trained.meta["examples"], "jobs": trained.meta["jobs"]},
+        )
         return True
 
     def _train_loop(self) -> None:
@@ -203,8 +258,17 @@ class TunerManager:
         windows = []
         for record in self.storage.windows(limit=limit, newest=True):
             try:
-                windows.append(Window(record.job, record.segment, record.config, Context.from_json(record.context),
-                                      record.step_time_s, record.samples, record.created_at_s))
+                windows.append(
+                    Window(
+                        record.job,
+                        record.segment,
+                        record.config,
+                        Context.from_json(record.context),
+                        record.step_time_s,
+                        record.samples,
+                        record.created_at_s,
+                    )
+                )
             except (ValueError, TypeError, KeyError) as error:
                 log.warning("skipping an unreadable window %d: %s", record.window_id, error)
         return windows
@@ -233,7 +297,7 @@ class TunerManager:
                 next_poll = now + self.poll_interval_s
                 try:
                     jobs |= set(self.storage.active_jobs(self.idle_after_s))
-                except Exception as error:
+                except Exception as error:  # noqa: BLE001 - the database is unreachable: the known jobs are still tuned
                     log.warning("tuner cannot list active jobs: %s", error)
                 jobs |= set(self._jobs)
             for job in sorted(jobs):
@@ -242,15 +306,25 @@ class TunerManager:
                 self.cycle(job)
 
     def cycle(self, job: str) -> None:
-        """Look at one job: new samples through its search, pause/resume, idle, errors."""
+        """Look at one job: new samples through its search, pause/resume, idle, errors. Counted in
+        cycles_of unless the job is in its error back-off or another daemon's lease is not asked
+        for again yet."""
         now = self._clock()
         if self._skip_until.get(job, 0.0) > now:
             return
+        if job not in self._renewed_at and self._lease_retry_at.get(job, 0.0) > time.monotonic():
+            return
+        try:
+            self._look(job, now)
+        finally:
+            self.cycles_of[job] = self.cycles_of.get(job, 0) + 1
+
+    def _look(self, job: str, now: float) -> None:
         cpu0 = time.thread_time()
         try:
             if not self._hold(job):
                 return
-        except Exception as error:  # the database is unreachable: try again later
+        except Exception as error:  # noqa: BLE001 - the database is unreachable: try again later
             log.warning("tuner cannot take or renew the lease of job %s: %s", job, error)
             self._lease_retry_at[job] = time.monotonic() + self.lease_s / 3
             return
@@ -266,7 +340,9 @@ class TunerManager:
                 state.tuner.pause("an operator decided or paused it")
             elif stored is not None and not stored.paused and state.tuner.paused:
                 state.tuner.resume()
-            rows = self.storage.samples_after(job, state.last_row, rank=None, limit=5_000 * state.ranks.world_size)
+            rows = self.storage.samples_after(
+                job, state.last_row, rank=None, limit=5_000 * state.ranks.world_size
+            )
             decisions_before = len(state.tuner.own_decision_ids)
             if rows:
                 state.last_row = rows[-1].row_id
@@ -275,17 +351,26 @@ class TunerManager:
                     state.ranks.add(row.rank, row.metrics)
                 state.tuner.observe(state.ranks.pop_ready())
             # Every rank said goodbye (its last batch carries final): the job is let go at once.
-            finished = (len(rows) < 5_000 * state.ranks.world_size  # else more rows wait to be read
-                        and self.storage.job_info(job).finished_at_s is not None)
+            finished = (
+                len(rows) < 5_000 * state.ranks.world_size  # else more rows wait to be read
+                and self.storage.job_info(job).finished_at_s is not None
+            )
             if finished or (not rows and now - state.last_sample_s > self.idle_after_s):
                 # A finished job (every rank said goodbye; storage expired what was pending) is
                 # let go at once and says so; a silent one after idle_after_s.
                 last = state.sink.status or state.tuner.status  # what status showed last
-                said = (f"finished: every rank ended (the tuner was: {last.detail})" if finished else
-                        f"idle: no steps for {self.idle_after_s:.0f} s (was: {last.detail})")
-                self._write(job, state, dataclasses.replace(last,
-                                                            state="finished" if finished else "idle",
-                                                            detail=said))
+                said = (
+                    f"finished: every rank ended (the tuner was: {last.detail})"
+                    if finished
+                    else f"idle: no steps for {self.idle_after_s:.0f} s (was: {last.detail})"
+                )
+                self._write(
+                    job,
+                    state,
+                    dataclasses.replace(
+                        last, state="finished" if finished else "idle", detail=said
+                    ),
+                )
                 del self._jobs[job]
                 self._let_go(job)
                 return
@@ -297,15 +382,23 @@ class TunerManager:
             self._jobs.pop(job, None)  # deleted meanwhile
             self._let_go(job)
         except Exception as error:
-            log.exception("tuning job %s failed; it is looked at again in %.0f s", job, self.error_backoff_s)
+            log.exception(
+                "tuning job %s failed; it is looked at again in %.0f s", job, self.error_backoff_s
+            )
             self._jobs.pop(job, None)
             self._let_go(job)
             self._skip_until[job] = now + self.error_backoff_s
             try:
-                self.storage.save_tuner_status(job, TunerStatusRecord(
-                    mode=self.mode, state="error", detail=f"error: {type(error).__name__}: {error}"[:500],
-                    updated_at_s=time.time()))
-            except Exception:
+                self.storage.save_tuner_status(
+                    job,
+                    TunerStatusRecord(
+                        mode=self.mode,
+                        state="error",
+                        detail=f"error: {type(error).__name__}: {error}"[:500],
+                        updated_at_s=time.time(),
+                    ),
+                )
+            except Exception:  # noqa: BLE001, S110 - best effort: the failure is logged above
                 pass
 
     def _hold(self, job: str) -> bool:
@@ -317,8 +410,6 @@ class TunerManager:
         held = job in self._renewed_at
         if held and now - self._renewed_at[job] < self.lease_s / 3:
             return True
-        if not held and self._lease_retry_at.get(job, 0.0) > now:
-            return False
         if self.storage.acquire_lease(tuner_lease(job), self.holder, self.lease_s):
             if not held:
                 log.info("tuning job %s (lease taken)", job)
@@ -326,7 +417,9 @@ class TunerManager:
             self._lease_retry_at.pop(job, None)
             return True
         if held:
-            log.warning("lost the tuner lease of job %s to another daemon; it tunes the job now", job)
+            log.warning(
+                "lost the tuner lease of job %s to another daemon; it tunes the job now", job
+            )
             self._jobs.pop(job, None)
             del self._renewed_at[job]
         self._lease_retry_at[job] = now + min(self.poll_interval_s, self.lease_s / 3)
@@ -336,7 +429,7 @@ class TunerManager:
         self._renewed_at.pop(job, None)
         try:
             self.storage.release_lease(tuner_lease(job), self.holder)
-        except Exception as error:  # it expires by itself
+        except Exception as error:  # noqa: BLE001 - it expires by itself
             log.warning("cannot release the tuner lease of job %s: %s", job, error)
 
     def _open(self, job: str) -> _JobState | None:
@@ -346,9 +439,12 @@ class TunerManager:
             if previous is not None and previous.state == "finished":
                 return None  # said so when its last rank ended (cycle); a new run registers afresh
         if info.tuning_disabled:
-            status = TunerStatusRecord(mode="opted out", state="off",
-                                       detail="off: the job opted out (autobyte.init(tune=False))",
-                                       updated_at_s=time.time())
+            status = TunerStatusRecord(
+                mode="opted out",
+                state="off",
+                detail="off: the job opted out (autobyte.init(tune=False))",
+                updated_at_s=time.time(),
+            )
             previous = self.storage.tuner_status(job)
             if previous is None or (previous.state, previous.mode) != (status.state, status.mode):
                 self.storage.save_tuner_status(job, status)
@@ -358,21 +454,37 @@ class TunerManager:
         shape = JobShape.from_info(info)
         # What earlier jobs of this shape measured (the search uses it where the context matches).
         known = [w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape == shape]
-        tuner = JobTuner(job, shape, self.predictor, sink, self.mode, self.params, known=known,
-                         first_segment=self.storage.next_window_segment(job))
+        tuner = JobTuner(
+            job,
+            shape,
+            self.predictor,
+            sink,
+            self.mode,
+            self.params,
+            known=known,
+            first_segment=self.storage.next_window_segment(job),
+        )
         # A job that registered while this tuner runs and that no tuner has looked at yet is read
         # from its first sample; one that was running before (a daemon restart, a job the tuner let
         # go as idle, a job taken over from another daemon) from its newest: it is measured afresh,
         # not replayed from its history.
         previous = self.storage.tuner_status(job)
-        fresh = info.created_at_s >= self._started_wall_s and (previous is None or not previous.mode)
-        state = _JobState(tuner, sink, RankMerger(max(1, info.world_size)),
-                          last_row=0 if fresh else self.storage.last_sample_row(job, rank=None),
-                          last_sample_s=self._clock())
+        fresh = info.created_at_s >= self._started_wall_s and (
+            previous is None or not previous.mode
+        )
+        state = _JobState(
+            tuner,
+            sink,
+            RankMerger(max(1, info.world_size)),
+            last_row=0 if fresh else self.storage.last_sample_row(job, rank=None),
+            last_sample_s=self._clock(),
+        )
         self._jobs[job] = state
         return state
 
     def _write(self, job: str, state: _JobState, status: TunerStatusRecord) -> None:
         if status != state.written:
-            self.storage.save_tuner_status(job, dataclasses.replace(status, updated_at_s=time.time()))
+            self.storage.save_tuner_status(
+                job, dataclasses.replace(status, updated_at_s=time.time())
+            )
             state.written = status

@@ -41,4 +41,6 @@ class PendingDecision:
     decision_id: int
     config: Config
     apply_at_step: int
-    issued_wall_s: float  # the newest sample's wall time when the decision was made (the job's clock)
+    issued_wall_s: (
+        float  # the newest sample's wall time when the decision was made (the job's clock)
+    )

@@ -35,8 +35,15 @@ class MemorySink(TunerSink):
         self.statuses: list[TunerStatusRecord] = []
 
     def decide(self, config, apply_at_step, reason, predicted_step_time_s, kind):
-        decision = MemoryDecision(len(self.decisions) + 1, config, apply_at_step, reason, kind,
-                               predicted_step_time_s, state="recommended" if kind == "recommend" else "pending")
+        decision = MemoryDecision(
+            len(self.decisions) + 1,
+            config,
+            apply_at_step,
+            reason,
+            kind,
+            predicted_step_time_s,
+            state="recommended" if kind == "recommend" else "pending",
+        )
         self.decisions.append(decision)
         return decision.decision_id
 

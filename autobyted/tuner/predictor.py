@@ -34,9 +34,17 @@ FORMAT_VERSION = 1
 MEMBERS = 5
 # An ensemble's spread is never taken as zero: measurement noise alone is a few percent.
 SIGMA_FLOOR = 0.02
-PRIOR_PARAMS = {"objective": "reg:squarederror", "max_depth": 5, "eta": 0.1, "subsample": 0.8,
-                "colsample_bytree": 0.8, "min_child_weight": 2.0, "lambda": 1.0, "tree_method": "hist",
-                "nthread": 1}
+PRIOR_PARAMS = {
+    "objective": "reg:squarederror",
+    "max_depth": 5,
+    "eta": 0.1,
+    "subsample": 0.8,
+    "colsample_bytree": 0.8,
+    "min_child_weight": 2.0,
+    "lambda": 1.0,
+    "tree_method": "hist",
+    "nthread": 1,
+}
 PRIOR_ROUNDS = 100
 # Online corrections: few shallow trees on top of the prior, so one retraining stays cheap
 # (bounded rows x rounds x members) and a handful of real windows cannot erase the prior.
@@ -75,14 +83,19 @@ class TrainingSet:
         return h.hexdigest()[:16]
 
 
-def training_pairs(windows: Sequence[Window], now_s: float | None = None,
-                   half_life_s: float | None = RECENCY_HALF_LIFE_S) -> TrainingSet:
+def training_pairs(
+    windows: Sequence[Window],
+    now_s: float | None = None,
+    half_life_s: float | None = RECENCY_HALF_LIFE_S,
+) -> TrainingSet:
     """Every ordered pair (A, B) of windows of different configurations in the same job and context
     segment gives one row: features(context of A, config A, config B) -> log(t_B / t_A).
 
     Weights: old windows fade (half-life `half_life_s`; Pollux's model never forgot) and a short
     window (a trial cut early) counts less than a full one."""
-    groups: dict[tuple[str, int], dict[Config, list[Window]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple[str, int], dict[Config, list[Window]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for window in windows:
         if window.step_time_s > 0 and window.samples > 0:
             groups[(window.job, window.segment)][window.config].append(window)
@@ -116,15 +129,19 @@ class Ensemble:
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(x) == 0:
             return np.zeros(0), np.zeros(0)
-        predictions = np.stack([member.inplace_predict(x, missing=np.nan) for member in self.members])
+        predictions = np.stack(
+            [member.inplace_predict(x, missing=np.nan) for member in self.members]
+        )
         mean = predictions.mean(axis=0)
         spread = predictions.std(axis=0)
         return mean, np.sqrt(spread * spread + SIGMA_FLOOR * SIGMA_FLOOR)
 
     def to_bytes(self) -> bytes:
         blobs = [bytes(member.save_raw("ubj")) for member in self.members]
-        header = json.dumps({**self.meta, "format": FORMAT_VERSION, "sizes": [len(b) for b in blobs]},
-                            sort_keys=True).encode()
+        header = json.dumps(
+            {**self.meta, "format": FORMAT_VERSION, "sizes": [len(b) for b in blobs]},
+            sort_keys=True,
+        ).encode()
         return MAGIC + struct.pack("<I", len(header)) + header + b"".join(blobs)
 
     @classmethod
@@ -136,14 +153,14 @@ class Ensemble:
         offset = len(MAGIC)
         (length,) = struct.unpack_from("<I", data, offset)
         offset += 4
-        meta = json.loads(data[offset:offset + length])
+        meta = json.loads(data[offset : offset + length])
         offset += length
         if meta.get("format") != FORMAT_VERSION or tuple(meta.get("features", ())) != FEATURE_NAMES:
             raise ValueError("predictor file of another format or feature set; regenerate it")
         members = []
         for size in meta.pop("sizes"):
             booster = xgb.Booster()
-            booster.load_model(bytearray(data[offset:offset + size]))
+            booster.load_model(bytearray(data[offset : offset + size]))
             booster.set_param({"nthread": 1})
             members.append(booster)
             offset += size
@@ -166,9 +183,16 @@ def _bootstrap(groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.array([weights[index[g]] for g in groups], dtype=np.float64)
 
 
-def train_ensemble(data: TrainingSet, *, seed: int = 0, base: Ensemble | None = None,
-                   params: dict | None = None, rounds: int | None = None, kind: str = "prior",
-                   note: str = "") -> Ensemble:
+def train_ensemble(
+    data: TrainingSet,
+    *,
+    seed: int = 0,
+    base: Ensemble | None = None,
+    params: dict | None = None,
+    rounds: int | None = None,
+    kind: str = "prior",
+    note: str = "",
+) -> Ensemble:
     """Train MEMBERS boosters on bootstrap resamples of jobs; with `base`, each member continues
     the corresponding base member (new trees fit what the base gets wrong)."""
     import xgboost as xgb
@@ -182,29 +206,57 @@ def train_ensemble(data: TrainingSet, *, seed: int = 0, base: Ensemble | None = 
         rng = np.random.default_rng(seed * 1000 + member)
         weight = data.weights * _bootstrap(data.groups, rng)
         keep = weight > 0
-        matrix = xgb.DMatrix(data.x[keep], label=data.y[keep], weight=weight[keep], missing=np.nan,
-                             feature_names=list(FEATURE_NAMES), nthread=1)
+        matrix = xgb.DMatrix(
+            data.x[keep],
+            label=data.y[keep],
+            weight=weight[keep],
+            missing=np.nan,
+            feature_names=list(FEATURE_NAMES),
+            nthread=1,
+        )
         start = base.members[member].copy() if base is not None else None
-        members.append(xgb.train({**params, "seed": seed * 1000 + member}, matrix, num_boost_round=rounds,
-                                 xgb_model=start))
-    meta = {"features": list(FEATURE_NAMES), "kind": kind, "examples": len(data.y),
-            "jobs": len(set(data.groups.tolist())), "data_digest": data.digest(), "note": note,
-            "base": base.meta.get("base") or base.digest if base is not None else ""}
+        members.append(
+            xgb.train(
+                {**params, "seed": seed * 1000 + member},
+                matrix,
+                num_boost_round=rounds,
+                xgb_model=start,
+            )
+        )
+    meta = {
+        "features": list(FEATURE_NAMES),
+        "kind": kind,
+        "examples": len(data.y),
+        "jobs": len(set(data.groups.tolist())),
+        "data_digest": data.digest(),
+        "note": note,
+        "base": base.meta.get("base") or base.digest if base is not None else "",
+    }
     return Ensemble(members, meta)
 
 
-def train_online(prior: Ensemble, windows: Sequence[Window], *, seed: int = 0,
-                 now_s: float | None = None) -> Ensemble | None:
+def train_online(
+    prior: Ensemble, windows: Sequence[Window], *, seed: int = 0, now_s: float | None = None
+) -> Ensemble | None:
     """The daemon's retraining: corrections on top of the prior from real windows of every job
     (the most recent MAX_ONLINE_PAIRS pairs). None when the windows make no pair yet."""
     data = training_pairs(windows, now_s)
     if len(data.y) == 0:
         return None
     if len(data.y) > MAX_ONLINE_PAIRS:
-        data = TrainingSet(data.x[-MAX_ONLINE_PAIRS:], data.y[-MAX_ONLINE_PAIRS:],
-                           data.groups[-MAX_ONLINE_PAIRS:], data.weights[-MAX_ONLINE_PAIRS:])
-    return train_ensemble(data, seed=seed, base=prior, kind="online",
-                          note=f"{len(data.y)} pairs from {len(set(data.groups.tolist()))} jobs")
+        data = TrainingSet(
+            data.x[-MAX_ONLINE_PAIRS:],
+            data.y[-MAX_ONLINE_PAIRS:],
+            data.groups[-MAX_ONLINE_PAIRS:],
+            data.weights[-MAX_ONLINE_PAIRS:],
+        )
+    return train_ensemble(
+        data,
+        seed=seed,
+        base=prior,
+        kind="online",
+        note=f"{len(data.y)} pairs from {len(set(data.groups.tolist()))} jobs",
+    )
 
 
 PRIOR_RESOURCE = "prior.model"
@@ -243,7 +295,9 @@ class Predictor:
         with self._lock:
             self._ensemble = ensemble
 
-    def predict(self, context: Context, reference: Config, candidates: Sequence[Config]) -> Prediction:
+    def predict(
+        self, context: Context, reference: Config, candidates: Sequence[Config]
+    ) -> Prediction:
         x = feature_matrix(context, reference, candidates)
         mean, std = self._ensemble.predict(x)
         # The reference itself needs no model: it was just measured.

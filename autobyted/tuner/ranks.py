@@ -32,7 +32,9 @@ from collections.abc import Mapping, Sequence
 
 from autobyte.types import StepMetrics
 
-MAX_LAG_STEPS = 64  # ~2 s of 30 ms steps; the client sends every second, so a live rank is in by then
+MAX_LAG_STEPS = (
+    64  # ~2 s of 30 ms steps; the client sends every second, so a live rank is in by then
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +46,9 @@ class JobStep(StepMetrics):
     rank_compute_s: tuple[tuple[int, float], ...] = ()
 
 
-def merge_ranks(leader: StepMetrics, peers: Sequence[StepMetrics] | Mapping[int, StepMetrics]
-                ) -> StepMetrics:
+def merge_ranks(
+    leader: StepMetrics, peers: Sequence[StepMetrics] | Mapping[int, StepMetrics]
+) -> StepMetrics:
     """The job-level sample of one step (see the module docstring); `peers` excludes rank 0: a
     mapping rank -> sample, or the samples of ranks 1, 2, ... in order."""
     by_rank = dict(peers) if isinstance(peers, Mapping) else dict(enumerate(peers, start=1))
@@ -55,11 +58,16 @@ def merge_ranks(leader: StepMetrics, peers: Sequence[StepMetrics] | Mapping[int,
     straggler = max(everyone, key=lambda m: m.forward_s + m.backward_s)
     ranks = {0: leader, **by_rank}
     fields = {field.name: getattr(leader, field.name) for field in dataclasses.fields(StepMetrics)}
-    fields.update(forward_s=straggler.forward_s, backward_s=straggler.backward_s,
-                  bandwidth_bytes_per_s=max(m.bandwidth_bytes_per_s for m in everyone),
-                  host_load=max(m.host_load for m in everyone))
-    return JobStep(**fields, rank_compute_s=tuple((r, ranks[r].forward_s + ranks[r].backward_s)
-                                                  for r in sorted(ranks)))
+    fields.update(
+        forward_s=straggler.forward_s,
+        backward_s=straggler.backward_s,
+        bandwidth_bytes_per_s=max(m.bandwidth_bytes_per_s for m in everyone),
+        host_load=max(m.host_load for m in everyone),
+    )
+    return JobStep(
+        **fields,
+        rank_compute_s=tuple((r, ranks[r].forward_s + ranks[r].backward_s) for r in sorted(ranks)),
+    )
 
 
 class RankMerger:
@@ -88,8 +96,10 @@ class RankMerger:
         out = []
         for step in sorted(self._leader):
             peers = self._peers.get(step, {})
-            if (not self._streaming.issubset(peers)
-                    and step > self._newest_leader_step - self.max_lag_steps):
+            if (
+                not self._streaming.issubset(peers)
+                and step > self._newest_leader_step - self.max_lag_steps
+            ):
                 break  # wait for the peers of this step (and keep the order)
             out.append(merge_ranks(self._leader.pop(step), {r: peers[r] for r in sorted(peers)}))
             self._peers.pop(step, None)

@@ -143,19 +143,37 @@ __all__ = [
 log = logging.getLogger(__name__)
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
 
-_Valued = tuple[Config, float, TrialValue]  # (candidate, predicted mean log ratio, its trial's value)
+_Valued = tuple[
+    Config, float, TrialValue
+]  # (candidate, predicted mean log ratio, its trial's value)
 
 
 class JobTuner:
     """The search for one job. Feed it the job's samples (rank 0's, or every rank's merged per step
     by tuner.ranks.merge_ranks) in step order with `observe`."""
 
-    def __init__(self, job: str, shape: JobShape, predictor: Predictor, sink: TunerSink, mode: str = "auto",
-                 params: TunerParams = TunerParams(), known: Sequence[Window] = (), first_segment: int = 0) -> None:
+    def __init__(
+        self,
+        job: str,
+        shape: JobShape,
+        predictor: Predictor,
+        sink: TunerSink,
+        mode: str = "auto",
+        params: TunerParams = TunerParams(),
+        known: Sequence[Window] = (),
+        first_segment: int = 0,
+    ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         self.evidence = JobEvidence(job, shape, known, first_segment)
-        self.job, self.shape, self.predictor, self.sink, self.mode, self.params = job, shape, predictor, sink, mode, params
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.params = (
+            job,
+            shape,
+            predictor,
+            sink,
+            mode,
+            params,
+        )
         self.phase = "warm-up"
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
         self.first_segment = self.segment = first_segment
@@ -164,8 +182,12 @@ class JobTuner:
         self.newest_step = -1
         self.newest_wall_s = 0.0
         self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
-        self.cleared: set[tuple[str, int]] = set()  # context jumps a check showed to be the configs'
-        self.checked: list[MeasuredWindow] = []  # this search's trials a check of the incumbent followed (A-B-A)
+        self.cleared: set[tuple[str, int]] = (
+            set()
+        )  # context jumps a check showed to be the configs'
+        self.checked: list[
+            MeasuredWindow
+        ] = []  # this search's trials a check of the incumbent followed (A-B-A)
         self.own_decision_ids: set[int] = set()
         self.pending: PendingDecision | None = None
         self.transition_steps_left = 0
@@ -196,7 +218,14 @@ class JobTuner:
         self.next_rescore_wall_s = 0.0
         self.candidates: tuple[Config, ...] = ()
         # Counters the benchmarks read (never steer anything).
-        self.stats = {"trials": 0, "cut": 0, "switches": 0, "rollbacks": 0, "retunes": 0, "not_applied": 0}
+        self.stats = {
+            "trials": 0,
+            "cut": 0,
+            "switches": 0,
+            "rollbacks": 0,
+            "retunes": 0,
+            "not_applied": 0,
+        }
         self.recommended: Config | None = None
 
     # ------------------------------------------------------------------ public
@@ -218,19 +247,32 @@ class JobTuner:
         self.paused = False
         self.searched_once = False  # the operator's configuration is the new starting point
         self.starting = None
-        self._rebaseline("resumed after an operator's pause", new_segment=True, steps=self.params.baseline_steps)
+        self._rebaseline(
+            "resumed after an operator's pause", new_segment=True, steps=self.params.baseline_steps
+        )
 
     @property
     def status(self) -> TunerStatusRecord:
         held = self.held or self.incumbent
         return TunerStatusRecord(
-            mode=self.mode, state=self.phase, detail=self.detail,
-            config=(self.recommended if self.mode == "observe" and self.recommended else
-                    held.config if held else self.config) or Config(),
+            mode=self.mode,
+            state=self.phase,
+            detail=self.detail,
+            config=(
+                self.recommended
+                if self.mode == "observe" and self.recommended
+                else held.config
+                if held
+                else self.config
+            )
+            or Config(),
             baseline_step_time_s=self.starting.median_s if self.starting else 0.0,
             measured_step_time_s=held.median_s if held else 0.0,
-            predicted_step_time_s=self.best_predicted_s, trials_done=len(self.trials),
-            trials_planned=self.trials_planned, paused=self.paused)
+            predicted_step_time_s=self.best_predicted_s,
+            trials_done=len(self.trials),
+            trials_planned=self.trials_planned,
+            paused=self.paused,
+        )
 
     # ------------------------------------------------------------------ per sample
     def _on_sample(self, m: StepMetrics) -> None:
@@ -254,25 +296,35 @@ class JobTuner:
             if m.decision_id == self.pending.decision_id:
                 self.pending = None
                 self.transition_steps_left = self.params.transition_steps
-            elif (m.step >= self.pending.apply_at_step + self.params.apply_timeout_steps
-                  and m.wall_time_s - self.pending.issued_wall_s > self.params.apply_timeout_s):
+            elif (
+                m.step >= self.pending.apply_at_step + self.params.apply_timeout_steps
+                and m.wall_time_s - self.pending.issued_wall_s > self.params.apply_timeout_s
+            ):
                 self._not_applied()
                 return
             else:
                 return  # the job has not switched yet: these steps belong to the previous plan
         elif changed and m.decision_id not in self.own_decision_ids:
             # Someone else's decision took effect (an operator's, or one from before a restart).
-            self._rebaseline(f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
-                             new_segment=True, steps=self.params.baseline_steps)
+            self._rebaseline(
+                f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
+                new_segment=True,
+                steps=self.params.baseline_steps,
+            )
             self.transition_steps_left = self.params.transition_steps
         if self.transition_steps_left > 0:
             self.transition_steps_left -= 1
             return
         if self.phase == "warm-up":
             self._rebaseline("", new_segment=False, steps=self.params.baseline_steps)
-        handler = {"baseline": self._on_baseline, "re-tuning": self._on_baseline, "exploring": self._on_trial,
-                   "checking": self._on_check, "confirming": self._on_confirm,
-                   "verifying": self._on_verify}.get(self.phase, self._on_watch)
+        handler = {
+            "baseline": self._on_baseline,
+            "re-tuning": self._on_baseline,
+            "exploring": self._on_trial,
+            "checking": self._on_check,
+            "confirming": self._on_confirm,
+            "verifying": self._on_verify,
+        }.get(self.phase, self._on_watch)
         handler(m)
 
     # ------------------------------------------------------------------ baseline and planning
@@ -291,7 +343,9 @@ class JobTuner:
         prefix = f"{reason}: " if reason else ""
         # Before the job's next step the tuner may not know what is in effect (a tuner opened on a
         # running job reads from its newest step): say so rather than print none/inf.
-        in_effect = describe(self.config) if self.config is not None else "the configuration in effect"
+        in_effect = (
+            describe(self.config) if self.config is not None else "the configuration in effect"
+        )
         self._set(phase, f"{prefix}measuring {in_effect}")
 
     def _on_baseline(self, m: StepMetrics) -> None:
@@ -307,17 +361,29 @@ class JobTuner:
         self.evidence.open_search(incumbent.config)
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self.evidence.with_known(self.evidence.corrected(
-            self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config), incumbent,
-            [self.incumbent, *self.trials], self.sigma)
-        self.best_predicted_s = min(prediction.step_time_s(incumbent.median_s, i)
-                                    for i in range(len(self.candidates)))
+        prediction = self.evidence.with_known(
+            self.evidence.corrected(
+                self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config
+            ),
+            incumbent,
+            [self.incumbent, *self.trials],
+            self.sigma,
+        )
+        self.best_predicted_s = min(
+            prediction.step_time_s(incumbent.median_s, i) for i in range(len(self.candidates))
+        )
         gate = -math.log1p(self.params.min_gain)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
-        paying, _best = self._paying(incumbent, [(c, float(mu), float(sd)) for c, mu, sd in zip(
-            prediction.candidates, prediction.mean, prediction.std) if c != incumbent.config])
+        paying, _best = self._paying(
+            incumbent,
+            [
+                (c, float(mu), float(sd))
+                for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+                if c != incumbent.config
+            ],
+        )
         self.trials_planned = min(self.params.max_trials, len(paying))
         if not paying:
             self._finish(self._none_pays(_best))
@@ -329,19 +395,34 @@ class JobTuner:
         lifetime (memoryless changes: the mean lifetime, from this job's own changes and
         `context_prior_s`), in steps of `step_s`."""
         elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
-        lifetime_s = (elapsed_s + self.params.context_prior_s) / (self.segment - self.first_segment + 1)
+        lifetime_s = (elapsed_s + self.params.context_prior_s) / (
+            self.segment - self.first_segment + 1
+        )
         return lifetime_s / max(step_s, 1e-6)
 
-    def _paying(self, reference: MeasuredWindow, scored: Sequence[tuple[Config, float, float]]
-                ) -> tuple[list[_Valued], _Valued | None]:
+    def _paying(
+        self, reference: MeasuredWindow, scored: Sequence[tuple[Config, float, float]]
+    ) -> tuple[list[_Valued], _Valued | None]:
         """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
         (trial_value), best value first; and the best of all (for the reason when none pays)."""
         horizon = self._horizon_steps(reference.median_s)
-        trial = self.params.transition_steps + self._window(self.params.trial_steps, self.params.trial_window_s)
+        trial = self.params.transition_steps + self._window(
+            self.params.trial_steps, self.params.trial_window_s
+        )
         cut = self.params.transition_steps + self.params.min_trial_steps
-        valued = sorted(((c, mu, trial_value(mu, sd, horizon, trial, cut, self.params.min_gain,
-                                             self.params.clearly_worse)) for c, mu, sd in scored),
-                        key=lambda t: -t[2].value_steps)
+        valued = sorted(
+            (
+                (
+                    c,
+                    mu,
+                    trial_value(
+                        mu, sd, horizon, trial, cut, self.params.min_gain, self.params.clearly_worse
+                    ),
+                )
+                for c, mu, sd in scored
+            ),
+            key=lambda t: -t[2].value_steps,
+        )
         paying = [t for t in valued if t[2].pays]
         best = max(valued, key=lambda t: t[2].win_probability, default=None)
         return paying, best
@@ -350,25 +431,40 @@ class JobTuner:
         if best is None:
             return "no candidate left to try"
         config, mu, value = best
-        return (f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
-                f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
-                f"{100 * value.win_probability:.0f}% likely to win")
+        return (
+            f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
+            f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
+            f"{100 * value.win_probability:.0f}% likely to win"
+        )
 
     def _recommend(self, prediction: Prediction, incumbent: MeasuredWindow, gate: float) -> None:
-        confident = [(mu, c) for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-                     if mu - self.params.kappa * sd < gate and mu < gate]
+        confident = [
+            (mu, c)
+            for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+            if mu - self.params.kappa * sd < gate and mu < gate
+        ]
         self._hold(incumbent, watch_reference=incumbent.samples)
         if not confident:
-            self._set("observing", f"observe: no configuration is predicted to beat {describe(incumbent.config)}")
+            self._set(
+                "observing",
+                f"observe: no configuration is predicted to beat {describe(incumbent.config)}",
+            )
             return
         mu, best = min(confident, key=lambda t: t[0])
         predicted = incumbent.median_s * math.exp(mu)
-        reason = (f"observe: recommend {describe(best)}, predicted "
-                  f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}")
-        self.sink.decide(best, self.newest_step + self.params.apply_lead_steps, reason, predicted, "recommend")
+        reason = (
+            f"observe: recommend {describe(best)}, predicted "
+            f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}"
+        )
+        self.sink.decide(
+            best, self.newest_step + self.params.apply_lead_steps, reason, predicted, "recommend"
+        )
         self.recommended = best
-        self._set("observing", f"observe: recommends {describe(best)} (predicted "
-                               f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})")
+        self._set(
+            "observing",
+            f"observe: recommends {describe(best)} (predicted "
+            f"{describe_speedup(math.exp(-mu), describe(incumbent.config))})",
+        )
 
     def _context_note(self) -> str:
         return f" ({self.retune_reason})" if self.retune_reason else ""
@@ -397,47 +493,81 @@ class JobTuner:
             return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
-        prediction = self.evidence.corrected(self.predictor.predict(context, reference.config,
-                                                            untried + [t.config for t in others]), reference.config)
-        prediction = self.evidence.with_known(prediction, reference, [self.incumbent, *self.trials], self.sigma, len(untried))
+        prediction = self.evidence.corrected(
+            self.predictor.predict(context, reference.config, untried + [t.config for t in others]),
+            reference.config,
+        )
+        prediction = self.evidence.with_known(
+            prediction, reference, [self.incumbent, *self.trials], self.sigma, len(untried)
+        )
         slope = gain_calibration(
-            [(t.model_log, t.log_median - t.reference_log) for t in self.trials if t.model_log is not None],
-            self.params.gain_slope_prior_sd, self.params.gain_error_sd)
-        uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[:len(untried)])}
-        residuals = [(t.log_median - reference.log_median) - slope * float(mu)
-                     for t, mu in zip(others, prediction.mean[len(untried):])]
+            [
+                (t.model_log, t.log_median - t.reference_log)
+                for t in self.trials
+                if t.model_log is not None
+            ],
+            self.params.gain_slope_prior_sd,
+            self.params.gain_error_sd,
+        )
+        uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[: len(untried)])}
+        residuals = [
+            (t.log_median - reference.log_median) - slope * float(mu)
+            for t, mu in zip(others, prediction.mean[len(untried) :])
+        ]
         error2 = statistics.mean(r * r for r in residuals) if residuals else 0.0
-        scored = [(c, slope * float(mu), math.sqrt(float(sd) ** 2 + error2)) for c, mu, sd in
-                  zip(untried, prediction.mean[:len(untried)], prediction.std[:len(untried)])]
+        scored = [
+            (c, slope * float(mu), math.sqrt(float(sd) ** 2 + error2))
+            for c, mu, sd in zip(
+                untried, prediction.mean[: len(untried)], prediction.std[: len(untried)]
+            )
+        ]
         paying, best = self._paying(reference, scored)
         if not paying:
             self._finish("" if self.trials else self._none_pays(best))
             return
         # What an earlier search in this context ended holding is tried first (its measurement is
         # the surest gain; if it wins again, that search's trials from it need not be repeated).
-        config, mu, _value = next((t for t in paying if t[0] in self.evidence.known_winners), paying[0])
+        config, mu, _value = next(
+            (t for t in paying if t[0] in self.evidence.known_winners), paying[0]
+        )
         predicted = reference.median_s * math.exp(mu)
         spread = next(sd for c, _mu, sd in scored if c == config)
-        if (config in self.evidence.known_winners and not self.trials and reference is incumbent
-                and mu + self.params.z_switch * spread < -math.log1p(self.params.min_gain)):
+        if (
+            config in self.evidence.known_winners
+            and not self.trials
+            and reference is incumbent
+            and mu + self.params.z_switch * spread < -math.log1p(self.params.min_gain)
+        ):
             self._switch_known(config, predicted)
             return
         number = len(self.trials) + 1
         self.trials_planned = max(self.trials_planned, number)
-        reason = (f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
-                  f"{self._versus_incumbent(predicted)}{self._context_note()}")
+        reason = (
+            f"trial {number}/{self.trials_planned}: {describe(config)} predicted "
+            f"{self._versus_incumbent(predicted)}{self._context_note()}"
+        )
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = MeasuredWindow(config, [], decision, math.log(predicted) - incumbent.log_median,
-                               model_log=uncalibrated[config], reference_log=reference.log_median)
+        self.trial = MeasuredWindow(
+            config,
+            [],
+            decision,
+            math.log(predicted) - incumbent.log_median,
+            model_log=uncalibrated[config],
+            reference_log=reference.log_median,
+        )
         prefix = f"{self.retune_reason}: " if self.retune_reason else ""
-        self._set("exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}")
+        self._set(
+            "exploring", f"{prefix}exploring {number}/{self.trials_planned} {describe(config)}"
+        )
 
     def _versus_incumbent(self, step_time_s: float) -> str:
         """'1.12x faster than 4MiB/16MiB': a step time against the search's incumbent."""
         assert self.incumbent is not None
-        return describe_speedup(speedup(self.incumbent.median_s, step_time_s), describe(self.incumbent.config))
+        return describe_speedup(
+            speedup(self.incumbent.median_s, step_time_s), describe(self.incumbent.config)
+        )
 
     def _switch_known(self, config: Config, predicted: float) -> None:
         """Warm start: an earlier job of this shape held `config` after its search in this context,
@@ -447,18 +577,25 @@ class JobTuner:
         search goes on)."""
         incumbent = self.incumbent
         assert incumbent is not None
-        reason = (f"warm start: {describe(config)}, held by an earlier job of this model in this context, "
-                  f"predicted {self._versus_incumbent(predicted)}{self._context_note()}; switching without a trial")
+        reason = (
+            f"warm start: {describe(config)}, held by an earlier job of this model in this context, "
+            f"predicted {self._versus_incumbent(predicted)}{self._context_note()}; switching without a trial"
+        )
         decision = self._decide(config, reason, predicted, "switch")
         if decision is None:
             return
-        self.winner = MeasuredWindow(config, [], decision, math.log(predicted) - incumbent.log_median)
+        self.winner = MeasuredWindow(
+            config, [], decision, math.log(predicted) - incumbent.log_median
+        )
         self.confirmed = True
         self.switch_decision_id = decision
         self.stats["switches"] += 1
         self.window = []
         self.window_steps = self._window(self.params.trial_steps, self.params.trial_window_s)
-        self._set("verifying", f"switching to {describe(config)} (an earlier job's winner here), verifying")
+        self._set(
+            "verifying",
+            f"switching to {describe(config)} (an earlier job's winner here), verifying",
+        )
 
     def _on_trial(self, m: StepMetrics) -> None:
         trial = self.trial
@@ -475,30 +612,48 @@ class JobTuner:
         assert self.incumbent is not None
         jump = self._unexplained_jump(trial)
         self.stats["trials"] += 1
-        self.sink.close_decision(trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None)
+        self.sink.close_decision(
+            trial.decision_id, trial.median_s, "rolled_back" if trial.cut else None
+        )
         # A check costs its window at the incumbent's step time (3x the trial's from a poor start),
         # and it can change the answer only when the context the trial ran in could have made the
         # incumbent as fast as the trial (drift.fastest_in_context): a trial faster than that bound
         # by the switch margin wins whatever the measured context did, and goes on unchecked (the
         # search's end still measures the incumbent again against what no signal shows: confirm).
         fastest = fastest_in_context(self.incumbent.samples, trial.samples)
-        if jump is not None and not trial.cut and trial.median_s * (1 + self.params.min_gain) < fastest:
-            log.debug("%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
-                      self.job, jump.reason, len(self.trials) + 1, trial.median_s * 1e3, fastest * 1e3)
+        if (
+            jump is not None
+            and not trial.cut
+            and trial.median_s * (1 + self.params.min_gain) < fastest
+        ):
+            log.debug(
+                "%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
+                self.job,
+                jump.reason,
+                len(self.trials) + 1,
+                trial.median_s * 1e3,
+                fastest * 1e3,
+            )
             jump = None
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             self.suspect_trial = (trial, jump)
             check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
-            reason = (f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
-                      f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
-                      f"measuring {describe(self.incumbent.config)} again, ~{check_steps} steps")
-            decision = self.check_decision_id = self._decide(self.incumbent.config, reason, self.incumbent.median_s, "check")
+            reason = (
+                f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
+                f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
+                f"measuring {describe(self.incumbent.config)} again, ~{check_steps} steps"
+            )
+            decision = self.check_decision_id = self._decide(
+                self.incumbent.config, reason, self.incumbent.median_s, "check"
+            )
             if decision is None:
                 return
             self.window = []
-            self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
+            self.window_steps = self._window(
+                self.params.rebaseline_steps, self.params.baseline_window_s
+            )
             self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
         self._accept_trial(trial)
@@ -510,16 +665,24 @@ class JobTuner:
         bandwidth estimate against a 4 MiB one's)."""
         assert self.incumbent is not None
         jump = context_jump(self.incumbent.samples, trial.samples)
-        if jump is None or any(context_jump(other.samples, trial.samples) is None for other in self.trials):
+        if jump is None or any(
+            context_jump(other.samples, trial.samples) is None for other in self.trials
+        ):
             return None
         return jump
 
-    def _early_window(self, before: MeasuredWindow, trial: MeasuredWindow | None) -> MeasuredWindow | None:
+    def _early_window(
+        self, before: MeasuredWindow, trial: MeasuredWindow | None
+    ) -> MeasuredWindow | None:
         """The incumbent measured again (a check's or a confirm's window), at the sequential look
         after `min_trial_steps` steps: the window so far when `trial` already beats both
         measurements of the incumbent (the answer of the full window cannot change then); else
         None (measure on)."""
-        if trial is None or len(self.window) != self.params.min_trial_steps or len(self.window) >= self.window_steps:
+        if (
+            trial is None
+            or len(self.window) != self.params.min_trial_steps
+            or len(self.window) >= self.window_steps
+        ):
             return None
         again = MeasuredWindow(before.config, list(self.window))
         return again if self._beats_both(trial, before, again) else None
@@ -584,8 +747,17 @@ class JobTuner:
         for trial in self.trials:
             if trial.cut:
                 continue
-            if beats(trial.log_median, len(trial.samples), incumbent.log_median, len(incumbent.samples),
-                     self.sigma, self.params) and trial.log_median < winner.log_median:
+            if (
+                beats(
+                    trial.log_median,
+                    len(trial.samples),
+                    incumbent.log_median,
+                    len(incumbent.samples),
+                    self.sigma,
+                    self.params,
+                )
+                and trial.log_median < winner.log_median
+            ):
                 winner = trial
         self.winner = winner
         # A re-tune that ends where it started was not worth it: raise the bar for the next one (the
@@ -593,37 +765,57 @@ class JobTuner:
         # switched resets it.
         if self.retune_reason:
             self.fruitless = self.fruitless + 1 if winner is incumbent else 0
-        if winner is not incumbent and not self.confirmed and not any(t is winner for t in self.checked):
+        if (
+            winner is not incumbent
+            and not self.confirmed
+            and not any(t is winner for t in self.checked)
+        ):
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
             check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
-            reason = (f"confirm: measuring {describe(incumbent.config)} again before switching to "
-                      f"{describe(winner.config)} (~{check_steps} steps, {self.params.min_trial_steps} when the winner "
-                      f"beats both measurements){self._context_note()}")
-            decision = self.check_decision_id = self._decide(incumbent.config, reason, incumbent.median_s, "check")
+            reason = (
+                f"confirm: measuring {describe(incumbent.config)} again before switching to "
+                f"{describe(winner.config)} (~{check_steps} steps, {self.params.min_trial_steps} when the winner "
+                f"beats both measurements){self._context_note()}"
+            )
+            decision = self.check_decision_id = self._decide(
+                incumbent.config, reason, incumbent.median_s, "check"
+            )
             if decision is None:
                 return
             self.window = []
-            self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
-            self._set("confirming", f"measuring {describe(incumbent.config)} again before switching to "
-                                    f"{describe(winner.config)}")
+            self.window_steps = self._window(
+                self.params.rebaseline_steps, self.params.baseline_window_s
+            )
+            self._set(
+                "confirming",
+                f"measuring {describe(incumbent.config)} again before switching to "
+                f"{describe(winner.config)}",
+            )
             return
         if winner.config == self.config:
             # Already in effect (nothing was tried, or it is the incumbent): its window is the proof.
             self._settle_winner(winner, winner.samples, why)
             return
         returning = winner is incumbent
-        reason = (f"return to {describe(winner.config)}: no trial beat it{self._context_note()}" if returning else
-                  f"hold best: {describe(winner.config)} measured {self._measured_gain(winner)}"
-                  f"{self._context_note()}")
-        decision = self._decide(winner.config, reason, winner.median_s, "return" if returning else "switch")
+        reason = (
+            f"return to {describe(winner.config)}: no trial beat it{self._context_note()}"
+            if returning
+            else f"hold best: {describe(winner.config)} measured {self._measured_gain(winner)}"
+            f"{self._context_note()}"
+        )
+        decision = self._decide(
+            winner.config, reason, winner.median_s, "return" if returning else "switch"
+        )
         if decision is None:
             return
         self.switch_decision_id = decision
         self.stats["switches"] += not returning
         self.window = []
-        self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
+        self.window_steps = self._window(
+            self.params.rebaseline_steps, self.params.baseline_window_s
+        )
         self._set("verifying", f"switching to {describe(winner.config)}, verifying")
 
     def _on_confirm(self, m: StepMetrics) -> None:
@@ -636,18 +828,29 @@ class JobTuner:
         again = early or MeasuredWindow(incumbent.config, list(self.window))
         self.sink.close_decision(self.check_decision_id, again.median_s, None)
         moved = None if early is not None else self._moved(incumbent, again)
-        if moved is not None and not (self.winner is not None and self._beats_both(self.winner, incumbent, again)):
+        if moved is not None and not (
+            self.winner is not None and self._beats_both(self.winner, incumbent, again)
+        ):
             self._abort(moved, again)
             return
         self.confirmed = True
         self._finish("")
 
-    def _beats_both(self, trial: MeasuredWindow, before: MeasuredWindow, after: MeasuredWindow) -> bool:
+    def _beats_both(
+        self, trial: MeasuredWindow, before: MeasuredWindow, after: MeasuredWindow
+    ) -> bool:
         """The incumbent measured before and after a trial: if the trial beats both measurements by
         the switch margin, it beats the incumbent in any context in between; a context that moved
         less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
-        return beats_both(trial.log_median, len(trial.samples), before.log_median, after.log_median,
-                          min(len(before.samples), len(after.samples)), self.sigma, self.params)
+        return beats_both(
+            trial.log_median,
+            len(trial.samples),
+            before.log_median,
+            after.log_median,
+            min(len(before.samples), len(after.samples)),
+            self.sigma,
+            self.params,
+        )
 
     def _abort(self, moved: Alarm, in_effect: MeasuredWindow) -> None:
         """The context moved while a search ran: search again in the new context; but when that
@@ -664,22 +867,39 @@ class JobTuner:
             self.evidence.keep_search_errors()
         self.evidence.drop_search_errors()
         if self.aborts < self.params.max_aborts:
-            self._rebaseline(f"re-tuning after {moved.reason}, during the search", new_segment=True,
-                             steps=self.params.rebaseline_steps)
+            self._rebaseline(
+                f"re-tuning after {moved.reason}, during the search",
+                new_segment=True,
+                steps=self.params.rebaseline_steps,
+            )
             return
         self._hold(in_effect, watch_reference=in_effect.samples)
-        self._set("holding", f"holding {describe(in_effect.config)}: the context changes faster than a "
-                             f"search completes ({moved.reason})")
+        self._set(
+            "holding",
+            f"holding {describe(in_effect.config)}: the context changes faster than a "
+            f"search completes ({moved.reason})",
+        )
 
     def _moved(self, before: MeasuredWindow, after: MeasuredWindow) -> Alarm | None:
         """The same configuration measured twice: did its context (or its step time) move?"""
         shift = window_shift(before.samples, after.samples)
         if shift is not None:
             return shift
-        moved = step_time_move(before.log_median, len(before.samples), after.log_median, len(after.samples),
-                               self.sigma, self.params)
+        moved = step_time_move(
+            before.log_median,
+            len(before.samples),
+            after.log_median,
+            len(after.samples),
+            self.sigma,
+            self.params,
+        )
         if moved is not None:
-            return Alarm("step_time", 1 if moved > 0 else -1, moved, "step time rise" if moved > 0 else "step time drop")
+            return Alarm(
+                "step_time",
+                1 if moved > 0 else -1,
+                moved,
+                "step time rise" if moved > 0 else "step time drop",
+            )
         return None
 
     def _on_verify(self, m: StepMetrics) -> None:
@@ -706,12 +926,20 @@ class JobTuner:
         if shift is not None:
             self._abort(shift, measured)
             return
-        if winner is not incumbent and rolls_back(measured.log_median, len(measured.samples), incumbent.log_median,
-                                                  len(incumbent.samples), self.sigma, self.params):
+        if winner is not incumbent and rolls_back(
+            measured.log_median,
+            len(measured.samples),
+            incumbent.log_median,
+            len(incumbent.samples),
+            self.sigma,
+            self.params,
+        ):
             self.stats["rollbacks"] += 1
             self.sink.close_decision(self.switch_decision_id, measured.median_s, "rolled_back")
-            reason = (f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
-                      f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms")
+            reason = (
+                f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
+                f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms"
+            )
             decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
             if decision is None:
                 return
@@ -723,22 +951,32 @@ class JobTuner:
         self._record(measured)
         self._settle_winner(winner, measured.samples, "")
 
-    def _settle_winner(self, winner: MeasuredWindow, reference: list[StepMetrics], why: str) -> None:
+    def _settle_winner(
+        self, winner: MeasuredWindow, reference: list[StepMetrics], why: str
+    ) -> None:
         self.aborts = 0
         self.evidence.keep_search_errors()
         first = not self.searched_once
         self.searched_once = True
         starting = self.starting
         assert starting is not None
-        self._hold(MeasuredWindow(winner.config, list(reference), winner.decision_id), watch_reference=reference)
+        self._hold(
+            MeasuredWindow(winner.config, list(reference), winner.decision_id),
+            watch_reference=reference,
+        )
         held_context = summarize(reference, self.shape)
         prediction = self.predictor.predict(held_context, winner.config, self.candidates)
-        self.best_predicted_s = min(prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
-                                    for i in range(len(self.candidates)))
+        self.best_predicted_s = min(
+            prediction.step_time_s(statistics.median(s.step_time_s for s in reference), i)
+            for i in range(len(self.candidates))
+        )
         if winner.config == starting.config and first:
             note = f" ({why})" if why else ""
-            tried = (f"nothing beat the starting configuration {describe(starting.config)}" if self.trials else
-                     f"the starting configuration {describe(starting.config)} stays, no trial made")
+            tried = (
+                f"nothing beat the starting configuration {describe(starting.config)}"
+                if self.trials
+                else f"the starting configuration {describe(starting.config)} stays, no trial made"
+            )
             self._set("no headroom", f"no headroom: {tried}{note}")
             return
         held, incumbent = self.held, self.incumbent
@@ -746,10 +984,16 @@ class JobTuner:
         if held.config == incumbent.config and self.retune_reason:
             # A new context in which nothing is worth switching to: say so, and why, at once.
             reason = self.retune_reason
-            head = (f"no headroom after {reason.removeprefix('re-tuning after ')}"
-                    if reason.startswith("re-tuning after ") else f"no headroom ({reason})")
-            self._set("no headroom", f"{head}: {describe(held.config)} stays"
-                                     f"{f' ({why})' if why else ': no trial beat it'}")
+            head = (
+                f"no headroom after {reason.removeprefix('re-tuning after ')}"
+                if reason.startswith("re-tuning after ")
+                else f"no headroom ({reason})"
+            )
+            self._set(
+                "no headroom",
+                f"{head}: {describe(held.config)} stays"
+                f"{f' ({why})' if why else ': no trial beat it'}",
+            )
             return
         if held.config == incumbent.config:
             gain = "no candidate beat it"
@@ -781,17 +1025,27 @@ class JobTuner:
             # Holding without a reference yet (after a decision the job did not apply): collect one.
             self.window.append(m)
             if len(self.window) >= self.window_steps:
-                self._hold(MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0), self.window)
+                self._hold(
+                    MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0),
+                    self.window,
+                )
                 self.window = []
             return
         alarm = self.detector.update(m)
         if alarm is not None:
             self.stats["retunes"] += 1
-            self._rebaseline(f"re-tuning after {alarm.reason}", new_segment=True, steps=self.params.rebaseline_steps)
+            self._rebaseline(
+                f"re-tuning after {alarm.reason}",
+                new_segment=True,
+                steps=self.params.rebaseline_steps,
+            )
             return
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
-        if m.wall_time_s >= self.next_rescore_wall_s and len(self.recent) >= self.params.min_trial_steps + 2:
+        if (
+            m.wall_time_s >= self.next_rescore_wall_s
+            and len(self.recent) >= self.params.min_trial_steps + 2
+        ):
             self.next_rescore_wall_s = m.wall_time_s + self.params.rescore_s
             self._rescore()
 
@@ -804,19 +1058,28 @@ class JobTuner:
         held = self.held
         assert held is not None
         context = summarize(self.recent, self.shape)
-        prediction = self.evidence.corrected(self.predictor.predict(context, held.config, self.candidates), held.config)
+        prediction = self.evidence.corrected(
+            self.predictor.predict(context, held.config, self.candidates), held.config
+        )
         gate = -math.log1p(self.params.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
-            if candidate != held.config and mu < 2 * gate and mu - self.params.kappa * sd < gate:
-                if best is None or mu < best[1]:
-                    best = (candidate, float(mu))
+            if (
+                candidate != held.config
+                and mu < 2 * gate
+                and mu - self.params.kappa * sd < gate
+                and (best is None or mu < best[1])
+            ):
+                best = (candidate, float(mu))
         if best is None:
             return
         self.stats["retunes"] += 1
-        self._rebaseline(f"re-tuning: {describe(best[0])} predicted "
-                         f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
-                         new_segment=True, steps=self.params.rebaseline_steps)
+        self._rebaseline(
+            f"re-tuning: {describe(best[0])} predicted "
+            f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
+            new_segment=True,
+            steps=self.params.rebaseline_steps,
+        )
 
     def _not_applied(self) -> None:
         """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
@@ -826,14 +1089,23 @@ class JobTuner:
         self.pending = None
         self.trial = None
         self.stats["not_applied"] += 1
-        log.warning("job %s did not apply decision #%d within %.0f s", self.job, pending.decision_id,
-                    self.params.apply_timeout_s)
+        log.warning(
+            "job %s did not apply decision #%d within %.0f s",
+            self.job,
+            pending.decision_id,
+            self.params.apply_timeout_s,
+        )
         self.window = []
         self.held = None
         self.detector = None
-        self.window_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
-        self._set("holding", f"holding {describe(self.config or Config())}: decision #{pending.decision_id} "
-                             f"was not applied by the job within {self.params.apply_timeout_s:.0f} s")
+        self.window_steps = self._window(
+            self.params.rebaseline_steps, self.params.baseline_window_s
+        )
+        self._set(
+            "holding",
+            f"holding {describe(self.config or Config())}: decision #{pending.decision_id} "
+            f"was not applied by the job within {self.params.apply_timeout_s:.0f} s",
+        )
 
     # ------------------------------------------------------------------ helpers
     def _window(self, nominal: int, seconds: float) -> int:
@@ -854,21 +1126,36 @@ class JobTuner:
         del self.residuals[:-400]
         self.sigma = max(self.params.sigma_floor, robust_sigma(self.residuals))
 
-    def _decide(self, config: Config, reason: str, predicted_s: float | None, kind: str) -> int | None:
-        decision = self.sink.decide(config, self.newest_step + self.params.apply_lead_steps, reason, predicted_s, kind)
+    def _decide(
+        self, config: Config, reason: str, predicted_s: float | None, kind: str
+    ) -> int | None:
+        decision = self.sink.decide(
+            config, self.newest_step + self.params.apply_lead_steps, reason, predicted_s, kind
+        )
         if decision is None:
             self.pause("an operator decided")
             return None
         self.own_decision_ids.add(decision)
-        self.pending = PendingDecision(decision, config, self.newest_step + self.params.apply_lead_steps, self.newest_wall_s)
+        self.pending = PendingDecision(
+            decision, config, self.newest_step + self.params.apply_lead_steps, self.newest_wall_s
+        )
         return decision
 
     def _record(self, measured: MeasuredWindow) -> None:
         if len(measured.samples) < self.params.min_trial_steps:
             return
         context = summarize(measured.samples, self.shape)
-        self.sink.record_window(Window(self.job, self.segment, measured.config, context, measured.median_s,
-                                       len(measured.samples), measured.samples[-1].wall_time_s))
+        self.sink.record_window(
+            Window(
+                self.job,
+                self.segment,
+                measured.config,
+                context,
+                measured.median_s,
+                len(measured.samples),
+                measured.samples[-1].wall_time_s,
+            )
+        )
 
     def _set(self, phase: str, detail: str) -> None:
         changed = (phase, detail) != (self.phase, self.detail)

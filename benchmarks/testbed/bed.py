@@ -11,14 +11,14 @@ Every veth end is created directly inside a namespace this module made (``ip -n 
 link is shaped in both directions with ``tbf`` (the rank's egress on ``ab0`` and the hub's egress
 towards the rank), so a rank's link is full duplex at the configured rate. Rates change with ``tc
 qdisc change`` keeping the burst fixed: lowering tbf's burst while traffic flows froze the link for
-good on this kernel (DESIGN §6), and there is no netem here.
+good on this kernel, and there is no netem here.
 
 Besides the rate, a trace (or a direct call) sets *conditions* on ranks (`benchmarks.conditions`):
 
 - ``set_cpu_share(0.5, ranks=[1])``: a cgroup CPU quota on rank 1's process (every thread of it):
   a busy worker node, confined to that rank;
 - ``set_busy(1, ranks=[1])``: busy-loop processes started inside rank 1's namespace (a namespace
-  does not partition CPU: on this 2-core machine they take CPU from every rank, see README);
+  does not partition CPU: on this 2-core machine they take CPU from every rank, see docs/benchmarks.md);
 - ``set_flows(2, ranks=[1], direction="both")``: competing TCP flows through rank 1's shaped link,
   to and from a traffic namespace ``<prefix>-tx`` on an unshaped port of the hub (created on first
   use), so the flows share the rank's tbf rate and queue with its all-reduces;
@@ -57,13 +57,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from benchmarks import conditions
 from benchmarks.conditions import ConditionError, ConditionProcess, CpuCgroups, kill_group
 from benchmarks.testbed.lifecycle import _SEQ, _register, _unregister
 from benchmarks.testbed.namespaces import (
-    NAME_PREFIX, TestbedError, _kill_namespace_pids, _run_cmd, list_namespaces)
+    NAME_PREFIX,
+    TestbedError,
+    _kill_namespace_pids,
+    _run_cmd,
+    list_namespaces,
+)
 from benchmarks.testbed.rates import format_rate, parse_rate, parse_size
 from benchmarks.testbed.runner import RunResult, _LinkMonitor, _RankCollector, _TraceFollower
 from benchmarks.testbed.traces import FLOW_DIRECTIONS, CpuShareChange, FlowChange, Trace
@@ -79,6 +84,7 @@ DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed acro
 DEFAULT_LATENCY_MS = 50
 DEFAULT_MASTER_PORT = 29500
 
+
 @dataclasses.dataclass
 class _Link:
     rank: int
@@ -91,17 +97,25 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, world_size: int = 2, rate: str | int = "1gbit", *,
-                 burst: str | int = DEFAULT_BURST_BYTES, latency_ms: int = DEFAULT_LATENCY_MS,
-                 subnet: str = "10.217.0", name: str | None = None,
-                 pin_cpus: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int = 2,
+        rate: str | int = "1gbit",
+        *,
+        burst: str | int = DEFAULT_BURST_BYTES,
+        latency_ms: int = DEFAULT_LATENCY_MS,
+        subnet: str = "10.217.0",
+        name: str | None = None,
+        pin_cpus: Sequence[int] | None = None,
+    ) -> None:
         if os.geteuid() != 0:
             raise TestbedError("the testbed needs root (ip netns, tc); run as root")
         if not 1 <= world_size <= 200:
             raise ValueError(f"world_size={world_size} must be in [1, 200]")
         if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
-            raise ValueError(f"subnet must be the first three octets of a /24, e.g. '10.217.0', "
-                             f"got {subnet!r}")
+            raise ValueError(
+                f"subnet must be the first three octets of a /24, e.g. '10.217.0', got {subnet!r}"
+            )
         self.world_size = world_size
         # Rank r's processes (and the busy loops and traffic sources of its conditions) run on CPU
         # pin_cpus[r % len(pin_cpus)]: one "node" per core, so a busy loop beside rank 1 shares
@@ -135,7 +149,7 @@ class Testbed:
 
     # -- lifecycle --
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Self:
         self.create()
         return self
 
@@ -152,10 +166,22 @@ class Testbed:
             self._ip(self.hub_ns, "link", "set", BRIDGE_IFNAME, "up")
             for link in self.links:
                 self._make_ns(link.rank_ns)
-                self._ip(link.rank_ns, "link", "add", RANK_IFNAME, "type", "veth",
-                         "peer", "name", link.hub_ifname, "netns", self.hub_ns)
-                self._ip(link.rank_ns, "addr", "add", f"{self.address(link.rank)}/24",
-                         "dev", RANK_IFNAME)
+                self._ip(
+                    link.rank_ns,
+                    "link",
+                    "add",
+                    RANK_IFNAME,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    link.hub_ifname,
+                    "netns",
+                    self.hub_ns,
+                )
+                self._ip(
+                    link.rank_ns, "addr", "add", f"{self.address(link.rank)}/24", "dev", RANK_IFNAME
+                )
                 self._ip(link.rank_ns, "link", "set", RANK_IFNAME, "up")
                 self._ip(self.hub_ns, "link", "set", link.hub_ifname, "master", BRIDGE_IFNAME)
                 self._ip(self.hub_ns, "link", "set", link.hub_ifname, "up")
@@ -164,8 +190,12 @@ class Testbed:
         except BaseException:
             self.close()
             raise
-        logger.info("testbed %s: %d ranks at %s", self.name, self.world_size,
-                    format_rate(self._initial_rate_bps))
+        logger.info(
+            "testbed %s: %d ranks at %s",
+            self.name,
+            self.world_size,
+            format_rate(self._initial_rate_bps),
+        )
         return self
 
     def close(self) -> None:
@@ -208,7 +238,7 @@ class Testbed:
     def set_rate(self, rate: str | int, ranks: Iterable[int] | None = None) -> None:
         """Change the rate of the given ranks' links (both directions) with the burst kept fixed."""
         rate_bps = parse_rate(rate)
-        for rank in (range(self.world_size) if ranks is None else ranks):
+        for rank in range(self.world_size) if ranks is None else ranks:
             link = self.links[rank]
             self._tbf(link.rank_ns, RANK_IFNAME, rate_bps, "change")
             self._tbf(self.hub_ns, link.hub_ifname, rate_bps, "change")
@@ -306,8 +336,12 @@ class Testbed:
         for rank in self._ranks(ranks):
             stopped += self._stop(("busy", rank))
             for _ in range(processes):
-                self._start(("busy", rank), conditions.start_process(
-                    "busy", rank, self.exec_args(rank), conditions.busy_argv()))
+                self._start(
+                    ("busy", rank),
+                    conditions.start_process(
+                        "busy", rank, self.exec_args(rank), conditions.busy_argv()
+                    ),
+                )
             self.busy[rank] = processes
         return stopped
 
@@ -318,24 +352,43 @@ class Testbed:
                 return self._traffic_ns
             ns = f"{self.name}-tx"
             self._make_ns(ns)
-            self._ip(ns, "link", "add", RANK_IFNAME, "type", "veth", "peer", "name", TRAFFIC_HUB_IFNAME,
-                     "netns", self.hub_ns)
+            self._ip(
+                ns,
+                "link",
+                "add",
+                RANK_IFNAME,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                TRAFFIC_HUB_IFNAME,
+                "netns",
+                self.hub_ns,
+            )
             self._ip(ns, "addr", "add", f"{self.traffic_address}/24", "dev", RANK_IFNAME)
             self._ip(ns, "link", "set", RANK_IFNAME, "up")
             self._ip(self.hub_ns, "link", "set", TRAFFIC_HUB_IFNAME, "master", BRIDGE_IFNAME)
             self._ip(self.hub_ns, "link", "set", TRAFFIC_HUB_IFNAME, "up")
             self._traffic_ns = ns
-        self._start(("sink", None), conditions.start_process(
-            "flow-sink", None, ["ip", "netns", "exec", ns],
-            conditions.sink_argv(self.traffic_address, TRAFFIC_PORT), ready_line="listening"))
+        self._start(
+            ("sink", None),
+            conditions.start_process(
+                "flow-sink",
+                None,
+                ["ip", "netns", "exec", ns],
+                conditions.sink_argv(self.traffic_address, TRAFFIC_PORT),
+                ready_line="listening",
+            ),
+        )
         return ns
 
     @property
     def traffic_address(self) -> str:
         return f"{self.subnet}.{TRAFFIC_HOST}"
 
-    def set_flows(self, flows: int, ranks: Iterable[int] | None = None,
-                  direction: str = "both") -> list[dict[str, Any]]:
+    def set_flows(
+        self, flows: int, ranks: Iterable[int] | None = None, direction: str = "both"
+    ) -> list[dict[str, Any]]:
         """Run `flows` competing TCP flows through each rank's shaped link (0: none): "out" from
         the rank to the traffic namespace, "in" from there to the rank, "both" `flows` each way.
         Returns the CPU cost of the flow processes it stopped."""
@@ -355,20 +408,38 @@ class Testbed:
         for rank in chosen:
             detail = {"flows": flows, "direction": direction}
             if direction in ("out", "both"):
-                self._start(("flow", rank), conditions.start_process(
-                    "flow-source", rank, self.exec_args(rank),
-                    conditions.source_argv(self.traffic_address, TRAFFIC_PORT, flows),
-                    {**detail, "towards": "traffic"}))
+                self._start(
+                    ("flow", rank),
+                    conditions.start_process(
+                        "flow-source",
+                        rank,
+                        self.exec_args(rank),
+                        conditions.source_argv(self.traffic_address, TRAFFIC_PORT, flows),
+                        {**detail, "towards": "traffic"},
+                    ),
+                )
             if direction in ("in", "both"):
                 if ("sink", rank) not in self._condition_procs:
-                    self._start(("sink", rank), conditions.start_process(
-                        "flow-sink", rank, self.exec_args(rank),
-                        conditions.sink_argv(self.address(rank), TRAFFIC_PORT),
-                        ready_line="listening"))
-                self._start(("flow", rank), conditions.start_process(
-                    "flow-source", rank, ["ip", "netns", "exec", traffic_ns],
-                    conditions.source_argv(self.address(rank), TRAFFIC_PORT, flows),
-                    {**detail, "towards": "rank"}))
+                    self._start(
+                        ("sink", rank),
+                        conditions.start_process(
+                            "flow-sink",
+                            rank,
+                            self.exec_args(rank),
+                            conditions.sink_argv(self.address(rank), TRAFFIC_PORT),
+                            ready_line="listening",
+                        ),
+                    )
+                self._start(
+                    ("flow", rank),
+                    conditions.start_process(
+                        "flow-source",
+                        rank,
+                        ["ip", "netns", "exec", traffic_ns],
+                        conditions.source_argv(self.address(rank), TRAFFIC_PORT, flows),
+                        {**detail, "towards": "rank"},
+                    ),
+                )
             self.flows[rank] = (flows, direction)
         return stopped
 
@@ -417,10 +488,15 @@ class Testbed:
 
     def rank_env(self, rank: int, master_port: int = DEFAULT_MASTER_PORT) -> dict[str, str]:
         return {
-            "MASTER_ADDR": self.address(0), "MASTER_PORT": str(master_port),
-            "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1", "GLOO_SOCKET_IFNAME": RANK_IFNAME,
-            "TP_SOCKET_IFNAME": RANK_IFNAME, "PYTHONUNBUFFERED": "1",
+            "MASTER_ADDR": self.address(0),
+            "MASTER_PORT": str(master_port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GLOO_SOCKET_IFNAME": RANK_IFNAME,
+            "TP_SOCKET_IFNAME": RANK_IFNAME,
+            "PYTHONUNBUFFERED": "1",
         }
 
     @property
@@ -428,8 +504,12 @@ class Testbed:
         """The bridge's own address in the hub namespace (given on first use of `start_in_hub`)."""
         return f"{self.subnet}.254"
 
-    def start_in_hub(self, argv: Sequence[str], env: dict[str, str] | None = None,
-                     stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
+    def start_in_hub(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        stdout: Any = subprocess.DEVNULL,
+    ) -> subprocess.Popen:
         """Start a service (e.g. autobyted) inside the hub namespace, reachable from every rank at
         `hub_address` (rank traffic to it crosses the rank's shaped link, as it would cross a real
         network). The process is killed with the testbed."""
@@ -439,9 +519,14 @@ class Testbed:
             if not getattr(self, "_hub_addressed", False):
                 self._ip(self.hub_ns, "addr", "add", f"{self.hub_address}/24", "dev", BRIDGE_IFNAME)
                 self._hub_addressed = True
-        proc = subprocess.Popen(["ip", "netns", "exec", self.hub_ns, *argv], env={**os.environ, **(env or {})},
-                                stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.hub_ns, *argv],
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         with self._lock:
             self._procs.append(proc)
         return proc
@@ -456,19 +541,42 @@ class Testbed:
         _run_cmd(["ip", "-n", ns, *args])
 
     def _tbf(self, ns: str, dev: str, rate_bps: int, verb: str) -> None:
-        _run_cmd(["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "tbf",
-                  "rate", f"{rate_bps}bit", "burst", f"{self.burst_bytes}b",
-                  "latency", f"{self.latency_ms}ms"])
+        _run_cmd(
+            [
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                verb,
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_bps}bit",
+                "burst",
+                f"{self.burst_bytes}b",
+                "latency",
+                f"{self.latency_ms}ms",
+            ]
+        )
 
     # -- running ranks --
 
-    def run(self, command: Callable[[int], Sequence[str]] | Sequence[str], *,
-            env: dict[str, str] | Callable[[int], dict[str, str]] | None = None,
-            trace: Trace | None = None, timeout_s: float = 600.0,
-            master_port: int = DEFAULT_MASTER_PORT, fail_grace_s: float = 5.0,
-            monitor_interval_s: float | None = None,
-            on_event: Callable[[int, dict[str, Any]], None] | None = None,
-            check: bool = True, cwd: str | None = None) -> RunResult:
+    def run(
+        self,
+        command: Callable[[int], Sequence[str]] | Sequence[str],
+        *,
+        env: dict[str, str] | Callable[[int], dict[str, str]] | None = None,
+        trace: Trace | None = None,
+        timeout_s: float = 600.0,
+        master_port: int = DEFAULT_MASTER_PORT,
+        fail_grace_s: float = 5.0,
+        monitor_interval_s: float | None = None,
+        on_event: Callable[[int, dict[str, Any]], None] | None = None,
+        check: bool = True,
+        cwd: str | None = None,
+    ) -> RunResult:
         """Run one process per rank in its namespace, follow `trace`, and collect what they print.
 
         `command(rank)` (or one list for every rank) is the argv; the rank environment (MASTER_ADDR,
@@ -498,10 +606,17 @@ class Testbed:
                 extra = env(rank) if callable(env) else env
                 rank_env.update(extra or {})
                 rank_env.update(self.rank_env(rank, master_port))
-                proc = subprocess.Popen(self.exec_args(rank) + argv, env=rank_env, cwd=cwd,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, bufsize=1,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    self.exec_args(rank) + argv,
+                    env=rank_env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                )
                 with self._lock:
                     self._procs.append(proc)
                     self._rank_pids[rank] = proc.pid
@@ -535,13 +650,17 @@ class Testbed:
             collector.join()
         result = RunResult(
             ranks=[c.result(p.returncode) for c, p in zip(collectors, procs)],
-            rate_log=follower.log, link_samples=samples,
-            origin_wall_time=follower.origin_wall_time, duration_s=time.monotonic() - started,
-            condition_log=follower.condition_log)
+            rate_log=follower.log,
+            link_samples=samples,
+            origin_wall_time=follower.origin_wall_time,
+            duration_s=time.monotonic() - started,
+            condition_log=follower.condition_log,
+        )
         if check and (timed_out or not result.ok):
             detail = "\n".join(
                 f"--- rank {r.rank} (exit {r.returncode}) stderr tail:\n{r.stderr_tail}"
-                for r in result.ranks)
+                for r in result.ranks
+            )
             why = f"timed out after {timeout_s:.0f}s" if timed_out else "a rank failed"
             error = TestbedError(f"testbed run {why}\n{detail}")
             error.result = result  # type: ignore[attr-defined]
@@ -566,5 +685,3 @@ class Testbed:
                         kill_group(proc)
                 return False
             time.sleep(0.05)
-
-

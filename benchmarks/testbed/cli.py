@@ -10,10 +10,14 @@ from benchmarks.testbed.namespaces import NAME_PREFIX, cleanup_stale, list_names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.testbed", description=__doc__.split("\n")[0])
-    parser.add_argument("--cleanup-stale", action="store_true",
-                        help="delete testbed namespaces and cgroups of runs whose process no "
-                             "longer exists")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.testbed", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--cleanup-stale",
+        action="store_true",
+        help="delete testbed namespaces and cgroups of runs whose process no longer exists",
+    )
     parser.add_argument("--list", action="store_true", help="list testbed namespaces")
     args = parser.parse_args(argv)
     if args.cleanup_stale:

@@ -9,7 +9,6 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     from benchmarks.testbed.bed import Testbed
 

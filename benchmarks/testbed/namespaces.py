@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 from benchmarks import conditions
 
-
 NAME_PREFIX = "abtb"
 
 
@@ -21,12 +20,14 @@ class TestbedError(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-def _run_cmd(args: Sequence[str], check: bool = True,
-             timeout: float = 30) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+def _run_cmd(
+    args: Sequence[str], check: bool = True, timeout: float = 30
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
-        raise TestbedError(f"command failed ({proc.returncode}): {' '.join(args)}\n"
-                           f"{proc.stderr.strip()}")
+        raise TestbedError(
+            f"command failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr.strip()}"
+        )
     return proc
 
 

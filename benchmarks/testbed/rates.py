@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import re
 
+_RATE_UNITS = {
+    "bit": 1,
+    "kbit": 10**3,
+    "mbit": 10**6,
+    "gbit": 10**9,
+    "tbit": 10**12,
+    "bps": 8,
+    "kbps": 8 * 10**3,
+    "mbps": 8 * 10**6,
+    "gbps": 8 * 10**9,
+}
+_SIZE_UNITS = {
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+}
 
 
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-               "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9}
-_SIZE_UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-               "mib": 1 << 20}
-
-
-def parse_rate(rate: str | int | float) -> int:
+def parse_rate(rate: str | float) -> int:
     """'1gbit', '300mbit', '100Mbit', 5e8 -> bits/s (tc's units; 'bps' means bytes/s, as in tc)."""
     if isinstance(rate, bool):
         raise ValueError(f"not a rate: {rate!r}")

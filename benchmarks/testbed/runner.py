@@ -69,8 +69,9 @@ class _RankCollector:
 
     def attach(self, proc: subprocess.Popen) -> None:
         for target, stream in ((self._read_stdout, proc.stdout), (self._read_stderr, proc.stderr)):
-            thread = threading.Thread(target=target, args=(stream,), daemon=True,
-                                      name=f"testbed-rank{self.rank}")
+            thread = threading.Thread(
+                target=target, args=(stream,), daemon=True, name=f"testbed-rank{self.rank}"
+            )
             thread.start()
             self.threads.append(thread)
 
@@ -111,8 +112,9 @@ class _TraceFollower(threading.Thread):
     def __init__(self, bed: Testbed, trace: Trace, launch_monotonic: float) -> None:
         super().__init__(daemon=True, name="testbed-trace")
         self.bed = bed
-        self.pending = sorted(trace.changes, key=lambda c: (c.at_step is not None, c.at_s or 0,
-                                                            c.at_step or 0))
+        self.pending = sorted(
+            trace.changes, key=lambda c: (c.at_step is not None, c.at_s or 0, c.at_step or 0)
+        )
         self.launch = launch_monotonic
         self.origin: float | None = None
         self.origin_wall_time: float | None = None
@@ -158,10 +160,14 @@ class _TraceFollower(threading.Thread):
                 except (TestbedError, ValueError, OSError):
                     logger.exception("trace change failed: %s", change)
                     continue
-                entry = {"t_s": round(elapsed, 4), "wall_time": time.time(), **done,
-                         "step": step,
-                         "ranks": list(change.ranks) if change.ranks is not None else None,
-                         "trigger": "step" if change.at_step is not None else "time"}
+                entry = {
+                    "t_s": round(elapsed, 4),
+                    "wall_time": time.time(),
+                    **done,
+                    "step": step,
+                    "ranks": list(change.ranks) if change.ranks is not None else None,
+                    "trigger": "step" if change.at_step is not None else "time",
+                }
                 (self.log if isinstance(change, RateChange) else self.condition_log).append(entry)
 
     def stop(self) -> None:
@@ -190,10 +196,16 @@ class _LinkMonitor(threading.Thread):
                 return  # the testbed is being torn down
             origin = self.follower.origin
             now = time.monotonic()
-            self.samples.append({"t_launch_s": round(now - self.follower.launch, 4),
-                                 "t_s": round(now - origin, 4) if origin is not None else None,
-                                 "wall_time": time.time(), "tx_bytes": tx, "rx_bytes": rx,
-                                 "rates_bps": list(self.bed.rates_bps)})
+            self.samples.append(
+                {
+                    "t_launch_s": round(now - self.follower.launch, 4),
+                    "t_s": round(now - origin, 4) if origin is not None else None,
+                    "wall_time": time.time(),
+                    "tx_bytes": tx,
+                    "rx_bytes": rx,
+                    "rates_bps": list(self.bed.rates_bps),
+                }
+            )
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -74,15 +74,19 @@ class FlowChange(_Timed):
 
     def apply(self, bed: Testbed) -> dict[str, Any]:
         stopped = bed.set_flows(self.flows, self.ranks, self.direction)
-        return {"condition": "flows", "flows": self.flows, "direction": self.direction,
-                "stopped": stopped}
+        return {
+            "condition": "flows",
+            "flows": self.flows,
+            "direction": self.direction,
+            "stopped": stopped,
+        }
 
 
 Change = RateChange | CpuShareChange | BusyChange | FlowChange
 FLOW_DIRECTIONS = ("out", "in", "both")
 
 
-def _when(t: float | int, by: str) -> dict[str, Any]:
+def _when(t: float, by: str) -> dict[str, Any]:
     if by == "s":
         return {"at_s": float(t)}
     if by == "step":
@@ -97,42 +101,63 @@ class Trace:
     changes: tuple[Change, ...] = ()
 
     @classmethod
-    def from_times(cls, pairs: Iterable[tuple[float, str | int]],
-                   ranks: Sequence[int] | None = None) -> Trace:
+    def from_times(
+        cls, pairs: Iterable[tuple[float, str | int]], ranks: Sequence[int] | None = None
+    ) -> Trace:
         """[(t_seconds, rate), ...]; t is measured from the first {"event": "train_start"}."""
         ranks_t = tuple(ranks) if ranks is not None else None
         return cls(tuple(RateChange(parse_rate(r), at_s=float(t), ranks=ranks_t) for t, r in pairs))
 
     @classmethod
-    def from_steps(cls, pairs: Iterable[tuple[int, str | int]],
-                   ranks: Sequence[int] | None = None) -> Trace:
+    def from_steps(
+        cls, pairs: Iterable[tuple[int, str | int]], ranks: Sequence[int] | None = None
+    ) -> Trace:
         """[(step, rate), ...]; applied when rank 0 reports {"event": "step", "step": n ≥ step}."""
         ranks_t = tuple(ranks) if ranks is not None else None
-        return cls(tuple(RateChange(parse_rate(r), at_step=int(s), ranks=ranks_t)
-                         for s, r in pairs))
+        return cls(
+            tuple(RateChange(parse_rate(r), at_step=int(s), ranks=ranks_t) for s, r in pairs)
+        )
 
     @classmethod
-    def cpu_share(cls, pairs: Iterable[tuple[float, float | None]],
-                  ranks: Sequence[int] | None = None, by: str = "s") -> Trace:
+    def cpu_share(
+        cls,
+        pairs: Iterable[tuple[float, float | None]],
+        ranks: Sequence[int] | None = None,
+        by: str = "s",
+    ) -> Trace:
         """[(t, cores or None), ...] of a CPU quota on `ranks` (None: all); `by` "s" or "step"."""
         ranks_t = tuple(ranks) if ranks is not None else None
-        return cls(tuple(CpuShareChange(None if v is None else float(v), ranks=ranks_t,
-                                        **_when(t, by)) for t, v in pairs))
+        return cls(
+            tuple(
+                CpuShareChange(None if v is None else float(v), ranks=ranks_t, **_when(t, by))
+                for t, v in pairs
+            )
+        )
 
     @classmethod
-    def busy(cls, pairs: Iterable[tuple[float, int]], ranks: Sequence[int] | None = None,
-             by: str = "s") -> Trace:
+    def busy(
+        cls, pairs: Iterable[tuple[float, int]], ranks: Sequence[int] | None = None, by: str = "s"
+    ) -> Trace:
         """[(t, busy processes per rank), ...] on `ranks` (None: all)."""
         ranks_t = tuple(ranks) if ranks is not None else None
         return cls(tuple(BusyChange(int(v), ranks=ranks_t, **_when(t, by)) for t, v in pairs))
 
     @classmethod
-    def flows(cls, pairs: Iterable[tuple[float, int]], ranks: Sequence[int] | None = None,
-              direction: str = "both", by: str = "s") -> Trace:
+    def flows(
+        cls,
+        pairs: Iterable[tuple[float, int]],
+        ranks: Sequence[int] | None = None,
+        direction: str = "both",
+        by: str = "s",
+    ) -> Trace:
         """[(t, competing TCP flows per rank link), ...] on `ranks` (None: all)."""
         ranks_t = tuple(ranks) if ranks is not None else None
-        return cls(tuple(FlowChange(int(v), ranks=ranks_t, direction=direction, **_when(t, by))
-                         for t, v in pairs))
+        return cls(
+            tuple(
+                FlowChange(int(v), ranks=ranks_t, direction=direction, **_when(t, by))
+                for t, v in pairs
+            )
+        )
 
     def __add__(self, other: Trace) -> Trace:
         return Trace(self.changes + other.changes)

@@ -5,7 +5,7 @@ from autobyte._version import __version__
 from autobyte.transport.session import init, shutdown
 from autobyte.types import Config, StepMetrics
 
-__all__ = ["__version__", "Config", "ScheduledOptimizer", "StepMetrics", "init", "shutdown"]
+__all__ = ["Config", "ScheduledOptimizer", "StepMetrics", "__version__", "init", "shutdown"]
 
 
 def __getattr__(name: str):

@@ -34,8 +34,10 @@ accelerate. The parameters are DDP's to the bit. How accelerate's calls map to t
 
 Refused with a ValueError (never silently different): distributed types other than DDP's
 (FSDP, DeepSpeed, XLA, tensor parallel), DDP communication hooks (they change the numbers),
-`broadcast_buffers=True` on a model whose buffers training changes (BatchNorm statistics) while the
-scheduler cannot broadcast buffers, a clipping norm other than the one configured.
+a clipping norm other than the one configured.
+
+Buffers (BatchNorm statistics): `DistributedDataParallelKwargs(broadcast_buffers=...)` (default True)
+becomes the scheduler's `broadcast_buffers`, which copies rank 0's buffers as DDP does.
 
 `accelerate` is an optional extra (`pip install 'autobyte[hf]'`), never a dependency of the core.
 """
@@ -43,7 +45,6 @@ scheduler cannot broadcast buffers, a clipping norm other than the one configure
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 from collections.abc import Iterator
@@ -57,8 +58,10 @@ try:
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import DDPCommunicationHookType, DistributedType
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("autobyte.accelerate needs accelerate: pip install 'autobyte[hf]' "
-                      f"(or `pip install accelerate` next to the torch you use) ({error})") from error
+    raise ImportError(
+        "autobyte.accelerate needs accelerate: pip install 'autobyte[hf]' "
+        f"(or `pip install accelerate` next to the torch you use) ({error})"
+    ) from error
 
 from autobyte.scheduler import ScheduledOptimizer
 from autobyte.types import Config
@@ -85,18 +88,38 @@ class Accelerator(accelerate.Accelerator):
         The remaining arguments are accelerate's `Accelerator`'s.
     """
 
-    def __init__(self, *args: Any, partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
-                 tail_bytes: int | None = None, clip_grad_norm: float | None = None,
-                 clip_norm_type: float = 2.0, job: str | None = None, daemon: str | None = None,
-                 token: str | None = None, tune: bool = True, timeout_s: float = 300.0,
-                 native: bool = True, **kwargs: Any) -> None:
-        self._config = Config(partition_bytes, credit_bytes, tail_bytes)  # ValueError naming a bad value
-        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
-                                               and not isinstance(clip_grad_norm, bool)
-                                               and 0 < clip_grad_norm < math.inf):
-            raise ValueError(f"clip_grad_norm must be a positive finite norm or None, got {clip_grad_norm!r}")
-        if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-                and 0 < timeout_s < math.inf):
+    def __init__(
+        self,
+        *args: Any,
+        partition_bytes: int | None = 4 << 20,
+        credit_bytes: int | None = 16 << 20,
+        tail_bytes: int | None = None,
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float = 2.0,
+        job: str | None = None,
+        daemon: str | None = None,
+        token: str | None = None,
+        tune: bool = True,
+        timeout_s: float = 300.0,
+        native: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self._config = Config(
+            partition_bytes, credit_bytes, tail_bytes
+        )  # ValueError naming a bad value
+        if clip_grad_norm is not None and not (
+            isinstance(clip_grad_norm, (int, float))
+            and not isinstance(clip_grad_norm, bool)
+            and 0 < clip_grad_norm < math.inf
+        ):
+            raise ValueError(
+                f"clip_grad_norm must be a positive finite norm or None, got {clip_grad_norm!r}"
+            )
+        if not (
+            isinstance(timeout_s, (int, float))
+            and not isinstance(timeout_s, bool)
+            and 0 < timeout_s < math.inf
+        ):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         for name, value in (("job", job), ("daemon", daemon), ("token", token)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -109,7 +132,9 @@ class Accelerator(accelerate.Accelerator):
         self._clip_norm_type = float(clip_norm_type)
         self._timeout_s = float(timeout_s)
         self._native = bool(native)
-        self._daemon_args = (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
+        self._daemon_args = (
+            (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
+        )
         self._session_started = False
         self._scheduled: dict[int, ScheduledOptimizer] = {}  # id(model) -> its scheduler
         super().__init__(*args, **kwargs)
@@ -155,13 +180,19 @@ class Accelerator(accelerate.Accelerator):
             self._schedule_prepared()
         return result
 
-    def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
-                      evaluation_mode: bool = False) -> nn.Module:
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
         # evaluation_mode: accelerate's preparation minus the DistributedDataParallel wrapper
-        return super().prepare_model(model, device_placement=device_placement,
-                                     evaluation_mode=evaluation_mode or self._scheduling)
+        return super().prepare_model(
+            model,
+            device_placement=device_placement,
+            evaluation_mode=evaluation_mode or self._scheduling,
+        )
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> Any:
         prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
         if self._scheduling and type(prepared) is AcceleratedOptimizer:
             prepared.__class__ = _ScheduledStepOptimizer  # no state of its own beyond `scheduled`
@@ -178,19 +209,17 @@ class Accelerator(accelerate.Accelerator):
             if model is None:
                 continue  # its model is prepared later
             if id(model) in self._scheduled:
-                raise ValueError(f"{type(model).__name__} already has a prepared optimizer: with "
-                                 "autobyte.accelerate.Accelerator a model trains with one optimizer; "
-                                 "put the parameter groups into one optimizer")
+                raise ValueError(
+                    f"{type(model).__name__} already has a prepared optimizer: with "
+                    "autobyte.accelerate.Accelerator a model trains with one optimizer; "
+                    "put the parameter groups into one optimizer"
+                )
             prepared.scheduled = self._build_scheduler(model, prepared)
             self._scheduled[id(model)] = prepared.scheduled
 
-    def _build_scheduler(self, model: nn.Module, prepared: AcceleratedOptimizer) -> ScheduledOptimizer:
-        options: dict[str, Any] = {}
-        broadcast = self._broadcast_buffers()
-        if "broadcast_buffers" in inspect.signature(ScheduledOptimizer).parameters:
-            options["broadcast_buffers"] = broadcast
-        elif broadcast:
-            _check_static_buffers(model)
+    def _build_scheduler(
+        self, model: nn.Module, prepared: AcceleratedOptimizer
+    ) -> ScheduledOptimizer:
         if self._daemon_args is not None and not self._session_started:
             import autobyte
 
@@ -199,26 +228,47 @@ class Accelerator(accelerate.Accelerator):
             self._session_started = True
         scaler = self.scaler if self.scaler is not None and self.scaler.is_enabled() else None
         scheduled = ScheduledOptimizer(
-            model, prepared.optimizer, self._config.partition_bytes, self._config.credit_bytes,
-            clip_grad_norm=self._clip, clip_norm_type=self._clip_norm_type, timeout_s=self._timeout_s,
-            grad_scaler=scaler, native=self._native, tail_bytes=self._config.tail_bytes, **options)
-        logger.info("autobyte scheduler on rank %d/%d: %s%s", self.process_index, self.num_processes,
-                    self._config.describe(), "" if self._clip is None else f", clip_grad_norm={self._clip:g}")
+            model,
+            prepared.optimizer,
+            self._config.partition_bytes,
+            self._config.credit_bytes,
+            clip_grad_norm=self._clip,
+            clip_norm_type=self._clip_norm_type,
+            timeout_s=self._timeout_s,
+            grad_scaler=scaler,
+            native=self._native,
+            tail_bytes=self._config.tail_bytes,
+            broadcast_buffers=self._broadcast_buffers(),
+        )
+        logger.info(
+            "autobyte scheduler on rank %d/%d: %s%s",
+            self.process_index,
+            self.num_processes,
+            self._config.describe(),
+            "" if self._clip is None else f", clip_grad_norm={self._clip:g}",
+        )
         return scheduled
 
     def _check_supported(self) -> None:
         if self.distributed_type not in _DDP_TYPES or (
-                getattr(self, "parallelism_config", None) is not None
-                and self.parallelism_config.total_size > 1):
-            raise ValueError(f"autobyte.accelerate.Accelerator replaces DDP's gradient sync; "
-                             f"distributed_type={self.distributed_type.value} (or a parallelism_config) "
-                             "is not DDP: use accelerate's own Accelerator for it")
+            getattr(self, "parallelism_config", None) is not None
+            and self.parallelism_config.total_size > 1
+        ):
+            raise ValueError(
+                f"autobyte.accelerate.Accelerator replaces DDP's gradient sync; "
+                f"distributed_type={self.distributed_type.value} (or a parallelism_config) "
+                "is not DDP: use accelerate's own Accelerator for it"
+            )
         handler = self.ddp_handler
-        if handler is not None and (handler.comm_hook != DDPCommunicationHookType.NO
-                                    or handler.comm_wrapper != DDPCommunicationHookType.NO):
-            raise ValueError(f"DistributedDataParallelKwargs(comm_hook={handler.comm_hook.value!r}, "
-                             f"comm_wrapper={handler.comm_wrapper.value!r}) changes the reduced "
-                             "gradients, which the scheduler does not reproduce: remove the comm hook")
+        if handler is not None and (
+            handler.comm_hook != DDPCommunicationHookType.NO
+            or handler.comm_wrapper != DDPCommunicationHookType.NO
+        ):
+            raise ValueError(
+                f"DistributedDataParallelKwargs(comm_hook={handler.comm_hook.value!r}, "
+                f"comm_wrapper={handler.comm_wrapper.value!r}) changes the reduced "
+                "gradients, which the scheduler does not reproduce: remove the comm hook"
+            )
 
     def _broadcast_buffers(self) -> bool:
         return True if self.ddp_handler is None else bool(self.ddp_handler.broadcast_buffers)
@@ -245,17 +295,25 @@ class Accelerator(accelerate.Accelerator):
             return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         if max_norm == math.inf:
             return None  # a norm without clipping (Trainer's max_grad_norm=0): known only after the step
-        if self._clip is None or float(max_norm) != self._clip or float(norm_type) != self._clip_norm_type:
-            raise ValueError(f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): the scheduler "
-                             "clips the reduced gradients and needs the norm up front; construct "
-                             f"Accelerator(clip_grad_norm={max_norm}, clip_norm_type={norm_type}) "
-                             f"(it has clip_grad_norm={self._clip}, clip_norm_type={self._clip_norm_type})")
+        if (
+            self._clip is None
+            or float(max_norm) != self._clip
+            or float(norm_type) != self._clip_norm_type
+        ):
+            raise ValueError(
+                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): the scheduler "
+                "clips the reduced gradients and needs the norm up front; construct "
+                f"Accelerator(clip_grad_norm={max_norm}, clip_norm_type={norm_type}) "
+                f"(it has clip_grad_norm={self._clip}, clip_norm_type={self._clip_norm_type})"
+            )
         return None
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         if self._scheduled:
-            raise ValueError("clip_grad_value_ needs local gradients, which the scheduler reduces in "
-                             "the background: use clip_grad_norm (Accelerator(clip_grad_norm=...))")
+            raise ValueError(
+                "clip_grad_value_ needs local gradients, which the scheduler reduces in "
+                "the background: use clip_grad_norm (Accelerator(clip_grad_norm=...))"
+            )
         super().clip_grad_value_(parameters, clip_value)
 
     # ------------------------------------------------------------------ checkpoints and the end
@@ -264,13 +322,21 @@ class Accelerator(accelerate.Accelerator):
         self.synchronize()
         return super().get_state_dict(model, unwrap=unwrap)
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> Any:
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> Any:
         self.synchronize()
         return super().save_state(output_dir, safe_serialization, **save_model_func_kwargs)
 
-    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None,
-                   **load_model_func_kwargs: Any) -> Any:
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> Any:
         self.synchronize()
         return super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
 
@@ -304,8 +370,10 @@ class _ScheduledStepOptimizer(AcceleratedOptimizer):
     def step(self, closure: Any = None) -> None:
         scheduled = self.scheduled
         if scheduled is None:
-            raise RuntimeError("optimizer.step() before its model was prepared: pass the model to "
-                               "accelerator.prepare() too (the scheduler needs both)")
+            raise RuntimeError(
+                "optimizer.step() before its model was prepared: pass the model to "
+                "accelerator.prepare() too (the scheduler needs both)"
+            )
         if not self.gradient_state.sync_gradients:
             return  # an accumulation micro-batch: the gradients stay local, as accelerate's step
         if self.scaler is not None and self.scaler.is_enabled():
@@ -342,16 +410,3 @@ class _ScheduledStepOptimizer(AcceleratedOptimizer):
             super().load_state_dict(state_dict)
         else:
             self.scheduled.load_state_dict(state_dict)
-
-
-def _check_static_buffers(model: nn.Module) -> None:
-    """DDP's broadcast_buffers=True copies rank 0's buffers at every forward; the scheduler
-    broadcasts them once. Equal only where training never changes a buffer: refuse those it does."""
-    changing = [name for name, module in model.named_modules()
-                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats]
-    if changing:
-        raise ValueError(f"{type(model).__name__} has BatchNorm running statistics ({changing[0]}, ...) "
-                         "that DDP's broadcast_buffers=True would copy from rank 0 at every forward, "
-                         "which this scheduler does not: pass DistributedDataParallelKwargs("
-                         "broadcast_buffers=False) (Trainer: ddp_broadcast_buffers=False) or convert "
-                         "BatchNorm to SyncBatchNorm")

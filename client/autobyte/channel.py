@@ -24,10 +24,14 @@ def daemon_addresses(explicit: str | None = None) -> tuple[str, ...]:
     for address in addresses:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"daemon address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077 "
-                             "(several: a comma-separated list)")
+            raise ValueError(
+                f"daemon address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077 "
+                "(several: a comma-separated list)"
+            )
     if not addresses:
-        raise ValueError(f"no daemon address in {text!r}: give HOST:PORT, or several separated by commas")
+        raise ValueError(
+            f"no daemon address in {text!r}: give HOST:PORT, or several separated by commas"
+        )
     return addresses
 
 
@@ -38,10 +42,15 @@ def daemon_token(explicit: str | None = None) -> str | None:
 def open_channel(address: str, tls_ca: str | None = None) -> grpc.Channel:
     # Short reconnect backoff: after a daemon restart the client should be back within seconds
     # (gRPC's default grows to 120 s); the client's own loops add jitter on top.
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0),
-               ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-               ("grpc.max_reconnect_backoff_ms", 5000), ("grpc.keepalive_time_ms", 10_000),
-               ("grpc.keepalive_timeout_ms", 5_000)]
+    options = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.enable_retries", 0),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 5000),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+    ]
     if tls_ca:
         with open(tls_ca, "rb") as handle:
             credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import io
 import json
@@ -14,18 +15,36 @@ import grpc
 
 from autobyte import __version__
 from autobyte.channel import auth_metadata, daemon_addresses, daemon_token, open_channel
-from autobyte.convert import (best_from_proto, config_dict, config_from_proto, decision_from_proto,
-                              history_step_from_proto, tuner_status_from_proto)
+from autobyte.convert import (
+    best_from_proto,
+    config_dict,
+    config_from_proto,
+    decision_from_proto,
+    history_step_from_proto,
+    tuner_status_from_proto,
+)
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.types import (BYTE_UNITS_HELP, MAX_CREDIT_BYTES, MAX_PARTITION_BYTES, MAX_TAIL_BYTES, MIN_CREDIT_BYTES,
-                            MIN_PARTITION_BYTES, MIN_TAIL_BYTES, Config, describe_speedup, format_bytes, parse_bytes,
-                            speedup)
+from autobyte.types import (
+    BYTE_UNITS_HELP,
+    MAX_CREDIT_BYTES,
+    MAX_PARTITION_BYTES,
+    MAX_TAIL_BYTES,
+    MIN_CREDIT_BYTES,
+    MIN_PARTITION_BYTES,
+    MIN_TAIL_BYTES,
+    Config,
+    StepMetrics,
+    describe_speedup,
+    format_bytes,
+    parse_bytes,
+    speedup,
+)
 
 RPC_TIMEOUT_S = 10.0
-# Exit codes (README "Exit codes").
-EXIT_ERROR = 1        # the daemon answered with an error (unknown job, wrong token, its database failed)
-EXIT_USAGE = 2        # bad command line (click's usage errors)
+# Exit codes (docs/reference.md, "Exit codes").
+EXIT_ERROR = 1  # the daemon answered with an error (unknown job, wrong token, its database failed)
+EXIT_USAGE = 2  # bad command line (click's usage errors)
 EXIT_UNREACHABLE = 3  # no daemon answered at the address
 WIDTH = 80
 
@@ -46,8 +65,9 @@ class Connection:
         for address in self.addresses:
             with open_channel(address, self.tls_ca) as channel:
                 try:
-                    return getattr(stub_type(channel), method)(request, timeout=RPC_TIMEOUT_S,
-                                                               metadata=self.metadata)
+                    return getattr(stub_type(channel), method)(
+                        request, timeout=RPC_TIMEOUT_S, metadata=self.metadata
+                    )
                 except grpc.RpcError as error:
                     code = error.code()
                     # Only a transport failure means "cannot reach" (then the next daemon is asked):
@@ -55,9 +75,11 @@ class Connection:
                     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
                     unreachable.append(f"{address} ({code.name.lower()})")
-        fail(f"cannot reach autobyted at {', '.join(unreachable)}; is it running? "
-             "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)", EXIT_UNREACHABLE)
-
+        fail(
+            f"cannot reach autobyted at {', '.join(unreachable)}; is it running? "
+            "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)",
+            EXIT_UNREACHABLE,
+        )
 
     def job(self, given: str) -> str:
         """The job `given` names: itself when the daemon knows a job of that id, else the one job whose
@@ -68,9 +90,11 @@ class Connection:
             return given
         matches = sorted(j for j in jobs if j.startswith(given))
         if len(matches) > 1:
-            fail(f"job prefix {given!r} is ambiguous: it starts {len(matches)} jobs ("
-                 f"{', '.join(matches[:10])}{', ...' if len(matches) > 10 else ''}); give more of the id",
-                 EXIT_USAGE)
+            fail(
+                f"job prefix {given!r} is ambiguous: it starts {len(matches)} jobs ("
+                f"{', '.join(matches[:10])}{', ...' if len(matches) > 10 else ''}); give more of the id",
+                EXIT_USAGE,
+            )
         return matches[0] if matches else given
 
 
@@ -80,7 +104,11 @@ def fail(message: str, code: int) -> None:
 
 
 def _when(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).strftime("%H:%M:%S") if unix_s else "-"
+    return (
+        datetime.datetime.fromtimestamp(unix_s, datetime.UTC).strftime("%H:%M:%S")
+        if unix_s
+        else "-"
+    )
 
 
 def _cfg(message: pb.Config) -> str:
@@ -89,35 +117,68 @@ def _cfg(message: pb.Config) -> str:
 
 def decision_dict(d: pb.Decision) -> dict:
     r = decision_from_proto(d)
-    return {"decision_id": r.decision_id, "config": r.config.to_dict(), "apply_at_step": r.apply_at_step,
-            "reason": r.reason, "state": r.state, "created_at_s": r.created_at_s,
-            "predicted_step_time_s": r.predicted_step_time_s, "measured_step_time_s": r.measured_step_time_s,
-            "applied_at_step": r.applied_at_step, "source": r.source}
+    return {
+        "decision_id": r.decision_id,
+        "config": r.config.to_dict(),
+        "apply_at_step": r.apply_at_step,
+        "reason": r.reason,
+        "state": r.state,
+        "created_at_s": r.created_at_s,
+        "predicted_step_time_s": r.predicted_step_time_s,
+        "measured_step_time_s": r.measured_step_time_s,
+        "applied_at_step": r.applied_at_step,
+        "source": r.source,
+    }
 
 
 def tuner_dict(t: pb.TunerStatus) -> dict:
     r = tuner_status_from_proto(t)
-    return {"mode": r.mode, "state": r.state, "detail": r.detail, "config": r.config.to_dict(),
-            "baseline_step_time_s": r.baseline_step_time_s or None,
-            "measured_step_time_s": r.measured_step_time_s or None,
-            "predicted_step_time_s": r.predicted_step_time_s or None,
-            # autobyte.types.speedup: the best candidate's predicted speed-up over the held one
-            "predicted_gain": (speedup(r.measured_step_time_s, r.predicted_step_time_s)
-                               if r.measured_step_time_s and r.predicted_step_time_s else None),
-            "trials_done": r.trials_done, "trials_planned": r.trials_planned, "paused": r.paused}
+    return {
+        "mode": r.mode,
+        "state": r.state,
+        "detail": r.detail,
+        "config": r.config.to_dict(),
+        "baseline_step_time_s": r.baseline_step_time_s or None,
+        "measured_step_time_s": r.measured_step_time_s or None,
+        "predicted_step_time_s": r.predicted_step_time_s or None,
+        # autobyte.types.speedup: the best candidate's predicted speed-up over the held one
+        "predicted_gain": (
+            speedup(r.measured_step_time_s, r.predicted_step_time_s)
+            if r.measured_step_time_s and r.predicted_step_time_s
+            else None
+        ),
+        "trials_done": r.trials_done,
+        "trials_planned": r.trials_planned,
+        "paused": r.paused,
+    }
 
 
 def tuner_line(t: pb.TunerStatus) -> str:
     """The lines under a job in `autobyte status`: what the tuner does, wrapped at 80 columns (never
     cut: the configuration and the figures sit at the end of the text)."""
-    return "\n".join(textwrap.wrap(f"tuner: {t.detail or t.state or 'unknown'}", WIDTH, initial_indent="  ",
-                                    subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
+    return "\n".join(
+        textwrap.wrap(
+            f"tuner: {t.detail or t.state or 'unknown'}",
+            WIDTH,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    )
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """Left-aligned columns; callers keep widths within 80 columns."""
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [headers, *rows]]
+    widths = (
+        [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+        if rows
+        else [len(h) for h in headers]
+    )
+    lines = [
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
+        for line in [headers, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -133,34 +194,52 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if value is None or isinstance(value, int):
             return value
-        none_word, meaning = {"partition": ("none", "no partitioning"), "credit": ("unlimited", "unlimited credit"),
-                              "tail": ("none", "no tail window")}[self.what]
+        none_word, meaning = {
+            "partition": ("none", "no partitioning"),
+            "credit": ("unlimited", "unlimited credit"),
+            "tail": ("none", "no tail window"),
+        }[self.what]
         try:
             size = parse_bytes(str(value))
         except ValueError as error:
             self.fail(f"{error}; use {none_word} for {meaning}", param, ctx)
         if size is None:
             return None
-        low, high = {"partition": (MIN_PARTITION_BYTES, MAX_PARTITION_BYTES),
-                     "credit": (MIN_CREDIT_BYTES, MAX_CREDIT_BYTES), "tail": (MIN_TAIL_BYTES, MAX_TAIL_BYTES)}[self.what]
+        low, high = {
+            "partition": (MIN_PARTITION_BYTES, MAX_PARTITION_BYTES),
+            "credit": (MIN_CREDIT_BYTES, MAX_CREDIT_BYTES),
+            "tail": (MIN_TAIL_BYTES, MAX_TAIL_BYTES),
+        }[self.what]
         if not low <= size <= high:
-            self.fail(f"{value} is outside the safe range {format_bytes(low)} to {format_bytes(high)}; "
-                      f"use {none_word} for {meaning}", param, ctx)
+            self.fail(
+                f"{value} is outside the safe range {format_bytes(low)} to {format_bytes(high)}; "
+                f"use {none_word} for {meaning}",
+                param,
+                ctx,
+            )
         return size
 
 
 def connection_options(fn):
-    fn = click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False),
-                      help="PEM CA certificate when the daemon uses TLS")(fn)
+    fn = click.option(
+        "--tls-ca",
+        type=click.Path(exists=True, dir_okay=False),
+        help="PEM CA certificate when the daemon uses TLS",
+    )(fn)
     fn = click.option("--token", help="shared token [env AUTOBYTE_TOKEN]")(fn)
-    fn = click.option("--daemon", help="HOST:PORT of autobyted, or several separated by commas (asked in "
-                      "order until one answers) [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]")(fn)
+    fn = click.option(
+        "--daemon",
+        help="HOST:PORT of autobyted, or several separated by commas (asked in "
+        "order until one answers) [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]",
+    )(fn)
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Exit codes: 0 done, 1 the daemon answered with an error, 2 bad command line, "
-                    "3 cannot reach the daemon.")
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes: 0 done, 1 the daemon answered with an error, 2 bad command line, "
+    "3 cannot reach the daemon.",
+)
 @click.version_option(__version__, prog_name="autobyte")
 def main() -> None:
     """autobyte: what the daemon sees, what was decided, and why.
@@ -169,10 +248,16 @@ def main() -> None:
 
 
 @main.command("check-build")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--build", "build", is_flag=True,
-              help="Compile the native hot path now against this torch, into the torch extensions "
-                   "cache (waits for a compile another process started), then report.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@click.option(
+    "--build",
+    "build",
+    is_flag=True,
+    help="Compile the native hot path now against this torch, into the torch extensions "
+    "cache (waits for a compile another process started), then report.",
+)
 def check_build(fmt, build) -> None:
     """Say how this installation was built: the scheduler's native hot path (built? active? why
     not? prebuilt in the installation or compiled into the cache?), torch and its distributed
@@ -193,46 +278,88 @@ def check_build(fmt, build) -> None:
     yes = {True: "yes", False: "no"}
     native, torch_info = report["native"], report["torch"]
     click.echo(f"autobyte {report['autobyte']} (Python {report['python']})")
-    click.echo(f"torch:            {torch_info['version'] if torch_info['installed'] else 'not installed'}")
-    click.echo(f"native hot path:  built {yes[native['built']]}, active {yes[native['active']]}"
-               + (f" (built for torch {native['built_for_torch']})" if native["built_for_torch"] else ""))
+    click.echo(
+        f"torch:            {torch_info['version'] if torch_info['installed'] else 'not installed'}"
+    )
+    click.echo(
+        f"native hot path:  built {yes[native['built']]}, active {yes[native['active']]}"
+        + (f" (built for torch {native['built_for_torch']})" if native["built_for_torch"] else "")
+    )
     if native["reason"]:
         click.echo(textwrap.fill(f"  why not: {native['reason']}", WIDTH, subsequent_indent="    "))
     origin = report["native_build"]
-    where = {"prebuilt": "prebuilt in this installation",
-             "compiled": f"compiled on first use into {origin['cache_dir']}"}
+    where = {
+        "prebuilt": "prebuilt in this installation",
+        "compiled": f"compiled on first use into {origin['cache_dir']}",
+    }
     click.echo(f"  source: {where.get(origin['source'], 'not built')}")
     if origin["source"] == "not built" and origin["compile_source"]:
-        click.echo(textwrap.fill("  to fix: " + (origin["compiler_missing"] or (
-            "`autobyte check-build --build` compiles it now (about a minute); the first "
-            "ScheduledOptimizer on this host also starts it in the background"
-            + (f" (an earlier compile failed: {origin['failed'][:200]})" if origin["failed"] else ""))),
-            WIDTH, subsequent_indent="    "))
+        click.echo(
+            textwrap.fill(
+                "  to fix: "
+                + (
+                    origin["compiler_missing"]
+                    or (
+                        "`autobyte check-build --build` compiles it now (about a minute); the first "
+                        "ScheduledOptimizer on this host also starts it in the background"
+                        + (
+                            f" (an earlier compile failed: {origin['failed'][:200]})"
+                            if origin["failed"]
+                            else ""
+                        )
+                    )
+                ),
+                WIDTH,
+                subsequent_indent="    ",
+            )
+        )
     if torch_info["installed"]:
-        click.echo("backends:         " + ", ".join(f"[{'X' if on else ' '}] {name}"
-                                                     for name, on in report["backends"].items()))
-    click.echo(textwrap.fill(
-        "The native path runs CPU tensors on gloo with the socket decision channel; anything else runs "
-        "the Python path (the scheduler logs which one, once)." if native["active"] else
-        "The scheduler runs its Python path (same results, more CPU per partition).", WIDTH))
+        click.echo(
+            "backends:         "
+            + ", ".join(f"[{'X' if on else ' '}] {name}" for name, on in report["backends"].items())
+        )
+    click.echo(
+        textwrap.fill(
+            "The native path runs CPU tensors on gloo with the socket decision channel; anything else runs "
+            "the Python path (the scheduler logs which one, once)."
+            if native["active"]
+            else "The scheduler runs its Python path (same results, more CPU per partition).",
+            WIDTH,
+        )
+    )
 
 
 @main.command()
 @connection_options
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 def status(daemon, token, tls_ca, fmt) -> None:
     """Jobs, state, ranks, configuration in effect, throughput, last decision.
 
     STATE is running (heard from within 30 s), finished (every rank said it was done) or idle."""
-    response = Connection(daemon, token, tls_ca).call(pb_grpc.QueryStub, "Status", pb.StatusRequest())
+    response = Connection(daemon, token, tls_ca).call(
+        pb_grpc.QueryStub, "Status", pb.StatusRequest()
+    )
     if fmt == "json":
-        jobs = [{"job": j.job, "state": j.state, "world_size": j.world_size, "steps": j.steps,
-                 "config": config_dict(j.config), "ranks": list(j.ranks), "backend": j.backend,
-                 "recent_step_time_s": j.recent_step_time_s, "recent_steps_per_s": j.recent_steps_per_s,
-                 "dropped_samples": j.dropped_total,
-                 "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
-                 "last_seen_s": j.last_seen_s, "tuner": tuner_dict(j.tuner)}
-                for j in response.jobs]
+        jobs = [
+            {
+                "job": j.job,
+                "state": j.state,
+                "world_size": j.world_size,
+                "steps": j.steps,
+                "config": config_dict(j.config),
+                "ranks": list(j.ranks),
+                "backend": j.backend,
+                "recent_step_time_s": j.recent_step_time_s,
+                "recent_steps_per_s": j.recent_steps_per_s,
+                "dropped_samples": j.dropped_total,
+                "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
+                "last_seen_s": j.last_seen_s,
+                "tuner": tuner_dict(j.tuner),
+            }
+            for j in response.jobs
+        ]
         click.echo(json.dumps({"jobs": jobs, "daemon_version": response.daemon_version}, indent=2))
         return
     if not response.jobs:
@@ -247,17 +374,37 @@ def status_table(jobs) -> str:
     or any unique prefix of it)."""
     # Fixed least widths keep the columns where they were from one `status` to the next (a watch
     # loop, the quick start) when a wider value (16MiB/256MiB, a 6-digit step) comes along.
-    headers = ["JOB", "STATE".ljust(8), "RANKS", "STEPS".ljust(6), "PART/CREDIT".ljust(13), "STEP/S", "DECISION"]
-    rows = [[j.job, j.state, f"{len(j.ranks)}/{j.world_size}", str(j.steps), _cfg(j.config),
-             f"{j.recent_steps_per_s:.2f}",
-             f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.has_last_decision else "-"]
-            for j in jobs]
+    headers = [
+        "JOB",
+        "STATE".ljust(8),
+        "RANKS",
+        "STEPS".ljust(6),
+        "PART/CREDIT".ljust(13),
+        "STEP/S",
+        "DECISION",
+    ]
+    rows = [
+        [
+            j.job,
+            j.state,
+            f"{len(j.ranks)}/{j.world_size}",
+            str(j.steps),
+            _cfg(j.config),
+            f"{j.recent_steps_per_s:.2f}",
+            f"#{j.last_decision.decision_id} {j.last_decision.state}"
+            if j.has_last_decision
+            else "-",
+        ]
+        for j in jobs
+    ]
     rest = sum(max(len(x) for x in col) + 2 for col in list(zip(headers, *rows))[1:])
     job_width = max(len("JOB"), min(max(len(j.job) for j in jobs), WIDTH - rest))
     own_line = [len(row[0]) > job_width for row in rows]
     # The JOB column keeps its width even where every id stands on its own line.
-    lines = table([headers[0].ljust(job_width), *headers[1:]],
-                  [["" if long else row[0], *row[1:]] for row, long in zip(rows, own_line)]).split("\n")
+    lines = table(
+        [headers[0].ljust(job_width), *headers[1:]],
+        [["" if long else row[0], *row[1:]] for row, long in zip(rows, own_line)],
+    ).split("\n")
     out = [lines[0]]
     for line, j, long in zip(lines[1:], jobs, own_line):
         if long:
@@ -267,21 +414,60 @@ def status_table(jobs) -> str:
     return "\n".join(out)
 
 
-HISTORY_CSV_COLUMNS = ["kind", "step", "rank", "wall_time_s", "step_time_s", "exposed_comm_s", "bytes_reduced",
-                       "partition_bytes", "credit_bytes", "decision_id", "state", "reason", "applied_at_step",
-                       "source", "predicted_step_time_s", "measured_step_time_s", "tail_bytes"]
+# A step's fields that `history --steps` lists (the step, its rank, then those StepMetrics marks
+# history=True, autobyte/types.py), then its configuration.
+HISTORY_STEP_FIELDS = (
+    "step",
+    "rank",
+    *(
+        f.name
+        for f in dataclasses.fields(StepMetrics)
+        if f.metadata.get("history") and f.name != "step"
+    ),
+)
+HISTORY_CSV_COLUMNS = [
+    "kind",
+    *HISTORY_STEP_FIELDS,
+    "partition_bytes",
+    "credit_bytes",
+    "decision_id",
+    "state",
+    "reason",
+    "applied_at_step",
+    "source",
+    "predicted_step_time_s",
+    "measured_step_time_s",
+    "tail_bytes",
+]
 
 
 @main.command()
 @click.argument("job")
 @connection_options
 @click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
-@click.option("--steps", "with_steps", is_flag=True,
-              help="also list the step records (after the decisions); --rank and --limit choose them")
-@click.option("--rank", type=click.IntRange(0), default=None, help="with --steps: only this rank's steps")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True,
-              help="with --steps: the latest N step records")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option(
+    "--steps",
+    "with_steps",
+    is_flag=True,
+    help="also list the step records (after the decisions); --rank and --limit choose them",
+)
+@click.option(
+    "--rank", type=click.IntRange(0), default=None, help="with --steps: only this rank's steps"
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="with --steps: the latest N step records",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+)
 def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> None:
     """Decisions of JOB (who, why, predicted and measured step time), then with --steps its steps.
 
@@ -295,9 +481,10 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
         request.rank = rank
     response = connection.call(pb_grpc.QueryStub, "History", request)
     step_records = [history_step_from_proto(s) for s in response.steps] if with_steps else []
-    steps = [{"step": s.step, "rank": s.rank, "wall_time_s": s.wall_time_s, "step_time_s": s.step_time_s,
-              "exposed_comm_s": s.exposed_comm_s, "bytes_reduced": s.bytes_reduced, "config": s.config.to_dict()}
-             for s in step_records]
+    steps = [
+        {**{name: getattr(s, name) for name in HISTORY_STEP_FIELDS}, "config": s.config.to_dict()}
+        for s in step_records
+    ]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
         out = {"job": job, "decisions": decisions}
@@ -306,34 +493,66 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
         click.echo(json.dumps(out, indent=2))
     elif fmt == "csv":
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(HISTORY_CSV_COLUMNS)
+        writer = csv.DictWriter(out, HISTORY_CSV_COLUMNS, restval="", lineterminator="\n")
+        writer.writeheader()
         for d in decisions:
             # `step` is the step the decision asked for; `applied_at_step` the one it took effect at.
-            writer.writerow(["decision", d["apply_at_step"], "", d["created_at_s"], "", "", "",
-                             d["config"]["partition_bytes"], d["config"]["credit_bytes"], d["decision_id"],
-                             d["state"], d["reason"], "" if d["applied_at_step"] is None else d["applied_at_step"],
-                             d["source"], *("" if d[k] is None else d[k]
-                                            for k in ("predicted_step_time_s", "measured_step_time_s")),
-                             d["config"].get("tail_bytes", "")])
+            writer.writerow(
+                {
+                    "kind": "decision",
+                    "step": d["apply_at_step"],
+                    "wall_time_s": d["created_at_s"],
+                    **d["config"],
+                    **{
+                        k: "" if d[k] is None else d[k]
+                        for k in (
+                            "decision_id",
+                            "state",
+                            "reason",
+                            "applied_at_step",
+                            "source",
+                            "predicted_step_time_s",
+                            "measured_step_time_s",
+                        )
+                    },
+                }
+            )
         for s in steps:
-            writer.writerow(["step", s["step"], s["rank"], s["wall_time_s"], s["step_time_s"], s["exposed_comm_s"],
-                             s["bytes_reduced"], s["config"]["partition_bytes"], s["config"]["credit_bytes"],
-                             "", "", "", "", "", "", "", s["config"].get("tail_bytes", "")])
+            writer.writerow(
+                {"kind": "step", **{name: s[name] for name in HISTORY_STEP_FIELDS}, **s["config"]}
+            )
         click.echo(out.getvalue(), nl=False)
     else:
         steps_hint = "" if with_steps else f"; its steps: `autobyte history {job} --steps`"
-        click.echo(textwrap.fill(f"{job}: {len(decisions) or 'no'} decision(s)"
-                                 f"{', oldest first' if decisions else ''}{steps_hint}", WIDTH,
-                                 break_long_words=False, break_on_hyphens=False))
+        click.echo(
+            textwrap.fill(
+                f"{job}: {len(decisions) or 'no'} decision(s)"
+                f"{', oldest first' if decisions else ''}{steps_hint}",
+                WIDTH,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
         if decisions:
             click.echo(decision_table(response.decisions))
         if with_steps:
-            rows = [[str(s["step"]), str(s["rank"]), _when(s["wall_time_s"]), f"{s['step_time_s'] * 1e3:.1f}",
-                     f"{s['exposed_comm_s'] * 1e3:.1f}", _cfg(m.config)] for s, m in zip(steps, response.steps)]
+            rows = [
+                [
+                    str(s["step"]),
+                    str(s["rank"]),
+                    _when(s["wall_time_s"]),
+                    f"{s['step_time_s'] * 1e3:.1f}",
+                    f"{s['exposed_comm_s'] * 1e3:.1f}",
+                    _cfg(m.config),
+                ]
+                for s, m in zip(steps, response.steps)
+            ]
             click.echo("")
-            click.echo(table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows) if rows
-                       else "no steps recorded")
+            click.echo(
+                table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows)
+                if rows
+                else "no steps recorded"
+            )
 
 
 def _ms(value: float | None) -> str:
@@ -343,48 +562,102 @@ def _ms(value: float | None) -> str:
 def decision_table(decisions) -> str:
     """One row per decision; below it who made it, predicted and measured step time, the whole reason."""
     records = [decision_from_proto(d) for d in decisions]
-    lines = table(["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
-                  [[f"#{d.decision_id}", str(d.apply_at_step) if d.apply_at_step else "next",
-                    str(d.applied_at_step) if d.applied_at_step is not None else "-", _cfg(message.config), d.state]
-                   for d, message in zip(records, decisions)]).splitlines()
+    lines = table(
+        ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
+        [
+            [
+                f"#{d.decision_id}",
+                str(d.apply_at_step) if d.apply_at_step else "next",
+                str(d.applied_at_step) if d.applied_at_step is not None else "-",
+                _cfg(message.config),
+                d.state,
+            ]
+            for d, message in zip(records, decisions)
+        ],
+    ).splitlines()
     out = [lines[0]]
     for line, d in zip(lines[1:], records):
         out.append(line)
-        out.append(f"  by {d.source}; step time predicted {_ms(d.predicted_step_time_s)}, "
-                   f"measured {_ms(d.measured_step_time_s)}")
+        out.append(
+            f"  by {d.source}; step time predicted {_ms(d.predicted_step_time_s)}, "
+            f"measured {_ms(d.measured_step_time_s)}"
+        )
         if d.reason:
-            out.extend(textwrap.wrap(d.reason, WIDTH, initial_indent="  reason: ", subsequent_indent=" " * 10,
-                                     break_long_words=True, break_on_hyphens=False))
+            out.extend(
+                textwrap.wrap(
+                    d.reason,
+                    WIDTH,
+                    initial_indent="  reason: ",
+                    subsequent_indent=" " * 10,
+                    break_long_words=True,
+                    break_on_hyphens=False,
+                )
+            )
     return "\n".join(out)
 
 
 @main.command()
 @click.argument("job")
 @connection_options
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="PNG to write [default: JOB.png]")
-@click.option("--since", type=float, default=0.0, help="only steps and decisions after this unix time (s)")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=100_000, show_default=True,
-              help="the latest N step records (of every rank)")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="PNG to write [default: JOB.png]",
+)
+@click.option(
+    "--since", type=float, default=0.0, help="only steps and decisions after this unix time (s)"
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=100_000,
+    show_default=True,
+    help="the latest N step records (of every rank)",
+)
 def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
     """A picture of JOB (1200x600 PNG): step time over time (rolling median per rank), the
     configuration in effect as bands, each decision with its reason and predicted vs measured
     step time, and the bandwidth estimate and host load below. Needs the `plot` extra."""
     try:
-        from autobyte import plot as job_plot
         import matplotlib  # noqa: F401  (said before asking the daemon)
+
+        from autobyte import plot as job_plot
     except ImportError:
         fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
     connection = Connection(daemon, token, tls_ca)
     job = connection.job(job)
-    response = connection.call(pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit))
-    steps = [job_plot.StepPoint(s.rank, s.step, s.wall_time_s, s.step_time_s,
-                                *(config_dict(s.config)[k] for k in ("partition_bytes", "credit_bytes")),
-                                s.bandwidth_bytes_per_s, s.host_load, s.decision_id) for s in response.steps]
-    decisions = [job_plot.DecisionMark(d["decision_id"], d["created_at_s"], d["state"], d["reason"], d["source"],
-                                       d["config"]["partition_bytes"], d["config"]["credit_bytes"],
-                                       d["predicted_step_time_s"], d["measured_step_time_s"])
-                 for d in map(decision_dict, response.decisions)]
+    response = connection.call(
+        pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit)
+    )
+    steps = [
+        job_plot.StepPoint(
+            s.rank,
+            s.step,
+            s.wall_time_s,
+            s.step_time_s,
+            *(config_dict(s.config)[k] for k in ("partition_bytes", "credit_bytes")),
+            s.bandwidth_bytes_per_s,
+            s.host_load,
+            s.decision_id,
+        )
+        for s in response.steps
+    ]
+    decisions = [
+        job_plot.DecisionMark(
+            d["decision_id"],
+            d["created_at_s"],
+            d["state"],
+            d["reason"],
+            d["source"],
+            d["config"]["partition_bytes"],
+            d["config"]["credit_bytes"],
+            d["predicted_step_time_s"],
+            d["measured_step_time_s"],
+        )
+        for d in map(decision_dict, response.decisions)
+    ]
     path = out_path or f"{job}.png"
     try:
         job_plot.draw_job(job, steps, decisions, path)
@@ -392,34 +665,48 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
         fail(str(error), EXIT_ERROR)
     except OSError as error:
         fail(f"cannot write {path}: {error.strerror or error}", EXIT_ERROR)
-    click.echo(f"{path}: {len(steps)} steps, {len(decisions)} decision(s) of {job} "
-               f"({job_plot.WIDTH_PX}x{job_plot.HEIGHT_PX})")
+    click.echo(
+        f"{path}: {len(steps)} steps, {len(decisions)} decision(s) of {job} "
+        f"({job_plot.WIDTH_PX}x{job_plot.HEIGHT_PX})"
+    )
 
 
 @main.command()
 @click.argument("job")
 @connection_options
-@click.option("--pause/--resume", "paused", required=True,
-              help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it")
+@click.option(
+    "--pause/--resume",
+    "paused",
+    required=True,
+    help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it",
+)
 def tune(job, daemon, token, tls_ca, paused) -> None:
     """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
     connection = Connection(daemon, token, tls_ca)
     job = connection.job(job)
-    t = connection.call(pb_grpc.ControlStub, "SetTuning", pb.SetTuningRequest(job=job, paused=paused))
+    t = connection.call(
+        pb_grpc.ControlStub, "SetTuning", pb.SetTuningRequest(job=job, paused=paused)
+    )
     if paused:
-        click.echo(f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
-                   f"until `autobyte tune {job} --resume`")
+        click.echo(
+            f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
+            f"until `autobyte tune {job} --resume`"
+        )
     else:
         # The tuner acts on a resume at its next look at the job: what it did before (the pause's
         # reason) is not news, what it will do is.
-        click.echo(f"{job}: tuner resumed; it measures the configuration in effect, then searches from it "
-                   "(`autobyte status` shows its progress)")
+        click.echo(
+            f"{job}: tuner resumed; it measures the configuration in effect, then searches from it "
+            "(`autobyte status` shows its progress)"
+        )
 
 
 @main.command()
 @click.argument("job")
 @connection_options
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 def best(job, daemon, token, tls_ca, fmt) -> None:
     """The best configuration measured on JOB in its latest context (conditions: run, bandwidth,
     host load), every configuration measured in that same context, the steps of each, and each
@@ -430,49 +717,104 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     r = connection.call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
     if fmt == "json":
         b = best_from_proto(r)
-        click.echo(json.dumps({"job": b.job, "found": b.found, "config": b.config.to_dict() if b.found else None,
-                               "median_step_time_s": b.median_step_time_s, "samples": b.samples,
-                               "baseline_step_time_s": b.baseline_step_time_s or None,
-                               "evidence": b.evidence, "context": b.context, "contexts": b.contexts,
-                               "reference": b.reference.to_dict() if b.found else None,
-                               "reference_step_time_s": b.reference_step_time_s or None,
-                               "candidates": [{"config": c.config.to_dict(), "samples": c.samples,
-                                               "median_step_time_s": c.median_step_time_s,
-                                               "speedup": c.speedup or None}
-                                              for c in b.candidates]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "job": b.job,
+                    "found": b.found,
+                    "config": b.config.to_dict() if b.found else None,
+                    "median_step_time_s": b.median_step_time_s,
+                    "samples": b.samples,
+                    "baseline_step_time_s": b.baseline_step_time_s or None,
+                    "evidence": b.evidence,
+                    "context": b.context,
+                    "contexts": b.contexts,
+                    "reference": b.reference.to_dict() if b.found else None,
+                    "reference_step_time_s": b.reference_step_time_s or None,
+                    "candidates": [
+                        {
+                            "config": c.config.to_dict(),
+                            "samples": c.samples,
+                            "median_step_time_s": c.median_step_time_s,
+                            "speedup": c.speedup or None,
+                        }
+                        for c in b.candidates
+                    ],
+                },
+                indent=2,
+            )
+        )
         return
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
     reference = _cfg(r.reference)
     click.echo(f"{job}: {config_from_proto(r.config).describe()}")
-    click.echo(textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    "))
-    gain = ("the context's reference" if r.config == r.reference else
-            describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference))
-    click.echo(f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}")
+    click.echo(
+        textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    ")
+    )
+    gain = (
+        "the context's reference"
+        if r.config == r.reference
+        else describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference)
+    )
+    click.echo(
+        f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}"
+    )
     if r.baseline_step_time_s:
-        click.echo(f"  no-scheduling baseline (none/inf) {r.baseline_step_time_s * 1e3:.1f} ms in this context")
+        click.echo(
+            f"  no-scheduling baseline (none/inf) {r.baseline_step_time_s * 1e3:.1f} ms in this context"
+        )
     else:
         click.echo("  no-scheduling baseline: not measured in this context (none/inf)")
-    click.echo(f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:")
-    rows = [[_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
-            for c in r.candidates]
-    click.echo(textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "SPEED-UP"], rows), "    "))
-    click.echo(textwrap.fill(f"evidence: {r.evidence}", WIDTH, initial_indent="  ", subsequent_indent="    "))
+    click.echo(
+        f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:"
+    )
+    rows = [
+        [_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
+        for c in r.candidates
+    ]
+    click.echo(
+        textwrap.indent(table(["PART/CREDIT", "MEDIAN_MS", "STEPS", "SPEED-UP"], rows), "    ")
+    )
+    click.echo(
+        textwrap.fill(
+            f"evidence: {r.evidence}", WIDTH, initial_indent="  ", subsequent_indent="    "
+        )
+    )
 
 
 @main.command()
 @click.argument("job")
 @connection_options
-@click.option("--partition", "partition", type=ByteSize("partition"), required=True,
-              help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})")
-@click.option("--credit", "credit", type=ByteSize("credit"), required=True,
-              help="credit window, e.g. 16MiB, or unlimited (units as for --partition)")
-@click.option("--tail", "tail", type=ByteSize("tail"), default=None,
-              help="tail window, e.g. 8MiB: in the last that many bytes of each backward pass one collective "
-                   "at a time (default none)")
-@click.option("--at-step", type=click.IntRange(0), default=0,
-              help="step at which every rank switches (0: the next step; a step already passed: the next too)")
+@click.option(
+    "--partition",
+    "partition",
+    type=ByteSize("partition"),
+    required=True,
+    help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})",
+)
+@click.option(
+    "--credit",
+    "credit",
+    type=ByteSize("credit"),
+    required=True,
+    help="credit window, e.g. 16MiB, or unlimited (units as for --partition)",
+)
+@click.option(
+    "--tail",
+    "tail",
+    type=ByteSize("tail"),
+    default=None,
+    help="tail window, e.g. 8MiB: in the last that many bytes of each backward pass one collective "
+    "at a time (default none)",
+)
+@click.option(
+    "--at-step",
+    type=click.IntRange(0),
+    default=0,
+    help="step at which every rank switches (0: the next step; a step already passed: the next too)",
+)
 @click.option("--reason", default="operator request", show_default=True)
 def propose(job, daemon, token, tls_ca, partition, credit, tail, at_step, reason) -> None:
     """Ask JOB to switch to a configuration (stored as a decision)."""
@@ -482,10 +824,16 @@ def propose(job, daemon, token, tls_ca, partition, credit, tail, at_step, reason
     connection = Connection(daemon, token, tls_ca)
     job = connection.job(job)
     d = connection.call(
-        pb_grpc.ControlStub, "ProposeConfig",
-        pb.ProposeConfigRequest(job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason))
-    click.echo(f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "
-               f"for {job} until `autobyte tune {job} --resume`")
+        pb_grpc.ControlStub,
+        "ProposeConfig",
+        pb.ProposeConfigRequest(
+            job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason
+        ),
+    )
+    click.echo(
+        f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "
+        f"for {job} until `autobyte tune {job} --resume`"
+    )
 
 
 if __name__ == "__main__":

@@ -7,37 +7,44 @@ import functools
 from collections.abc import Iterable
 
 from autobyte.protocol import autobyte_pb2 as pb
-from autobyte.records import (BestRecord, CandidateRecord, DecisionRecord, Fingerprint, HistoryStep, JobRecord,
-                              Registration, TunerStatusRecord)
+from autobyte.records import (
+    BestRecord,
+    CandidateRecord,
+    DecisionRecord,
+    Fingerprint,
+    HistoryStep,
+    JobRecord,
+    Registration,
+    TunerStatusRecord,
+)
 from autobyte.types import Config, StepMetrics
 
 # StepMetrics' fields that map one to one onto the message's (every sample goes through here: the
 # daemon converts tens of thousands a second, so this is computed once).
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(StepMetrics) if f.name != "config")
+# Config's fields are the message's optional fields of the same names (unset: None).
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+# HistoryStep's fields map one to one onto StepRecord's, its config as a message.
+_HISTORY_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryStep) if f.name != "config")
 
 
 def config_to_proto(config: Config) -> pb.Config:
-    message = pb.Config()
-    if config.partition_bytes is not None:
-        message.partition_bytes = config.partition_bytes
-    if config.credit_bytes is not None:
-        message.credit_bytes = config.credit_bytes
-    if config.tail_bytes is not None:
-        message.tail_bytes = config.tail_bytes
-    return message
+    return pb.Config(
+        **{name: value for name in _CONFIG_FIELDS if (value := getattr(config, name)) is not None}
+    )
 
 
 def config_from_proto(message: pb.Config) -> Config:
     """Raises ValueError for values outside the safe limits."""
-    return _config(message.partition_bytes if message.HasField("partition_bytes") else None,
-                   message.credit_bytes if message.HasField("credit_bytes") else None,
-                   message.tail_bytes if message.HasField("tail_bytes") else None)
+    return _config(
+        *(getattr(message, name) if message.HasField(name) else None for name in _CONFIG_FIELDS)
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(partition_bytes: int | None, credit_bytes: int | None, tail_bytes: int | None) -> Config:
+def _config(*values: int | None) -> Config:
     """Config is frozen: the few configurations a job runs are validated once (a ValueError is not cached)."""
-    return Config(partition_bytes=partition_bytes, credit_bytes=credit_bytes, tail_bytes=tail_bytes)
+    return Config(*values)
 
 
 def metrics_to_proto(metrics: StepMetrics, seq: int) -> pb.StepMetrics:
@@ -68,26 +75,46 @@ def fingerprint_to_proto(fingerprint: Fingerprint) -> pb.ModelFingerprint:
 
 
 def fingerprint_from_proto(message: pb.ModelFingerprint) -> Fingerprint:
-    return Fingerprint(message.parameter_count, message.parameter_bytes, message.tensor_count,
-                       message.largest_tensor_bytes, message.median_tensor_bytes, message.digest)
+    return Fingerprint(
+        message.parameter_count,
+        message.parameter_bytes,
+        message.tensor_count,
+        message.largest_tensor_bytes,
+        message.median_tensor_bytes,
+        message.digest,
+    )
 
 
 def registration_from_proto(request: pb.RegisterRequest) -> Registration:
     """Raises ValueError on a bad configuration; the other checks are the daemon's."""
     return Registration(
-        job=request.job, rank=request.rank, world_size=request.world_size, backend=request.backend or "unknown",
-        instance_id=request.instance_id, hostname=request.hostname, pid=request.pid,
+        job=request.job,
+        rank=request.rank,
+        world_size=request.world_size,
+        backend=request.backend or "unknown",
+        instance_id=request.instance_id,
+        hostname=request.hostname,
+        pid=request.pid,
         fingerprint=fingerprint_from_proto(request.model),
-        config=config_from_proto(request.config), tuning_disabled=request.tuning_disabled)
+        config=config_from_proto(request.config),
+        tuning_disabled=request.tuning_disabled,
+    )
 
 
 _DECISION_OPTIONAL = ("predicted_step_time_s", "measured_step_time_s", "applied_at_step")
 
 
 def decision_to_proto(record: DecisionRecord) -> pb.Decision:
-    message = pb.Decision(decision_id=record.decision_id, job=record.job, config=config_to_proto(record.config),
-                          apply_at_step=record.apply_at_step, reason=record.reason,
-                          created_at_s=record.created_at_s, state=record.state, source=record.source)
+    message = pb.Decision(
+        decision_id=record.decision_id,
+        job=record.job,
+        config=config_to_proto(record.config),
+        apply_at_step=record.apply_at_step,
+        reason=record.reason,
+        created_at_s=record.created_at_s,
+        state=record.state,
+        source=record.source,
+    )
     for name in _DECISION_OPTIONAL:
         if getattr(record, name) is not None:
             setattr(message, name, getattr(record, name))
@@ -96,53 +123,89 @@ def decision_to_proto(record: DecisionRecord) -> pb.Decision:
 
 def decision_from_proto(message: pb.Decision) -> DecisionRecord:
     """An empty source reads as "operator" (what a daemon before sources meant)."""
-    optional = {name: getattr(message, name) if message.HasField(name) else None for name in _DECISION_OPTIONAL}
-    return DecisionRecord(decision_id=message.decision_id, job=message.job, config=config_from_proto(message.config),
-                          apply_at_step=message.apply_at_step, reason=message.reason,
-                          created_at_s=message.created_at_s, state=message.state,
-                          source=message.source or "operator", **optional)
+    optional = {
+        name: getattr(message, name) if message.HasField(name) else None
+        for name in _DECISION_OPTIONAL
+    }
+    return DecisionRecord(
+        decision_id=message.decision_id,
+        job=message.job,
+        config=config_from_proto(message.config),
+        apply_at_step=message.apply_at_step,
+        reason=message.reason,
+        created_at_s=message.created_at_s,
+        state=message.state,
+        source=message.source or "operator",
+        **optional,
+    )
 
 
 def config_update_to_proto(record: DecisionRecord) -> pb.ConfigUpdate:
     """A decision as the Control service pushes it to a job."""
-    return pb.ConfigUpdate(job=record.job, decision_id=record.decision_id, config=config_to_proto(record.config),
-                           apply_at_step=record.apply_at_step, reason=record.reason)
+    return pb.ConfigUpdate(
+        job=record.job,
+        decision_id=record.decision_id,
+        config=config_to_proto(record.config),
+        apply_at_step=record.apply_at_step,
+        reason=record.reason,
+    )
 
 
-def tuner_status_to_proto(record: TunerStatusRecord, known: bool = True,
-                          with_config: bool = True) -> pb.TunerStatus:
+def tuner_status_to_proto(
+    record: TunerStatusRecord, known: bool = True, with_config: bool = True
+) -> pb.TunerStatus:
     """known=False: the tuner has not looked at the job yet; with_config=False leaves the message's
     config unset (a status that holds no configuration)."""
-    message = pb.TunerStatus(mode=record.mode, state=record.state, detail=record.detail,
-                             baseline_step_time_s=record.baseline_step_time_s,
-                             measured_step_time_s=record.measured_step_time_s,
-                             predicted_step_time_s=record.predicted_step_time_s, paused=record.paused,
-                             trials_done=record.trials_done, trials_planned=record.trials_planned,
-                             updated_at_s=record.updated_at_s, known=known)
+    message = pb.TunerStatus(
+        mode=record.mode,
+        state=record.state,
+        detail=record.detail,
+        baseline_step_time_s=record.baseline_step_time_s,
+        measured_step_time_s=record.measured_step_time_s,
+        predicted_step_time_s=record.predicted_step_time_s,
+        paused=record.paused,
+        trials_done=record.trials_done,
+        trials_planned=record.trials_planned,
+        updated_at_s=record.updated_at_s,
+        known=known,
+    )
     if with_config:
         message.config.CopyFrom(config_to_proto(record.config))
     return message
 
 
 def tuner_status_from_proto(message: pb.TunerStatus) -> TunerStatusRecord:
-    return TunerStatusRecord(mode=message.mode, state=message.state, detail=message.detail,
-                             config=config_from_proto(message.config),
-                             baseline_step_time_s=message.baseline_step_time_s,
-                             measured_step_time_s=message.measured_step_time_s,
-                             predicted_step_time_s=message.predicted_step_time_s, trials_done=message.trials_done,
-                             trials_planned=message.trials_planned, paused=message.paused,
-                             updated_at_s=message.updated_at_s)
+    return TunerStatusRecord(
+        mode=message.mode,
+        state=message.state,
+        detail=message.detail,
+        config=config_from_proto(message.config),
+        baseline_step_time_s=message.baseline_step_time_s,
+        measured_step_time_s=message.measured_step_time_s,
+        predicted_step_time_s=message.predicted_step_time_s,
+        trials_done=message.trials_done,
+        trials_planned=message.trials_planned,
+        paused=message.paused,
+        updated_at_s=message.updated_at_s,
+    )
 
 
 def job_status_to_proto(job: JobRecord, tuner: pb.TunerStatus) -> pb.JobStatus:
     """`tuner`: what the daemon says its tuner does for the job (it may differ from job.tuner)."""
     message = pb.JobStatus(
-        job=job.job, state=job.state, world_size=job.world_size, steps=job.steps,
-        config=config_to_proto(job.config), ranks=job.ranks, backend=job.backend,
+        job=job.job,
+        state=job.state,
+        world_size=job.world_size,
+        steps=job.steps,
+        config=config_to_proto(job.config),
+        ranks=job.ranks,
+        backend=job.backend,
         recent_step_time_s=job.recent_step_time_s,
         recent_steps_per_s=1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0,
-        last_seen_s=job.last_seen_s, dropped_total=job.dropped_total,
-        has_last_decision=job.last_decision is not None)
+        last_seen_s=job.last_seen_s,
+        dropped_total=job.dropped_total,
+        has_last_decision=job.last_decision is not None,
+    )
     message.tuner.CopyFrom(tuner)
     if job.last_decision is not None:
         message.last_decision.CopyFrom(decision_to_proto(job.last_decision))
@@ -151,32 +214,41 @@ def job_status_to_proto(job: JobRecord, tuner: pb.TunerStatus) -> pb.JobStatus:
 
 def job_status_from_proto(message: pb.JobStatus) -> JobRecord:
     """tuning_disabled is not on the wire (the tuner status says it); it reads as False."""
-    return JobRecord(job=message.job, state=message.state, world_size=message.world_size, backend=message.backend,
-                     steps=message.steps, config=config_from_proto(message.config), ranks=tuple(message.ranks),
-                     recent_step_time_s=message.recent_step_time_s, last_seen_s=message.last_seen_s,
-                     dropped_total=message.dropped_total,
-                     last_decision=decision_from_proto(message.last_decision) if message.has_last_decision else None,
-                     tuner=tuner_status_from_proto(message.tuner))
+    return JobRecord(
+        job=message.job,
+        state=message.state,
+        world_size=message.world_size,
+        backend=message.backend,
+        steps=message.steps,
+        config=config_from_proto(message.config),
+        ranks=tuple(message.ranks),
+        recent_step_time_s=message.recent_step_time_s,
+        last_seen_s=message.last_seen_s,
+        dropped_total=message.dropped_total,
+        last_decision=decision_from_proto(message.last_decision)
+        if message.has_last_decision
+        else None,
+        tuner=tuner_status_from_proto(message.tuner),
+    )
 
 
 def history_step_to_proto(step: HistoryStep) -> pb.StepRecord:
-    return pb.StepRecord(step=step.step, rank=step.rank, wall_time_s=step.wall_time_s, step_time_s=step.step_time_s,
-                         exposed_comm_s=step.exposed_comm_s, bytes_reduced=step.bytes_reduced,
-                         config=config_to_proto(step.config), forward_s=step.forward_s,
-                         backward_s=step.backward_s, bandwidth_bytes_per_s=step.bandwidth_bytes_per_s,
-                         host_load=step.host_load, decision_id=step.decision_id)
+    return pb.StepRecord(
+        config=config_to_proto(step.config),
+        **{name: getattr(step, name) for name in _HISTORY_FIELDS},
+    )
 
 
 def history_step_from_proto(message: pb.StepRecord) -> HistoryStep:
-    return HistoryStep(step=message.step, rank=message.rank, wall_time_s=message.wall_time_s,
-                       step_time_s=message.step_time_s, exposed_comm_s=message.exposed_comm_s,
-                       bytes_reduced=message.bytes_reduced, config=config_from_proto(message.config),
-                       forward_s=message.forward_s, backward_s=message.backward_s,
-                       bandwidth_bytes_per_s=message.bandwidth_bytes_per_s, host_load=message.host_load,
-                       decision_id=message.decision_id)
+    return HistoryStep(
+        config=config_from_proto(message.config),
+        **{name: getattr(message, name) for name in _HISTORY_FIELDS},
+    )
 
 
-def history_to_proto(job: str, steps: Iterable[HistoryStep], decisions: Iterable[DecisionRecord]) -> pb.HistoryResponse:
+def history_to_proto(
+    job: str, steps: Iterable[HistoryStep], decisions: Iterable[DecisionRecord]
+) -> pb.HistoryResponse:
     response = pb.HistoryResponse(job=job)
     response.steps.extend(history_step_to_proto(step) for step in steps)
     response.decisions.extend(decision_to_proto(d) for d in decisions)
@@ -184,24 +256,49 @@ def history_to_proto(job: str, steps: Iterable[HistoryStep], decisions: Iterable
 
 
 def best_to_proto(best: BestRecord) -> pb.BestResponse:
-    response = pb.BestResponse(job=best.job, found=best.found, config=config_to_proto(best.config),
-                               median_step_time_s=best.median_step_time_s, samples=best.samples,
-                               baseline_step_time_s=best.baseline_step_time_s, evidence=best.evidence,
-                               context=best.context, reference=config_to_proto(best.reference),
-                               reference_step_time_s=best.reference_step_time_s, contexts=best.contexts)
+    response = pb.BestResponse(
+        job=best.job,
+        found=best.found,
+        config=config_to_proto(best.config),
+        median_step_time_s=best.median_step_time_s,
+        samples=best.samples,
+        baseline_step_time_s=best.baseline_step_time_s,
+        evidence=best.evidence,
+        context=best.context,
+        reference=config_to_proto(best.reference),
+        reference_step_time_s=best.reference_step_time_s,
+        contexts=best.contexts,
+    )
     for candidate in best.candidates:
-        response.candidates.add(config=config_to_proto(candidate.config), samples=candidate.samples,
-                                median_step_time_s=candidate.median_step_time_s, speedup=candidate.speedup)
+        response.candidates.add(
+            config=config_to_proto(candidate.config),
+            samples=candidate.samples,
+            median_step_time_s=candidate.median_step_time_s,
+            speedup=candidate.speedup,
+        )
     return response
 
 
 def best_from_proto(message: pb.BestResponse) -> BestRecord:
-    return BestRecord(job=message.job, found=message.found, config=config_from_proto(message.config),
-                      median_step_time_s=message.median_step_time_s, samples=message.samples,
-                      baseline_step_time_s=message.baseline_step_time_s, evidence=message.evidence,
-                      candidates=tuple(CandidateRecord(config=config_from_proto(c.config),
-                                                       median_step_time_s=c.median_step_time_s, samples=c.samples,
-                                                       speedup=c.speedup)
-                                       for c in message.candidates),
-                      context=message.context, reference=config_from_proto(message.reference),
-                      reference_step_time_s=message.reference_step_time_s, contexts=message.contexts)
+    return BestRecord(
+        job=message.job,
+        found=message.found,
+        config=config_from_proto(message.config),
+        median_step_time_s=message.median_step_time_s,
+        samples=message.samples,
+        baseline_step_time_s=message.baseline_step_time_s,
+        evidence=message.evidence,
+        candidates=tuple(
+            CandidateRecord(
+                config=config_from_proto(c.config),
+                median_step_time_s=c.median_step_time_s,
+                samples=c.samples,
+                speedup=c.speedup,
+            )
+            for c in message.candidates
+        ),
+        context=message.context,
+        reference=config_from_proto(message.reference),
+        reference_step_time_s=message.reference_step_time_s,
+        contexts=message.contexts,
+    )

@@ -12,7 +12,10 @@ accelerate's calls map to the scheduler's) with `TrainingArguments.max_grad_norm
 clipping norm, so everything Trainer does with accelerate keeps its meaning: AdamW with its LR
 schedule, clipping (on by default), `gradient_accumulation_steps`, bf16 / fp16, evaluation during
 training, `save_steps` checkpoints (the model and optimizer state after every pending update landed)
-and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit.
+and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit, and so are
+the buffers (BatchNorm statistics): `TrainingArguments.ddp_broadcast_buffers` (default: DDP's True)
+is the scheduler's `broadcast_buffers`, and the evaluation's forwards, which Trainer runs on the
+unwrapped model, receive no broadcast there either (`ScheduledOptimizer.unwrapped()`).
 
 What it adds to the Trainer's logs:
 * `grad_norm` is the scheduler's (the norm of the reduced gradients before clipping, read at each
@@ -43,8 +46,9 @@ try:
     import transformers.trainer as trainer_module
     from transformers import TrainerCallback
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("autobyte.hf needs transformers and accelerate: pip install 'autobyte[hf]' "
-                      f"({error})") from error
+    raise ImportError(
+        f"autobyte.hf needs transformers and accelerate: pip install 'autobyte[hf]' ({error})"
+    ) from error
 
 from autobyte.accelerate import Accelerator
 from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics
@@ -53,8 +57,19 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Trainer"]
 
-OPTIONS = frozenset({"partition_bytes", "credit_bytes", "tail_bytes", "daemon", "job", "token", "tune",
-                     "timeout_s", "native"})
+OPTIONS = frozenset(
+    {
+        "partition_bytes",
+        "credit_bytes",
+        "tail_bytes",
+        "daemon",
+        "job",
+        "token",
+        "tune",
+        "timeout_s",
+        "native",
+    }
+)
 
 
 class Trainer(transformers.Trainer):
@@ -66,7 +81,9 @@ class Trainer(transformers.Trainer):
         Everything else is `transformers.Trainer`'s.
     """
 
-    def __init__(self, *args: Any, autobyte: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, autobyte: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         options = dict(autobyte or {})
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
@@ -101,6 +118,12 @@ class Trainer(transformers.Trainer):
             # the last updates landed and the threads stop: self.model holds the final parameters
             self.accelerator.close_schedulers()
             self._configurations.scheduled = None
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        # Trainer evaluates the unwrapped model, not DDP's wrapper: no buffer broadcast there
+        scheduled = self.scheduled_optimizer
+        with scheduled.unwrapped() if scheduled is not None else contextlib.nullcontext():
+            return super().evaluation_loop(*args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         self.accelerator.synchronize()
@@ -143,13 +166,21 @@ class _ConfigurationLog(TrainerCallback):
         should_log = control.should_log  # Trainer.log clears it: the step's own log must still run
         for metrics in applied:
             config = metrics.config
-            logger.info("autobyte configuration from step %d: %s (decision %d)", metrics.step,
-                        config.describe(), metrics.decision_id)
-            self._trainer.log({"autobyte/partition_bytes": _bytes(config.partition_bytes),
-                               "autobyte/credit_bytes": _bytes(config.credit_bytes),
-                               "autobyte/tail_bytes": _bytes(config.tail_bytes),
-                               "autobyte/decision": metrics.decision_id,
-                               "autobyte/from_step": metrics.step})
+            logger.info(
+                "autobyte configuration from step %d: %s (decision %d)",
+                metrics.step,
+                config.describe(),
+                metrics.decision_id,
+            )
+            self._trainer.log(
+                {
+                    "autobyte/partition_bytes": _bytes(config.partition_bytes),
+                    "autobyte/credit_bytes": _bytes(config.credit_bytes),
+                    "autobyte/tail_bytes": _bytes(config.tail_bytes),
+                    "autobyte/decision": metrics.decision_id,
+                    "autobyte/from_step": metrics.step,
+                }
+            )
         control.should_log = should_log
 
 

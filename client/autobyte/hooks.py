@@ -17,5 +17,5 @@ def on_scheduler_created(hook: Callable[[Any], None]) -> None:
 
 def scheduler_created(optimizer: Any) -> None:
     """Called by ScheduledOptimizer's constructor, last."""
-    for hook in list(_scheduler_created_hooks):
+    for hook in _scheduler_created_hooks:
         hook(optimizer)

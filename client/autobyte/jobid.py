@@ -31,11 +31,17 @@ def job_id_for(job: str | None, environ: Mapping[str, str]) -> str:
     if run_id == "none" and addr and port:
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         derived, how = launch_job_id(addr, int(port), agent_store)
-        log.info("autobyte job id %r (%s); pass --rdzv-id to torchrun or set AUTOBYTE_JOB for an "
-                 "id that stays the same across launches", derived, how)
+        log.info(
+            "autobyte job id %r (%s); pass --rdzv-id to torchrun or set AUTOBYTE_JOB for an "
+            "id that stays the same across launches",
+            derived,
+            how,
+        )
         return derived
-    raise ValueError("autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB (under "
-                     "torchrun one is derived from the launch, or taken from --rdzv-id)")
+    raise ValueError(
+        "autobyte.init needs a job id: pass job=... or set AUTOBYTE_JOB (under "
+        "torchrun one is derived from the launch, or taken from --rdzv-id)"
+    )
 
 
 def launch_job_id(addr: str, port: int, agent_store: bool) -> tuple[str, str]:
@@ -47,14 +53,19 @@ def launch_job_id(addr: str, port: int, agent_store: bool) -> tuple[str, str]:
         try:
             import torch.distributed as dist
 
-            store = dist.TCPStore(addr, port, is_master=False,
-                                  timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+            store = dist.TCPStore(
+                addr, port, is_master=False, timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S)
+            )
             candidate = f"torchrun-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
             chosen = store.compare_set(STORE_KEY, "", candidate)
             chosen = chosen.decode() if isinstance(chosen, bytes) else str(chosen)
             if chosen:
                 return chosen, f"drawn for this torchrun launch at {addr}:{port}"
         except Exception as error:  # noqa: BLE001 - fall back to the endpoint, training goes on
-            log.info("torchrun's store at %s:%s did not answer (%s); the job id names the endpoint",
-                     addr, port, error)
+            log.info(
+                "torchrun's store at %s:%s did not answer (%s); the job id names the endpoint",
+                addr,
+                port,
+                error,
+            )
     return f"torchrun-{endpoint}", f"from the rendezvous endpoint {addr}:{port}"

@@ -11,8 +11,8 @@
 It is Lightning's `DDPStrategy` (same launchers, process group, ranks, sampler, barrier/broadcast/
 reduce) without the `DistributedDataParallel` wrapper: at `fit` the LightningModule's optimizer is
 wrapped by a `ScheduledOptimizer` over the LightningModule, which reduces the gradients by priority
-under a credit window and applies the updates in the background (DESIGN §3). The parameters are
-DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
+under a credit window and applies the updates in the background (docs/architecture.md, "The
+scheduler"). The parameters are DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
 
 * `gradient_clip_val` (norm) becomes `clip_grad_norm=`: the scheduler clips the *reduced* gradients,
   as DDP + `clip_grad_norm_` does. Lightning's own clipping is not called (it would see no
@@ -29,6 +29,10 @@ DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
 * LR schedulers step the LightningModule's optimizer as usual: the scheduler captures the
   hyper-parameters at each `step()`.
 * validation / test / predict: forward passes without backward simply wait for pending updates.
+* buffers (BatchNorm statistics): `broadcast_buffers=True` (DDP's default) copies rank 0's buffers
+  at the forwards DDP copies them at (`autobyte.scheduler.buffers`); validation steps during `fit`
+  enter the LightningModule's `__call__`, as DDPStrategy enters its DDP wrapper, so they count as
+  DDP's forwards do. `broadcast_buffers=False`: as DDPStrategy(broadcast_buffers=False).
 * `job=` / `daemon=` / `token=` / `tune=` call `autobyte.init` at setup (and `autobyte.shutdown` at
   teardown); without them nothing is sent, unless the script called `autobyte.init()` itself.
 
@@ -60,8 +64,10 @@ try:
     from lightning.pytorch.utilities import GradClipAlgorithmType
     from lightning.pytorch.utilities.model_helpers import is_overridden
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("autobyte.lightning needs PyTorch Lightning: pip install 'autobyte[lightning]' "
-                      f"(or `pip install lightning` next to the torch you use) ({error})") from error
+    raise ImportError(
+        "autobyte.lightning needs PyTorch Lightning: pip install 'autobyte[lightning]' "
+        f"(or `pip install lightning` next to the torch you use) ({error})"
+    ) from error
 
 from autobyte.scheduler import ScheduledOptimizer
 from autobyte.types import Config
@@ -85,6 +91,8 @@ class AutobyteStrategy(DDPStrategy):
             configurations (`daemon` may also come from AUTOBYTE_DAEMON, `job` from AUTOBYTE_JOB).
         timeout_s: how long the scheduler waits for parameters or shutdown before raising.
         native: run the scheduler's C++ hot path where it can (see `ScheduledOptimizer`).
+        broadcast_buffers: rank 0's buffers to every rank as DDP's `broadcast_buffers` (see
+            `ScheduledOptimizer`).
         The remaining arguments are `DDPStrategy`'s (accelerator, parallel_devices,
         cluster_environment, checkpoint_io, precision_plugin, process_group_backend, timeout,
         start_method). DDP's own options (find_unused_parameters, static_graph, comm hooks, ...)
@@ -93,16 +101,36 @@ class AutobyteStrategy(DDPStrategy):
 
     strategy_name = STRATEGY_NAME
 
-    def __init__(self, partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20, *,
-                 job: str | None = None, daemon: str | None = None, token: str | None = None,
-                 tune: bool = True, timeout_s: float = 300.0, native: bool = True,
-                 tail_bytes: int | None = None, accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
-                 cluster_environment: Any = None, checkpoint_io: Any = None, precision_plugin: Any = None,
-                 process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
-                 start_method: str = "popen") -> None:
-        self._config = Config(partition_bytes, credit_bytes, tail_bytes)  # ValueError naming a bad value, now
-        if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-                and 0 < timeout_s < float("inf")):
+    def __init__(
+        self,
+        partition_bytes: int | None = 4 << 20,
+        credit_bytes: int | None = 16 << 20,
+        *,
+        job: str | None = None,
+        daemon: str | None = None,
+        token: str | None = None,
+        tune: bool = True,
+        timeout_s: float = 300.0,
+        native: bool = True,
+        broadcast_buffers: bool = True,
+        tail_bytes: int | None = None,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: str = "popen",
+    ) -> None:
+        self._config = Config(
+            partition_bytes, credit_bytes, tail_bytes
+        )  # ValueError naming a bad value, now
+        if not (
+            isinstance(timeout_s, (int, float))
+            and not isinstance(timeout_s, bool)
+            and 0 < timeout_s < float("inf")
+        ):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         for name, value in (("job", job), ("daemon", daemon), ("token", token)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -110,15 +138,27 @@ class AutobyteStrategy(DDPStrategy):
         if daemon is not None:
             from autobyte.channel import daemon_addresses
 
-            daemon_addresses(daemon)  # ValueError for a malformed address, before any process starts
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
-                         timeout=timeout, start_method=start_method)
-        self._daemon_args = (daemon, job, token, bool(tune)) if job is not None or daemon is not None \
-            else None
+            daemon_addresses(
+                daemon
+            )  # ValueError for a malformed address, before any process starts
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
+        self._daemon_args = (
+            (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
+        )
         self._timeout_s = float(timeout_s)
         self._native = bool(native)
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+        self._broadcast_buffers = broadcast_buffers
         self._scheduled: ScheduledOptimizer | None = None
         self._session_started = False
 
@@ -146,9 +186,11 @@ class AutobyteStrategy(DDPStrategy):
         if not fitting:
             return
         if len(self.optimizers) != 1:
-            raise ValueError(f"AutobyteStrategy schedules one optimizer; configure_optimizers returned "
-                             f"{len(self.optimizers)}: put the parameter groups into one optimizer "
-                             "(per-group learning rates are kept)")
+            raise ValueError(
+                f"AutobyteStrategy schedules one optimizer; configure_optimizers returned "
+                f"{len(self.optimizers)}: put the parameter groups into one optimizer "
+                "(per-group learning rates are kept)"
+            )
         if self._daemon_args is not None:
             import autobyte
 
@@ -158,11 +200,24 @@ class AutobyteStrategy(DDPStrategy):
         optimizer = _unwrap(self.optimizers[0])
         scaler = getattr(self.precision_plugin, "scaler", None)
         self._scheduled = ScheduledOptimizer(
-            self.lightning_module, optimizer, self._config.partition_bytes, self._config.credit_bytes,
-            clip_grad_norm=clip, timeout_s=self._timeout_s, grad_scaler=scaler, native=self._native,
-            tail_bytes=self._config.tail_bytes)
-        logger.info("autobyte scheduler on rank %d/%d: %s%s", self.global_rank, self.world_size,
-                    self._config.describe(), "" if clip is None else f", clip_grad_norm={clip:g}")
+            self.lightning_module,
+            optimizer,
+            self._config.partition_bytes,
+            self._config.credit_bytes,
+            clip_grad_norm=clip,
+            timeout_s=self._timeout_s,
+            grad_scaler=scaler,
+            native=self._native,
+            tail_bytes=self._config.tail_bytes,
+            broadcast_buffers=self._broadcast_buffers,
+        )
+        logger.info(
+            "autobyte scheduler on rank %d/%d: %s%s",
+            self.global_rank,
+            self.world_size,
+            self._config.describe(),
+            "" if clip is None else f", clip_grad_norm={clip:g}",
+        )
 
     def teardown(self) -> None:
         self._close_scheduler()
@@ -175,7 +230,9 @@ class AutobyteStrategy(DDPStrategy):
 
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
-        logger.debug("fit interrupted (%s): the scheduler closes at teardown", type(exception).__name__)
+        logger.debug(
+            "fit interrupted (%s): the scheduler closes at teardown", type(exception).__name__
+        )
 
     def _close_scheduler(self) -> None:
         scheduled, self._scheduled = self._scheduled, None
@@ -199,19 +256,36 @@ class AutobyteStrategy(DDPStrategy):
                 return module.training_step(*args, **kwargs)
             return self._forward_redirection(module, module, "training_step", *args, **kwargs)
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None,
-                       **kwargs: Any) -> Any:
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """As DDPStrategy's through its DDP wrapper: through the LightningModule's `__call__`, so
+        the scheduler sees the forward (the buffer broadcast DDP's forward would do)."""
+        module = self.lightning_module
+        assert module is not None
+        with self.precision_plugin.val_step_context():
+            if self._scheduled is None:
+                return module.validation_step(*args, **kwargs)
+            return self._forward_redirection(module, module, "validation_step", *args, **kwargs)
+
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
         """Run the closure (training_step, zero_grad, backward: the gradients go out as they
         appear), Lightning's `on_before_optimizer_step` hooks, then the scheduler's `step()`.
         No local clipping and no `scaler.unscale_()`: the scheduler does both on reduced gradients."""
         scheduled = self._scheduled
         if scheduled is None:
-            raise RuntimeError("AutobyteStrategy.optimizer_step outside fit: the scheduler is not set up")
+            raise RuntimeError(
+                "AutobyteStrategy.optimizer_step outside fit: the scheduler is not set up"
+            )
         if _unwrap(optimizer) is not scheduled.optimizer:
-            raise ValueError("AutobyteStrategy steps the optimizer returned by configure_optimizers only")
+            raise ValueError(
+                "AutobyteStrategy steps the optimizer returned by configure_optimizers only"
+            )
         if kwargs:
-            raise ValueError(f"optimizer.step() arguments are not supported with AutobyteStrategy: "
-                             f"{sorted(kwargs)}")
+            raise ValueError(
+                f"optimizer.step() arguments are not supported with AutobyteStrategy: "
+                f"{sorted(kwargs)}"
+            )
         model = model if model is not None else self.lightning_module
         closure_result = closure()
         trainer = model.trainer
@@ -231,8 +305,10 @@ class AutobyteStrategy(DDPStrategy):
             return
         no_sync = getattr(scheduled, "no_sync", None)
         if no_sync is None:
-            raise ValueError("accumulate_grad_batches > 1 needs ScheduledOptimizer.no_sync(), which this "
-                             "autobyte version lacks: upgrade autobyte or set accumulate_grad_batches=1")
+            raise ValueError(
+                "accumulate_grad_batches > 1 needs ScheduledOptimizer.no_sync(), which this "
+                "autobyte version lacks: upgrade autobyte or set accumulate_grad_batches=1"
+            )
         with no_sync():
             yield None
 
@@ -253,8 +329,10 @@ class AutobyteStrategy(DDPStrategy):
         scheduled = self._scheduled
         states = checkpoint["optimizer_states"]
         if len(states) != len(self.optimizers):
-            raise ValueError(f"the checkpoint holds {len(states)} optimizer states; this fit has "
-                             f"{len(self.optimizers)} optimizer(s)")
+            raise ValueError(
+                f"the checkpoint holds {len(states)} optimizer states; this fit has "
+                f"{len(self.optimizers)} optimizer(s)"
+            )
         for optimizer, state in zip(self.optimizers, states):
             if scheduled is not None and _unwrap(optimizer) is scheduled.optimizer:
                 scheduled.load_state_dict(state)
@@ -265,8 +343,9 @@ class AutobyteStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         if STRATEGY_NAME not in strategy_registry:
-            strategy_registry.register(STRATEGY_NAME, cls,
-                                       description="DDP's data parallelism with autobyte's scheduler")
+            strategy_registry.register(
+                STRATEGY_NAME, cls, description="DDP's data parallelism with autobyte's scheduler"
+            )
 
 
 def _unwrap(optimizer: Any) -> Any:
@@ -278,17 +357,21 @@ def _gradient_clip_norm(trainer: pl.Trainer) -> float | None:
     value = trainer.gradient_clip_val
     module = trainer.lightning_module
     if module is not None and is_overridden("configure_gradient_clipping", module):
-        raise ValueError(f"{type(module).__name__}.configure_gradient_clipping is overridden, but with "
-                         "AutobyteStrategy the gradients are reduced and clipped inside the scheduler "
-                         "(the hook would see none): remove the override and set "
-                         "Trainer(gradient_clip_val=...) instead")
+        raise ValueError(
+            f"{type(module).__name__}.configure_gradient_clipping is overridden, but with "
+            "AutobyteStrategy the gradients are reduced and clipped inside the scheduler "
+            "(the hook would see none): remove the override and set "
+            "Trainer(gradient_clip_val=...) instead"
+        )
     if value is None or value == 0:
         return None
     algorithm = trainer.gradient_clip_algorithm
     if algorithm is not None and GradClipAlgorithmType(algorithm) != GradClipAlgorithmType.NORM:
-        raise ValueError(f"gradient_clip_algorithm={GradClipAlgorithmType(algorithm).value!r} is not supported by AutobyteStrategy: the "
-                         "scheduler clips the reduced gradients by their global norm; use "
-                         "gradient_clip_algorithm='norm'")
+        raise ValueError(
+            f"gradient_clip_algorithm={GradClipAlgorithmType(algorithm).value!r} is not supported by AutobyteStrategy: the "
+            "scheduler clips the reduced gradients by their global norm; use "
+            "gradient_clip_algorithm='norm'"
+        )
     return float(value)
 
 

@@ -55,7 +55,10 @@ LOCK = "autobyte-build.lock"  # not "lock": torch.utils.cpp_extension's own bato
 def source_path() -> Path | None:
     """native/engine.cpp as shipped in the wheel (autobyte/csrc/) or in a checkout (native/)."""
     package = Path(__file__).resolve().parent
-    for candidate in (package / "csrc" / SOURCE_NAME, package.parent.parent / "native" / SOURCE_NAME):
+    for candidate in (
+        package / "csrc" / SOURCE_NAME,
+        package.parent.parent / "native" / SOURCE_NAME,
+    ):
         if candidate.is_file():
             return candidate
     return None
@@ -64,7 +67,8 @@ def source_path() -> Path | None:
 def cache_root() -> Path:
     """The torch extensions cache (torch.utils.cpp_extension's default place), autobyte's folder."""
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions"
+    )
     return Path(base) / "autobyte_native"
 
 
@@ -104,8 +108,13 @@ def cache_entry() -> CacheEntry | None:
 
     digest = hashlib.sha256()
     digest.update(source.read_bytes())
-    digest.update(f"{torch.__version__}|{sys.implementation.cache_tag}|{INTERFACE_VERSION}".encode())
-    folder = cache_root() / f"torch{torch.__version__}-{sys.implementation.cache_tag}-{digest.hexdigest()[:12]}"
+    digest.update(
+        f"{torch.__version__}|{sys.implementation.cache_tag}|{INTERFACE_VERSION}".encode()
+    )
+    folder = (
+        cache_root()
+        / f"torch{torch.__version__}-{sys.implementation.cache_tag}-{digest.hexdigest()[:12]}"
+    )
     return CacheEntry(folder, torch.__version__, source)
 
 
@@ -113,8 +122,10 @@ def compiler_missing() -> str:
     """Why nothing can be compiled here ("" if a C++ compiler and ninja are found)."""
     compiler = (os.environ.get("CXX") or "c++").split()[0]
     if shutil.which(compiler) is None:
-        return (f"no C++ compiler ({compiler!r} not found on PATH): install one (apt-get install g++) "
-                "and run `autobyte check-build --build`")
+        return (
+            f"no C++ compiler ({compiler!r} not found on PATH): install one (apt-get install g++) "
+            "and run `autobyte check-build --build`"
+        )
     if _ninja_dir() is None:
         return "ninja is not installed (torch compiles extensions with it): pip install ninja"
     return ""
@@ -154,21 +165,36 @@ def build(entry: CacheEntry) -> None:
     started = time.monotonic()
     try:
         module = cpp_extension.load(
-            name=LIBRARY_NAME, sources=[str(entry.source)], build_directory=str(entry.folder),
+            name=LIBRARY_NAME,
+            sources=[str(entry.source)],
+            build_directory=str(entry.folder),
             extra_cflags=["-O2", f"'-DAUTOBYTE_TORCH_VERSION=\"{torch.__version__}\"'"],
-            verbose=True)
+            verbose=True,
+        )
         version = getattr(module, "INTERFACE_VERSION", None)
         built_for = str(getattr(module, "TORCH_VERSION", ""))
         if version != INTERFACE_VERSION or built_for != torch.__version__:
-            raise RuntimeError(f"the compiled extension reports interface {version} for torch "
-                               f"{built_for!r}; expected {INTERFACE_VERSION} for {torch.__version__}")
+            raise RuntimeError(
+                f"the compiled extension reports interface {version} for torch "
+                f"{built_for!r}; expected {INTERFACE_VERSION} for {torch.__version__}"
+            )
     except BaseException as error:
-        (entry.folder / FAILED).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"[-2000:],
-                                                       "torch": torch.__version__}))
+        (entry.folder / FAILED).write_text(
+            json.dumps(
+                {"error": f"{type(error).__name__}: {error}"[-2000:], "torch": torch.__version__}
+            )
+        )
         raise
-    (entry.folder / COMPLETE).write_text(json.dumps({
-        "torch": torch.__version__, "source": str(entry.source), "seconds": round(time.monotonic() - started, 1),
-        "python": sys.version.split()[0]}))
+    (entry.folder / COMPLETE).write_text(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "source": str(entry.source),
+                "seconds": round(time.monotonic() - started, 1),
+                "python": sys.version.split()[0],
+            }
+        )
+    )
 
 
 def _lock(entry: CacheEntry, blocking: bool) -> int | None:
@@ -198,36 +224,53 @@ def start_in_background(entry: CacheEntry) -> str:
 def _start(entry: CacheEntry) -> str:
     fix = "`autobyte check-build --build` compiles it in the foreground and shows why"
     if os.environ.get(BUILD_SWITCH, "1") == "0":
-        return (f"autobyte._native is not in this installation nor compiled for torch "
-                f"{entry.torch_version}, and {BUILD_SWITCH}=0 turns its compile on first use off; {fix}")
+        return (
+            f"autobyte._native is not in this installation nor compiled for torch "
+            f"{entry.torch_version}, and {BUILD_SWITCH}=0 turns its compile on first use off; {fix}"
+        )
     failure = entry.failure()
     if failure:
-        return (f"compiling the native hot path failed earlier ({failure.splitlines()[-1][:300]}; log: "
-                f"{entry.folder / LOG}); {fix}")
+        return (
+            f"compiling the native hot path failed earlier ({failure.splitlines()[-1][:300]}; log: "
+            f"{entry.folder / LOG}); {fix}"
+        )
     missing = compiler_missing()
     if missing:
-        return f"autobyte._native is not in this installation and cannot be compiled here: {missing}"
+        return (
+            f"autobyte._native is not in this installation and cannot be compiled here: {missing}"
+        )
     try:
         fd = _lock(entry, blocking=False)
         if fd is None:
-            return ("the native hot path is being compiled for this torch by another process on this "
-                    f"host (into {entry.folder}); processes started after it finishes use it")
+            return (
+                "the native hot path is being compiled for this torch by another process on this "
+                f"host (into {entry.folder}); processes started after it finishes use it"
+            )
         try:
             if entry.complete():
                 return "the native hot path was compiled meanwhile; processes started from now on use it"
             with open(entry.folder / LOG, "wb") as log:
-                subprocess.Popen([sys.executable, "-m", "autobyte.native_build", "--locked-fd", str(fd)],
-                                 pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env=_build_environment(), cwd=entry.folder)
+                subprocess.Popen(
+                    [sys.executable, "-m", "autobyte.native_build", "--locked-fd", str(fd)],
+                    pass_fds=(fd,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=_build_environment(),
+                    cwd=entry.folder,
+                )
         finally:
             os.close(fd)  # the builder holds the lock from here on
     except OSError as error:
         return f"the native hot path is not built and its compile could not be started ({error}); {fix}"
     logger.debug("started the native hot path's compile into %s", entry.folder)
     # the scheduler's one INFO line about its hot path carries this reason
-    return (f"the native hot path is being compiled for torch {entry.torch_version} in the background "
-            f"(about a minute, once per host; into {entry.folder}); processes started after it "
-            "finishes use it")
+    return (
+        f"the native hot path is being compiled for torch {entry.torch_version} in the background "
+        f"(about a minute, once per host; into {entry.folder}); processes started after it "
+        "finishes use it"
+    )
 
 
 def build_now(timeout_s: float = 900.0) -> tuple[bool, str]:
@@ -235,16 +278,24 @@ def build_now(timeout_s: float = 900.0) -> tuple[bool, str]:
     (ok, what happened). What `autobyte check-build --build` runs."""
     entry = cache_entry()
     if entry is None:
-        return False, ("nothing to compile: " + ("torch is not importable (pip install 'autobyte[torch]')"
-                                                 if source_path() is not None else
-                                                 "this installation ships no native/engine.cpp"))
+        return False, (
+            "nothing to compile: "
+            + (
+                "torch is not importable (pip install 'autobyte[torch]')"
+                if source_path() is not None
+                else "this installation ships no native/engine.cpp"
+            )
+        )
     deadline = time.monotonic() + timeout_s
     while True:
         fd = _lock(entry, blocking=False)
         if fd is not None:
             break
         if time.monotonic() > deadline:
-            return False, f"another process has been compiling into {entry.folder} for over {timeout_s:.0f} s"
+            return (
+                False,
+                f"another process has been compiling into {entry.folder} for over {timeout_s:.0f} s",
+            )
         time.sleep(0.5)
     try:
         if entry.complete():
@@ -265,7 +316,9 @@ def build_now(timeout_s: float = 900.0) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     """The detached builder: `python -m autobyte.native_build --locked-fd N` (holding the lock)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--locked-fd", type=int, required=True, help="the inherited, locked lock file")
+    parser.add_argument(
+        "--locked-fd", type=int, required=True, help="the inherited, locked lock file"
+    )
     args = parser.parse_args(argv)
     try:
         os.nice(10)  # the training processes on this host come first

@@ -17,8 +17,10 @@ from typing import Any
 MODULE = "autobyte._native"
 INTERFACE_VERSION = 3  # must equal native/engine.cpp's kInterfaceVersion
 ENV_SWITCH = "AUTOBYTE_NATIVE"  # "0": always the Python path
-REBUILD = ("rebuild it: `autobyte check-build --build` compiles it against this torch (a C++ "
-           "compiler and ninja needed), or bash scripts/setup.sh in a checkout")
+REBUILD = (
+    "rebuild it: `autobyte check-build --build` compiles it against this torch (a C++ "
+    "compiler and ninja needed), or bash scripts/setup.sh in a checkout"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +31,9 @@ class NativeStatus:
     active: bool
     reason: str
     built_for_torch: str = ""
-    source: str = ""  # "prebuilt" (in the installation), "compiled" (the torch extensions cache) or ""
+    source: str = (
+        ""  # "prebuilt" (in the installation), "compiled" (the torch extensions cache) or ""
+    )
 
 
 _loaded: tuple[Any, NativeStatus] | None = None
@@ -52,12 +56,16 @@ def load() -> tuple[Any, NativeStatus]:
             import torch
             import torch.distributed  # registers ProcessGroup for the extension's arguments
         except ImportError as error:
-            result = NativeStatus(True, False, f"torch is not importable ({error}): pip install 'autobyte[torch]'")
+            result = NativeStatus(
+                True, False, f"torch is not importable ({error}): pip install 'autobyte[torch]'"
+            )
         else:
             try:
                 module = importlib.import_module(MODULE)
             except (ImportError, OSError) as error:
-                result = NativeStatus(True, False, f"{MODULE} cannot be loaded ({error}); {REBUILD}")
+                result = NativeStatus(
+                    True, False, f"{MODULE} cannot be loaded ({error}); {REBUILD}"
+                )
             else:
                 module, result = _checked(module, torch.__version__, "prebuilt")
     _loaded = (module, result)
@@ -69,39 +77,64 @@ def _checked(module: Any, torch_version: str, source: str) -> tuple[Any, NativeS
     built_for = str(getattr(module, "TORCH_VERSION", ""))
     version = getattr(module, "INTERFACE_VERSION", None)
     if version != INTERFACE_VERSION:
-        return None, NativeStatus(True, False, f"{MODULE} is a stale build (interface {version}, this "
-                                               f"autobyte needs {INTERFACE_VERSION}); {REBUILD}", built_for, source)
+        return None, NativeStatus(
+            True,
+            False,
+            f"{MODULE} is a stale build (interface {version}, this "
+            f"autobyte needs {INTERFACE_VERSION}); {REBUILD}",
+            built_for,
+            source,
+        )
     if built_for != torch_version:
-        return None, NativeStatus(True, False, f"{MODULE} was built for torch {built_for}, this is "
-                                               f"torch {torch_version}; {REBUILD}", built_for, source)
+        return None, NativeStatus(
+            True,
+            False,
+            f"{MODULE} was built for torch {built_for}, this is torch {torch_version}; {REBUILD}",
+            built_for,
+            source,
+        )
     return module, NativeStatus(True, True, "", built_for, source)
 
 
 def _load_compiled() -> tuple[Any, NativeStatus]:
     """Not in the installation: the build compiled on first use into the torch extensions cache."""
-    not_here = f"{MODULE} is not in this installation (built without torch in the build environment or " \
-               "without a C++ compiler)"
+    not_here = (
+        f"{MODULE} is not in this installation (built without torch in the build environment or "
+        "without a C++ compiler)"
+    )
     try:
         import torch
-        import torch.distributed  # noqa: F401 - registers ProcessGroup for the extension's arguments
+        import torch.distributed
     except ImportError:
         return None, NativeStatus(False, False, f"{not_here}; {REBUILD}")
     from autobyte import native_build
 
     entry = native_build.cache_entry()
     if entry is None:
-        return None, NativeStatus(False, False, f"{not_here} and it ships no native/engine.cpp to "
-                                                "compile; reinstall autobyte from a wheel or a checkout")
+        return None, NativeStatus(
+            False,
+            False,
+            f"{not_here} and it ships no native/engine.cpp to "
+            "compile; reinstall autobyte from a wheel or a checkout",
+        )
     if not entry.complete():
-        return None, NativeStatus(False, False, f"{not_here} and not compiled for torch {torch.__version__} "
-                                                f"yet (cache: {entry.folder}); `autobyte check-build --build` "
-                                                "compiles it now, or the first ScheduledOptimizer on this "
-                                                "host starts compiling it in the background")
+        return None, NativeStatus(
+            False,
+            False,
+            f"{not_here} and not compiled for torch {torch.__version__} "
+            f"yet (cache: {entry.folder}); `autobyte check-build --build` "
+            "compiles it now, or the first ScheduledOptimizer on this "
+            "host starts compiling it in the background",
+        )
     try:
         module = native_build.load_library(entry.library)
     except (ImportError, OSError) as error:
-        return None, NativeStatus(True, False, f"the compiled {entry.library} cannot be loaded ({error}); "
-                                               f"{REBUILD}", source="compiled")
+        return None, NativeStatus(
+            True,
+            False,
+            f"the compiled {entry.library} cannot be loaded ({error}); {REBUILD}",
+            source="compiled",
+        )
     return _checked(module, torch.__version__, "compiled")
 
 
@@ -132,8 +165,12 @@ def build_report() -> dict[str, Any]:
     report: dict[str, Any] = {
         "autobyte": __version__,
         "python": platform.python_version(),
-        "native": {"built": native.built, "active": native.active, "reason": native.reason,
-                   "built_for_torch": native.built_for_torch},
+        "native": {
+            "built": native.built,
+            "active": native.active,
+            "reason": native.reason,
+            "built_for_torch": native.built_for_torch,
+        },
         "native_build": _build_source(native),
         "torch": {"installed": False, "version": ""},
         "backends": {"gloo": False, "nccl": False, "mpi": False, "cuda": False},
@@ -145,10 +182,12 @@ def build_report() -> dict[str, Any]:
         return report
     report["torch"] = {"installed": True, "version": torch.__version__}
     available = dist.is_available()
-    report["backends"] = {"gloo": available and dist.is_gloo_available(),
-                          "nccl": available and dist.is_nccl_available(),
-                          "mpi": available and dist.is_mpi_available(),
-                          "cuda": torch.cuda.is_available()}
+    report["backends"] = {
+        "gloo": available and dist.is_gloo_available(),
+        "nccl": available and dist.is_nccl_available(),
+        "mpi": available and dist.is_mpi_available(),
+        "cuda": torch.cuda.is_available(),
+    }
     return report
 
 
@@ -159,8 +198,10 @@ def _build_source(native: NativeStatus) -> dict[str, Any]:
 
     entry = native_build.cache_entry() if native.source != "prebuilt" else None
     source = native_build.source_path()
-    return {"source": native.source or "not built",
-            "cache_dir": str(entry.folder) if entry is not None else "",
-            "compile_source": str(source) if source is not None else "",
-            "compiler_missing": native_build.compiler_missing() if not native.built else "",
-            "failed": entry.failure() if entry is not None else ""}
+    return {
+        "source": native.source or "not built",
+        "cache_dir": str(entry.folder) if entry is not None else "",
+        "compile_source": str(source) if source is not None else "",
+        "compiler_missing": native_build.compiler_missing() if not native.built else "",
+        "failed": entry.failure() if entry is not None else "",
+    }

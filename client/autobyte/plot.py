@@ -13,7 +13,16 @@ from autobyte.types import format_bytes
 WIDTH_PX, HEIGHT_PX, DPI = 1200, 600, 100
 PLOT_EXTRA = "plot"  # setup.cfg's extra that brings matplotlib
 # The configurations' band colours (pale, so that the step-time lines stay readable on them).
-BAND_COLOURS = ("#dbe9f6", "#fde2c8", "#d9f0d3", "#eadcf3", "#f9d6d5", "#f3efc9", "#d4f0f0", "#e8e8e8")
+BAND_COLOURS = (
+    "#dbe9f6",
+    "#fde2c8",
+    "#d9f0d3",
+    "#eadcf3",
+    "#f9d6d5",
+    "#f3efc9",
+    "#d4f0f0",
+    "#e8e8e8",
+)
 RANK_COLOURS = ("#1f4e9c", "#c2410c", "#15803d", "#7e22ce")
 
 
@@ -129,13 +138,17 @@ class Drawn(NamedTuple):
     unlabelled: int
 
 
-def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionMark], path: str) -> Drawn:
+def draw_job(
+    job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionMark], path: str
+) -> Drawn:
     """Write the picture of a job as a PNG of WIDTH_PX x HEIGHT_PX. ValueError when there are no
     steps; PlotUnavailable without matplotlib."""
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable("autobyte plot needs matplotlib: pip install 'autobyte[plot]'") from None
+        raise PlotUnavailable(
+            "autobyte plot needs matplotlib: pip install 'autobyte[plot]'"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -149,8 +162,14 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
     per_rank = {rank: [p for p in ordered if p.rank == rank] for rank in ranks}
     window = max(5, min(51, len(leader) // 60))
 
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI,
-                                      gridspec_kw={"height_ratios": [3, 1.25]})
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI),
+        dpi=DPI,
+        gridspec_kw={"height_ratios": [3, 1.25]},
+    )
     # A fixed layout (the legends sit in the right margin), set before the labels are measured.
     fig.subplots_adjust(left=0.075, right=0.79, top=0.94, bottom=0.085, hspace=0.08)
     # The configuration in effect (the leader's: every rank switches at the same step) as bands;
@@ -165,16 +184,33 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
         colour = colours.setdefault(label, BAND_COLOURS[len(colours) % len(BAND_COLOURS)])
         for axis in (top, bottom):
             axis.axvspan(start - origin, end - origin, color=colour, zorder=0, linewidth=0)
-        band_names.append((top.annotate(label, (start - origin, 0.0), xycoords=("data", "axes fraction"),
-                                        xytext=(3, 4), textcoords="offset points", fontsize=8, color="0.3"),
-                           end - origin))
+        band_names.append(
+            (
+                top.annotate(
+                    label,
+                    (start - origin, 0.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(3, 4),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color="0.3",
+                ),
+                end - origin,
+            )
+        )
     # Step time: a rolling median per rank, rank by rank.
     all_medians = []
     for index, (rank, points) in enumerate(per_rank.items()):
         medians = [m * 1e3 for m in rolling_median([p.step_time_s for p in points], window)]
         all_medians.extend(medians)
-        top.plot([p.wall_time_s - origin for p in points], medians, color=RANK_COLOURS[index % len(RANK_COLOURS)],
-                 linewidth=1.4, label=f"rank {rank}", zorder=3)
+        top.plot(
+            [p.wall_time_s - origin for p in points],
+            medians,
+            color=RANK_COLOURS[index % len(RANK_COLOURS)],
+            linewidth=1.4,
+            label=f"rank {rank}",
+            zorder=3,
+        )
     high = sorted(all_medians)[int(0.99 * (len(all_medians) - 1))] if all_medians else 1.0
     top.set_ylim(0, high * 1.45)  # headroom above the lines for the decision labels
     top.set_ylabel(f"step time (ms)\nrolling median of {window}")
@@ -184,10 +220,17 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
     shown = []
     for decision in decisions:
         at = _mark_time(decision, leader)
-        if origin - 1 <= at <= leader[-1].wall_time_s + 1:  # else outside the steps shown (--since, --limit)
+        if (
+            origin - 1 <= at <= leader[-1].wall_time_s + 1
+        ):  # else outside the steps shown (--since, --limit)
             shown.append((at - origin, decision))
-            top.axvline(at - origin, color="#7f1d1d" if decision.state == "rolled_back" else "0.25",
-                        linestyle="--", linewidth=0.8, zorder=2)
+            top.axvline(
+                at - origin,
+                color="#7f1d1d" if decision.state == "rolled_back" else "0.25",
+                linestyle="--",
+                linewidth=0.8,
+                zorder=2,
+            )
     fig.canvas.draw()  # the renderer measures each label before it is kept
     renderer = fig.canvas.get_renderer()
     for name, end in band_names:  # a band too narrow for its name is named by the legend only
@@ -198,13 +241,23 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
     for x, decision in sorted(shown, key=lambda item: (label_rank(item[1]), item[0])):
         i = min(len(leader) - 1, bisect.bisect_left(times, x + origin))
         measured_here = leader[i].step_time_s * 1e3
-        label = f"#{decision.decision_id} {short_reason(decision.reason)}\n{step_times_text(decision)}"
+        label = (
+            f"#{decision.decision_id} {short_reason(decision.reason)}\n{step_times_text(decision)}"
+        )
         for row in range(LABEL_ROWS):
-            note = top.annotate(label, (x, min(measured_here, high * 1.4)), xytext=(x, high * 1.45 * (0.97 - 0.11 * row)),
-                                textcoords="data", fontsize=7, ha="left", va="top", zorder=4,
-                                color="#7f1d1d" if decision.state == "rolled_back" else "black",
-                                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.9},
-                                arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.6})
+            note = top.annotate(
+                label,
+                (x, min(measured_here, high * 1.4)),
+                xytext=(x, high * 1.45 * (0.97 - 0.11 * row)),
+                textcoords="data",
+                fontsize=7,
+                ha="left",
+                va="top",
+                zorder=4,
+                color="#7f1d1d" if decision.state == "rolled_back" else "black",
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.6", "alpha": 0.9},
+                arrowprops={"arrowstyle": "-", "color": "0.5", "linewidth": 0.6},
+            )
             note.draw(renderer)
             box = note.get_bbox_patch().get_window_extent(renderer)
             inside = top.get_window_extent(renderer)
@@ -214,37 +267,69 @@ def draw_job(job: str, steps: Sequence[StepPoint], decisions: Sequence[DecisionM
             note.remove()
         else:
             hidden += 1
-    handles, labels = top.get_legend_handles_labels()
+    handles, _labels = top.get_legend_handles_labels()
     handles += [Patch(color=colour, label=f"in effect: {name}") for name, colour in colours.items()]
     if any(d.state == "rolled_back" for _, d in shown):
         handles.append(Patch(facecolor="white", edgecolor="#7f1d1d", label="red: rolled back"))
     if hidden:
-        handles.append(Patch(facecolor="white", edgecolor="0.6",
-                             label=f"{hidden} decision(s) unlabelled: autobyte history"))
+        handles.append(
+            Patch(
+                facecolor="white",
+                edgecolor="0.6",
+                label=f"{hidden} decision(s) unlabelled: autobyte history",
+            )
+        )
     # Outside the axes, on the right: it covers no band label, decision or line.
-    top.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9,
-               borderaxespad=0.0)
-    top.set_title(f"{job}: step time, configuration in effect (bands) and decisions "
-                  f"({len(leader)} steps of rank {leader_rank}, {len(ranks)} rank(s))", fontsize=10)
+    top.legend(
+        handles=handles,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        framealpha=0.9,
+        borderaxespad=0.0,
+    )
+    top.set_title(
+        f"{job}: step time, configuration in effect (bands) and decisions "
+        f"({len(leader)} steps of rank {leader_rank}, {len(ranks)} rank(s))",
+        fontsize=10,
+    )
     # Context on a second axis: the scheduler's bandwidth estimate and the host's load.
     xs = [p.wall_time_s - origin for p in leader]
     bandwidth = [p.bandwidth_bytes_per_s * 8 / 1e6 for p in leader]
     if any(b > 0 for b in bandwidth):
-        bottom.plot(xs, rolling_median(bandwidth, window), color="#0f766e", linewidth=1.3,
-                    label="bandwidth estimate (Mbit/s)")
+        bottom.plot(
+            xs,
+            rolling_median(bandwidth, window),
+            color="#0f766e",
+            linewidth=1.3,
+            label="bandwidth estimate (Mbit/s)",
+        )
     bottom.set_ylabel("bandwidth\n(Mbit/s)", color="#0f766e")
     bottom.set_ylim(bottom=0)
     load_axis = bottom.twinx()
     loads = [p.host_load for p in leader]
     if any(value > 0 for value in loads):
-        load_axis.plot(xs, rolling_median(loads, window), color="#b45309", linewidth=1.1, linestyle="-",
-                       label="host load (others' CPU share)")
+        load_axis.plot(
+            xs,
+            rolling_median(loads, window),
+            color="#b45309",
+            linewidth=1.1,
+            linestyle="-",
+            label="host load (others' CPU share)",
+        )
     load_axis.set_ylim(0, max(1.0, max(loads, default=0.0) * 1.1))
     load_axis.set_ylabel("host load", color="#b45309")
     lines = bottom.get_legend_handles_labels()[0] + load_axis.get_legend_handles_labels()[0]
     if lines:
-        bottom.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper left",
-                      bbox_to_anchor=(1.06, 1.0), framealpha=0.9, borderaxespad=0.0)
+        bottom.legend(
+            lines,
+            [line.get_label() for line in lines],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.06, 1.0),
+            framealpha=0.9,
+            borderaxespad=0.0,
+        )
     bottom.set_xlabel("time since the first step (s)")
     bottom.set_xlim(0, math.ceil(span))
     fig.savefig(path, dpi=DPI)

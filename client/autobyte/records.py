@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autobyte.types import Config
+from autobyte.types import Config, StepMetrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ class JobRecord:
     last_seen_s: float
     dropped_total: int
     last_decision: DecisionRecord | None
-    tuner: "TunerStatusRecord | None" = None
+    tuner: TunerStatusRecord | None = None
     tuning_disabled: bool = False
 
 
@@ -83,6 +83,16 @@ class HistoryStep:
     decision_id: int = 0
 
 
+def history_step(rank: int, metrics: StepMetrics) -> HistoryStep:
+    """A stored sample as History answers it: HistoryStep's fields are a subset of StepMetrics'."""
+    return HistoryStep(
+        rank=rank, **{name: getattr(metrics, name) for name in _HISTORY_METRIC_FIELDS}
+    )
+
+
+_HISTORY_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryStep) if f.name != "rank")
+
+
 @dataclasses.dataclass(frozen=True)
 class CandidateRecord:
     """One configuration measured on a job: median rank-0 step time over its steps past warm-up."""
@@ -90,7 +100,9 @@ class CandidateRecord:
     config: Config
     median_step_time_s: float
     samples: int
-    speedup: float = 0.0  # autobyte.types.speedup over the context's reference; 0: not measured there
+    speedup: float = (
+        0.0  # autobyte.types.speedup over the context's reference; 0: not measured there
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,4 +136,3 @@ class TunerStatusRecord:
     trials_planned: int = 0
     paused: bool = False
     updated_at_s: float = 0.0
-

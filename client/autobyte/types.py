@@ -27,32 +27,47 @@ def _check_bytes(name: str, value: object, low: int, high: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int number of bytes or None, got {value!r}")
     if value < low or value > high:
-        raise ValueError(f"{name}={value} is outside the safe range [{low}, {high}] bytes "
-                         f"(use None for {_NONE_MEANS[name]})")
+        raise ValueError(
+            f"{name}={value} is outside the safe range [{low}, {high}] bytes "
+            f"(use None for {_NONE_MEANS[name]})"
+        )
     return value
 
 
-_NONE_MEANS = {"partition_bytes": "no partitioning", "credit_bytes": "unlimited credit",
-               "tail_bytes": "no tail window"}
+_NONE_MEANS = {
+    "partition_bytes": "no partitioning",
+    "credit_bytes": "unlimited credit",
+    "tail_bytes": "no tail window",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """A scheduler configuration. None means no partitioning / unlimited credit / no tail window.
 
-    tail_bytes (issue 20) is the *tail window*: while a step's gradients not yet produced are at
+    tail_bytes is the *tail window*: while a step's gradients not yet produced are at
     most tail_bytes (the end of the backward pass, where the layers the next forward needs first
     are produced), rank 0 issues a partition only when nothing is in flight, so the first layers'
     partitions queue behind at most one collective instead of a full credit window. It changes
     only when collectives start, never which elements they sum: the math is the same in every mode.
     """
 
-    partition_bytes: int | None = None
-    credit_bytes: int | None = None
-    tail_bytes: int | None = None
+    # Stored as nullable 64-bit columns beside every record that holds a configuration
+    # (autobyte/sample_schema.py reads the kind from here).
+    partition_bytes: int | None = dataclasses.field(
+        default=None, metadata={"unit": "bytes", "column": "int64"}
+    )
+    credit_bytes: int | None = dataclasses.field(
+        default=None, metadata={"unit": "bytes", "column": "int64"}
+    )
+    tail_bytes: int | None = dataclasses.field(
+        default=None, metadata={"unit": "bytes", "column": "int64"}
+    )
 
     def __post_init__(self) -> None:
-        _check_bytes("partition_bytes", self.partition_bytes, MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)
+        _check_bytes(
+            "partition_bytes", self.partition_bytes, MIN_PARTITION_BYTES, MAX_PARTITION_BYTES
+        )
         _check_bytes("credit_bytes", self.credit_bytes, MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)
         _check_bytes("tail_bytes", self.tail_bytes, MIN_TAIL_BYTES, MAX_TAIL_BYTES)
 
@@ -67,7 +82,9 @@ class Config:
     def short(self) -> str:
         """'4MiB/16MiB' (partition/credit; none / inf), with ' tail 8MiB' when a tail window is set:
         the one short form of a configuration (status, decisions, `autobyte best`, plots)."""
-        text = f"{format_bytes(self.partition_bytes, 'none')}/{format_bytes(self.credit_bytes, 'inf')}"
+        text = (
+            f"{format_bytes(self.partition_bytes, 'none')}/{format_bytes(self.credit_bytes, 'inf')}"
+        )
         return text if self.tail_bytes is None else f"{text} tail {format_bytes(self.tail_bytes)}"
 
     def describe(self) -> str:
@@ -83,43 +100,88 @@ NO_LIMIT_BYTES = -1
 
 def config_to_ints(config: Config) -> tuple[int, int, int]:
     """(partition_bytes, credit_bytes, tail_bytes) with None as NO_LIMIT_BYTES."""
-    return tuple(NO_LIMIT_BYTES if value is None else int(value)
-                 for value in (config.partition_bytes, config.credit_bytes, config.tail_bytes))
+    return tuple(
+        NO_LIMIT_BYTES if value is None else int(value)
+        for value in (config.partition_bytes, config.credit_bytes, config.tail_bytes)
+    )
 
 
-def config_from_ints(partition_bytes: int, credit_bytes: int, tail_bytes: int = NO_LIMIT_BYTES) -> Config:
+def config_from_ints(
+    partition_bytes: int, credit_bytes: int, tail_bytes: int = NO_LIMIT_BYTES
+) -> Config:
     """The inverse of config_to_ints (any negative value reads as None)."""
-    return Config(*(None if value < 0 else value for value in (partition_bytes, credit_bytes, tail_bytes)))
+    return Config(
+        *(None if value < 0 else value for value in (partition_bytes, credit_bytes, tail_bytes))
+    )
+
+
+_DAY_S = 86_400.0
+
+
+def metric(
+    unit: str,
+    column: str,
+    limit: float | None = None,
+    default: object = dataclasses.MISSING,
+    server_default: str | None = None,
+    history: bool = False,
+) -> dataclasses.Field:
+    """A field of StepMetrics with what every derived form needs (autobyte/sample_schema.py): its
+    unit, its stored column kind ("int64", "int32" or "float"), the upper bound no real measurement
+    reaches (check_metrics; None: not bounded there), the column's server default where a
+    migration added the column to tables that already held rows, and whether `autobyte history
+    --steps` lists it (its JSON and CSV columns, autobyte/cli.py)."""
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "unit": unit,
+            "column": column,
+            "limit": limit,
+            "server_default": server_default,
+            "history": history,
+        },
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class StepMetrics:
-    """What one rank measured in one optimizer step (DESIGN §3). Times in seconds. forward_s and
-    backward_s are compute: the waits for parameters inside them are exposed_comm_s, not counted."""
+    """What one rank measured in one optimizer step (docs/architecture.md, "The measurements of a
+    step"). Times in seconds. forward_s and backward_s are compute: the waits for parameters inside
+    them are exposed_comm_s, not counted.
 
-    step: int
-    wall_time_s: float
-    step_time_s: float
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    exposed_comm_s: float = 0.0
-    queueing_delay_s: float = 0.0
-    bytes_reduced: int = 0
-    partitions: int = 0
-    bandwidth_bytes_per_s: float = 0.0
+    The one declaration of a sample's fields: the protocol conversion (autobyte/convert.py), the
+    stored columns, row packing and read-back (autobyte/sample_schema.py, autobyted/storage/) and
+    the value checks (METRIC_LIMITS) are derived from these fields and their metadata. A new field
+    needs this line, its field in protos/autobyte/protocol/autobyte.proto and one migration."""
+
+    step: int = metric("steps", "int64", limit=1 << 53, history=True)
+    wall_time_s: float = metric(
+        "s", "float", history=True
+    )  # a unix time: check_metrics bounds it by the clock
+    step_time_s: float = metric("s", "float", limit=_DAY_S, history=True)
+    forward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    backward_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    exposed_comm_s: float = metric("s", "float", limit=_DAY_S, default=0.0, history=True)
+    queueing_delay_s: float = metric("s", "float", limit=_DAY_S, default=0.0)
+    bytes_reduced: int = metric("bytes", "int64", limit=1 << 50, default=0, history=True)
+    partitions: int = metric("partitions", "int32", limit=100_000_000, default=0)
+    bandwidth_bytes_per_s: float = metric("bytes/s", "float", limit=1e13, default=0.0)
+    # The configuration the step ran with: stored as Config's own fields' columns.
     config: Config = Config()
-    decision_id: int = 0
+    decision_id: int = metric("id", "int64", limit=1 << 62, default=0)
     # Share of the host's CPU capacity used by other processes over the last second, in [0, 1]
     # (autobyte.hostload); 0.0 = unknown.
-    host_load: float = 0.0
+    host_load: float = metric(
+        "share of the host's CPU", "float", limit=1e3, default=0.0, server_default="0"
+    )
 
 
-_DAY_S = 86_400.0
 # Upper bounds no real measurement reaches; a value beyond them is a bug, not a measurement.
-METRIC_LIMITS = {"step_time_s": _DAY_S, "forward_s": _DAY_S, "backward_s": _DAY_S, "exposed_comm_s": _DAY_S,
-                 "queueing_delay_s": _DAY_S, "bytes_reduced": 1 << 50, "partitions": 100_000_000,
-                 "bandwidth_bytes_per_s": 1e13, "step": 1 << 53, "decision_id": 1 << 62,
-                 "host_load": 1e3}
+METRIC_LIMITS = {
+    f.name: f.metadata["limit"]
+    for f in dataclasses.fields(StepMetrics)
+    if f.metadata.get("limit") is not None
+}
 
 
 def check_metrics(metrics: StepMetrics, now_s: float) -> None:
@@ -141,8 +203,10 @@ def speedup(reference_step_time_s: float, step_time_s: float) -> float:
     configuration's, both measured (or predicted) in the same context. 2.0 = twice the steps per
     second; below 1 = slower. ValueError for a time that is not positive."""
     if not (reference_step_time_s > 0 and step_time_s > 0):
-        raise ValueError(f"a speed-up needs two positive step times, got {reference_step_time_s!r} "
-                         f"and {step_time_s!r}")
+        raise ValueError(
+            f"a speed-up needs two positive step times, got {reference_step_time_s!r} "
+            f"and {step_time_s!r}"
+        )
     return reference_step_time_s / step_time_s
 
 
@@ -169,11 +233,23 @@ def format_bytes(value: int | None, none: str = "-") -> str:
     return f"{value}B"
 
 
-# What a size's unit means (`autobyte propose --help` and the README say the same): the IEC units
+# What a size's unit means (`autobyte propose --help` and docs/reference.md say the same): the IEC units
 # and the bare letters are powers of 2, the SI units powers of 10, as GNU coreutils reads them.
-BYTE_UNITS = {"b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30,
-              "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-BYTE_UNITS_HELP = "KiB/MiB/GiB (or K/M/G) are powers of 2, KB/MB/GB powers of 10: 4MB = 4000000 bytes"
+BYTE_UNITS = {
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
+BYTE_UNITS_HELP = (
+    "KiB/MiB/GiB (or K/M/G) are powers of 2, KB/MB/GB powers of 10: 4MB = 4000000 bytes"
+)
 
 
 def parse_bytes(text: str) -> int | None:
@@ -192,7 +268,9 @@ def parse_bytes(text: str) -> int | None:
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"not a byte size: {text!r} (examples: 4096, 256KiB, 4MiB, 4MB, none)") from None
+        raise ValueError(
+            f"not a byte size: {text!r} (examples: 4096, 256KiB, 4MiB, 4MB, none)"
+        ) from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"not a positive byte size: {text!r}")
     return int(value * scale)
@@ -213,6 +291,9 @@ def summarize_tensor_sizes(tensor_bytes: Iterable[int]) -> TensorSizes:
     (the simulator's jobs, recorded windows) compute it here, so the prior learns from the features
     a real client sends. The median of an even count is the mean of the two middle sizes."""
     sizes = list(tensor_bytes)
-    return TensorSizes(parameter_bytes=sum(sizes), tensor_count=len(sizes),
-                       largest_tensor_bytes=max(sizes, default=0),
-                       median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0)
+    return TensorSizes(
+        parameter_bytes=sum(sizes),
+        tensor_count=len(sizes),
+        largest_tensor_bytes=max(sizes, default=0),
+        median_tensor_bytes=int(statistics.median(sizes)) if sizes else 0,
+    )

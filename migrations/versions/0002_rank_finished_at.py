@@ -4,21 +4,21 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-30 21:45:00
 """
-from alembic import op
+
 import sqlalchemy as sa
+from alembic import op
 
-
-revision = '0002'
-down_revision = '0001'
+revision = "0002"
+down_revision = "0001"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table('ranks', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('finished_at', sa.Float(), nullable=True))
+    with op.batch_alter_table("ranks", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("finished_at", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('ranks', schema=None) as batch_op:
-        batch_op.drop_column('finished_at')
+    with op.batch_alter_table("ranks", schema=None) as batch_op:
+        batch_op.drop_column("finished_at")

@@ -9,5 +9,11 @@ from tests.helpers.paths import BIN
 
 
 def run_cli(*args, env=None, timeout=60):
-    return subprocess.run([str(BIN / "autobyte"), *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(BIN / "autobyte"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )

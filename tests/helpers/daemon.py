@@ -37,21 +37,44 @@ class ThreadDaemon:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False))
-        except BaseException as error:  # surfaced by start()
+            asyncio.run(
+                self.daemon.run(ready=lambda port: self._ready.set(), install_signals=False)
+            )
+        except BaseException as error:  # noqa: BLE001 - surfaced by start()
             self._error = error
             self._ready.set()
 
-    def start(self, wait: bool = True) -> "ThreadDaemon":
+    def start(self, wait: bool = True) -> ThreadDaemon:
         """Starts it and (wait=True) waits until it serves; `wait_ready()` waits for one started
         with wait=False (several daemons starting at once)."""
         self._thread.start()
         return self.wait_ready() if wait else self
 
-    def wait_ready(self) -> "ThreadDaemon":
+    def wait_ready(self) -> ThreadDaemon:
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"daemon failed to start: {self._error!r}")
         return self
+
+    def wait_tuner_looked(self, job: str, cycles: int = 2, timeout_s: float = 20.0) -> None:
+        """Returns once the tuner has looked at `job` `cycles` more times (TunerManager.cycles_of),
+        waking it meanwhile as the ingest writer does. Two (the default) include a cycle begun
+        after this call: the tuner has seen everything stored before it (a cycle in progress at
+        the call may have read the job before the caller's last write)."""
+        from tests.helpers.wait import wait_for
+
+        tuner = self.daemon.tuner
+        target = tuner.cycles_of.get(job, 0) + cycles
+
+        def looked() -> bool:
+            tuner.notify([job])
+            return tuner.cycles_of.get(job, 0) >= target
+
+        wait_for(
+            looked,
+            timeout_s,
+            what=f"{cycles} tuner cycle(s) of job {job!r}",
+            show=lambda: f"{tuner.cycles_of.get(job, 0)} of {target} cycles",
+        )
 
     @property
     def address(self) -> str:
@@ -68,12 +91,27 @@ class ThreadDaemon:
         assert not self._thread.is_alive(), "daemon did not stop"
 
 
-def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+def start_daemon_process(
+    db_url: str, port: int, *extra: str, env: dict | None = None
+) -> subprocess.Popen:
     """`autobyted start` as a real process; waits until it answers Status."""
-    proc = subprocess.Popen([str(BIN / "autobyted"), "start", "--listen", f"127.0.0.1:{port}", "--db", db_url,
-                             "--log-format", "text", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [
+            str(BIN / "autobyted"),
+            "start",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--db",
+            db_url,
+            "--log-format",
+            "text",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         wait_until_serving(f"127.0.0.1:{port}", proc)
     except BaseException:
@@ -82,7 +120,9 @@ def start_daemon_process(db_url: str, port: int, *extra: str, env: dict | None =
     return proc
 
 
-def wait_until_serving(address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0) -> None:
+def wait_until_serving(
+    address: str, proc: subprocess.Popen | None = None, timeout_s: float = 30.0
+) -> None:
     """Polls the standard health service (it needs no token) until it says SERVING."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc

@@ -12,8 +12,19 @@ from typing import Any
 from devtools.ports import free_port
 
 
-def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, results: Any,
-           backend: str = "gloo") -> None:
+def _entry(
+    fn: Callable,
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple,
+    results: Any,
+    backend: str,
+    environ: dict[str, str],
+) -> None:
+    # the caller's environment now (a forked rank has the fork server's, from its start)
+    os.environ.clear()
+    os.environ.update(environ)
     import datetime
 
     import torch
@@ -24,34 +35,59 @@ def _entry(fn: Callable, rank: int, world_size: int, port: int, args: tuple, res
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=60),
+        )
         try:
             value = fn(rank, world_size, *args)
         finally:
             try:
                 dist.destroy_process_group()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - teardown after a failure may fail too: the result below says what happened
                 pass
         results.put((rank, True, value))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure of the rank goes back to the test as its traceback
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
-              backend: str = "gloo") -> list[Any]:
-    """Run fn(rank, world_size, *args) in `world_size` spawned gloo ranks; return their results.
+def _rank_context():
+    """Ranks are forked from one fork server per test session that has imported torch once
+    (tests/helpers/_rank_preload.py), not spawned: each rank a process of its own that has not run
+    any test's code, without a torch import of its own."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    # torch by name as well: the server imports from its working directory, where the repository's
+    # tests package may not be found (then only the gc.freeze() is missed)
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "tests.helpers._rank_preload"])
+    return ctx
+
+
+def run_ranks(
+    fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0, backend: str = "gloo"
+) -> list[Any]:
+    """Run fn(rank, world_size, *args) in `world_size` gloo ranks, each a fresh process forked by
+    the session's fork server (_rank_context), under the caller's environment; return their results.
 
     fn must be importable (module level). A rank's exception fails the call with its traceback; a
     rank that does not finish within timeout_s fails it too. Every process is killed on the way out.
     """
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, results, backend), daemon=True)
-             for rank in range(world_size)]
+    environ = dict(os.environ)
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(fn, rank, world_size, port, args, results, backend, environ),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
     for proc in procs:
         proc.start()
     values: dict[int, Any] = {}
@@ -61,8 +97,10 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
         while len(values) + len(errors) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"ranks did not finish within {timeout_s}s "
-                                   f"(finished: {sorted(values)}; errors: {errors})")
+                raise TimeoutError(
+                    f"ranks did not finish within {timeout_s}s "
+                    f"(finished: {sorted(values)}; errors: {errors})"
+                )
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
@@ -70,8 +108,10 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
                 if dead and results.empty():
                     time.sleep(0.5)
                     if results.empty():
-                        raise RuntimeError(f"a rank died with exit code {dead[0].exitcode} "
-                                           f"(errors so far: {errors})") from None
+                        raise RuntimeError(
+                            f"a rank died with exit code {dead[0].exitcode} "
+                            f"(errors so far: {errors})"
+                        ) from None
                 continue
             if ok:
                 values[rank] = value
@@ -96,8 +136,14 @@ def run_ranks(fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 
 SPARSE_ROWS_EVERYWHERE = {"AUTOBYTE_SPARSE_ROWS_MIN_BYTES": "0"}
 
 
-def run_ranks_on(hot_path: str, fn: Callable, world_size: int = 2, *args: Any, timeout_s: float = 120.0,
-                 env: dict[str, str] | None = None) -> list[Any]:
+def run_ranks_on(
+    hot_path: str,
+    fn: Callable,
+    world_size: int = 2,
+    *args: Any,
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
     """run_ranks with the scheduler's hot path chosen for the ranks: "native" (the default where the
     extension is built) or "python" (AUTOBYTE_NATIVE=0 in their environment); `env`: more variables
     for the ranks' environment."""

@@ -16,17 +16,37 @@ from torch import nn
 
 SIZES = [None, 4 << 10, 8 << 10, 64 << 10, 1 << 20]
 CREDITS = [None, 4 << 10, 16 << 10, 1 << 20]
-# The tail window (issue 20): none, a few partitions, more than any test model (the whole step).
+# The tail window (autobyte.types.Config.tail_bytes): none, a few partitions, more than any test model (the whole step).
 TAILS = [None, None, 8 << 10, 64 << 10, 1 << 30]
 
 
-def max_param_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((x.detach() - y.detach()).abs().max().item()
-               for x, y in zip(a.parameters(), b.parameters()))
+def max_state_diff(a: nn.Module, b: nn.Module) -> float:
+    """The largest difference between the two models' whole `state_dict()`s: parameters and
+    buffers (BatchNorm statistics, counters); inf if their entries differ in name or shape."""
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
+        return float("inf")
+    diffs = [
+        (sa[k].detach().to(torch.float64) - sb[k].detach().to(torch.float64)).abs().max().item()
+        for k in sa
+        if sa[k].numel()
+    ]
+    return max(diffs, default=0.0)
+
+
+def unequal_state_entries(a: nn.Module, b: nn.Module) -> list[str]:
+    """The `state_dict()` entries (parameters and buffers) that are not equal bit for bit."""
+    import torch
+
+    sa, sb = a.state_dict(), b.state_dict()
+    return sorted(set(sa) ^ set(sb)) + [k for k in sa if k in sb and not torch.equal(sa[k], sb[k])]
 
 
 def jitter(model: nn.Module, rng: random.Random, p: float = 0.3, max_s: float = 0.002) -> None:
     """Random sleeps before every module's forward and after every gradient is accumulated."""
+
     def nap(*_: Any) -> None:
         if rng.random() < p:
             time.sleep(rng.random() * max_s)
@@ -38,9 +58,14 @@ def jitter(model: nn.Module, rng: random.Random, p: float = 0.3, max_s: float = 
             param.register_post_accumulate_grad_hook(nap)
 
 
-def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
-              loss_fn: Callable, find_unused: bool = False,
-              clip_grad_norm: float | None = None) -> tuple[nn.Module, Any]:
+def train_ddp(
+    make_model: Callable[[], nn.Module],
+    make_opt: Callable,
+    batches: list,
+    loss_fn: Callable,
+    find_unused: bool = False,
+    clip_grad_norm: float | None = None,
+) -> tuple[nn.Module, Any]:
     """DDP's run (with `torch.nn.utils.clip_grad_norm_` after each backward if clip_grad_norm)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,10 +82,17 @@ def train_ddp(make_model: Callable[[], nn.Module], make_opt: Callable, batches: 
     return model, opt
 
 
-def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, batches: list,
-                    loss_fn: Callable, rank: int, seed: int = 0, reconfig_p: float = 0.3,
-                    on_close: Callable[[Any], None] | None = None,
-                    **kwargs: Any) -> tuple[nn.Module, Any, list, str | None]:
+def train_scheduled(
+    make_model: Callable[[], nn.Module],
+    make_opt: Callable,
+    batches: list,
+    loss_fn: Callable,
+    rank: int,
+    seed: int = 0,
+    reconfig_p: float = 0.3,
+    on_close: Callable[[Any], None] | None = None,
+    **kwargs: Any,
+) -> tuple[nn.Module, Any, list, str | None]:
     """(model, optimizer, [(step, partition_bytes, credit_bytes, tail_bytes)], the hot path that ran).
     `on_close(scheduler)` runs after the last step's updates, before the scheduler closes."""
     from autobyte import ScheduledOptimizer
@@ -73,12 +105,17 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
     sched = ScheduledOptimizer(model, opt, **kwargs)
     jitter(model, rng)
     seen: list = []
-    sched.add_step_callback(lambda m: seen.append((m.step, m.config.partition_bytes, m.config.credit_bytes,
-                                                   m.config.tail_bytes)))
+    sched.add_step_callback(
+        lambda m: seen.append(
+            (m.step, m.config.partition_bytes, m.config.credit_bytes, m.config.tail_bytes)
+        )
+    )
     with sched:
         for x, y in batches:
             if rng.random() < reconfig_p:
-                sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS), tail_bytes=rng.choice(TAILS))
+                sched.reconfigure(
+                    rng.choice(SIZES), rng.choice(CREDITS), tail_bytes=rng.choice(TAILS)
+                )
             loss_fn(model(x), y).backward()
             sched.step()
             sched.zero_grad()
@@ -88,13 +125,22 @@ def train_scheduled(make_model: Callable[[], nn.Module], make_opt: Callable, bat
     return model, opt, seen, sched.hot_path
 
 
-def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Callable, rank: int,
-                     steps: int, model_seed: int, data_seed: int, run_seed: int,
-                     ddp_kwargs: dict | None = None, **sched_kwargs: Any) -> dict:
+def compare_with_ddp(
+    build: Callable[[], nn.Module],
+    data: Callable,
+    loss_fn: Callable,
+    rank: int,
+    steps: int,
+    model_seed: int,
+    data_seed: int,
+    run_seed: int,
+    ddp_kwargs: dict | None = None,
+    **sched_kwargs: Any,
+) -> dict:
     """One case of the model-equivalence tests: the same batches (drawn by `data(generator)`, a
     generator per rank) through DDP and through the scheduler (jitter, random reconfigurations),
     both with AdamW from the same initial parameters. The result: the largest parameter
-    difference, the steps and distinct configurations the scheduler ran, its hot path and its
+    difference (parameters and buffers), the steps and distinct configurations the scheduler ran, its hot path and its
     `dispatch_stats()` at the end."""
     import torch
 
@@ -109,11 +155,23 @@ def compare_with_ddp(build: Callable[[], nn.Module], data: Callable, loss_fn: Ca
     batches = [data(gen) for _ in range(steps)]
     ref, _ = train_ddp(make_model, make_opt, batches, loss_fn, **(ddp_kwargs or {}))
     stats: dict = {}
-    model, _, seen, hot_path = train_scheduled(make_model, make_opt, batches, loss_fn, rank, seed=run_seed,
-                                               on_close=lambda sched: stats.update(sched.dispatch_stats()),
-                                               **sched_kwargs)
-    return {"diff": max_param_diff(ref, model), "steps": len(seen), "hot_path": hot_path,
-            "configs": len({tuple(c) for _, *c in seen}), "stats": stats}
+    model, _, seen, hot_path = train_scheduled(
+        make_model,
+        make_opt,
+        batches,
+        loss_fn,
+        rank,
+        seed=run_seed,
+        on_close=lambda sched: stats.update(sched.dispatch_stats()),
+        **sched_kwargs,
+    )
+    return {
+        "diff": max_state_diff(ref, model),
+        "steps": len(seen),
+        "hot_path": hot_path,
+        "configs": len({tuple(c) for _, *c in seen}),
+        "stats": stats,
+    }
 
 
 def ranks_on_path(results: list[dict], hot_path: str) -> list[dict]:

@@ -150,8 +150,11 @@ def _importable(module_name: str) -> types.ModuleType | None:
     a library is never imported only to classify a test."""
     if module_name in sys.modules:
         return sys.modules[module_name]
-    if not (_followed(module_name) or module_name.startswith("benchmarks.")
-            or module_name == "benchmarks"):
+    if not (
+        _followed(module_name)
+        or module_name.startswith("benchmarks.")
+        or module_name == "benchmarks"
+    ):
         return None
     try:
         return importlib.import_module(module_name)
@@ -174,8 +177,12 @@ def _plain_function(obj: object) -> types.FunctionType | None:
     return obj if inspect.isfunction(obj) else None
 
 
-def kinds_of_test(reach: Reach, function: object, fixture_functions: Iterable[object],
-                  fixture_names: Iterable[str]) -> frozenset[str]:
+def kinds_of_test(
+    reach: Reach,
+    function: object,
+    fixture_functions: Iterable[object],
+    fixture_names: Iterable[str],
+) -> frozenset[str]:
     """The kinds one test needs: from its function, the functions of the fixtures it uses (their
     whole closure) and the fixtures known by name."""
     found = set(reach.kinds_of(function))

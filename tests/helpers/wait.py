@@ -15,4 +15,6 @@ def wait_for(predicate, timeout_s=20.0, what="condition", show=lambda: ""):
             return value
         time.sleep(0.1)
     shown = show()
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f": {shown}" if shown else ""))
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f} s waiting for {what}" + (f": {shown}" if shown else "")
+    )

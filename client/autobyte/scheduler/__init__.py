@@ -1,7 +1,8 @@
 """The scheduler: priority + partition + credit gradient synchronisation for torch.distributed.
 
-`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (DESIGN §3). It wraps a model
-and per-parameter ("element-wise") `torch.optim` optimizers (one, or a list):
+`ScheduledOptimizer` replaces DistributedDataParallel's gradient sync (docs/architecture.md, "The
+scheduler"). It wraps a model and per-parameter ("element-wise") `torch.optim` optimizers (one, or
+a list):
 
 * Construction broadcasts every parameter and buffer from rank 0 (as DDP does) and checks the setup;
   unsupported setups (sparse gradients, LBFGS/SparseAdam, mixed dtypes or devices, an optimizer
@@ -74,8 +75,9 @@ Semantics that differ from a plain optimizer, on purpose
   every gradient: the update thread waits for all of a step's all-reduces, unscales (skipping the
   step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` (the norm
   summed in `model.parameters()` order, `clipping`, so DDP's bits on every rank) and then updates. Overlap with the next forward is lost for that tail.
-* Buffers (e.g. BatchNorm statistics) are broadcast once at construction, not every forward
-  (DDP's `broadcast_buffers=False`).
+* Buffers (e.g. BatchNorm statistics) as DDP's (`buffers`): with `broadcast_buffers=True` (the
+  default) rank 0's reach every rank at construction and at the start of each forward pass DDP
+  would send them at, from the root forward pre-hook; `broadcast_buffers=False` leaves them alone.
 * Construction is collective over the data-parallel group (it creates two groups), so its members
   construct their ScheduledOptimizers in the same order; `close()` is collective too.
 
@@ -87,7 +89,7 @@ GPU): tests/test_scheduler_cuda.py runs where one is. `torch.compile`d models co
 (`compiled`: the compiled forward waits for every update at its start).
 
 Where each concern lives: `optimizer` (the public API, training-thread hooks), `checks` (setup validation),
-`tracking` (parameter reads), `layout` (the flat buffer and partition plans), `groups` (the scheduler's
+`tracking` (parameter reads), `buffers` (module buffers), `layout` (the flat buffer and partition plans), `groups` (the scheduler's
 communicators), `order_channel` (rank 0's collective-order channel), `dispatch` (the leader/follower threads that
 issue collectives), `update` (the optimizer-update thread), `amp` (GradScaler), `device` (CUDA
 ordering), `metrics` (per-step measurements), `progress` (per-parameter step counters shared by the

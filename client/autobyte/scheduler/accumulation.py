@@ -54,9 +54,11 @@ class Accumulation:
                 f"parameter {name!r} received a gradient inside no_sync() in step {step} after "
                 "this step's gradients were already sent by a backward outside no_sync(): the "
                 "synchronising backward must be the last of the step; call step() before the "
-                "next micro-batches")
+                "next micro-batches"
+            )
         return SchedulerError(
             f"parameter {name!r} received a second gradient in step {step}: only one backward per "
             "step() may synchronise. For gradient accumulation over micro-batches, run all but "
             "the last backward inside `with opt.no_sync():` (as with DDP's model.no_sync()), or "
-            "call step() after each backward")
+            "call step() after each backward"
+        )

@@ -57,10 +57,14 @@ class ScalerBridge:
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if optimizer is not self.owner:
-            raise SchedulerError("this GradScaler belongs to a ScheduledOptimizer: scaler.step() takes "
-                                 "that ScheduledOptimizer (pass every optimizer to it)")
+            raise SchedulerError(
+                "this GradScaler belongs to a ScheduledOptimizer: scaler.step() takes "
+                "that ScheduledOptimizer (pass every optimizer to it)"
+            )
         if args or kwargs:
-            raise ValueError("scaler.step(opt) takes no closure or extra arguments with ScheduledOptimizer")
+            raise ValueError(
+                "scaler.step(opt) takes no closure or extra arguments with ScheduledOptimizer"
+            )
         self.owner.step()
 
     def update(self, new_scale: Any = None) -> None:
@@ -70,9 +74,11 @@ class ScalerBridge:
         self._cls.update(self.scaler, new_scale)
 
     def unscale_(self, optimizer: Any) -> None:
-        raise SchedulerError("gradients are in flight when scaler.unscale_() runs: the scheduler "
-                             "unscales them itself once they are reduced; for gradient clipping pass "
-                             "clip_grad_norm= to ScheduledOptimizer (it clips after unscaling)")
+        raise SchedulerError(
+            "gradients are in flight when scaler.unscale_() runs: the scheduler "
+            "unscales them itself once they are reduced; for gradient clipping pass "
+            "clip_grad_norm= to ScheduledOptimizer (it clips after unscaling)"
+        )
 
     def get_scale(self) -> float:
         self.owner._synchronize_if_open()

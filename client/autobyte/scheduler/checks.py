@@ -9,29 +9,38 @@ import torch
 from torch import nn
 
 # Optimizers that cannot be updated one parameter at a time (closure-based or sparse-only).
-_UNSUPPORTED_OPTIMIZERS = tuple(getattr(torch.optim, name) for name in ("LBFGS", "SparseAdam")
-                                if hasattr(torch.optim, name))
+_UNSUPPORTED_OPTIMIZERS = tuple(
+    getattr(torch.optim, name) for name in ("LBFGS", "SparseAdam") if hasattr(torch.optim, name)
+)
 
 
 def check_optimizer(optimizer: Any) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise ValueError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
     if isinstance(optimizer, _UNSUPPORTED_OPTIMIZERS):
-        raise ValueError(f"{type(optimizer).__name__} cannot be applied one parameter at a time "
-                         "(closure-based or sparse-only); use an element-wise optimizer such as "
-                         "SGD, Adam or AdamW")
+        raise ValueError(
+            f"{type(optimizer).__name__} cannot be applied one parameter at a time "
+            "(closure-based or sparse-only); use an element-wise optimizer such as "
+            "SGD, Adam or AdamW"
+        )
 
 
 def check_model(model: Any) -> None:
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, nn.parallel.DistributedDataParallel):
-        raise ValueError("pass the bare module, not a DistributedDataParallel wrapper: "
-                         "ScheduledOptimizer replaces DDP's gradient sync")
+        raise ValueError(
+            "pass the bare module, not a DistributedDataParallel wrapper: "
+            "ScheduledOptimizer replaces DDP's gradient sync"
+        )
     for name, module in model.named_modules():
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
-            raise ValueError(f"module {name or type(module).__name__!r} produces sparse gradients "
-                             "(sparse=True), which the scheduler cannot partition; use sparse=False")
+            raise ValueError(
+                f"module {name or type(module).__name__!r} produces sparse gradients "
+                "(sparse=True), which the scheduler cannot partition; use sparse=False"
+            )
 
 
 class Setup(NamedTuple):
@@ -46,7 +55,9 @@ class Setup(NamedTuple):
     frozen: list  # (name, parameter) of floating-point parameters without requires_grad
 
 
-def check_setup(model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any, grad_scaler: Any) -> Setup:
+def check_setup(
+    model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any, grad_scaler: Any
+) -> Setup:
     """Validate ScheduledOptimizer's arguments; ValueError for the first bad one."""
     check_model(model)
     optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
@@ -54,11 +65,14 @@ def check_setup(model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any,
         raise ValueError("optimizer must be a torch.optim.Optimizer or a non-empty list of them")
     for opt in optimizers:
         check_optimizer(opt)
-    if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float))
-                                           and not isinstance(clip_grad_norm, bool)
-                                           and 0 < clip_grad_norm < float("inf")):
-        raise ValueError(f"clip_grad_norm must be a positive finite number or None, "
-                         f"got {clip_grad_norm!r}")
+    if clip_grad_norm is not None and not (
+        isinstance(clip_grad_norm, (int, float))
+        and not isinstance(clip_grad_norm, bool)
+        and 0 < clip_grad_norm < float("inf")
+    ):
+        raise ValueError(
+            f"clip_grad_norm must be a positive finite number or None, got {clip_grad_norm!r}"
+        )
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
@@ -67,8 +81,10 @@ def check_setup(model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any,
     first = params[0]
     for p in params:
         if p.dtype != first.dtype or p.device != first.device:
-            raise ValueError("all trainable parameters must share one dtype and device, found "
-                             f"{first.dtype}/{first.device} and {p.dtype}/{p.device}")
+            raise ValueError(
+                "all trainable parameters must share one dtype and device, found "
+                f"{first.dtype}/{first.device} and {p.dtype}/{p.device}"
+            )
         if not p.dtype.is_floating_point:
             raise ValueError(f"trainable parameters must be floating point, found {p.dtype}")
         if p.layout != torch.strided:
@@ -83,7 +99,9 @@ def check_setup(model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any,
         for g, group in enumerate(opt.param_groups):
             for p in group["params"]:
                 if p not in all_model_params:
-                    raise ValueError("the optimizer holds a tensor that is not a parameter of the model")
+                    raise ValueError(
+                        "the optimizer holds a tensor that is not a parameter of the model"
+                    )
                 if p in index_of:
                     if owner[index_of[p]] is not None:
                         raise ValueError(f"parameter {names.get(p)!r} is held by two optimizers")
@@ -91,15 +109,24 @@ def check_setup(model: Any, optimizer: Any, clip_grad_norm: Any, timeout_s: Any,
     uncovered = [owner[i] is None for i in range(len(params))]
     if any(uncovered) and (clip_grad_norm is not None or grad_scaler is not None):
         missing = [names.get(p) for p, u in zip(params, uncovered) if u][:3]
-        raise ValueError(f"parameters {missing} are in no optimizer given to ScheduledOptimizer: "
-                         "with clip_grad_norm= or grad_scaler= every trainable parameter must be "
-                         "updated by the scheduler; pass every optimizer (a list)")
+        raise ValueError(
+            f"parameters {missing} are in no optimizer given to ScheduledOptimizer: "
+            "with clip_grad_norm= or grad_scaler= every trainable parameter must be "
+            "updated by the scheduler; pass every optimizer (a list)"
+        )
     if grad_scaler is not None:
         if not (hasattr(grad_scaler, "scale") and hasattr(grad_scaler, "_growth_factor")):
-            raise ValueError(f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}")
+            raise ValueError(
+                f"grad_scaler must be a torch.amp.GradScaler, got {type(grad_scaler).__name__}"
+            )
         if first.dtype == torch.float16:
-            raise ValueError("grad_scaler needs float32 parameters (torch.amp.GradScaler refuses to "
-                             "unscale float16 gradients); keep the model in float32 under autocast")
-    frozen = [(name, p) for name, p in model.named_parameters()
-              if not p.requires_grad and p.dtype.is_floating_point]
+            raise ValueError(
+                "grad_scaler needs float32 parameters (torch.amp.GradScaler refuses to "
+                "unscale float16 gradients); keep the model in float32 under autocast"
+            )
+    frozen = [
+        (name, p)
+        for name, p in model.named_parameters()
+        if not p.requires_grad and p.dtype.is_floating_point
+    ]
     return Setup(optimizers, params, index_of, names, owner, uncovered, frozen)

@@ -14,8 +14,12 @@ from collections.abc import Sequence
 import torch
 
 
-def clip_in_parameter_order(grads_by_index: Sequence[tuple[int, torch.Tensor]], max_norm: float,
-                            norm_type: float, foreach: bool | None = None) -> torch.Tensor | None:
+def clip_in_parameter_order(
+    grads_by_index: Sequence[tuple[int, torch.Tensor]],
+    max_norm: float,
+    norm_type: float,
+    foreach: bool | None = None,
+) -> torch.Tensor | None:
     """Clip the gradients (index, tensor) in place to `max_norm`; returns the total norm (None if
     there is no gradient). Indices are positions in `model.parameters()`."""
     if not grads_by_index:

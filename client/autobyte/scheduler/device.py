@@ -45,7 +45,7 @@ class DeviceSync:
         def callback(future: Any) -> None:
             try:
                 future.value()
-            except BaseException as error:
+            except BaseException as error:  # noqa: BLE001 - handed to done(), which surfaces it in the training thread
                 done(error)
                 return
             done(None)
@@ -112,7 +112,7 @@ class CudaSync(DeviceSync):
                 work, done = self._inflight[0]
             try:
                 finished = work.is_completed()
-            except BaseException as error:
+            except BaseException as error:  # noqa: BLE001 - handed to done(), which surfaces it in the training thread
                 with self._cond:
                     self._inflight.popleft()
                 done(error)

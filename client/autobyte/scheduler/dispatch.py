@@ -24,12 +24,19 @@ import torch
 import torch.distributed as dist
 
 from autobyte.scheduler import order_channel
-from autobyte.scheduler.order_channel import OrderChannel, cpu_ns
 from autobyte.scheduler.device import DeviceSync
-from autobyte.scheduler.events import (CreditBack, DecisionsReceived, GradReady, Issue, SliceReduced,
-                                       StepBoundary, Stop)
+from autobyte.scheduler.events import (
+    CreditBack,
+    DecisionsReceived,
+    GradReady,
+    Issue,
+    SliceReduced,
+    StepBoundary,
+    Stop,
+)
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
+from autobyte.scheduler.order_channel import OrderChannel, cpu_ns
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.sparse_rows import SparseRows
 from autobyte.types import Config
@@ -38,7 +45,7 @@ from autobyte.types import Config
 class DispatchStats:
     """The scheduler's own cost apart from the backend's launch calls (CPU ns)."""
 
-    __slots__ = ("parts", "sched_ns", "backend_ns", "backend_wall_ns", "sparse_packed")
+    __slots__ = ("backend_ns", "backend_wall_ns", "parts", "sched_ns", "sparse_packed")
 
     def __init__(self) -> None:
         self.parts = 0
@@ -51,10 +58,19 @@ class DispatchStats:
 class Dispatcher:
     """Owns the comm queue and the issue of collectives on the data group."""
 
-    def __init__(self, layout: Layout, group: Any, is_leader: bool, followers: bool,
-                 progress: Progress, steps: StepLog, channel: OrderChannel | None,
-                 update_q: queue.SimpleQueue, device_sync: DeviceSync | None = None,
-                 sparse: Sequence[SparseRows] = ()) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        group: Any,
+        is_leader: bool,
+        followers: bool,
+        progress: Progress,
+        steps: StepLog,
+        channel: OrderChannel | None,
+        update_q: queue.SimpleQueue,
+        device_sync: DeviceSync | None = None,
+        sparse: Sequence[SparseRows] = (),
+    ) -> None:
         self.layout = layout
         self.sparse = {entry.start: entry for entry in sparse}  # row-sparse weights by slice start
         self.group = group
@@ -108,26 +124,31 @@ class Dispatcher:
         if sync.cuda:  # the collective after the gradient copies it reads
             layout = self.layout
             first, last = layout.params_in(start, length)
-            sync.before_issue(layout.by_offset[first:last + 1])
+            sync.before_issue(layout.by_offset[first : last + 1])
         c0, t0 = cpu_ns(), time.perf_counter_ns()
         nbytes, unpack = length * self.layout.elem, None
         sparse = self.sparse.get(start) if self.sparse else None
         if sparse is not None and sparse.active and sparse.length == length:
-            packed = sparse.reduce(self.layout.flat, self.group)  # rank 0's order: same on every rank
+            packed = sparse.reduce(
+                self.layout.flat, self.group
+            )  # rank 0's order: same on every rank
             if packed is None:
                 nbytes += sparse.rows  # the mask; the whole slice follows
             else:
                 work, unpack, nbytes = packed
                 self.stats.sparse_packed += 1
         if unpack is None:
-            work = dist.all_reduce(self.layout.flat[start:start + length], group=self.group, async_op=True)
+            work = dist.all_reduce(
+                self.layout.flat[start : start + length], group=self.group, async_op=True
+            )
         t1, c1 = time.perf_counter_ns(), cpu_ns()
         self.stats.backend_wall_ns += t1 - t0
         if sync.cuda:  # NCCL completes its future at enqueue: poll the work instead
             sync.watch(work, functools.partial(self._on_done, s, start, length, work))
         else:
             work.get_future().add_done_callback(
-                functools.partial(self._on_reduced, s, start, length, work, unpack))
+                functools.partial(self._on_reduced, s, start, length, work, unpack)
+            )
         rec = self.steps.record(s)
         now = time.perf_counter()
         if rec.t_first_issue is None:
@@ -138,19 +159,28 @@ class Dispatcher:
         self.stats.parts += 1
         return c1 - c0
 
-    def _on_reduced(self, s: int, start: int, length: int, work: Any, unpack: Callable[[], None] | None,
-                    future: Any) -> None:
+    def _on_reduced(
+        self,
+        s: int,
+        start: int,
+        length: int,
+        work: Any,
+        unpack: Callable[[], None] | None,
+        future: Any,
+    ) -> None:
         # Runs on the backend's thread: keep it tiny.
         try:
             future.value()
             if unpack is not None:
                 unpack()  # a row-sparse weight's packed rows back into the flat buffer
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
             return
         self._on_done(s, start, length, work, None)
 
-    def _on_done(self, s: int, start: int, length: int, work: Any, error: BaseException | None) -> None:
+    def _on_done(
+        self, s: int, start: int, length: int, work: Any, error: BaseException | None
+    ) -> None:
         if error is not None:
             self.progress.fail(error)
             return
@@ -165,7 +195,7 @@ class Dispatcher:
         try:
             with torch.no_grad(), self.device_sync.issue_context():
                 self._leader_loop(start_step)
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _leader_loop(self, start_step: int) -> None:
@@ -173,7 +203,9 @@ class Dispatcher:
         config, decision_id = self.steps.config_at(start_step)
         plans = {start_step: layout.plan(config.partition_bytes, config.tail_bytes)}
         credit = config.credit_bytes
-        in_tail = False  # the newest step's backward is in its tail window: one collective at a time
+        in_tail = (
+            False  # the newest step's backward is in its tail window: one collective at a time
+        )
         ext_len = layout.ext_len
         if followers:
             channel.send(order_channel.config_message(start_step, config, decision_id))
@@ -206,7 +238,9 @@ class Dispatcher:
                     step, new_config, new_id = event
                     plans[step] = layout.plan(new_config.partition_bytes, new_config.tail_bytes)
                     if (new_config, new_id) != (config, decision_id) and followers:
-                        backend_ns += channel.send(order_channel.config_message(step, new_config, new_id))
+                        backend_ns += channel.send(
+                            order_channel.config_message(step, new_config, new_id)
+                        )
                     config, decision_id, credit = new_config, new_id, new_config.credit_bytes
                 elif kind is Stop:
                     if followers:
@@ -247,7 +281,7 @@ class Dispatcher:
                     entries = []
                     header = order_channel.MSG_HEADER
                     for k in range(message[1]):
-                        step, start, length = message[header + 3 * k:header + 3 * k + 3]
+                        step, start, length = message[header + 3 * k : header + 3 * k + 3]
                         first, last = layout.params_in(start, length)
                         entries.append(Issue(step, start, length, first, last))
                     self.queue.put(DecisionsReceived(entries))
@@ -259,22 +293,27 @@ class Dispatcher:
                     return
                 else:
                     raise SchedulerError(f"unknown decision message kind {kind}")
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             if not self.closed:
-                self.progress.fail(SchedulerError(str(error)) if isinstance(error, ConnectionError)
-                                   else error)
+                self.progress.fail(
+                    SchedulerError(str(error)) if isinstance(error, ConnectionError) else error
+                )
 
     def follower_main(self) -> None:
         try:
             with torch.no_grad(), self.device_sync.issue_context():
                 self._follower_loop()
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _follower_loop(self) -> None:
         pending: collections.deque[Issue] = collections.deque()
         progress, stats = self.progress, self.stats
-        produced, produced_t, by_offset = progress.produced, progress.produced_t, self.layout.by_offset
+        produced, produced_t, by_offset = (
+            progress.produced,
+            progress.produced_t,
+            self.layout.by_offset,
+        )
         get, get_nowait = self.queue.get, self.queue.get_nowait
         empty = queue.Empty
         cursor = -1  # first position of the head entry not yet known to be ready
@@ -309,4 +348,3 @@ class Dispatcher:
             stats.backend_ns += backend_ns
             if stopping:
                 return
-

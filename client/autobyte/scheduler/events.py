@@ -6,8 +6,8 @@ from typing import Any, NamedTuple
 
 from autobyte.types import Config
 
-
 # ---- on a dispatch thread's queue
+
 
 class GradReady(NamedTuple):
     """A parameter's gradient of `step` is in the flat buffer (training/autograd thread)."""
@@ -52,6 +52,7 @@ class Stop(NamedTuple):
 
 
 # ---- on the update thread's queue
+
 
 class SliceReduced(NamedTuple):
     """flat[start:start+length] of `step` is reduced (the backend's completion thread)."""

@@ -34,22 +34,26 @@ def new_member_group(group: Any, backend: str | None, timeout_s: float) -> Any:
     ranks = member_ranks(group)
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        return dist.new_group(ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+        return dist.new_group(
+            ranks, backend=backend, timeout=timeout, use_local_synchronization=True
+        )
     except NotImplementedError:
         # A torch.distributed configuration that cannot create groups locally (TorchComms): every
         # rank of the world must take part, which is only possible for the whole world.
         if len(ranks) != dist.get_world_size():
-            raise ValueError("this torch.distributed configuration cannot create a communicator for a "
-                             "data-parallel subgroup from its members only; use the default group, or "
-                             "pass own_communicator=False (then nothing else may use process_group "
-                             "while training)") from None
+            raise ValueError(
+                "this torch.distributed configuration cannot create a communicator for a "
+                "data-parallel subgroup from its members only; use the default group, or "
+                "pass own_communicator=False (then nothing else may use process_group "
+                "while training)"
+            ) from None
         return dist.new_group(ranks, backend=backend, timeout=timeout)
 
 
 def backend_of(group: Any) -> str | None:
     try:
         return str(dist.get_backend(group))
-    except Exception:  # a group object the backend lookup does not know: use the default
+    except Exception:  # noqa: BLE001 - a group object the backend lookup does not know: use the default
         return None
 
 

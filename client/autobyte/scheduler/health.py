@@ -78,20 +78,31 @@ def mismatch(positions: list[RankPosition]) -> bool:
 
 def mismatch_message(positions: list[RankPosition]) -> str:
     where = ", ".join(p.describe() for p in sorted(positions))
-    return (f"the ranks called step() a different number of times: {where}. Every rank must call "
-            "step() (and close()) the same number of times; the likely cause is a rank that "
-            "skipped a batch or a step() call, or left its training loop early (uneven data "
-            "shards: give every rank the same number of batches, e.g. DistributedSampler with "
-            "drop_last=True)")
+    return (
+        f"the ranks called step() a different number of times: {where}. Every rank must call "
+        "step() (and close()) the same number of times; the likely cause is a rank that "
+        "skipped a batch or a step() call, or left its training loop early (uneven data "
+        "shards: give every rank the same number of batches, e.g. DistributedSampler with "
+        "drop_last=True)"
+    )
 
 
 class PeerHealth:
     """The watchdog of one rank; `start()` runs it, `closing()`/`agree_on_close()`/`stop()` come
     from `close()`. Every store failure is its own problem: training never sees one."""
 
-    def __init__(self, store: Any, rank: int, world: int, progress: Progress,
-                 step_count: Callable[[], int], *, period_s: float = 0.5,
-                 dead_s: float = 6.0, silence_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world: int,
+        progress: Progress,
+        step_count: Callable[[], int],
+        *,
+        period_s: float = 0.5,
+        dead_s: float = 6.0,
+        silence_s: float = 3.0,
+    ) -> None:
         self.store = store
         self.rank = rank
         self.world = world
@@ -109,8 +120,15 @@ class PeerHealth:
         self._beats_at_failure: list[int] | None = None
 
     @classmethod
-    def for_group(cls, instance_id: int, rank: int, world: int, progress: Progress,
-                  step_count: Callable[[], int], timeout_s: float) -> PeerHealth | None:
+    def for_group(
+        cls,
+        instance_id: int,
+        rank: int,
+        world: int,
+        progress: Progress,
+        step_count: Callable[[], int],
+        timeout_s: float,
+    ) -> PeerHealth | None:
         """A watchdog on the default store, or None (logged) where there is none to use."""
         try:
             import datetime
@@ -122,8 +140,11 @@ class PeerHealth:
             store.set_timeout(datetime.timedelta(seconds=min(timeout_s, 10.0)))
             store = dist.PrefixStore(f"autobyte/health/{instance_id:x}/", store)
         except Exception as error:  # noqa: BLE001 - no store: no watchdog, training goes on
-            logger.info("no rendezvous store to watch the other ranks (%s): a rank that stops or "
-                        "skips a step shows only as the backend's timeout", error)
+            logger.info(
+                "no rendezvous store to watch the other ranks (%s): a rank that stops or "
+                "skips a step shows only as the backend's timeout",
+                error,
+            )
             return None
         return cls(store, rank, world, progress, step_count)
 
@@ -155,14 +176,17 @@ class PeerHealth:
                 raise PeerError(mismatch_message(positions))
             failed = [p for p in positions if p.state == FAILED]
             if failed:
-                raise PeerError(f"{failed_message(failed)} while rank {self.rank} closes at step "
-                                f"{self.step_count()}")
+                raise PeerError(
+                    f"{failed_message(failed)} while rank {self.rank} closes at step "
+                    f"{self.step_count()}"
+                )
             if all(p.state != TRAINING for p in positions):
                 return
             if time.monotonic() > deadline:
                 where = ", ".join(p.describe() for p in positions)
-                raise SchedulerError(f"close() waited {timeout_s:.0f}s for every rank to close: "
-                                     f"{where}")
+                raise SchedulerError(
+                    f"close() waited {timeout_s:.0f}s for every rank to close: {where}"
+                )
             time.sleep(0.02)
 
     def stop(self, closed: bool) -> None:
@@ -187,8 +211,10 @@ class PeerHealth:
 
     def positions(self) -> list[RankPosition]:
         """Every rank's position (ours as published)."""
-        return [_decode(r, self._published if r == self.rank else self.store.add(f"where{r}", 0))
-                for r in range(self.world)]
+        return [
+            _decode(r, self._published if r == self.rank else self.store.add(f"where{r}", 0))
+            for r in range(self.world)
+        ]
 
     # ------------------------------------------------------------------ the watchdog thread
 
@@ -207,13 +233,17 @@ class PeerHealth:
                     self.progress.explain(
                         f"the job's rendezvous store does not answer either ({error}): the "
                         "launcher or rank 0 (whichever hosts it) was likely killed or crashed; "
-                        "restart the job from its last checkpoint")
+                        "restart the job from its last checkpoint"
+                    )
                 elif self._stuck(now) and now - self._store_failed_since > self.dead_s / 2:
                     silent_s = now - self._store_failed_since
-                    self.progress.fail(PeerError(
-                        f"rank {self.rank} waits at step {self.step_count()} and the job's "
-                        f"rendezvous store has not answered for {silent_s:.0f}s ({error}): the "
-                        "launcher or rank 0 likely died"))
+                    self.progress.fail(
+                        PeerError(
+                            f"rank {self.rank} waits at step {self.step_count()} and the job's "
+                            f"rendezvous store has not answered for {silent_s:.0f}s ({error}): the "
+                            "launcher or rank 0 likely died"
+                        )
+                    )
                     return
             else:
                 self._store_failed_since = None
@@ -247,17 +277,23 @@ class PeerHealth:
             if r == self.rank:
                 continue
             if stuck and positions[r].state == FAILED:
-                self.progress.fail(PeerError(
-                    f"{failed_message([positions[r]])} while rank {self.rank} waits at step "
-                    f"{self.step_count()}"))
+                self.progress.fail(
+                    PeerError(
+                        f"{failed_message([positions[r]])} while rank {self.rank} waits at step "
+                        f"{self.step_count()}"
+                    )
+                )
                 return
             silent_s = now - self._beat_changed[r]
             if stuck and positions[r].state != CLOSED and silent_s > self.dead_s:
-                self.progress.fail(PeerError(
-                    f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
-                    f"{positions[r].describe()}) while rank {self.rank} waits at step "
-                    f"{self.step_count()}: it was likely killed or crashed; restart the job from "
-                    "its last checkpoint"))
+                self.progress.fail(
+                    PeerError(
+                        f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
+                        f"{positions[r].describe()}) while rank {self.rank} waits at step "
+                        f"{self.step_count()}: it was likely killed or crashed; restart the job from "
+                        "its last checkpoint"
+                    )
+                )
                 return
 
     def _read_beats(self, now: float) -> None:
@@ -281,14 +317,20 @@ class PeerHealth:
                 continue  # beat since our failure: alive
             silent_s = now - self._beat_changed[r]
             if self._beats[r] > 0 and silent_s > self.silence_s:
-                dead.append(f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
-                            f"{positions[r].describe()})")
+                dead.append(
+                    f"rank {r} stopped responding {silent_s:.0f}s ago (last seen "
+                    f"{positions[r].describe()})"
+                )
             else:
                 undecided = True
         if undecided and now - failed_at < self.silence_s + 1.0:
             return
-        self.progress.explain(f"{', '.join(dead)}: it was likely killed or crashed; restart the "
-                              "job from its last checkpoint" if dead else "")
+        self.progress.explain(
+            f"{', '.join(dead)}: it was likely killed or crashed; restart the "
+            "job from its last checkpoint"
+            if dead
+            else ""
+        )
 
 
 def failed_message(failed: list[RankPosition]) -> str:
@@ -296,9 +338,16 @@ def failed_message(failed: list[RankPosition]) -> str:
     return f"the scheduler of another rank failed ({where}; its log says why)"
 
 
-def watchdog_for(group: Any, leader_global: int, is_leader: bool, rank: int, world: int,
-                 progress: Progress, step_count: Callable[[], int],
-                 timeout_s: float) -> PeerHealth | None:
+def watchdog_for(
+    group: Any,
+    leader_global: int,
+    is_leader: bool,
+    rank: int,
+    world: int,
+    progress: Progress,
+    step_count: Callable[[], int],
+    timeout_s: float,
+) -> PeerHealth | None:
     """Collective over `group` (rank 0 draws the instance's key, so that two ScheduledOptimizers of
     one job, or a restarted job on the same store, never read each other's entries). The key comes
     from the OS, not from `random`: a training script seeds that (Trainer's set_seed), so two

@@ -21,10 +21,15 @@ import torch
 class Plan:
     """The partitions of one step (rank 0) and how many parameters each still waits for."""
 
-    __slots__ = ("parts", "param_parts", "remaining", "left", "unready", "tail")
+    __slots__ = ("left", "param_parts", "parts", "remaining", "tail", "unready")
 
-    def __init__(self, parts: list[tuple[int, int]], param_parts: list[tuple[int, ...]],
-                 counts: list[int], total: int) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[int, int]],
+        param_parts: list[tuple[int, ...]],
+        counts: list[int],
+        total: int,
+    ) -> None:
         self.parts = parts  # (start, length) in elements
         self.param_parts = param_parts  # per parameter: the partitions its slice overlaps
         self.remaining = list(counts)  # per partition: parameters not yet ready
@@ -36,8 +41,14 @@ class Plan:
 class Layout:
     """Offsets and views of the flat buffer for a fixed parameter order."""
 
-    def __init__(self, order: Sequence[int], shapes: Sequence[torch.Size], dtype: torch.dtype,
-                 device: torch.device, standalone: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        order: Sequence[int],
+        shapes: Sequence[torch.Size],
+        dtype: torch.dtype,
+        device: torch.device,
+        standalone: Sequence[int] = (),
+    ) -> None:
         n = len(shapes)
         if sorted(order) != list(range(n)):
             raise ValueError("the parameter order is not a permutation of the parameters")
@@ -55,9 +66,11 @@ class Layout:
         self.elem = torch.empty((), dtype=dtype).element_size()
         self.flat = torch.zeros(offset, dtype=dtype, device=device)
         flat, offs, ext = self.flat, self.offsets, self.ext_len
-        self.ext_views = [flat[offs[i]:offs[i] + ext[i]] for i in range(n)]
-        self.grad_views = [flat[offs[i]:offs[i] + self.numel[i]].view(shapes[i]) for i in range(n)]
-        self.flag_views = [flat[offs[i] + self.numel[i]:offs[i] + ext[i]] for i in range(n)]
+        self.ext_views = [flat[offs[i] : offs[i] + ext[i]] for i in range(n)]
+        self.grad_views = [
+            flat[offs[i] : offs[i] + self.numel[i]].view(shapes[i]) for i in range(n)
+        ]
+        self.flag_views = [flat[offs[i] + self.numel[i] : offs[i] + ext[i]] for i in range(n)]
         self.standalone = frozenset(standalone)
         self._templates: dict[int | None, tuple] = {}
 
@@ -68,7 +81,9 @@ class Layout:
     def params_in(self, start: int, length: int) -> tuple[int, int]:
         """Layout positions of the first and last parameter overlapping flat[start:start+length]."""
         offs = self.sorted_offsets
-        return bisect.bisect_right(offs, start) - 1, bisect.bisect_right(offs, start + length - 1) - 1
+        return bisect.bisect_right(offs, start) - 1, bisect.bisect_right(
+            offs, start + length - 1
+        ) - 1
 
     def plan(self, partition_bytes: int | None, tail_bytes: int | None = None) -> Plan:
         """A fresh plan (its counters are per step) for a partition size and a tail window."""
@@ -99,8 +114,12 @@ class Layout:
         counts = [0] * len(parts)
         param_parts = []
         for i in range(self.n):
-            ks = tuple(range(bisect.bisect_right(starts, offsets[i]) - 1,
-                             bisect.bisect_right(starts, offsets[i] + ext[i] - 1)))
+            ks = tuple(
+                range(
+                    bisect.bisect_right(starts, offsets[i]) - 1,
+                    bisect.bisect_right(starts, offsets[i] + ext[i] - 1),
+                )
+            )
             for k in ks:
                 counts[k] += 1
             param_parts.append(ks)

@@ -17,8 +17,18 @@ logger = logging.getLogger(__name__)
 class StepTimings:
     """Raw measurements of one step, written by the thread that sees each event."""
 
-    __slots__ = ("t_forward", "t_backward", "t_step", "blocked_s", "blocked_forward_s", "bytes", "parts",
-                 "queue_s", "t_first_issue", "t_last_done")
+    __slots__ = (
+        "blocked_forward_s",
+        "blocked_s",
+        "bytes",
+        "parts",
+        "queue_s",
+        "t_backward",
+        "t_first_issue",
+        "t_forward",
+        "t_last_done",
+        "t_step",
+    )
 
     def __init__(self) -> None:
         self.t_forward = self.t_backward = self.t_step = None
@@ -38,8 +48,11 @@ def compute_times(rec: StepTimings, t_step: float) -> tuple[float, float]:
     read as a compute slowdown (the drift detector's compute signal is forward_s + backward_s)."""
     if rec.t_backward is None:
         return 0.0, 0.0
-    forward_s = (max(0.0, rec.t_backward - rec.t_forward - rec.blocked_forward_s)
-                 if rec.t_forward is not None else 0.0)
+    forward_s = (
+        max(0.0, rec.t_backward - rec.t_forward - rec.blocked_forward_s)
+        if rec.t_forward is not None
+        else 0.0
+    )
     backward_s = max(0.0, t_step - rec.t_backward - (rec.blocked_s - rec.blocked_forward_s))
     return forward_s, backward_s
 
@@ -53,7 +66,9 @@ class StepLog:
 
     def __init__(self, initial: Config) -> None:
         self.records: dict[int, StepTimings] = {}
-        self.completed: collections.deque[int] = collections.deque()  # steps whose updates all landed
+        self.completed: collections.deque[int] = (
+            collections.deque()
+        )  # steps whose updates all landed
         self.initial = (initial, 0)
         self.config_log: list[tuple[int, Config, int]] = []
         self.config_steps: list[int] = []
@@ -97,13 +112,19 @@ class StepLog:
             span = rec.t_last_done - rec.t_first_issue if rec.t_first_issue is not None else 0.0
             forward_s, backward_s = compute_times(rec, t_step)
             metrics = StepMetrics(
-                step=s, wall_time_s=time.time(), step_time_s=t_step - self.last_step_t,
-                forward_s=forward_s, backward_s=backward_s,
+                step=s,
+                wall_time_s=time.time(),
+                step_time_s=t_step - self.last_step_t,
+                forward_s=forward_s,
+                backward_s=backward_s,
                 exposed_comm_s=rec.blocked_s,
                 queueing_delay_s=rec.queue_s / rec.parts if rec.parts else 0.0,
-                bytes_reduced=rec.bytes, partitions=rec.parts,
+                bytes_reduced=rec.bytes,
+                partitions=rec.parts,
                 bandwidth_bytes_per_s=rec.bytes / span if span > 0 else 0.0,
-                config=config, decision_id=decision_id)
+                config=config,
+                decision_id=decision_id,
+            )
             self.last_step_t = t_step
             self.last_metrics = metrics
             k = bisect.bisect_right(self.config_steps, s) - 1

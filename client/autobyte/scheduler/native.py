@@ -34,6 +34,7 @@ from autobyte.types import Config, config_from_ints, config_to_ints
 
 logger = logging.getLogger(__name__)
 
+
 def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) -> str:
     if not wanted:
         return "disabled by ScheduledOptimizer(native=False)"
@@ -42,18 +43,25 @@ def _local_reason(wanted: bool, device: Any, backend: str | None, channel: Any) 
     if not state.active:
         return state.reason
     if device.type != "cpu":
-        return (f"parameters on {device.type}: the native path runs CPU tensors on gloo; the CUDA "
-                "ordering (streams, events, polled completion) is the Python path's")
+        return (
+            f"parameters on {device.type}: the native path runs CPU tensors on gloo; the CUDA "
+            "ordering (streams, events, polled completion) is the Python path's"
+        )
     if backend != "gloo":
-        return f"the data group's backend is {backend!r}: the native path issues gloo collectives only"
+        return (
+            f"the data group's backend is {backend!r}: the native path issues gloo collectives only"
+        )
     if channel is not None and channel.kind != "socket":
-        return ("the decision channel is gloo point-to-point (AUTOBYTE_DECISION_CHANNEL=gloo or no "
-                "socket to rank 0): the native path reads rank 0's decisions from the socket channel")
+        return (
+            "the decision channel is gloo point-to-point (AUTOBYTE_DECISION_CHANNEL=gloo or no "
+            "socket to rank 0): the native path reads rank 0's decisions from the socket channel"
+        )
     return ""
 
 
-def choose_hot_path(wanted: bool, device: Any, backend: str | None, channel: Any,
-                    decision_group: Any, world: int) -> tuple[Any, str]:
+def choose_hot_path(
+    wanted: bool, device: Any, backend: str | None, channel: Any, decision_group: Any, world: int
+) -> tuple[Any, str]:
     """(the extension module or None, why not). Collective over the data-parallel group when
     world > 1: every rank takes the same path."""
     reason = _local_reason(wanted, device, backend, channel)
@@ -64,7 +72,9 @@ def choose_hot_path(wanted: bool, device: Any, backend: str | None, channel: Any
         flag = torch.tensor([0 if reason else 1], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=decision_group)
         if not reason and flag.item() == 0:
-            reason = "another rank of the data-parallel group cannot run the native path (see its log)"
+            reason = (
+                "another rank of the data-parallel group cannot run the native path (see its log)"
+            )
     return (None, reason) if reason else (load()[0], "")
 
 
@@ -77,8 +87,11 @@ def log_choice(native: bool, reason: str) -> None:
         return
     _logged.add((native, reason))
     if native:
-        logger.info("autobyte scheduler: native hot path (%s, built for torch %s)", MODULE,
-                    status().built_for_torch)
+        logger.info(
+            "autobyte scheduler: native hot path (%s, built for torch %s)",
+            MODULE,
+            status().built_for_torch,
+        )
     else:
         logger.info("autobyte scheduler: Python hot path: %s", reason)
 
@@ -86,12 +99,35 @@ def log_choice(native: bool, reason: str) -> None:
 class NativeDispatcher:
     """The dispatch side on the native path: same calls as `dispatch.Dispatcher`."""
 
-    def __init__(self, module: Any, layout: Any, group: Any, is_leader: bool, rank: int, steps: Any,
-                 channel: Any, timeout_s: float, trace: bool = False, sparse: Any = ()) -> None:
+    def __init__(
+        self,
+        module: Any,
+        layout: Any,
+        group: Any,
+        is_leader: bool,
+        rank: int,
+        steps: Any,
+        channel: Any,
+        timeout_s: float,
+        trace: bool = False,
+        sparse: Any = (),
+    ) -> None:
         fds, fd = channel.detach_sockets() if channel is not None else ([], -1)
-        self.engine = module.Engine(layout.flat, layout.sorted_offsets, layout.by_offset, layout.ext_len,
-                                    group, is_leader, fds, fd, rank, trace,
-                                    [e.start for e in sparse], [e.rows for e in sparse], [e.cols for e in sparse])
+        self.engine = module.Engine(
+            layout.flat,
+            layout.sorted_offsets,
+            layout.by_offset,
+            layout.ext_len,
+            group,
+            is_leader,
+            fds,
+            fd,
+            rank,
+            trace,
+            [e.start for e in sparse],
+            [e.rows for e in sparse],
+            [e.cols for e in sparse],
+        )
         self.is_leader = is_leader
         self.steps = steps
         self.timeout_s = timeout_s
@@ -111,8 +147,10 @@ class NativeDispatcher:
     def stop(self, bound_s: float | None = None) -> None:
         self.closed = True
         if not self.engine.stop(min(self.timeout_s, 60.0) if bound_s is None else bound_s):
-            logger.warning("native scheduler threads did not stop in time (a follower still waiting "
-                           "for rank 0's stop message?); abandoned")
+            logger.warning(
+                "native scheduler threads did not stop in time (a follower still waiting "
+                "for rank 0's stop message?); abandoned"
+            )
 
     @property
     def stats(self) -> DispatchStats:
@@ -162,8 +200,9 @@ class NativeUpdater(Updater):
                     self._snapshots[posted.step] = posted.groups
             elif kind == config_kind:
                 _, step, partition_bytes, credit_bytes, tail_bytes, decision_id = event
-                self.steps.log_config(step, config_from_ints(partition_bytes, credit_bytes, tail_bytes),
-                                      decision_id)
+                self.steps.log_config(
+                    step, config_from_ints(partition_bytes, credit_bytes, tail_bytes), decision_id
+                )
             elif kind == error_kind:
                 raise SchedulerError(event[1])
         return True

@@ -12,25 +12,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from autobyte import hooks
+from autobyte.scheduler import buffers as buffers_mod
+from autobyte.scheduler import checks, compiled, groups, health, native, process_exit, tracking
+from autobyte.scheduler import device as device_sync
+from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.accumulation import Accumulation
-from autobyte.scheduler.order_channel import OrderChannel
+from autobyte.scheduler.amp import ScalerBridge
 from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
-from autobyte.scheduler import device as device_sync
-from autobyte.scheduler import checks, compiled, groups, health, native, process_exit, tracking
-from autobyte.scheduler import sparse_rows as sparse_rows_mod
-from autobyte.scheduler.amp import ScalerBridge
+from autobyte.scheduler.order_channel import OrderChannel
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.update import Updater
-from autobyte import hooks
 from autobyte.types import Config, StepMetrics
 
 logger = logging.getLogger(__name__)
@@ -69,31 +70,64 @@ class ScheduledOptimizer:
         sparse_rows: reduce the gradients of large `nn.Embedding` / `nn.EmbeddingBag` weights
             row-sparse: only the rows some rank touched go on the wire, with DDP's numbers to the
             bit (`autobyte.scheduler.sparse_rows`; CPU/gloo). False: every gradient dense.
+        broadcast_buffers: as DDP's: rank 0's buffers (BatchNorm running statistics, ...) are
+            copied to every rank at construction and at the start of each forward pass that DDP
+            would copy them at (`autobyte.scheduler.buffers`). False: buffers stay each rank's own,
+            at construction too.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-                 partition_bytes: int | None = 4 << 20, credit_bytes: int | None = 16 << 20,
-                 process_group: Any = None, *, clip_grad_norm: float | None = None,
-                 clip_norm_type: float = 2.0, timeout_s: float = 300.0,
-                 own_communicator: bool = True, grad_scaler: Any = None, native: bool = True,
-                 tail_bytes: int | None = None, sparse_rows: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+        partition_bytes: int | None = 4 << 20,
+        credit_bytes: int | None = 16 << 20,
+        process_group: Any = None,
+        *,
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float = 2.0,
+        timeout_s: float = 300.0,
+        own_communicator: bool = True,
+        grad_scaler: Any = None,
+        native: bool = True,
+        tail_bytes: int | None = None,
+        sparse_rows: bool = True,
+        broadcast_buffers: bool = True,
+    ) -> None:
         config = Config(partition_bytes, credit_bytes, tail_bytes)
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
-        optimizers, params, index_of, names = setup.optimizers, setup.params, setup.index_of, setup.names
-        owner, uncovered, frozen, first = setup.owner, setup.uncovered, setup.frozen, setup.params[0]
+        optimizers, params, index_of, names = (
+            setup.optimizers,
+            setup.params,
+            setup.index_of,
+            setup.names,
+        )
+        owner, uncovered, frozen, first = (
+            setup.owner,
+            setup.uncovered,
+            setup.frozen,
+            setup.params[0],
+        )
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("torch.distributed is not initialised: call "
-                               "torch.distributed.init_process_group() before ScheduledOptimizer")
+            raise RuntimeError(
+                "torch.distributed is not initialised: call "
+                "torch.distributed.init_process_group() before ScheduledOptimizer"
+            )
 
         self._model = model
         self._optimizers = optimizers
-        self._optimizer = optimizer if len(optimizers) == 1 and not isinstance(optimizer, (list, tuple)) \
+        self._optimizer = (
+            optimizer
+            if len(optimizers) == 1 and not isinstance(optimizer, (list, tuple))
             else optimizers
+        )
         self._pg = process_group if process_group is not None else dist.group.WORLD
         if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
-            raise ValueError("this rank is not a member of process_group: construct the "
-                             "ScheduledOptimizer only on the ranks of its data-parallel group")
+            raise ValueError(
+                "this rank is not a member of process_group: construct the "
+                "ScheduledOptimizer only on the ranks of its data-parallel group"
+            )
         self._rank, self._world, self._leader_global = groups.place_in(self._pg)
         self._is_leader = self._rank == 0
         self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
@@ -102,6 +136,8 @@ class ScheduledOptimizer:
         self._native_wanted = bool(native)
         if not isinstance(sparse_rows, bool):
             raise ValueError(f"sparse_rows must be True or False, got {sparse_rows!r}")
+        if not isinstance(broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
         self._hot_path: str | None = None
         self._hot_path_reason = ""
 
@@ -115,26 +151,48 @@ class ScheduledOptimizer:
         self._dtype = first.dtype
         self._device = first.device
         # weights reduced row-sparse (decided from the model alone: the same on every rank)
-        self._sparse_idx = sparse_rows_mod.eligible(model, params) if sparse_rows and self._world > 1 else []
+        self._sparse_idx = (
+            sparse_rows_mod.eligible(model, params) if sparse_rows and self._world > 1 else []
+        )
         self._sparse: list[sparse_rows_mod.SparseRows] = []
 
-        self._broadcast_initial_state()
+        self._broadcast_initial_state(broadcast_buffers)
         self._decision_group = None
         self._data_group = self._pg
         self._follower_globals: list[int] = []
+        buffer_group = self._pg  # DDP's: the training thread's collectives, in program order
         if self._world > 1:
             if own_communicator:
-                self._data_group = groups.new_member_group(self._pg, groups.backend_of(self._pg),
-                                                           self._timeout_s)
+                self._data_group = groups.new_member_group(
+                    self._pg, groups.backend_of(self._pg), self._timeout_s
+                )
+            elif broadcast_buffers and buffers_mod.synced_buffers(model):
+                # process_group carries the dispatch thread's collectives: not the training thread's
+                buffer_group = groups.new_member_group(
+                    self._pg, groups.backend_of(self._pg), self._timeout_s
+                )
             self._decision_group = groups.new_member_group(self._pg, "gloo", self._timeout_s)
-            self._follower_globals = [r for r in groups.member_ranks(self._pg) if r != self._leader_global]
+            self._follower_globals = [
+                r for r in groups.member_ranks(self._pg) if r != self._leader_global
+            ]
 
         # Training-thread state.
         self._progress = Progress(self._n, self._rank, self._timeout_s)
         # ranks that disagree on the step count, or die, raise within seconds (`health`)
-        self._health = None if self._world == 1 else health.watchdog_for(
-            self._decision_group, self._leader_global, self._is_leader, self._rank, self._world,
-            self._progress, lambda: self._step_index, self._timeout_s)
+        self._health = (
+            None
+            if self._world == 1
+            else health.watchdog_for(
+                self._decision_group,
+                self._leader_global,
+                self._is_leader,
+                self._rank,
+                self._world,
+                self._progress,
+                lambda: self._step_index,
+                self._timeout_s,
+            )
+        )
         self._step_index = 0
         self._closed = False
         self._order: list[int] | None = []  # first-use order while recording
@@ -145,6 +203,9 @@ class ScheduledOptimizer:
         self._backward_end_queued = -1  # step whose end-of-backward callback is queued
         self._forward_seen = -1  # step whose first forward has been checked
         self._accumulation = Accumulation(self._n)
+        self._buffers = buffers_mod.BufferBroadcast(
+            model, buffer_group, broadcast_buffers and self._world > 1
+        )
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
         self._channel: OrderChannel | None = None
@@ -158,21 +219,40 @@ class ScheduledOptimizer:
             self._steps.log_config(0, config, 0)
         self._threads: list[threading.Thread] = []
         self._scaler = grad_scaler
-        self._bridge = ScalerBridge(grad_scaler, self) if grad_scaler is not None and grad_scaler.is_enabled() \
+        self._bridge = (
+            ScalerBridge(grad_scaler, self)
+            if grad_scaler is not None and grad_scaler.is_enabled()
             else None
+        )
 
         # eager even inside a torch.compile'd forward (a graph break there: `compiled`)
-        self._handles = [model.register_forward_pre_hook(
-            tracking.CopySafeHook(compiled.run_eagerly(self._root_pre_hook)), prepend=True)]
+        self._handles = [
+            model.register_forward_pre_hook(
+                tracking.CopySafeHook(compiled.run_eagerly(self._root_pre_hook)), prepend=True
+            ),
+            model.register_forward_hook(
+                tracking.CopySafeHook(compiled.run_eagerly(self._root_hook))
+            ),
+        ]
         for i, p in enumerate(params):
-            self._handles.append(p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i)))
+            self._handles.append(
+                p.register_post_accumulate_grad_hook(functools.partial(self._grad_hook, i))
+            )
         for module in model.modules():
-            own = tuple(dict.fromkeys(index_of[p] for p in module.parameters(recurse=False)
-                                      if p in index_of))
+            own = tuple(
+                dict.fromkeys(
+                    index_of[p] for p in module.parameters(recurse=False) if p in index_of
+                )
+            )
             if own:
-                self._handles.append(module.register_forward_pre_hook(
-                    tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))))
-        self._tracked = tracking.install(model, index_of, self._on_read)  # last: no read of ours after it
+                self._handles.append(
+                    module.register_forward_pre_hook(
+                        tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))
+                    )
+                )
+        self._tracked = tracking.install(
+            model, index_of, self._on_read
+        )  # last: no read of ours after it
         # The transport (autobyte.transport.session) attaches itself: streams to autobyted if
         # autobyte.init() was called (now or later); a no-op otherwise.
         hooks.scheduler_created(self)
@@ -223,11 +303,20 @@ class ScheduledOptimizer:
     @property
     def _step_supports_amp_scaling(self) -> bool:
         # torch.amp.GradScaler.step() asks this before treating us as an optimizer of its own.
-        raise SchedulerError("pass the GradScaler to ScheduledOptimizer(..., grad_scaler=scaler): the "
-                             "scheduler unscales the gradients itself once they are reduced")
+        raise SchedulerError(
+            "pass the GradScaler to ScheduledOptimizer(..., grad_scaler=scaler): the "
+            "scheduler unscales the gradients itself once they are reduced"
+        )
 
-    def reconfigure(self, partition_bytes: int | None = _UNSET, credit_bytes: int | None = _UNSET,
-                    *, tail_bytes: int | None = _UNSET, decision_id: int | None = None, at_step: int | None = None) -> Config:
+    def reconfigure(
+        self,
+        partition_bytes: int | None = _UNSET,
+        credit_bytes: int | None = _UNSET,
+        *,
+        tail_bytes: int | None = _UNSET,
+        decision_id: int | None = None,
+        at_step: int | None = None,
+    ) -> Config:
         """Request a configuration from the next step boundary on (or from step `at_step`, if that
         is later). Omitted values stay as they are.
 
@@ -235,13 +324,17 @@ class ScheduledOptimizer:
         effect (on every rank, at the same step); thread-safe. A newer request replaces a pending one.
         """
         for name, value in (("decision_id", decision_id), ("at_step", at_step)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         with self._cfg_lock:
             base = self._pending[0] if self._pending is not None else self.config
-            new = Config(base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
-                         base.credit_bytes if credit_bytes is _UNSET else credit_bytes,
-                         base.tail_bytes if tail_bytes is _UNSET else tail_bytes)
+            new = Config(
+                base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
+                base.credit_bytes if credit_bytes is _UNSET else credit_bytes,
+                base.tail_bytes if tail_bytes is _UNSET else tail_bytes,
+            )
             self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
         return new
 
@@ -268,14 +361,22 @@ class ScheduledOptimizer:
         if self._layout is None:
             self._finalize_layout()
         s = self._step_index
-        if self._bridge is not None and self._bridge.scaled_step != s and self._progress.produced_count:
-            raise SchedulerError("grad_scaler is set but this step's loss was not scaled: call "
-                                 "scaler.scale(loss).backward()")
+        if (
+            self._bridge is not None
+            and self._bridge.scaled_step != s
+            and self._progress.produced_count
+        ):
+            raise SchedulerError(
+                "grad_scaler is set but this step's loss was not scaled: call "
+                "scaler.scale(loss).backward()"
+            )
         progress = self._progress
         if progress.produced_count != self._n:
             self._flush_unused(s)
-        snapshot = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-                    for opt in self._optimizers]
+        snapshot = [
+            [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+            for opt in self._optimizers
+        ]
         self._steps.record(s).t_step = time.perf_counter()
         self._updater.post(StepHyperParameters(s, snapshot))
         if self._is_leader:
@@ -307,6 +408,14 @@ class ScheduledOptimizer:
         The loss scaling stays the user's (the scheduler never rescales). If every backward of a
         step ran inside it, `step()` sends the accumulated gradients."""
         with self._accumulation.no_sync():
+            yield
+
+    @contextlib.contextmanager
+    def unwrapped(self) -> Iterator[None]:
+        """Forward passes inside run as DDP's unwrapped `ddp_model.module(...)` would: no buffer
+        broadcast, and which later forward receives rank 0's buffers stays as it was (Hugging Face's
+        Trainer evaluates the unwrapped model; see `autobyte.scheduler.buffers`)."""
+        with self._buffers.outside_wrapper():
             yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -345,8 +454,12 @@ class ScheduledOptimizer:
         """Load the optimizer's state (a list for a list of optimizers), after `synchronize()`."""
         self.synchronize()
         if isinstance(self._optimizer, list):
-            if not isinstance(state_dict, (list, tuple)) or len(state_dict) != len(self._optimizers):
-                raise ValueError(f"expected a list of {len(self._optimizers)} optimizer state dicts")
+            if not isinstance(state_dict, (list, tuple)) or len(state_dict) != len(
+                self._optimizers
+            ):
+                raise ValueError(
+                    f"expected a list of {len(self._optimizers)} optimizer state dicts"
+                )
             for opt, sd in zip(self._optimizers, state_dict):
                 opt.load_state_dict(sd)
         else:
@@ -367,15 +480,18 @@ class ScheduledOptimizer:
         dispatcher, channel = self._dispatcher, self._channel
         stats = dispatcher.stats if dispatcher is not None else None
         parts = (stats.parts if stats is not None else 0) or 1
-        messages, send_ns, latency_ns, latency_n = (dispatcher.channel_stats() if dispatcher is not None
-                                                    else (0, 0, 0, 0))
+        messages, send_ns, latency_ns, latency_n = (
+            dispatcher.channel_stats() if dispatcher is not None else (0, 0, 0, 0)
+        )
         return {
             "partitions": float(stats.parts if stats is not None else 0),
             # CPU time of the scheduler thread, without the backend's launch calls
             "scheduler_us_per_partition": (stats.sched_ns if stats else 0) / 1e3 / parts,
             # the all-reduce launch call (+ channel posts on rank 0): CPU time, and wall time
             "backend_launch_us_per_partition": (stats.backend_ns if stats else 0) / 1e3 / parts,
-            "backend_launch_wall_us_per_partition": (stats.backend_wall_ns if stats else 0) / 1e3 / parts,
+            "backend_launch_wall_us_per_partition": (stats.backend_wall_ns if stats else 0)
+            / 1e3
+            / parts,
             "channel_socket": float(channel is not None and channel.kind == "socket"),
             "channel_messages": float(messages),
             # rank 0: cost of posting one decision message (all followers) on the scheduler thread
@@ -398,7 +514,7 @@ class ScheduledOptimizer:
 
     @property
     def hot_path(self) -> str | None:
-        """"native" or "python": which per-partition hot path runs (decided collectively at the
+        """ "native" or "python": which per-partition hot path runs (decided collectively at the
         first backward pass; None before it). `hot_path_reason` says why not the native one."""
         return self._hot_path
 
@@ -422,7 +538,7 @@ class ScheduledOptimizer:
                 self.synchronize()
                 if watchdog is not None:  # every rank closes at our step count, or all raise
                     watchdog.agree_on_close(bound_s)
-            except BaseException as error:  # still stop the threads below
+            except BaseException as error:  # noqa: BLE001 - still stop the threads below
                 stop_error = error
                 self._progress.fail(error)
         stuck = self._stop(closed=stop_error is None and not failed, bound_s=bound_s)
@@ -455,8 +571,12 @@ class ScheduledOptimizer:
                 self._steps.drain()
                 landed = True
             except BaseException as error:  # noqa: BLE001 - the process ends anyway: say why
-                logger.warning("rank %d ends at step %d with updates that did not land: %s",
-                               self._rank, self._step_index, error)
+                logger.warning(
+                    "rank %d ends at step %d with updates that did not land: %s",
+                    self._rank,
+                    self._step_index,
+                    error,
+                )
                 self._progress.fail(error)
         if landed and self._health is not None and self._threads:
             self._health.closing(self._step_index)
@@ -491,7 +611,7 @@ class ScheduledOptimizer:
             self._device_sync.close()
         return stuck
 
-    def __enter__(self) -> "ScheduledOptimizer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -505,8 +625,9 @@ class ScheduledOptimizer:
 
     # ------------------------------------------------------------------ setup
 
-    def _broadcast_initial_state(self) -> None:
-        tensors = list(dict.fromkeys([*self._model.parameters(), *self._model.buffers()]))
+    def _broadcast_initial_state(self, with_buffers: bool) -> None:
+        buffers = buffers_mod.synced_buffers(self._model) if with_buffers else []
+        tensors = list(dict.fromkeys([*self._model.parameters(), *buffers]))
         by_kind: dict[tuple, list[torch.Tensor]] = {}
         for t in tensors:
             by_kind.setdefault((t.device, t.dtype), []).append(t)
@@ -516,7 +637,7 @@ class ScheduledOptimizer:
                 dist.broadcast(flat, src=self._leader_global, group=self._pg)
                 offset = 0
                 for t in group:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
                     offset += t.numel()
 
     def _finalize_layout(self) -> None:
@@ -532,41 +653,96 @@ class ScheduledOptimizer:
         if sorted(order) != list(range(self._n)):
             raise SchedulerError("rank 0 published an inconsistent parameter order")
         # Parameters handed back in .grad at the end of backward go first (highest priority).
-        order = [i for i in order if self._uncovered[i]] + [i for i in order if not self._uncovered[i]]
+        order = [i for i in order if self._uncovered[i]] + [
+            i for i in order if not self._uncovered[i]
+        ]
         if self._world > 1:
-            self._channel = OrderChannel(self._is_leader, self._rank, self._leader_global,
-                                            self._follower_globals, self._decision_group, self._timeout_s)
+            self._channel = OrderChannel(
+                self._is_leader,
+                self._rank,
+                self._leader_global,
+                self._follower_globals,
+                self._decision_group,
+                self._timeout_s,
+            )
             self._channel.open()
-        layout = Layout(order, [p.shape for p in self._params], self._dtype, self._device,
-                        standalone=self._sparse_idx)
-        self._sparse = [sparse_rows_mod.SparseRows(layout.offsets[i], *self._params[i].shape)
-                        for i in self._sparse_idx]
+        layout = Layout(
+            order,
+            [p.shape for p in self._params],
+            self._dtype,
+            self._device,
+            standalone=self._sparse_idx,
+        )
+        self._sparse = [
+            sparse_rows_mod.SparseRows(layout.offsets[i], *self._params[i].shape)
+            for i in self._sparse_idx
+        ]
         self._device_sync = device_sync.make(self._device, self._n)
-        module, reason = native.choose_hot_path(self._native_wanted, self._device, groups.backend_of(self._data_group),
-                                       self._channel, self._decision_group, self._world)
+        module, reason = native.choose_hot_path(
+            self._native_wanted,
+            self._device,
+            groups.backend_of(self._data_group),
+            self._channel,
+            self._decision_group,
+            self._world,
+        )
         native.log_choice(module is not None, reason)
-        self._hot_path, self._hot_path_reason = ("native" if module is not None else "python"), reason
-        updater_args = (layout, self._params, self._optimizers, self._owner, self._progress, self._steps,
-                        self._clip, self._clip_norm_type, self._scaler if self._bridge is not None else None,
-                        self._local_used, self._device_sync)
+        self._hot_path, self._hot_path_reason = (
+            ("native" if module is not None else "python"),
+            reason,
+        )
+        updater_args = (
+            layout,
+            self._params,
+            self._optimizers,
+            self._owner,
+            self._progress,
+            self._steps,
+            self._clip,
+            self._clip_norm_type,
+            self._scaler if self._bridge is not None else None,
+            self._local_used,
+            self._device_sync,
+        )
         if module is not None:
-            self._dispatcher = native.NativeDispatcher(module, layout, self._data_group, self._is_leader,
-                                                       self._rank, self._steps, self._channel, self._timeout_s,
-                                                       trace=native.trace_requested(), sparse=self._sparse)
-            self._updater = native.NativeUpdater(*updater_args, engine=self._dispatcher.engine, module=module)
+            self._dispatcher = native.NativeDispatcher(
+                module,
+                layout,
+                self._data_group,
+                self._is_leader,
+                self._rank,
+                self._steps,
+                self._channel,
+                self._timeout_s,
+                trace=native.trace_requested(),
+                sparse=self._sparse,
+            )
+            self._updater = native.NativeUpdater(
+                *updater_args, engine=self._dispatcher.engine, module=module
+            )
         else:
             self._updater = Updater(*updater_args)
-            self._dispatcher = Dispatcher(layout, self._data_group, self._is_leader, self._world > 1,
-                                          self._progress, self._steps, self._channel, self._updater.queue,
-                                          self._device_sync, sparse=self._sparse)
+            self._dispatcher = Dispatcher(
+                layout,
+                self._data_group,
+                self._is_leader,
+                self._world > 1,
+                self._progress,
+                self._steps,
+                self._channel,
+                self._updater.queue,
+                self._device_sync,
+                sparse=self._sparse,
+            )
         self._grad_ready = self._dispatcher.grad_ready
         self._layout = layout
         self._start_threads(self._step_index)
 
     def _start_threads(self, start_step: int) -> None:
         def spawn(name: str, target: Callable, args: tuple) -> None:
-            thread = threading.Thread(target=target, args=args, daemon=True,
-                                      name=f"autobyte-r{self._rank}-{name}")
+            thread = threading.Thread(
+                target=target, args=args, daemon=True, name=f"autobyte-r{self._rank}-{name}"
+            )
             self._threads.append(thread)
             thread.start()
 
@@ -596,6 +772,10 @@ class ScheduledOptimizer:
             self._steps.record(s).t_forward = time.perf_counter()
         if self._order is not None:
             self._recording = True
+        self._buffers.before_forward()
+
+    def _root_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._buffers.after_forward(synchronising=not self._accumulation.active)
 
     def _check_frozen(self) -> None:
         """A parameter frozen at construction and unfrozen since would train unsynchronised."""
@@ -606,7 +786,8 @@ class ScheduledOptimizer:
                     f"was built and requires a gradient now (step {self._step_index}): its gradient would "
                     "never be synchronised. After changing requires_grad, build a new one, as a DDP "
                     "model must be re-wrapped: opt.close(); opt = ScheduledOptimizer(model, optimizer, "
-                    "...) (the optimizer keeps its state)")
+                    "...) (the optimizer keeps its state)"
+                )
 
     def _forward_pre_hook(self, own: tuple[int, ...], module: nn.Module, args: Any) -> None:
         self._on_read(own, False)
@@ -662,7 +843,8 @@ class ScheduledOptimizer:
                     f"parameter {self._names[i]!r} received a gradient in step {s} but was never read "
                     "through its module in that step (a tensor reference kept elsewhere?), so the "
                     "scheduler cannot make that read wait for its update; read it as an attribute of "
-                    "its module (e.g. self.layer.weight) inside the forward pass")
+                    "its module (e.g. self.layer.weight) inside the forward pass"
+                )
             if progress.param_step[i] < s:
                 self._wait_params((i,), s)
             if self._accumulation.keep_local(i, s):
@@ -676,7 +858,7 @@ class ScheduledOptimizer:
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
             self._hand_off(i, grad, s)
-        except BaseException as error:  # surfaced at the next step()/synchronize()
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self._keep_sequence(i, error)
 
     def _hand_off(self, i: int, grad: torch.Tensor, s: int) -> None:

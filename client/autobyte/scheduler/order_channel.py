@@ -52,8 +52,11 @@ def _interface_ipv4(name: str) -> str | None:
         import fcntl
 
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            packed = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
-                                 struct.pack("256s", name[:15].encode()))
+            packed = fcntl.ioctl(
+                probe.fileno(),
+                0x8915,  # SIOCGIFADDR
+                struct.pack("256s", name[:15].encode()),
+            )
         return socket.inet_ntoa(packed[20:24])
     except (OSError, ImportError):
         return None
@@ -84,8 +87,9 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def _accept_followers(listener: socket.socket, token: int, count: int, accepted: list,
-                      timeout_s: float) -> None:
+def _accept_followers(
+    listener: socket.socket, token: int, count: int, accepted: list, timeout_s: float
+) -> None:
     listener.settimeout(timeout_s)
     hello = struct.Struct("<qq")
     try:
@@ -137,8 +141,15 @@ def config_of(message: Sequence[int]) -> Config:
 class OrderChannel:
     """Rank 0 → followers, FIFO. `open()` is collective over the decision group."""
 
-    def __init__(self, is_leader: bool, rank: int, leader_global: int, follower_globals: list[int],
-                 group: Any, timeout_s: float) -> None:
+    def __init__(
+        self,
+        is_leader: bool,
+        rank: int,
+        leader_global: int,
+        follower_globals: list[int],
+        group: Any,
+        timeout_s: float,
+    ) -> None:
         self._is_leader = is_leader
         self._rank = rank
         self._leader = leader_global
@@ -169,9 +180,12 @@ class OrderChannel:
                 header[0], header[1], header[2] = listener.getsockname()[1], token, len(addresses)
                 for k, address in enumerate(addresses):
                     header[3 + k] = struct.unpack("!I", socket.inet_aton(address))[0]
-                acceptor = threading.Thread(target=_accept_followers, daemon=True,
-                                            args=(listener, token, len(self._followers), accepted,
-                                                  self._timeout_s), name=f"autobyte-r{self._rank}-accept")
+                acceptor = threading.Thread(
+                    target=_accept_followers,
+                    daemon=True,
+                    args=(listener, token, len(self._followers), accepted, self._timeout_s),
+                    name=f"autobyte-r{self._rank}-accept",
+                )
                 acceptor.start()
             except OSError:
                 logger.warning("cannot listen for the decision channel; using gloo", exc_info=True)
@@ -180,13 +194,17 @@ class OrderChannel:
         port, token, count = header[:3].tolist()
         ok = torch.ones(1, dtype=torch.int64)
         if not self._is_leader:
-            addresses = [socket.inet_ntoa(struct.pack("!I", a)) for a in header[3:3 + count].tolist()]
+            addresses = [
+                socket.inet_ntoa(struct.pack("!I", a)) for a in header[3 : 3 + count].tolist()
+            ]
             self._rsock = _connect_leader(addresses, port, token) if port else None
             ok[0] = int(self._rsock is not None)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
         if self._is_leader and acceptor is not None:
             acceptor.join(self._timeout_s if ok.item() else 0.0)
-            self._socks = list(accepted) if ok.item() and len(accepted) == len(self._followers) else []
+            self._socks = (
+                list(accepted) if ok.item() and len(accepted) == len(self._followers) else []
+            )
             listener.close()
         if not ok.item() or (self._is_leader and not self._socks):
             for sock in [*self._socks, *accepted, *([self._rsock] if self._rsock else [])]:
@@ -229,7 +247,7 @@ class OrderChannel:
         """Post (step, start, length) triples in log order; returns the CPU ns spent."""
         spent = 0
         for b in range(0, len(batch), MSG_MAX_ENTRIES):
-            chunk = batch[b:b + MSG_MAX_ENTRIES]
+            chunk = batch[b : b + MSG_MAX_ENTRIES]
             message = [MSG_ORDER, len(chunk), 0, 0]
             for triple in chunk:
                 message += triple
@@ -255,8 +273,9 @@ class OrderChannel:
             while got < len(frame):
                 n = sock.recv_into(view[got:])
                 if n == 0:
-                    raise ConnectionError("rank 0 closed the decision channel without a stop message "
-                                          "(did it fail?)")
+                    raise ConnectionError(
+                        "rank 0 closed the decision channel without a stop message (did it fail?)"
+                    )
                 got += n
             message = _FRAME.unpack(frame)
         else:

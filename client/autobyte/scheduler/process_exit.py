@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 # watchdog (`autobyte.scheduler.health`, dead_s = 6 s); a rank is gone within 10 s of its end.
 EXIT_BUDGET_S = 8.0
 
-_open: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_open: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 _hooked = False
 
@@ -54,7 +54,7 @@ def untrack(scheduler: Any) -> None:
     _open.discard(scheduler)
 
 
-def end_open_schedulers(groups: "set[Any] | None" = None) -> None:
+def end_open_schedulers(groups: set[Any] | None = None) -> None:
     """End every open scheduler (on one of `groups`, if given); never raises."""
     for scheduler in list(_open):
         if groups is not None and scheduler.process_group not in groups:

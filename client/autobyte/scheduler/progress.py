@@ -40,7 +40,9 @@ class Progress:
         self.produced_count = 0  # gradients produced in the step in progress
         self.param_step = [0] * n
         self.updated_through = 0  # every parameter has its updates of steps < this
-        self.reduced_step = [0] * n  # parameters handed back in .grad: slices reduced for steps < this
+        self.reduced_step = [
+            0
+        ] * n  # parameters handed back in .grad: slices reduced for steps < this
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.waiting_since: float | None = None  # the training thread waits in the scheduler since
@@ -118,12 +120,18 @@ class Progress:
     def wait_updated_through(self, target: int, timeout_s: float) -> None:
         """Wait until every update of steps < target has landed (synchronize())."""
         if self.updated_through < target:
-            self._wait(lambda: self.updated_through >= target, timeout_s,
-                       f"step {target - 1}'s updates (synchronize)")
+            self._wait(
+                lambda: self.updated_through >= target,
+                timeout_s,
+                f"step {target - 1}'s updates (synchronize)",
+            )
 
     def wait_reduced(self, idxs: Sequence[int], s: int) -> None:
         """Wait until the slices of the parameters are reduced for step s (reduced_step > s)."""
         rs = self.reduced_step
         if not all(rs[i] > s for i in idxs):
-            self._wait(lambda: all(rs[i] > s for i in idxs), self.timeout_s,
-                       f"the reduced gradients of step {s}")
+            self._wait(
+                lambda: all(rs[i] > s for i in idxs),
+                self.timeout_s,
+                f"the reduced gradients of step {s}",
+            )

@@ -4,8 +4,7 @@ An embedding's gradient has a non-zero row only for the tokens a batch looked up
 tokens touches at most 1,024 of the benchmark transformer's 8,192 rows; a 32,000-token vocabulary
 far fewer). Sent dense, the whole table crosses the link every step, and it is the *last* gradient
 of the backward pass and the *first* parameter the next forward reads: on the testbed its 8 MiB are
-67 ms of the transformer's 85-110 ms first wait at 1 Gbit/s (`benchmarks/README.md`, "Where the step
-goes").
+67 ms of the transformer's 85-110 ms first wait at 1 Gbit/s (`benchmarks.profile_step`).
 
 How (both hot paths, every rank the same collectives in the same order): such a weight is one
 partition of its own in every plan (`Layout(standalone=)`), and its collective becomes
@@ -52,7 +51,9 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # a dt
 def _bits_dtype(row_bytes: int, offset_bytes: int) -> torch.dtype:
     """The widest integer type a row's bytes and the table's offset divide into (the zero test then
     reads the fewest elements; a view as a wider type must start on its alignment)."""
-    return next(_BITS[size] for size in (8, 4, 2, 1) if row_bytes % size == 0 and offset_bytes % size == 0)
+    return next(
+        _BITS[size] for size in (8, 4, 2, 1) if row_bytes % size == 0 and offset_bytes % size == 0
+    )
 
 
 def min_bytes() -> int:
@@ -78,9 +79,13 @@ def embedding_tables(model: nn.Module) -> list[tuple[nn.Module, torch.Tensor]]:
     for module in model.modules():
         for p in module.parameters(recurse=False):
             holders[p] = holders.get(p, 0) + 1
-    return [(module, module.weight) for module in model.modules()
-            if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
-            and holders.get(module.weight, 0) == 1 and module.weight.dim() == 2]
+    return [
+        (module, module.weight)
+        for module in model.modules()
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+        and holders.get(module.weight, 0) == 1
+        and module.weight.dim() == 2
+    ]
 
 
 def eligible(model: nn.Module, params: Sequence[torch.Tensor]) -> list[int]:
@@ -118,8 +123,10 @@ class SparseRows:
         when the slice is to be reduced whole (the caller issues the ordinary all-reduce; the mask's
         bytes are then `self.rows`)."""
         rows, cols, start = self.rows, self.cols, self.start
-        view = flat[start:start + rows * cols].view(rows, cols)
-        lo, hi = torch.aminmax(view.view(_bits_dtype(cols * flat.element_size(), start * flat.element_size())), dim=1)
+        view = flat[start : start + rows * cols].view(rows, cols)
+        lo, hi = torch.aminmax(
+            view.view(_bits_dtype(cols * flat.element_size(), start * flat.element_size())), dim=1
+        )
         mask = ((lo != 0) | (hi != 0)).to(torch.uint8)  # a row of all-zero bits: min = max = 0
         dist.all_reduce(mask, op=dist.ReduceOp.MAX, group=group)  # waits: the next step needs it
         idx = mask.nonzero().squeeze(1)
@@ -131,13 +138,13 @@ class SparseRows:
             return None
         self.dense_streak = 0
         packed = torch.empty(k * cols + 1, dtype=flat.dtype, device=flat.device)
-        torch.index_select(view, 0, idx, out=packed[:k * cols].view(k, cols))
-        flag = flat[start + rows * cols:start + self.length]
-        packed[k * cols:].copy_(flag)
+        torch.index_select(view, 0, idx, out=packed[: k * cols].view(k, cols))
+        flag = flat[start + rows * cols : start + self.length]
+        packed[k * cols :].copy_(flag)
         work = dist.all_reduce(packed, group=group, async_op=True)
 
         def unpack() -> None:
-            view.index_copy_(0, idx, packed[:k * cols].view(k, cols))
-            flag.copy_(packed[k * cols:])
+            view.index_copy_(0, idx, packed[: k * cols].view(k, cols))
+            flag.copy_(packed[k * cols :])
 
         return work, unpack, (k * cols + 1) * flat.element_size() + rows

@@ -45,10 +45,14 @@ def _called_from_zero_grad(depth: int = 10) -> bool:
 class TrackedParameters(dict):
     """A module's `_parameters` whose reads of managed parameters call `read(indices)` first."""
 
-    __slots__ = ("_read", "_index", "_all")
+    __slots__ = ("_all", "_index", "_read")
 
-    def __init__(self, items: Iterable[tuple[str, Any]], index: dict[str, int],
-                 read: Callable[[tuple[int, ...], bool], None]) -> None:
+    def __init__(
+        self,
+        items: Iterable[tuple[str, Any]],
+        index: dict[str, int],
+        read: Callable[[tuple[int, ...], bool], None],
+    ) -> None:
         super().__init__(items)
         self._index = index
         self._all = tuple(dict.fromkeys(index.values()))
@@ -110,8 +114,9 @@ class CopySafeHook:
         return (_make_noop_hook, ())
 
 
-def install(model: nn.Module, index_of: dict[Any, int],
-            read: Callable[[tuple[int, ...], bool], None]) -> list[tuple[nn.Module, dict]]:
+def install(
+    model: nn.Module, index_of: dict[Any, int], read: Callable[[tuple[int, ...], bool], None]
+) -> list[tuple[nn.Module, dict]]:
     """Replace the `_parameters` of every module holding a managed parameter; returns what to
     restore. `read(indices, iterating)` is called before every read."""
     installed = []

@@ -35,7 +35,9 @@ class _AliasState:
 
     __slots__ = ("_optimizer", "_param_of")
 
-    def __init__(self, optimizer: torch.optim.Optimizer, param_of: dict[torch.Tensor, torch.Tensor]):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, param_of: dict[torch.Tensor, torch.Tensor]
+    ):
         self._optimizer = optimizer
         self._param_of = param_of
 
@@ -52,8 +54,9 @@ class _AliasState:
         return self._optimizer.state.get(self._param_of[alias], default)
 
 
-def _worker(optimizer: torch.optim.Optimizer, aliases: list[torch.Tensor],
-            params: list[torch.Tensor]) -> torch.optim.Optimizer:
+def _worker(
+    optimizer: torch.optim.Optimizer, aliases: list[torch.Tensor], params: list[torch.Tensor]
+) -> torch.optim.Optimizer:
     worker = copy.copy(optimizer)
     worker.__dict__.pop("step", None)  # an LR scheduler's instance-level wrapper
     worker._optimizer_step_pre_hooks = collections.OrderedDict()
@@ -69,10 +72,20 @@ class Updater:
     wrapped optimizer holds (its averaged gradient is handed to `.grad` instead).
     """
 
-    def __init__(self, layout: Layout, params: list[torch.Tensor], optimizers: Sequence[torch.optim.Optimizer],
-                 owner: list[tuple[int, int] | None], progress: Progress, steps: StepLog,
-                 clip_grad_norm: float | None, clip_norm_type: float, scaler: Any,
-                 local_used: list[int], device_sync: DeviceSync) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        params: list[torch.Tensor],
+        optimizers: Sequence[torch.optim.Optimizer],
+        owner: list[tuple[int, int] | None],
+        progress: Progress,
+        steps: StepLog,
+        clip_grad_norm: float | None,
+        clip_norm_type: float,
+        scaler: Any,
+        local_used: list[int],
+        device_sync: DeviceSync,
+    ) -> None:
         self.layout = layout
         self.optimizers = list(optimizers)
         self.owner = owner
@@ -99,7 +112,7 @@ class Updater:
         try:
             with torch.no_grad(), self.device_sync.update_context():
                 self._loop()
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
 
     def _loop(self) -> None:
@@ -142,8 +155,7 @@ class Updater:
                                 progress.cond.notify_all()
                     pos += 1
                 rec = self.steps.record(s)
-                if t_done > rec.t_last_done:
-                    rec.t_last_done = t_done
+                rec.t_last_done = max(rec.t_last_done, t_done)
             elif kind is StepHyperParameters:
                 self._snapshots[event.step] = event.groups
             elif kind is Stop:
@@ -155,7 +167,12 @@ class Updater:
 
     def _apply_ready(self) -> None:
         """Apply the updates of every step whose hyper-parameters are known, in step order."""
-        progress, ready, snapshots, updated = self.progress, self._ready, self._snapshots, self._updated
+        progress, ready, snapshots, updated = (
+            self.progress,
+            self._ready,
+            self._snapshots,
+            self._updated,
+        )
         n = self.layout.n
         whole_step = self.clip is not None or self.scaler is not None
         for s in sorted(ready):
@@ -206,8 +223,9 @@ class Updater:
             self.skipped_steps += 1
             return
         if self.clip is not None:
-            total = clip_in_parameter_order([(i, layout.grad_views[i]) for i in used], self.clip,
-                                            self.clip_norm_type)
+            total = clip_in_parameter_order(
+                [(i, layout.grad_views[i]) for i in used], self.clip, self.clip_norm_type
+            )
             if total is not None:
                 self.last_grad_norm = total
         by_group: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -226,10 +244,14 @@ class Updater:
                 if not groups:
                     continue
                 if len(snapshot[k]) != len(optimizer.param_groups):
-                    raise SchedulerError("an optimizer's param_groups changed after construction; "
-                                         "build a new ScheduledOptimizer after add_param_group()")
+                    raise SchedulerError(
+                        "an optimizer's param_groups changed after construction; "
+                        "build a new ScheduledOptimizer after add_param_group()"
+                    )
                 worker = self._workers[k]
-                worker.param_groups = [dict(snapshot[k][g], params=aliases) for g, aliases in groups]
+                worker.param_groups = [
+                    dict(snapshot[k][g], params=aliases) for g, aliases in groups
+                ]
                 self._steps_of[k](worker)
         finally:
             for aliases in by_group.values():
@@ -247,6 +269,12 @@ class Updater:
         grads = [self.layout.grad_views[i] for i in used]
         if grads:
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-        torch._amp_update_scale_(scale, scaler._growth_tracker, found_inf, scaler._growth_factor,
-                                 scaler._backoff_factor, scaler._growth_interval)
+        torch._amp_update_scale_(
+            scale,
+            scaler._growth_tracker,
+            found_inf,
+            scaler._growth_factor,
+            scaler._backoff_factor,
+            scaler._growth_interval,
+        )
         return bool(found_inf.item())

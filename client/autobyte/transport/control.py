@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
@@ -15,72 +16,113 @@ from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import Config, StepMetrics
 
-if TYPE_CHECKING:
-    from autobyte.transport.reporter import Reporter
-
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
 
 RPC_TIMEOUT_S = 5.0
 
 
+class ControlLink(Protocol):
+    """What the control plane uses of its rank's connection to the daemon (the Reporter's)."""
+
+    job: str
+    rank: int | None
+
+    @property
+    def metadata(self) -> tuple:
+        """The call metadata (the daemon's token) of every RPC."""
+
+    @property
+    def closed(self) -> threading.Event:
+        """Set at shutdown: the watch loop ends."""
+
+    connected: threading.Event  # set while the rank is registered with the daemon in use
+
+    def channel(self) -> grpc.Channel:
+        """The channel to the daemon in use (the watch stream follows a fail-over)."""
+
+    def backoff(self, attempt: int) -> None:
+        """Wait before the attempt-th retry (returns early at shutdown)."""
+
+
 class Control:
     """Decisions in (the watch stream, control thread), applied configurations out (reports sent by
     the reporter's send loop on its channel)."""
 
-    def __init__(self, reporter: "Reporter") -> None:
-        self._reporter = reporter
+    def __init__(self, link: ControlLink) -> None:
+        self._link = link
+        self._optimizer = None  # the ScheduledOptimizer the decisions go to (attach)
         # Decisions: the control thread hands them to the scheduler; the step callback sees them land.
         self._last_update_id = 0
         self._decision_id = 0
         self._reports: collections.deque[pb.ReportConfigRequest] = collections.deque(maxlen=100)
         self._watch_stream = None
 
+    def attach(self, optimizer) -> None:
+        """Hand the daemon's decisions to `optimizer` (its reconfigure) from now on."""
+        self._optimizer = optimizer
+
     def on_step(self, metrics: StepMetrics) -> None:
         """Step callback (training thread): note a decision that took effect."""
         if metrics.decision_id != self._decision_id:  # a decision took effect at this step
             self._decision_id = metrics.decision_id
-            self._reports.append(pb.ReportConfigRequest(job=self._reporter.job, rank=self._reporter.rank,
-                                                        decision_id=metrics.decision_id,
-                                                        config=config_to_proto(metrics.config),
-                                                        applied_at_step=metrics.step))
+            self._reports.append(
+                pb.ReportConfigRequest(
+                    job=self._link.job,
+                    rank=self._link.rank,
+                    decision_id=metrics.decision_id,
+                    config=config_to_proto(metrics.config),
+                    applied_at_step=metrics.step,
+                )
+            )
 
     def _apply(self, decision_id: int, config: Config, apply_at_step: int) -> None:
         """Hand a decision to the scheduler (control thread); it takes effect at the step boundary
         it names, or the next one if that has passed. Rank 0 decides for every rank."""
         try:
-            self._reporter.optimizer.reconfigure(partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
-                                                 tail_bytes=config.tail_bytes, decision_id=decision_id,
-                                                 at_step=apply_at_step)
-        except Exception as error:  # keep the last good configuration
+            self._optimizer.reconfigure(
+                partition_bytes=config.partition_bytes,
+                credit_bytes=config.credit_bytes,
+                tail_bytes=config.tail_bytes,
+                decision_id=decision_id,
+                at_step=apply_at_step,
+            )
+        except Exception as error:  # noqa: BLE001 - keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
 
     def flush_reports(self, control) -> None:
         while self._reports:
             request = self._reports[0]
             try:
-                control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._reporter.metadata)
+                control.ReportConfig(request, timeout=RPC_TIMEOUT_S, metadata=self._link.metadata)
             except grpc.RpcError as error:
                 if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise  # transient: the send loop reconnects and tries again
-                log.warning("autobyted refused the report of decision %d: %s", request.decision_id,
-                            error.details())
+                log.warning(
+                    "autobyted refused the report of decision %d: %s",
+                    request.decision_id,
+                    error.details(),
+                )
             self._reports.popleft()
-
 
     def watch_loop(self) -> None:
         attempt = 0
-        while not self._reporter.closed.is_set():
+        while not self._link.closed.is_set():
             opened = time.monotonic()
             try:
-                self._reporter.connected.wait(1.0)
-                if not self._reporter.connected.is_set():
+                self._link.connected.wait(1.0)
+                if not self._link.connected.is_set():
                     continue
                 # The daemon the send loop registered with; _fail_over cancels this stream to follow.
-                control = pb_grpc.ControlStub(self._reporter.channel())
-                stream = control.WatchConfig(pb.WatchConfigRequest(job=self._reporter.job, rank=self._reporter.rank,
-                                                                   after_decision_id=self._last_update_id),
-                                             metadata=self._reporter.metadata)
+                control = pb_grpc.ControlStub(self._link.channel())
+                stream = control.WatchConfig(
+                    pb.WatchConfigRequest(
+                        job=self._link.job,
+                        rank=self._link.rank,
+                        after_decision_id=self._last_update_id,
+                    ),
+                    metadata=self._link.metadata,
+                )
                 self._watch_stream = stream
                 opened = time.monotonic()
                 for update in stream:
@@ -90,19 +132,21 @@ class Control:
                     try:
                         config = config_from_proto(update.config)
                     except ValueError as error:
-                        log.warning("ignoring decision %d from the daemon: %s", update.decision_id, error)
+                        log.warning(
+                            "ignoring decision %d from the daemon: %s", update.decision_id, error
+                        )
                         continue
                     self._last_update_id = update.decision_id
                     self._apply(update.decision_id, config, update.apply_at_step)
             except grpc.RpcError as error:
                 if time.monotonic() - opened > 5.0:
                     attempt = 0  # it was a working stream that broke, not a failing one
-                if not self._reporter.closed.is_set():
+                if not self._link.closed.is_set():
                     log.debug("control stream ended: %s %s", error.code(), error.details())
             except Exception:
                 log.exception("unexpected error in the autobyte control thread")
             attempt += 1
-            self._reporter.backoff(attempt)
+            self._link.backoff(attempt)
 
     def cancel_watch(self) -> None:
         """End the watch stream (a move to another daemon, or shutdown); the watch loop reopens it

@@ -1,5 +1,6 @@
-"""The metrics stream of one rank: a bounded buffer the training thread appends to, seq/ack
-bookkeeping, and the send loop that registers, streams and fails over between daemons.
+"""The metrics stream of one rank: the send loop that registers, streams the samples of its buffer
+(transport/sample_buffer.py: seq/ack bookkeeping) and fails over between daemons
+(transport/endpoints.py); the control plane (transport/control.py) rides on its connection.
 
 The training thread only appends to a bounded buffer (a few µs); everything that touches the network
 runs on background threads with timeouts, reconnects with backoff and jitter, and keeps the last good
@@ -8,8 +9,6 @@ configuration when the daemon is slow, down or wrong.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
 import os
 import random
@@ -18,21 +17,20 @@ import threading
 import time
 import uuid
 import warnings
-from typing import TYPE_CHECKING
 
 import grpc
 
 from autobyte import __version__
-from autobyte.channel import RETRY_AFTER_KEY, auth_metadata, daemon_addresses, open_channel
+from autobyte.channel import RETRY_AFTER_KEY, auth_metadata
 from autobyte.convert import config_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
+from autobyte.transport.endpoints import DaemonEndpoints
+from autobyte.transport.place import RankPlace
+from autobyte.transport.sample_buffer import SampleBuffer
 from autobyte.types import Config, StepMetrics, check_metrics
-
-if TYPE_CHECKING:
-    from autobyte.transport.session import RankPlace
 
 log = logging.getLogger(__name__)
 log.addHandler(logging.NullHandler())
@@ -51,20 +49,20 @@ RETRY_AFTER_MAX_S = 60.0
 # Registration refusals that the next attempt would meet as well, with what the user can do.
 PERMANENT_REFUSALS = {
     grpc.StatusCode.UNAUTHENTICATED: "give this process the daemon's token (autobyte.init(token=...) or "
-                                     "AUTOBYTE_TOKEN)",
+    "AUTOBYTE_TOKEN)",
     grpc.StatusCode.PERMISSION_DENIED: "give this process the daemon's token (autobyte.init(token=...) or "
-                                       "AUTOBYTE_TOKEN)",
+    "AUTOBYTE_TOKEN)",
     grpc.StatusCode.FAILED_PRECONDITION: "run this job under a new job id (autobyte.init(job=...) or "
-                                         "AUTOBYTE_JOB)",
+    "AUTOBYTE_JOB)",
     grpc.StatusCode.ALREADY_EXISTS: "use a new job id, or let the process that holds this rank end (it "
-                                    "is taken over once it finished or has been silent long enough)",
+    "is taken over once it finished or has been silent long enough)",
     grpc.StatusCode.INVALID_ARGUMENT: "fix the registration as the reason says",
     grpc.StatusCode.UNIMPLEMENTED: "point AUTOBYTE_DAEMON at an autobyted of a matching version",
 }
 
 
 def warn_user(message: str) -> None:
-    """What a user must act on and would otherwise never see (STYLE 7): a warning, beside the log."""
+    """What a user must act on and would otherwise never see: a warning, beside the log."""
     warnings.warn(message, RuntimeWarning, stacklevel=2)
     log.debug("warned: %s", message)
 
@@ -80,43 +78,37 @@ def _retry_after_s(error: grpc.RpcError) -> float | None:
         return None
 
 
-
 class Reporter:
     """Per-process connection to the daemon for one (job, rank)."""
 
-    def __init__(self, address: str, job: str, rank: int | None, world_size: int | None, token: str | None,
-                 buffer_samples: int, tls_ca: str | None = None, flush_interval_s: float = 1.0,
-                 tune: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        job: str,
+        rank: int | None,
+        world_size: int | None,
+        token: str | None,
+        buffer_samples: int,
+        tls_ca: str | None = None,
+        flush_interval_s: float = 1.0,
+        tune: bool = True,
+    ) -> None:
         self.job, self.rank, self.world_size = job, rank, world_size
-        # Daemons sharing one database, any of which serves this rank: the one in use is
-        # addresses[_endpoint]; the send loop moves to the next when it fails (never the training thread).
-        self.addresses = daemon_addresses(address)
-        self._endpoint = 0
-        self._channels: dict[str, grpc.Channel] = {}
-        self._channels_lock = threading.Lock()
-        self.failovers = 0  # moves to another address after a failure
+        # Daemons sharing one database, any of which serves this rank; the send loop moves to the
+        # next when one fails.
+        self.endpoints = DaemonEndpoints(address, tls_ca)
         self.tune = tune
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
-        self._tls_ca = tls_ca
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # (seq, metrics, host load when the step ended): the scheduler leaves StepMetrics.host_load
-        # at 0.0 (unknown); the reporter's sampler (autobyte.hostload) supplies it.
-        self._buffer: collections.deque[tuple[int, StepMetrics, float]] = collections.deque()
+        # The scheduler leaves StepMetrics.host_load at 0.0 (unknown); the reporter's sampler
+        # (autobyte.hostload) supplies it, kept beside each buffered sample.
+        self._buffer = SampleBuffer(buffer_samples)
         self._host_load = HostLoadSampler()
-        self._capacity = buffer_samples
         self._flush_interval_s = flush_interval_s
         self._send_due = 0.0
         self._flush_requested = False
-        self._cond = threading.Condition()
-        self._seq = 0
-        self._acked_seq = 0
-        self._sent_seq = 0
-        self._dropped_overflow = 0
-        self._invalid = 0  # samples that failed check_metrics
-        self._counted_invalid: set[int] = set()  # their seqs while buffered (each is counted once)
-        self._rejected = 0  # samples in batches the daemon refused
-        self._covers: dict[int, int] = {}  # ack of seq k also acknowledges everything up to covers[k]
+        self._cond = self._buffer.cond  # also guards the stream state below
         self._generation = 0  # bumped at every registration: one live request iterator at a time
         self._yielded = 0  # batches handed to the current stream
         # Shutdown: the last batch carries final=True; the daemon then marks this rank finished.
@@ -127,7 +119,6 @@ class Reporter:
         self._unreachable_since: float | None = None
         self._warned_unreachable = False
         self._refused = False
-        self._in_flight: collections.deque[int] = collections.deque()  # last seq of each unacked batch
         # CPU seconds the background threads spent on this reporter's own work (conversion, acks);
         # gRPC's internal threads are not counted.
         self.background_cpu_s = 0.0
@@ -141,24 +132,35 @@ class Reporter:
         self.control = Control(self)  # decisions in, applied configurations out
 
     # ------------------------------------------------------------------ training thread
-    def attach(self, optimizer, place: RankPlace, fingerprint: pb.ModelFingerprint, backend: str) -> None:
+    def attach(
+        self, optimizer, place: RankPlace, fingerprint: pb.ModelFingerprint, backend: str
+    ) -> None:
         """Stream `optimizer`'s steps from now on (`autobyte.transport.session` says where this rank
         sits and what the model is)."""
         if self._optimizer is not None:
             if self._optimizer is not optimizer:
-                log.warning("autobyte reports one ScheduledOptimizer per process; ignoring another one")
+                log.warning(
+                    "autobyte reports one ScheduledOptimizer per process; ignoring another one"
+                )
             return
         self._optimizer = optimizer
+        self.control.attach(optimizer)
         self.place = place
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self._fingerprint = fingerprint
         self._backend = backend
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
-        self._endpoint = self.place.rank % len(self.addresses)  # ranks spread over the daemons
-        self._threads = [threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)]
+        self.endpoints.start_at(self.place.rank)
+        self._threads = [
+            threading.Thread(target=self._send_loop, name="autobyte-telemetry", daemon=True)
+        ]
         if self.place.dp_rank == 0:  # every data-parallel group's leader decides for its group
-            self._threads.append(threading.Thread(target=self.control.watch_loop, name="autobyte-control", daemon=True))
+            self._threads.append(
+                threading.Thread(
+                    target=self.control.watch_loop, name="autobyte-control", daemon=True
+                )
+            )
         for thread in self._threads:
             thread.start()
         self._host_load.start()
@@ -168,12 +170,7 @@ class Reporter:
         if self._closed.is_set():
             return
         with self._cond:
-            self._seq += 1
-            if len(self._buffer) >= self._capacity:
-                self._buffer.popleft()
-                self._dropped_overflow += 1
-            self._buffer.append((self._seq, metrics, self._host_load.value))
-            if self._seq - self._sent_seq >= MAX_BATCH_SAMPLES:
+            if self._buffer.append(metrics, self._host_load.value) >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
         self.control.on_step(metrics)
 
@@ -198,45 +195,56 @@ class Reporter:
         return self._closed
 
     @property
+    def addresses(self) -> list[str]:
+        return self.endpoints.addresses
+
+    @property
+    def failovers(self) -> int:
+        return self.endpoints.failovers
+
+    @property
     def address(self) -> str:
         """The daemon this rank uses now."""
-        return self.addresses[self._endpoint]
+        return self.endpoints.address
 
     def channel(self) -> grpc.Channel:
-        """The channel to the daemon in use (opened once per address, closed by close())."""
-        address = self.address
-        with self._channels_lock:
-            if address not in self._channels:
-                self._channels[address] = open_channel(address, self._tls_ca)
-            return self._channels[address]
+        """The channel to the daemon in use."""
+        return self.endpoints.channel()
 
     def _fail_over(self, why: str) -> bool:
         """Move to the next daemon of the list (send loop); the control stream follows. False when
         there is only one."""
-        if len(self.addresses) == 1:
+        if not self.endpoints.fail_over(why):
             return False
-        previous = self.address
-        self._endpoint = (self._endpoint + 1) % len(self.addresses)
-        self.failovers += 1
-        log.debug("autobyted at %s failed (%s); moving to %s", previous, why, self.address)
         self.control.cancel_watch()
         return True
 
     def _register(self, stub) -> tuple[str, int]:
-        response = stub.Register(pb.RegisterRequest(
-            job=self.job, rank=self.rank, world_size=self.world_size, backend=self._backend,
-            model=self._fingerprint, config=config_to_proto(self._initial_config), client_version=__version__,
-            hostname=socket.gethostname(), pid=os.getpid(), instance_id=self._instance_id,
-            data_parallel_rank=self.place.dp_rank, data_parallel_size=self.place.dp_size,
-            data_parallel_leader=self.place.dp_leader, tuning_disabled=not self.tune),
-            timeout=RPC_TIMEOUT_S, metadata=self._metadata)
+        response = stub.Register(
+            pb.RegisterRequest(
+                job=self.job,
+                rank=self.rank,
+                world_size=self.world_size,
+                backend=self._backend,
+                model=self._fingerprint,
+                config=config_to_proto(self._initial_config),
+                client_version=__version__,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                instance_id=self._instance_id,
+                data_parallel_rank=self.place.dp_rank,
+                data_parallel_size=self.place.dp_size,
+                data_parallel_leader=self.place.dp_leader,
+                tuning_disabled=not self.tune,
+            ),
+            timeout=RPC_TIMEOUT_S,
+            metadata=self._metadata,
+        )
         with self._cond:
             # A new stream starts from what the daemon holds; a request iterator of an earlier
             # stream that is still parked in gRPC sees the generation change and ends, unsent.
             self._generation += 1
-            self._covers.clear()
-            self._in_flight.clear()
-            self._sent_seq = self._acked_seq
+            self._buffer.restart()
             self._yielded, self._final_at = 0, None
             self._cond.notify_all()
         self._ack(response.last_acked_seq)
@@ -251,23 +259,25 @@ class Reporter:
             with self._cond:
                 while not self._closed.is_set() and generation == self._generation:
                     unsent = self._unsent_count()
-                    if unsent >= MAX_BATCH_SAMPLES or (unsent and (self._flush_requested or
-                                                                   time.monotonic() >= self._send_due)):
+                    if unsent >= MAX_BATCH_SAMPLES or (
+                        unsent and (self._flush_requested or time.monotonic() >= self._send_due)
+                    ):
                         break
                     if not unsent and self._final_requested and self._final_at is None:
                         break
-                    self._cond.wait(max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5)
+                    self._cond.wait(
+                        max(0.01, min(0.5, self._send_due - time.monotonic())) if unsent else 0.5
+                    )
                 if self._closed.is_set() or generation != self._generation:
                     return
                 if not self._unsent_count():  # shutting down and everything is sent: say goodbye
                     self._yielded += 1
                     self._final_at = self._yielded
-                    goodbye = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id, final=True)
+                    goodbye = pb.MetricsBatch(
+                        job=self.job, rank=self.rank, session_id=session_id, final=True
+                    )
                 else:
-                    offset = max(0, self._sent_seq - self._buffer[0][0] + 1)
-                    pending = list(itertools.islice(self._buffer, offset, offset + MAX_BATCH_SAMPLES))
-                    previous_sent, in_flight = self._sent_seq, self._sent_seq > self._acked_seq
-                    self._sent_seq = pending[-1][0]
+                    pending, previous_sent, in_flight = self._buffer.take_unsent(MAX_BATCH_SAMPLES)
                     self._send_due = time.monotonic() + self._flush_interval_s
             if goodbye is not None:
                 goodbye.dropped_total = self.dropped_total
@@ -280,9 +290,7 @@ class Reporter:
                 try:
                     check_metrics(metrics, now)
                 except ValueError as error:  # a broken measurement: never worth a refused batch
-                    if seq not in self._counted_invalid:
-                        self._counted_invalid.add(seq)
-                        self._invalid += 1
+                    if self._buffer.count_invalid(seq):
                         log.warning("dropping step %d's sample: %s", metrics.step, error)
                     continue
                 sample = metrics_to_proto(metrics, seq)
@@ -293,17 +301,17 @@ class Reporter:
             self.background_cpu_s += time.thread_time() - cpu0
             last = pending[-1][0]
             with self._cond:
-                if self._final_requested and last == self._seq and batch.samples:
+                if self._final_requested and last == self._buffer.seq and batch.samples:
                     batch.final = True
                 # The daemon acknowledges the highest seq it stored: make that ack cover the invalid
                 # samples behind it, or those of a batch with nothing valid in it.
                 if batch.samples and batch.samples[-1].seq != last:
-                    self._covers[batch.samples[-1].seq] = last
+                    self._buffer.cover(batch.samples[-1].seq, last)
                 elif not batch.samples and in_flight:
-                    self._covers[previous_sent] = last
+                    self._buffer.cover(previous_sent, last)
             if batch.samples:
                 with self._cond:
-                    self._in_flight.append(last)
+                    self._buffer.sent(last)
                     self._yielded += 1
                     if batch.final:
                         self._final_at = self._yielded
@@ -312,7 +320,7 @@ class Reporter:
                 self._ack(last)
 
     def _unsent_count(self) -> int:
-        return self._buffer[-1][0] - self._sent_seq if self._buffer else 0
+        return self._buffer.unsent_count()
 
     def _send_loop(self) -> None:
         attempt = 0
@@ -331,7 +339,12 @@ class Reporter:
                     self._refusal(error)
                     self._closed.wait(REFUSED_RETRY_S * random.uniform(0.8, 1.0))
                     continue
-                log.debug("registration with %s failed: %s %s", self.address, error.code(), error.details())
+                log.debug(
+                    "registration with %s failed: %s %s",
+                    self.address,
+                    error.code(),
+                    error.details(),
+                )
                 self._unreachable_for(error)
                 failed_in_a_row += 1
                 if self._fail_over(error.code().name) and failed_in_a_row < len(self.addresses):
@@ -345,14 +358,20 @@ class Reporter:
             log.debug("registered with %s as job %r rank %s", self.address, self.job, self.rank)
             if self._refused:
                 self._refused = False
-                log.warning("autobyted at %s accepted job %r rank %s after all; streaming resumes",
-                            self.address, self.job, self.rank)
+                log.warning(
+                    "autobyted at %s accepted job %r rank %s after all; streaming resumes",
+                    self.address,
+                    self.job,
+                    self.rank,
+                )
             self.connected.set()
             attempt = 0
             acks = 0
             try:
                 self.control.flush_reports(control)
-                for ack in telemetry.StreamMetrics(self._batches(session_id, generation), metadata=self._metadata):
+                for ack in telemetry.StreamMetrics(
+                    self._batches(session_id, generation), metadata=self._metadata
+                ):
                     cpu0 = time.thread_time()
                     self.control.flush_reports(control)  # before the ack wakes flush()
                     acks += 1
@@ -374,7 +393,12 @@ class Reporter:
                     attempt = 0
                     continue
                 elif not self._closed.is_set():
-                    log.debug("telemetry stream to %s ended: %s %s", self.address, error.code(), error.details())
+                    log.debug(
+                        "telemetry stream to %s ended: %s %s",
+                        self.address,
+                        error.code(),
+                        error.details(),
+                    )
                     # Whatever stored what was acknowledged, the next daemon knows it (one database):
                     # move on at once and resend from there.
                     if self._fail_over(error.code().name):
@@ -394,64 +418,62 @@ class Reporter:
             self._unreachable_since = now
         elif not self._warned_unreachable and now - self._unreachable_since >= UNREACHABLE_WARN_S:
             self._warned_unreachable = True
-            warn_user(f"autobyte metrics are not reaching a daemon: no autobyted at "
-                      f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
-                      f"(last: {error.code().name}). Start one (autobyted start) or point "
-                      "AUTOBYTE_DAEMON at it; training goes on and retries.")
+            warn_user(
+                f"autobyte metrics are not reaching a daemon: no autobyted at "
+                f"{', '.join(self.addresses)} answered for {now - self._unreachable_since:.0f}s "
+                f"(last: {error.code().name}). Start one (autobyted start) or point "
+                "AUTOBYTE_DAEMON at it; training goes on and retries."
+            )
 
     def _refusal(self, error: grpc.RpcError) -> None:
         """One WARNING per kind of refusal, saying why and what to do; DEBUG for every retry."""
         code = error.code()
         self._refused = True
         if code in self._warned_refusals:
-            log.debug("autobyted refused job %r rank %s again: %s [%s]", self.job, self.rank, error.details(),
-                      code.name)
+            log.debug(
+                "autobyted refused job %r rank %s again: %s [%s]",
+                self.job,
+                self.rank,
+                error.details(),
+                code.name,
+            )
             return
         self._warned_refusals.add(code)
-        warn_user(f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
-                  f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
-                  f"{PERMANENT_REFUSALS[code]}. Training goes on.")
-        log.warning("autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
-                    "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
-                    "registration is retried every %.0fs.", self.address, self.job, self.rank, error.details(),
-                    code.name, PERMANENT_REFUSALS[code], REFUSED_RETRY_S)
+        warn_user(
+            f"autobyte metrics are not reaching autobyted at {self.address}: it refused job "
+            f"{self.job!r} rank {self.rank} ({code.name}: {error.details()}). To fix: "
+            f"{PERMANENT_REFUSALS[code]}. Training goes on."
+        )
+        log.warning(
+            "autobyted at %s refused to register job %r rank %s: %s [%s]. To fix: %s. Training goes "
+            "on; step metrics wait in a bounded buffer (the oldest are dropped and counted) and "
+            "registration is retried every %.0fs.",
+            self.address,
+            self.job,
+            self.rank,
+            error.details(),
+            code.name,
+            PERMANENT_REFUSALS[code],
+            REFUSED_RETRY_S,
+        )
 
     def _ack(self, seq: int) -> None:
-        with self._cond:
-            while seq in self._covers:
-                seq = max(seq, self._covers.pop(seq))
-            self._acked_seq = max(self._acked_seq, seq)
-            while self._buffer and self._buffer[0][0] <= self._acked_seq:
-                self._buffer.popleft()
-            while self._in_flight and self._in_flight[0] <= self._acked_seq:
-                self._in_flight.popleft()
-            if self._counted_invalid:
-                self._counted_invalid = {s for s in self._counted_invalid if s > self._acked_seq}
-            self._cond.notify_all()
+        self._buffer.ack(seq)
 
     def _drop_rejected(self, reason: str) -> None:
-        """The daemon refused a batch (acks come in order: the oldest unacknowledged one). Resending
-        it would be refused again, so drop it, count it; later batches are resent after registering."""
-        with self._cond:
-            last = self._in_flight[0] if self._in_flight else self._acked_seq
-            rejected = 0
-            while self._buffer and self._buffer[0][0] <= last:
-                self._buffer.popleft()
-                rejected += 1
-            self._rejected += rejected
-            self._acked_seq = max(self._acked_seq, last)
-            self._cond.notify_all()
+        """The daemon refused a batch; later batches are resent after registering."""
+        rejected = self._buffer.drop_rejected()
         log.warning("autobyted rejected %d samples (%s); dropped them", rejected, reason)
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def dropped_total(self) -> int:
         """Samples that never reached the daemon: buffer overflow plus invalid or refused ones."""
-        return self._dropped_overflow + self._invalid + self._rejected
+        return self._buffer.dropped_total
 
     @property
     def acked_seq(self) -> int:
-        return self._acked_seq
+        return self._buffer.acked_seq
 
     @property
     def buffered(self) -> int:
@@ -487,9 +509,7 @@ class Reporter:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
         self.control.cancel_watch()
-        with self._channels_lock:
-            for channel in self._channels.values():
-                channel.close()
+        self.endpoints.close()
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
 
@@ -500,7 +520,7 @@ class Reporter:
             return
         try:
             self._optimizer.synchronize(timeout_s=timeout_s)
-        except Exception as error:  # closed already (then its close() reported every step), failed, slow
+        except Exception as error:  # noqa: BLE001 - closed already (then its close() reported every step), failed, slow
             log.debug("not waiting for the optimizer's last updates: %s", error)
 
     def _finish(self, timeout_s: float) -> bool:
@@ -511,7 +531,9 @@ class Reporter:
             self._cond.notify_all()
             # Wait for the daemon only while it can answer: a refused or unreachable daemon gets
             # the buffered samples' chance (a reconnect) but not a wait for a goodbye it cannot ack.
-            while not self._refused and (self._buffer or (self.connected.is_set() and not self._final_acked)):
+            while not self._refused and (
+                self._buffer or (self.connected.is_set() and not self._final_acked)
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -8,22 +8,32 @@ import hashlib
 import os
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 from autobyte import hooks, jobid
 from autobyte.channel import daemon_address, daemon_addresses, daemon_token
 from autobyte.protocol import autobyte_pb2 as pb
+from autobyte.transport.place import RankPlace
 from autobyte.transport.reporter import Reporter, warn_user
 from autobyte.types import MAX_WORLD_SIZE, summarize_tensor_sizes
 
 _lock = threading.Lock()
-_reporter: "Reporter | None" = None
+_reporter: Reporter | None = None
 _atexit_registered = False
 
 
-def init(daemon: str | None = None, job: str | None = None, token: str | None = None, *,
-         rank: int | None = None, world_size: int | None = None, buffer_samples: int = 10_000,
-         tls_ca: str | None = None, flush_interval_s: float = 1.0, tune: bool = True) -> "Reporter | None":
+def init(
+    daemon: str | None = None,
+    job: str | None = None,
+    token: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    buffer_samples: int = 10_000,
+    tls_ca: str | None = None,
+    flush_interval_s: float = 1.0,
+    tune: bool = True,
+) -> Reporter | None:
     """Connect this process to autobyted. Every ScheduledOptimizer created afterwards (and any already
     created) streams its step metrics and accepts the daemon's configurations. Defaults come from
     AUTOBYTE_DAEMON, AUTOBYTE_JOB (else torchrun's --rdzv-id, else an id derived from the torchrun
@@ -41,7 +51,11 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
         rank = int(os.environ["RANK"])
     if world_size is None and "WORLD_SIZE" in os.environ:
         world_size = int(os.environ["WORLD_SIZE"])
-    if rank is not None and world_size is not None and (world_size < 1 or not 0 <= rank < world_size):
+    if (
+        rank is not None
+        and world_size is not None
+        and (world_size < 1 or not 0 <= rank < world_size)
+    ):
         raise ValueError(f"rank {rank} is not within world size {world_size}")
     if world_size is not None and world_size > MAX_WORLD_SIZE:
         raise ValueError(f"world size {world_size} exceeds autobyted's limit of {MAX_WORLD_SIZE}")
@@ -50,21 +64,34 @@ def init(daemon: str | None = None, job: str | None = None, token: str | None = 
     if not 0 < flush_interval_s <= 60:
         raise ValueError(f"flush_interval_s={flush_interval_s} must be in (0, 60] seconds")
     if daemon is not None:
-        daemon_addresses(daemon)  # ValueError for a malformed address in the code, before anything starts
+        daemon_addresses(
+            daemon
+        )  # ValueError for a malformed address in the code, before anything starts
     else:
         try:
             daemon_addresses()
         except ValueError as error:
             # A malformed AUTOBYTE_DAEMON is the environment's mistake, not the script's: training goes
             # on without a daemon, as for a wrong token, and the user is told once.
-            _warn_unusable_environment(f"autobyte metrics go nowhere: AUTOBYTE_DAEMON={os.environ.get('AUTOBYTE_DAEMON')!r} "
-                                       f"is not usable ({error}); training goes on without autobyted")
+            _warn_unusable_environment(
+                f"autobyte metrics go nowhere: AUTOBYTE_DAEMON={os.environ.get('AUTOBYTE_DAEMON')!r} "
+                f"is not usable ({error}); training goes on without autobyted"
+            )
             return None
     with _lock:
         if _reporter is not None:
             _reporter.close()
-        _reporter = Reporter(daemon_address(daemon), job, rank, world_size, daemon_token(token),
-                             buffer_samples, tls_ca, flush_interval_s, tune)
+        _reporter = Reporter(
+            daemon_address(daemon),
+            job,
+            rank,
+            world_size,
+            daemon_token(token),
+            buffer_samples,
+            tls_ca,
+            flush_interval_s,
+            tune,
+        )
         for optimizer in list(_pending_optimizers):
             attach(_reporter, optimizer)
         global _atexit_registered
@@ -95,7 +122,7 @@ def shutdown(timeout_s: float = 2.0) -> None:
             _reporter = None
 
 
-_pending_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_pending_optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def on_optimizer_created(optimizer) -> None:
@@ -112,8 +139,12 @@ hooks.on_scheduler_created(on_optimizer_created)
 
 def attach(reporter: Reporter, optimizer) -> None:
     """Stream `optimizer`'s steps through `reporter`: where this rank sits, what the model is."""
-    reporter.attach(optimizer, _place_of(optimizer, reporter.rank, reporter.world_size),
-                    model_fingerprint(optimizer.model.parameters()), _backend_of(optimizer))
+    reporter.attach(
+        optimizer,
+        _place_of(optimizer, reporter.rank, reporter.world_size),
+        model_fingerprint(optimizer.model.parameters()),
+        _backend_of(optimizer),
+    )
 
 
 def model_fingerprint(parameters) -> pb.ModelFingerprint:
@@ -123,19 +154,11 @@ def model_fingerprint(parameters) -> pb.ModelFingerprint:
         sizes.append(p.numel() * p.element_size())
         count += p.numel()
         digest.update(f"{tuple(p.shape)}:{p.dtype};".encode())
-    return pb.ModelFingerprint(parameter_count=count, digest=digest.hexdigest()[:32],
-                               **summarize_tensor_sizes(sizes)._asdict())
-
-
-
-class RankPlace(NamedTuple):
-    """Where a process sits: its job-wide rank (identity) and its place in its data-parallel group."""
-
-    rank: int
-    world_size: int
-    dp_rank: int
-    dp_size: int
-    dp_leader: int
+    return pb.ModelFingerprint(
+        parameter_count=count,
+        digest=digest.hexdigest()[:32],
+        **summarize_tensor_sizes(sizes)._asdict(),
+    )
 
 
 def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
@@ -152,7 +175,7 @@ def _place_of(optimizer, rank: int | None, world_size: int | None) -> RankPlace:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
             dp_rank, dp_size, dp_leader = place_in(group)
-    except Exception:  # a transport that is not torch.distributed
+    except Exception:  # noqa: BLE001, S110 - a transport that is not torch.distributed
         pass
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
@@ -166,6 +189,5 @@ def _backend_of(optimizer) -> str:
         import torch.distributed as dist
 
         return str(dist.get_backend(getattr(optimizer, "process_group", None)))
-    except Exception:  # not initialised, or a transport that is not torch.distributed
+    except Exception:  # noqa: BLE001 - not initialised, or a transport that is not torch.distributed
         return "unknown"
-
