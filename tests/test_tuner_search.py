@@ -331,7 +331,7 @@ def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_che
     import random
 
     from autobyted.tuner.drift import context_jump
-    from autobyted.tuner.search import _Measured
+    from autobyted.tuner.measured import MeasuredWindow as _Measured
 
     rng = random.Random(3)
 
@@ -374,7 +374,7 @@ def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
     context = summarize(tuner.incumbent.samples, SHAPE)
     near, far = Config(1 * MIB, 2 * MIB), Config(None, 64 * MIB)
     raw = tuner.predictor.predict(context, START, [BEST, near, far])
-    corrected = tuner._corrected(raw, START)
+    corrected = tuner.evidence.corrected(raw, START)
     assert raw.mean[0] < -0.1  # the model alone: 1MiB/4MiB is clearly faster
     measured = math.log(1.2)  # corrected: most of the way to what was measured
     assert corrected.mean[0] - raw.mean[0] > 0.6 * (measured - raw.mean[0])
@@ -409,7 +409,7 @@ def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
     )
     best = [d for d in sink.decisions if d.kind == "trial" and d.config == BEST]
     assert "1MiB/4MiB predicted 1.2" in best[0].reason  # the predictor alone: 20+% faster
-    assert len(best) == 1 and any(config == BEST for config, _error in tuner.errors)
+    assert len(best) == 1 and any(config == BEST for config, _error in tuner.evidence.errors)
     assert job.config == START
 
 
@@ -498,7 +498,12 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
         sink = MemorySink("other")
         other = JobTuner("other", SHAPE, predictor, sink, known=known)
         ScriptedJob(better(BEST, 0.0, bandwidth=2.5e7), seed=3).run(other, sink, 400)
-        assert other._known_ratios(other.incumbent) == {}
+        assert (
+            other.evidence.known_ratios(
+                other.incumbent, [other.incumbent, *other.trials], other.sigma
+            )
+            == {}
+        )
         runs.append([(d.kind, d.config, d.reason) for d in sink.decisions])
     assert runs[0] == runs[1]
     # a job of another shape never reads them
@@ -509,7 +514,7 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
             predictor,
             MemorySink("x"),
             known=first_sink.windows,
-        ).known
+        ).evidence.known
         == {}
     )
 
@@ -524,7 +529,7 @@ def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
     segments = {w.segment for w in first_sink.windows}
     assert first.phase == "holding" and segments
     as_before = JobTuner("job", SHAPE, predictor, MemorySink("job"), known=first_sink.windows)
-    assert as_before.known == {}  # the same segments: its own, not an earlier run's
+    assert as_before.evidence.known == {}  # the same segments: its own, not an earlier run's
     again_sink = MemorySink("job")
     again = JobTuner(
         "job",
@@ -534,7 +539,7 @@ def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
         known=first_sink.windows,
         first_segment=max(segments) + 1,
     )
-    assert ("job", 0, BEST) in again.known_held
+    assert ("job", 0, BEST) in again.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(again, again_sink, 400)
     assert again_sink.windows and {w.segment for w in again_sink.windows}.isdisjoint(segments)
     assert [d.config for d in again_sink.decisions if d.kind in ("trial", "switch")] == [BEST]
@@ -550,7 +555,8 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
     assert first.phase == "holding" and first.held.config == BEST
     second_sink = MemorySink("second")
     second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
-    assert ("job", 0, BEST) in second.known_held  # the trial's window, then the verification's
+    # the trial's window, then the verification's
+    assert ("job", 0, BEST) in second.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(second, second_sink, 400)
     # what won in this context for the first job is switched to without a trial, then verified
     assert first.stats["trials"] >= 1 and second.stats["trials"] == 0
@@ -559,7 +565,7 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
         "warm start: 1MiB/4MiB, held by an earlier job"
     )
     assert second.phase == "holding" and second.held.config == BEST
-    assert second.known_winners == {BEST}
+    assert second.evidence.known_winners == {BEST}
 
 
 def test_a_warm_start_that_does_not_win_here_counts_as_a_lost_trial_and_the_search_goes_on():

@@ -343,7 +343,7 @@ class TunerManager:
             rows = self.storage.samples_after(
                 job, state.last_row, rank=None, limit=5_000 * state.ranks.world_size
             )
-            decisions_before = len(state.tuner.mine)
+            decisions_before = len(state.tuner.own_decision_ids)
             if rows:
                 state.last_row = rows[-1].row_id
                 state.last_sample_s = now
@@ -375,7 +375,7 @@ class TunerManager:
                 self._let_go(job)
                 return
             self._write(job, state, state.sink.status or state.tuner.status)
-            if len(state.tuner.mine) > decisions_before:
+            if len(state.tuner.own_decision_ids) > decisions_before:
                 self.cycle_cpu_s.append(time.thread_time() - cpu0)
             self.cycles += 1
         except NotFound:

@@ -9,7 +9,7 @@ from autobyte.types import Config
 
 from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.predictor import Window
-from autobyted.tuner.search import TunerSink
+from autobyted.tuner.sink import TunerSink
 
 
 @dataclasses.dataclass

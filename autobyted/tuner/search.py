@@ -94,8 +94,6 @@ Constants and how they were chosen: `TunerParams` (`tuner.params`); the candidat
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import logging
 import math
 import statistics
@@ -106,7 +104,6 @@ from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.drift import (
     JUMP_LIMITS,
-    SIGNALS,
     Alarm,
     DriftDetector,
     context_jump,
@@ -114,178 +111,41 @@ from autobyted.tuner.drift import (
     robust_sigma,
     window_shift,
 )
-from autobyted.tuner.features import Context, JobShape, summarize
+from autobyted.tuner.evidence import JobEvidence
+from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
+from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Prediction, Predictor, Window
-from autobyted.tuner.verdict import beats
-
-log = logging.getLogger(__name__)
-ERRORS_KEPT = 24  # the predictor's most recent measured errors on a job, used to correct it
-ERROR_CLIP = 0.7  # one measured error moves a prediction by at most 2x
-RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
-MIN_SHIFTS = {
-    signal.name: signal.min_shift for signal in SIGNALS
-}  # the drift test's "same context"
-KNOWN_SE_FLOOR = (
-    0.02  # an earlier job's measured ratio is never taken as exact (the predictor's floor)
+from autobyted.tuner.sink import TunerSink
+from autobyted.tuner.verdict import (
+    TrialValue,
+    beats,
+    beats_both,
+    clearly_worse,
+    gain_calibration,
+    rolls_back,
+    step_time_move,
+    trial_value,
 )
 
+__all__ = [
+    "JobTuner",
+    "TrialValue",
+    "TunerParams",
+    "TunerSink",
+    "candidate_grid",
+    "describe",
+    "gain_calibration",
+    "trial_value",
+]
 
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-@dataclasses.dataclass(frozen=True)
-class TrialValue:
-    """What trying one candidate is expected to bring (module docstring: "when a trial pays")."""
-
-    win_probability: float  # P(X < -log(1 + min_gain))
-    value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
-
-    @property
-    def pays(self) -> bool:
-        return self.win_probability >= 0.5 and self.value_steps > 0
-
-
-SWITCH_STEPS = 2.0  # steps a trial loses to its two switches (in, and back or on): a step each
-
-
-def gain_calibration(
-    pairs: Sequence[tuple[float, float]], prior_sd: float, error_sd: float
-) -> float:
-    """How much of the gains the model predicts this search's trials delivered: the slope b of
-    measured on predicted log ratio (each trial's, against the reference it was scored from),
-    through the origin, with a Normal(1, prior_sd) prior and each trial's measurement off its
-    b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
-    clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
-    any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (_next_trial). The candidates a search tries are those predicted
-    fastest, so their errors share a sign (a model optimistic about this job, and the winner's
-    curse of trying the most optimistic predictions first); the untried candidates' predicted
-    gains shrink by the same slope, and a search whose first trials measured none of what was
-    predicted stops (no trial pays) instead of trying the rest of its list."""
-    precision = 1.0 / prior_sd**2 + sum(x * x for x, _ in pairs) / error_sd**2
-    mean = (1.0 / prior_sd**2 + sum(x * y for x, y in pairs) / error_sd**2) / precision
-    return max(0.0, mean)
-
-
-def trial_value(
-    mean: float,
-    spread: float,
-    horizon_steps: float,
-    trial_steps: float,
-    cut_steps: float,
-    min_gain: float,
-    clearly_worse: float,
-    switch_steps: float = SWITCH_STEPS,
-) -> TrialValue:
-    """The value of trying a candidate whose log step-time ratio X to the best measured
-    configuration is Normal(mean, spread); E[e^X 1{X < g}] = e^(mean + spread^2 / 2) x
-    Phi((g - mean - spread^2) / spread)."""
-    sd = max(spread, 1e-6)
-    gate = -math.log1p(min_gain)
-    cut = math.log1p(clearly_worse)
-    lognormal_mean = math.exp(mean + sd * sd / 2)
-
-    def below(g: float) -> tuple[float, float]:
-        """(P(X < g), E[e^X 1{X < g}])."""
-        return _normal_cdf((g - mean) / sd), lognormal_mean * _normal_cdf((g - mean - sd * sd) / sd)
-
-    p_win, e_win = below(gate)
-    p_kept, e_kept = below(cut)  # not cut by the sequential test: the whole window is run
-    gain_per_step = p_win - e_win  # E[(1 - e^X) 1{X < gate}]
-    excess_kept = e_kept - p_kept  # E[(e^X - 1) 1{X < cut}]
-    excess_cut = (lognormal_mean - e_kept) - (1 - p_kept)  # E[(e^X - 1) 1{X >= cut}]
-    value = (
-        horizon_steps * gain_per_step
-        - trial_steps * excess_kept
-        - cut_steps * excess_cut
-        - switch_steps
-    )
-    return TrialValue(p_win, value)
-
-
-def _same_context(past: Context, now: Context) -> bool:
-    """Two contexts of one configuration that the drift test would not tell apart: bandwidth
-    estimate, compute and host load (when both know it) within their minimum relevant shifts."""
-
-    def log_shift(a: float, b: float) -> float:
-        return abs(math.log(a / b)) if a > 0 and b > 0 else math.inf
-
-    if log_shift(past.bandwidth_bytes_per_s, now.bandwidth_bytes_per_s) > MIN_SHIFTS["bandwidth"]:
-        return False
-    if log_shift(past.compute_s, now.compute_s) > MIN_SHIFTS["compute"]:
-        return False
-    return not (
-        past.host_load > 0
-        and now.host_load > 0
-        and abs(past.host_load - now.host_load) > MIN_SHIFTS["host_load"]
-    )
-
+log = logging.getLogger(__name__)
+RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
 
 _Valued = tuple[
     Config, float, TrialValue
 ]  # (candidate, predicted mean log ratio, its trial's value)
-
-
-class TunerSink(abc.ABC):
-    """Where a JobTuner's effects go (storage + control path in the daemon; memory in benchmarks)."""
-
-    @abc.abstractmethod
-    def decide(
-        self,
-        config: Config,
-        apply_at_step: int,
-        reason: str,
-        predicted_step_time_s: float | None,
-        kind: str,
-    ) -> int | None:
-        """Issue a decision (kind: trial, switch, return, rollback) or only record one (kind
-        "recommend", observe mode); its id, or None if refused because an operator has paused the
-        tuner for the job."""
-
-    @abc.abstractmethod
-    def close_decision(
-        self, decision_id: int, measured_step_time_s: float | None, state: str | None
-    ) -> None: ...
-
-    @abc.abstractmethod
-    def record_window(self, window: Window) -> None: ...
-
-    @abc.abstractmethod
-    def publish(self, status: TunerStatusRecord) -> None: ...
-
-
-@dataclasses.dataclass
-class _Measured:
-    config: Config
-    samples: list[StepMetrics]
-    decision_id: int = 0
-    predicted_log: float = 0.0
-    cut: bool = False
-    # The model's predicted log ratio to the reference it was scored from, before this search's
-    # gain calibration, and that reference's log median then (gain_calibration's evidence).
-    model_log: float | None = None
-    reference_log: float = 0.0
-
-    @property
-    def log_median(self) -> float:
-        return statistics.median(math.log(s.step_time_s) for s in self.samples)
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(s.step_time_s for s in self.samples)
-
-
-@dataclasses.dataclass
-class _Expect:
-    decision_id: int
-    config: Config
-    apply_at_step: int
-    issued_wall_s: (
-        float  # the newest sample's wall time when the decision was made (the job's clock)
-    )
 
 
 class JobTuner:
@@ -305,23 +165,8 @@ class JobTuner:
     ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
-        # Earlier jobs' windows of this shape, by (job, segment) (module docstring). The segments of
-        # this run are numbered from `first_segment` on (the manager passes one past the job's stored
-        # ones): a job name used again (a script run twice) keeps its runs apart, in the predictor's
-        # pairs and here, where its earlier runs count as earlier jobs.
-        self.known: dict[tuple[str, int], dict[Config, Window]] = {}
-        self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
-        self.known_winners: set[Config] = set()  # those of segments in this context (_known_ratios)
-        for window in known:
-            earlier = window.job != job or window.segment < first_segment
-            if window.context.shape == shape and earlier and window.step_time_s > 0:
-                key = (window.job, window.segment)
-                if window.config in self.known.get(key, {}):
-                    # A second window of a configuration in one segment is the verification of a
-                    # search's winner (a trial's window, then the switch's; baselines open segments).
-                    self.known_held.add((*key, window.config))
-                self.known.setdefault(key, {})[window.config] = window
-        self.job, self.shape, self.predictor, self.sink, self.mode, self.p = (
+        self.evidence = JobEvidence(job, shape, known, first_segment)
+        self.job, self.shape, self.predictor, self.sink, self.mode, self.params = (
             job,
             shape,
             predictor,
@@ -341,33 +186,30 @@ class JobTuner:
             set()
         )  # context jumps a check showed to be the configs'
         self.checked: list[
-            _Measured
+            MeasuredWindow
         ] = []  # this search's trials a check of the incumbent followed (A-B-A)
-        self.mine: set[int] = set()
-        self.expect: _Expect | None = None
-        self.settle = 0
+        self.own_decision_ids: set[int] = set()
+        self.pending: PendingDecision | None = None
+        self.transition_steps_left = 0
         self.window: list[StepMetrics] = []
-        self.need = params.baseline_steps
-        self.incumbent: _Measured | None = None
-        self.starting: _Measured | None = None
+        self.window_steps = params.baseline_steps
+        self.incumbent: MeasuredWindow | None = None
+        self.starting: MeasuredWindow | None = None
         self.searched_once = False
         self.retune_reason = ""
         self.sigma = params.sigma_floor
         self.residuals: list[float] = []  # log step time minus its window's median, recent windows
-        # The predictor's measured errors on this job: (config, measured - predicted log ratio).
-        self.errors: list[tuple[Config, float]] = []
-        self.search_errors: list[tuple[Config, float]] = []  # this search's, until it ends cleanly
-        self.trials: list[_Measured] = []
-        self.trial: _Measured | None = None
+        self.trials: list[MeasuredWindow] = []
+        self.trial: MeasuredWindow | None = None
         self.trials_planned = 0
-        self.winner: _Measured | None = None
-        self.switch_id = 0
-        self.held: _Measured | None = None
+        self.winner: MeasuredWindow | None = None
+        self.switch_decision_id = 0
+        self.held: MeasuredWindow | None = None
         self.detector: DriftDetector | None = None
         self.best_predicted_s = 0.0
         self.paused = False
-        self.suspect: tuple[_Measured, Alarm] | None = None
-        self.check_id = 0
+        self.suspect_trial: tuple[MeasuredWindow, Alarm] | None = None
+        self.check_decision_id = 0
         self.fruitless = 0  # re-tunes in a row that kept the configuration
         self.confirmed = False  # the incumbent was measured again at the end of this search
         self.aborts = 0  # searches in a row that the context moved under
@@ -395,7 +237,7 @@ class JobTuner:
         if self.paused:
             return
         self.paused = True
-        self.expect = None
+        self.pending = None
         self.trial = None
         self._set("paused", f"paused: {why}; `autobyte tune {self.job} --resume` hands it back")
 
@@ -406,7 +248,7 @@ class JobTuner:
         self.searched_once = False  # the operator's configuration is the new starting point
         self.starting = None
         self._rebaseline(
-            "resumed after an operator's pause", new_segment=True, steps=self.p.baseline_steps
+            "resumed after an operator's pause", new_segment=True, steps=self.params.baseline_steps
         )
 
     @property
@@ -446,35 +288,35 @@ class JobTuner:
         self.config = m.config
         changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
         self.decision_in_effect = m.decision_id
-        if m.step < self.p.warmup_steps:
+        if m.step < self.params.warmup_steps:
             return
         if self.paused:
             return
-        if self.expect is not None:
-            if m.decision_id == self.expect.decision_id:
-                self.expect = None
-                self.settle = self.p.transition_steps
+        if self.pending is not None:
+            if m.decision_id == self.pending.decision_id:
+                self.pending = None
+                self.transition_steps_left = self.params.transition_steps
             elif (
-                m.step >= self.expect.apply_at_step + self.p.apply_timeout_steps
-                and m.wall_time_s - self.expect.issued_wall_s > self.p.apply_timeout_s
+                m.step >= self.pending.apply_at_step + self.params.apply_timeout_steps
+                and m.wall_time_s - self.pending.issued_wall_s > self.params.apply_timeout_s
             ):
                 self._not_applied()
                 return
             else:
                 return  # the job has not switched yet: these steps belong to the previous plan
-        elif changed and m.decision_id not in self.mine:
+        elif changed and m.decision_id not in self.own_decision_ids:
             # Someone else's decision took effect (an operator's, or one from before a restart).
             self._rebaseline(
                 f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
                 new_segment=True,
-                steps=self.p.baseline_steps,
+                steps=self.params.baseline_steps,
             )
-            self.settle = self.p.transition_steps
-        if self.settle > 0:
-            self.settle -= 1
+            self.transition_steps_left = self.params.transition_steps
+        if self.transition_steps_left > 0:
+            self.transition_steps_left -= 1
             return
         if self.phase == "warm-up":
-            self._rebaseline("", new_segment=False, steps=self.p.baseline_steps)
+            self._rebaseline("", new_segment=False, steps=self.params.baseline_steps)
         handler = {
             "baseline": self._on_baseline,
             "re-tuning": self._on_baseline,
@@ -492,7 +334,7 @@ class JobTuner:
         self.retune_reason = reason
         self.cleared, self.checked = set(), []
         self.window = []
-        self.need = self._window(steps, self.p.baseline_window_s)
+        self.window_steps = self._window(steps, self.params.baseline_window_s)
         self.trials, self.trial, self.winner, self.detector = [], None, None, None
         self.held = None  # what is measured from now on is the new context's incumbent
         self.confirmed = False
@@ -508,27 +350,29 @@ class JobTuner:
 
     def _on_baseline(self, m: StepMetrics) -> None:
         self.window.append(m)
-        if len(self.window) < self.need:
+        if len(self.window) < self.window_steps:
             return
-        incumbent = _Measured(m.config, list(self.window), self.decision_in_effect or 0)
+        incumbent = MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0)
         self.incumbent = incumbent
         if self.starting is None:
             self.starting = incumbent
         self._learn_noise(incumbent.samples)
         self._record(incumbent)
-        self.search_errors = [(incumbent.config, 0.0)]  # the reference of this search's errors
+        self.evidence.open_search(incumbent.config)
         self.candidates = candidate_grid(self.shape, self.starting.config)
         context = summarize(incumbent.samples, self.shape)
-        prediction = self._with_known(
-            self._corrected(
+        prediction = self.evidence.with_known(
+            self.evidence.corrected(
                 self.predictor.predict(context, incumbent.config, self.candidates), incumbent.config
             ),
             incumbent,
+            [self.incumbent, *self.trials],
+            self.sigma,
         )
         self.best_predicted_s = min(
             prediction.step_time_s(incumbent.median_s, i) for i in range(len(self.candidates))
         )
-        gate = -math.log1p(self.p.min_gain)
+        gate = -math.log1p(self.params.min_gain)
         if self.mode == "observe":
             self._recommend(prediction, incumbent, gate)
             return
@@ -540,7 +384,7 @@ class JobTuner:
                 if c != incumbent.config
             ],
         )
-        self.trials_planned = min(self.p.max_trials, len(paying))
+        self.trials_planned = min(self.params.max_trials, len(paying))
         if not paying:
             self._finish(self._none_pays(_best))
             return
@@ -551,23 +395,29 @@ class JobTuner:
         lifetime (memoryless changes: the mean lifetime, from this job's own changes and
         `context_prior_s`), in steps of `step_s`."""
         elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
-        lifetime_s = (elapsed_s + self.p.context_prior_s) / (self.segment - self.first_segment + 1)
+        lifetime_s = (elapsed_s + self.params.context_prior_s) / (
+            self.segment - self.first_segment + 1
+        )
         return lifetime_s / max(step_s, 1e-6)
 
     def _paying(
-        self, reference: _Measured, scored: Sequence[tuple[Config, float, float]]
+        self, reference: MeasuredWindow, scored: Sequence[tuple[Config, float, float]]
     ) -> tuple[list[_Valued], _Valued | None]:
         """Of (candidate, mean, spread) predicted against `reference`, the ones whose trial pays
         (trial_value), best value first; and the best of all (for the reason when none pays)."""
         horizon = self._horizon_steps(reference.median_s)
-        trial = self.p.transition_steps + self._window(self.p.trial_steps, self.p.trial_window_s)
-        cut = self.p.transition_steps + self.p.min_trial_steps
+        trial = self.params.transition_steps + self._window(
+            self.params.trial_steps, self.params.trial_window_s
+        )
+        cut = self.params.transition_steps + self.params.min_trial_steps
         valued = sorted(
             (
                 (
                     c,
                     mu,
-                    trial_value(mu, sd, horizon, trial, cut, self.p.min_gain, self.p.clearly_worse),
+                    trial_value(
+                        mu, sd, horizon, trial, cut, self.params.min_gain, self.params.clearly_worse
+                    ),
                 )
                 for c, mu, sd in scored
             ),
@@ -587,11 +437,11 @@ class JobTuner:
             f"{100 * value.win_probability:.0f}% likely to win"
         )
 
-    def _recommend(self, prediction: Prediction, incumbent: _Measured, gate: float) -> None:
+    def _recommend(self, prediction: Prediction, incumbent: MeasuredWindow, gate: float) -> None:
         confident = [
             (mu, c)
             for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
-            if mu - self.p.kappa * sd < gate and mu < gate
+            if mu - self.params.kappa * sd < gate and mu < gate
         ]
         self._hold(incumbent, watch_reference=incumbent.samples)
         if not confident:
@@ -607,7 +457,7 @@ class JobTuner:
             f"{describe_speedup(math.exp(-mu), describe(incumbent.config))}{self._context_note()}"
         )
         self.sink.decide(
-            best, self.newest_step + self.p.apply_lead_steps, reason, predicted, "recommend"
+            best, self.newest_step + self.params.apply_lead_steps, reason, predicted, "recommend"
         )
         self.recommended = best
         self._set(
@@ -633,29 +483,31 @@ class JobTuner:
         reference = min(measured, key=lambda t: t.log_median)
         tried = {t.config for t in self.trials} | {incumbent.config}
         untried = [c for c in self.candidates if c not in tried]
-        if not untried or len(self.trials) >= self.p.max_trials:
+        if not untried or len(self.trials) >= self.params.max_trials:
             self._finish("")
             return
-        if reference is not incumbent and self._held_before(reference):
+        if reference is not incumbent and self.evidence.held_before(reference):
             # An earlier job of this shape searched this context and held this configuration:
             # what it tried from here is in its windows, and this job measured the same winner.
             self._finish("")
             return
         context = summarize(reference.samples, self.shape)
         others = [t for t in measured + [t for t in self.trials if t.cut] if t is not reference]
-        prediction = self._corrected(
+        prediction = self.evidence.corrected(
             self.predictor.predict(context, reference.config, untried + [t.config for t in others]),
             reference.config,
         )
-        prediction = self._with_known(prediction, reference, len(untried))
+        prediction = self.evidence.with_known(
+            prediction, reference, [self.incumbent, *self.trials], self.sigma, len(untried)
+        )
         slope = gain_calibration(
             [
                 (t.model_log, t.log_median - t.reference_log)
                 for t in self.trials
                 if t.model_log is not None
             ],
-            self.p.gain_slope_prior_sd,
-            self.p.gain_error_sd,
+            self.params.gain_slope_prior_sd,
+            self.params.gain_error_sd,
         )
         uncalibrated = {c: float(mu) for c, mu in zip(untried, prediction.mean[: len(untried)])}
         residuals = [
@@ -675,14 +527,16 @@ class JobTuner:
             return
         # What an earlier search in this context ended holding is tried first (its measurement is
         # the surest gain; if it wins again, that search's trials from it need not be repeated).
-        config, mu, _value = next((t for t in paying if t[0] in self.known_winners), paying[0])
+        config, mu, _value = next(
+            (t for t in paying if t[0] in self.evidence.known_winners), paying[0]
+        )
         predicted = reference.median_s * math.exp(mu)
         spread = next(sd for c, _mu, sd in scored if c == config)
         if (
-            config in self.known_winners
+            config in self.evidence.known_winners
             and not self.trials
             and reference is incumbent
-            and mu + self.p.z_switch * spread < -math.log1p(self.p.min_gain)
+            and mu + self.params.z_switch * spread < -math.log1p(self.params.min_gain)
         ):
             self._switch_known(config, predicted)
             return
@@ -695,7 +549,7 @@ class JobTuner:
         decision = self._decide(config, reason, predicted, "trial")
         if decision is None:
             return
-        self.trial = _Measured(
+        self.trial = MeasuredWindow(
             config,
             [],
             decision,
@@ -730,12 +584,14 @@ class JobTuner:
         decision = self._decide(config, reason, predicted, "switch")
         if decision is None:
             return
-        self.winner = _Measured(config, [], decision, math.log(predicted) - incumbent.log_median)
+        self.winner = MeasuredWindow(
+            config, [], decision, math.log(predicted) - incumbent.log_median
+        )
         self.confirmed = True
-        self.switch_id = decision
+        self.switch_decision_id = decision
         self.stats["switches"] += 1
         self.window = []
-        self.need = self._window(self.p.trial_steps, self.p.trial_window_s)
+        self.window_steps = self._window(self.params.trial_steps, self.params.trial_window_s)
         self._set(
             "verifying",
             f"switching to {describe(config)} (an earlier job's winner here), verifying",
@@ -747,8 +603,8 @@ class JobTuner:
             return
         trial.samples.append(m)
         n = len(trial.samples)
-        length = self._window(self.p.trial_steps, self.p.trial_window_s)
-        if n >= self.p.min_trial_steps and n < length and self._clearly_worse(trial):
+        length = self._window(self.params.trial_steps, self.params.trial_window_s)
+        if n >= self.params.min_trial_steps and n < length and self._clearly_worse(trial):
             trial.cut = True
         if not trial.cut and n < length:
             return
@@ -765,7 +621,11 @@ class JobTuner:
         # by the switch margin wins whatever the measured context did, and goes on unchecked (the
         # search's end still measures the incumbent again against what no signal shows: confirm).
         fastest = fastest_in_context(self.incumbent.samples, trial.samples)
-        if jump is not None and not trial.cut and trial.median_s * (1 + self.p.min_gain) < fastest:
+        if (
+            jump is not None
+            and not trial.cut
+            and trial.median_s * (1 + self.params.min_gain) < fastest
+        ):
             log.debug(
                 "%s: %s during trial %d cannot explain its %.0f ms (the incumbent at best %.0f ms): no check",
                 self.job,
@@ -778,25 +638,27 @@ class JobTuner:
         if jump is not None and (jump.signal, jump.direction) not in self.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
-            self.suspect = (trial, jump)
-            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.suspect_trial = (trial, jump)
+            check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             reason = (
                 f"check: {jump.reason} during trial {len(self.trials) + 1}? it could explain the "
                 f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {fastest * 1e3:.0f} ms): "
-                f"measuring {describe(self.incumbent.config)} again, ~{need} steps"
+                f"measuring {describe(self.incumbent.config)} again, ~{check_steps} steps"
             )
-            decision = self.check_id = self._decide(
+            decision = self.check_decision_id = self._decide(
                 self.incumbent.config, reason, self.incumbent.median_s, "check"
             )
             if decision is None:
                 return
             self.window = []
-            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.window_steps = self._window(
+                self.params.rebaseline_steps, self.params.baseline_window_s
+            )
             self._set("checking", f"checking whether the context changed ({jump.reason}?)")
             return
         self._accept_trial(trial)
 
-    def _unexplained_jump(self, trial: _Measured) -> Alarm | None:
+    def _unexplained_jump(self, trial: MeasuredWindow) -> Alarm | None:
         """The trial's context jump against the incumbent (drift.context_jump), unless the trial's
         context figures agree with those of another configuration measured in this search: then the
         jump is what configurations do to the figures, not the context moving (a 64 KiB partition's
@@ -809,21 +671,23 @@ class JobTuner:
             return None
         return jump
 
-    def _early_window(self, before: _Measured, trial: _Measured | None) -> _Measured | None:
+    def _early_window(
+        self, before: MeasuredWindow, trial: MeasuredWindow | None
+    ) -> MeasuredWindow | None:
         """The incumbent measured again (a check's or a confirm's window), at the sequential look
         after `min_trial_steps` steps: the window so far when `trial` already beats both
         measurements of the incumbent (the answer of the full window cannot change then); else
         None (measure on)."""
         if (
             trial is None
-            or len(self.window) != self.p.min_trial_steps
-            or len(self.window) >= self.need
+            or len(self.window) != self.params.min_trial_steps
+            or len(self.window) >= self.window_steps
         ):
             return None
-        again = _Measured(before.config, list(self.window))
+        again = MeasuredWindow(before.config, list(self.window))
         return again if self._beats_both(trial, before, again) else None
 
-    def _accept_trial(self, trial: _Measured) -> None:
+    def _accept_trial(self, trial: MeasuredWindow) -> None:
         assert self.incumbent is not None
         # What the predictor got wrong about this configuration, for this job (kept across
         # segments: a bias of the model for this job and machine outlives a context change).
@@ -831,7 +695,7 @@ class JobTuner:
         # context large enough to show in a trial's own context check (_abort); not when the
         # context moved under the search more gently (a ramp is no evidence); clipped.
         error = (trial.log_median - self.incumbent.log_median) - trial.predicted_log
-        self.search_errors.append((trial.config, max(-ERROR_CLIP, min(ERROR_CLIP, error))))
+        self.evidence.add_search_error(trial.config, error)
         self._learn_noise(trial.samples)
         self.trials.append(trial)
         self.stats["cut"] += trial.cut
@@ -842,14 +706,14 @@ class JobTuner:
         """The incumbent measured again after a suspicious trial: same context -> the trial counts;
         moved -> re-tune in the new context."""
         self.window.append(m)
-        incumbent, (trial, _jump) = self.incumbent, self.suspect
+        incumbent, (trial, _jump) = self.incumbent, self.suspect_trial
         assert incumbent is not None
         early = self._early_window(incumbent, trial)
-        if early is None and len(self.window) < self.need:
+        if early is None and len(self.window) < self.window_steps:
             return
-        again = early or _Measured(incumbent.config, list(self.window))
-        self.sink.close_decision(self.check_id, again.median_s, None)
-        self.suspect = None
+        again = early or MeasuredWindow(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_decision_id, again.median_s, None)
+        self.suspect_trial = None
         if early is not None:
             # The trial beats the incumbent before and after it by the switch margin: the comparison
             # holds whatever the context did (not measured long enough to clear the jump itself).
@@ -867,20 +731,13 @@ class JobTuner:
             return
         self._abort(shift, again)
 
-    def _clearly_worse(self, trial: _Measured) -> bool:
+    def _clearly_worse(self, trial: MeasuredWindow) -> bool:
         """Wald's SPRT on log step times against the best configuration measured in this search
         (the incumbent until a trial beats it): H0 mean = its log median, H1 = that +
         log(1 + clearly_worse), sigma = the job's pooled noise; True when H1 is accepted."""
         assert self.incumbent is not None
-        mu0 = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
-        delta = math.log1p(self.p.clearly_worse)
-        sigma2 = self.sigma * self.sigma
-        low, high = mu0 - delta - 3 * self.sigma, mu0 + 2 * delta + 3 * self.sigma  # winsorized
-        llr = sum(
-            delta / sigma2 * (min(high, max(low, math.log(s.step_time_s))) - mu0 - delta / 2)
-            for s in trial.samples
-        )
-        return llr >= math.log((1 - self.p.sprt_beta) / self.p.sprt_alpha)
+        best = min([self.incumbent.log_median] + [t.log_median for t in self.trials if not t.cut])
+        return clearly_worse((s.step_time_s for s in trial.samples), best, self.sigma, self.params)
 
     def _finish(self, why: str) -> None:
         """End of a search: pick the winner (hysteresis), switch to it if needed, verify."""
@@ -897,7 +754,7 @@ class JobTuner:
                     incumbent.log_median,
                     len(incumbent.samples),
                     self.sigma,
-                    self.p,
+                    self.params,
                 )
                 and trial.log_median < winner.log_median
             ):
@@ -916,19 +773,21 @@ class JobTuner:
             # Before trusting a comparison made over a whole search, measure the incumbent again
             # (an A-B-A design): if it moved, the context drifted while the trials ran (a ramp, a
             # neighbour), and the search is repeated in the context as it is now.
-            need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            check_steps = self._window(self.params.rebaseline_steps, self.params.baseline_window_s)
             reason = (
                 f"confirm: measuring {describe(incumbent.config)} again before switching to "
-                f"{describe(winner.config)} (~{need} steps, {self.p.min_trial_steps} when the winner "
+                f"{describe(winner.config)} (~{check_steps} steps, {self.params.min_trial_steps} when the winner "
                 f"beats both measurements){self._context_note()}"
             )
-            decision = self.check_id = self._decide(
+            decision = self.check_decision_id = self._decide(
                 incumbent.config, reason, incumbent.median_s, "check"
             )
             if decision is None:
                 return
             self.window = []
-            self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+            self.window_steps = self._window(
+                self.params.rebaseline_steps, self.params.baseline_window_s
+            )
             self._set(
                 "confirming",
                 f"measuring {describe(incumbent.config)} again before switching to "
@@ -951,10 +810,12 @@ class JobTuner:
         )
         if decision is None:
             return
-        self.switch_id = decision
+        self.switch_decision_id = decision
         self.stats["switches"] += not returning
         self.window = []
-        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+        self.window_steps = self._window(
+            self.params.rebaseline_steps, self.params.baseline_window_s
+        )
         self._set("verifying", f"switching to {describe(winner.config)}, verifying")
 
     def _on_confirm(self, m: StepMetrics) -> None:
@@ -962,10 +823,10 @@ class JobTuner:
         incumbent = self.incumbent
         assert incumbent is not None
         early = self._early_window(incumbent, self.winner)
-        if early is None and len(self.window) < self.need:
+        if early is None and len(self.window) < self.window_steps:
             return
-        again = early or _Measured(incumbent.config, list(self.window))
-        self.sink.close_decision(self.check_id, again.median_s, None)
+        again = early or MeasuredWindow(incumbent.config, list(self.window))
+        self.sink.close_decision(self.check_decision_id, again.median_s, None)
         moved = None if early is not None else self._moved(incumbent, again)
         if moved is not None and not (
             self.winner is not None and self._beats_both(self.winner, incumbent, again)
@@ -975,16 +836,23 @@ class JobTuner:
         self.confirmed = True
         self._finish("")
 
-    def _beats_both(self, trial: _Measured, before: _Measured, after: _Measured) -> bool:
+    def _beats_both(
+        self, trial: MeasuredWindow, before: MeasuredWindow, after: MeasuredWindow
+    ) -> bool:
         """The incumbent measured before and after a trial: if the trial beats both measurements by
         the switch margin, it beats the incumbent in any context in between; a context that moved
         less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
-        n = min(len(before.samples), len(after.samples))
-        se = 1.253 * self.sigma * math.sqrt(1 / len(trial.samples) + 1 / n)
-        margin = max(math.log1p(self.p.min_gain), self.p.z_switch * se)
-        return trial.log_median < min(before.log_median, after.log_median) - margin
+        return beats_both(
+            trial.log_median,
+            len(trial.samples),
+            before.log_median,
+            after.log_median,
+            min(len(before.samples), len(after.samples)),
+            self.sigma,
+            self.params,
+        )
 
-    def _abort(self, moved: Alarm, in_effect: _Measured) -> None:
+    def _abort(self, moved: Alarm, in_effect: MeasuredWindow) -> None:
         """The context moved while a search ran: search again in the new context; but when that
         keeps happening (the context changes faster than a search completes), hold what is in
         effect and let the drift detector, with a raised bar, decide when to look again."""
@@ -996,13 +864,13 @@ class JobTuner:
             # (drift.context_jump): the trials accepted so far were measured before it, so what
             # they taught about the predictor's errors on this job stands (a slow ramp would not
             # show there: its search's errors are dropped).
-            self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
-        self.search_errors = []
-        if self.aborts < self.p.max_aborts:
+            self.evidence.keep_search_errors()
+        self.evidence.drop_search_errors()
+        if self.aborts < self.params.max_aborts:
             self._rebaseline(
                 f"re-tuning after {moved.reason}, during the search",
                 new_segment=True,
-                steps=self.p.rebaseline_steps,
+                steps=self.params.rebaseline_steps,
             )
             return
         self._hold(in_effect, watch_reference=in_effect.samples)
@@ -1012,14 +880,20 @@ class JobTuner:
             f"search completes ({moved.reason})",
         )
 
-    def _moved(self, before: _Measured, after: _Measured) -> Alarm | None:
+    def _moved(self, before: MeasuredWindow, after: MeasuredWindow) -> Alarm | None:
         """The same configuration measured twice: did its context (or its step time) move?"""
         shift = window_shift(before.samples, after.samples)
         if shift is not None:
             return shift
-        se = 1.253 * self.sigma * math.sqrt(1 / len(after.samples) + 1 / len(before.samples))
-        moved = after.log_median - before.log_median
-        if abs(moved) > max(math.log1p(self.p.min_gain), self.p.z_switch * se):
+        moved = step_time_move(
+            before.log_median,
+            len(before.samples),
+            after.log_median,
+            len(after.samples),
+            self.sigma,
+            self.params,
+        )
+        if moved is not None:
             return Alarm(
                 "step_time",
                 1 if moved > 0 else -1,
@@ -1030,15 +904,15 @@ class JobTuner:
 
     def _on_verify(self, m: StepMetrics) -> None:
         self.window.append(m)
-        if len(self.window) < self.need:
+        if len(self.window) < self.window_steps:
             return
         winner, incumbent = self.winner, self.incumbent
         assert winner is not None and incumbent is not None
-        measured = _Measured(winner.config, list(self.window), self.switch_id)
+        measured = MeasuredWindow(winner.config, list(self.window), self.switch_decision_id)
         self._learn_noise(measured.samples)
-        self.sink.close_decision(self.switch_id, measured.median_s, None)
+        self.sink.close_decision(self.switch_decision_id, measured.median_s, None)
         if not winner.samples and winner is not incumbent:  # a warm start's switch (_switch_known)
-            if incumbent.log_median - measured.log_median >= math.log1p(self.p.min_gain):
+            if incumbent.log_median - measured.log_median >= math.log1p(self.params.min_gain):
                 winner.samples.extend(measured.samples)
                 self._record(measured)
                 self._settle_winner(winner, measured.samples, "")
@@ -1052,12 +926,16 @@ class JobTuner:
         if shift is not None:
             self._abort(shift, measured)
             return
-        se = 1.253 * self.sigma * math.sqrt(1 / len(measured.samples) + 1 / len(incumbent.samples))
-        if winner is not incumbent and measured.log_median - incumbent.log_median > max(
-            math.log1p(self.p.min_gain) / 2, self.p.z_switch * se
+        if winner is not incumbent and rolls_back(
+            measured.log_median,
+            len(measured.samples),
+            incumbent.log_median,
+            len(incumbent.samples),
+            self.sigma,
+            self.params,
         ):
             self.stats["rollbacks"] += 1
-            self.sink.close_decision(self.switch_id, measured.median_s, "rolled_back")
+            self.sink.close_decision(self.switch_decision_id, measured.median_s, "rolled_back")
             reason = (
                 f"rollback: {describe(winner.config)} measured {measured.median_s * 1e3:.1f} ms, "
                 f"{describe(incumbent.config)} {incumbent.median_s * 1e3:.1f} ms"
@@ -1065,7 +943,7 @@ class JobTuner:
             decision = self._decide(incumbent.config, reason, incumbent.median_s, "rollback")
             if decision is None:
                 return
-            self.switch_id = decision
+            self.switch_decision_id = decision
             self.winner = incumbent
             self.window = []
             self._set("verifying", f"rolled back to {describe(incumbent.config)}, verifying")
@@ -1073,16 +951,18 @@ class JobTuner:
         self._record(measured)
         self._settle_winner(winner, measured.samples, "")
 
-    def _settle_winner(self, winner: _Measured, reference: list[StepMetrics], why: str) -> None:
+    def _settle_winner(
+        self, winner: MeasuredWindow, reference: list[StepMetrics], why: str
+    ) -> None:
         self.aborts = 0
-        self.errors = (self.errors + self.search_errors)[-ERRORS_KEPT:]
-        self.search_errors = []
+        self.evidence.keep_search_errors()
         first = not self.searched_once
         self.searched_once = True
         starting = self.starting
         assert starting is not None
         self._hold(
-            _Measured(winner.config, list(reference), winner.decision_id), watch_reference=reference
+            MeasuredWindow(winner.config, list(reference), winner.decision_id),
+            watch_reference=reference,
         )
         held_context = summarize(reference, self.shape)
         prediction = self.predictor.predict(held_context, winner.config, self.candidates)
@@ -1123,20 +1003,20 @@ class JobTuner:
         after = f" ({self.retune_reason.removeprefix('re-tuning ')})" if self.retune_reason else ""
         self._set("holding", f"holding {describe(held.config)}: {gain}{after}")
 
-    def _measured_gain(self, winner: _Measured) -> str:
+    def _measured_gain(self, winner: MeasuredWindow) -> str:
         """The speed-up of a search's winner over its incumbent (autobyte.types.speedup), from their
         windows in this search's context: the figure its decision, the status and history show."""
         return self._versus_incumbent(winner.median_s)
 
     # ------------------------------------------------------------------ holding and drift
-    def _hold(self, held: _Measured, watch_reference: list[StepMetrics]) -> None:
+    def _hold(self, held: MeasuredWindow, watch_reference: list[StepMetrics]) -> None:
         self.held = held
         self.detector = DriftDetector(watch_reference, shift_scale=self._backoff())
         self.recent = list(watch_reference[-RECENT_STEPS:])
-        self.next_rescore_wall_s = self.newest_wall_s + self.p.rescore_s
+        self.next_rescore_wall_s = self.newest_wall_s + self.params.rescore_s
 
     def _backoff(self) -> float:
-        return self.p.fruitless_backoff ** min(self.fruitless, self.p.fruitless_max)
+        return self.params.fruitless_backoff ** min(self.fruitless, self.params.fruitless_max)
 
     def _on_watch(self, m: StepMetrics) -> None:
         if self.held is not None and m.config != self.held.config:
@@ -1144,9 +1024,9 @@ class JobTuner:
         if self.detector is None:
             # Holding without a reference yet (after a decision the job did not apply): collect one.
             self.window.append(m)
-            if len(self.window) >= self.need:
+            if len(self.window) >= self.window_steps:
                 self._hold(
-                    _Measured(m.config, list(self.window), self.decision_in_effect or 0),
+                    MeasuredWindow(m.config, list(self.window), self.decision_in_effect or 0),
                     self.window,
                 )
                 self.window = []
@@ -1155,16 +1035,18 @@ class JobTuner:
         if alarm is not None:
             self.stats["retunes"] += 1
             self._rebaseline(
-                f"re-tuning after {alarm.reason}", new_segment=True, steps=self.p.rebaseline_steps
+                f"re-tuning after {alarm.reason}",
+                new_segment=True,
+                steps=self.params.rebaseline_steps,
             )
             return
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
         if (
             m.wall_time_s >= self.next_rescore_wall_s
-            and len(self.recent) >= self.p.min_trial_steps + 2
+            and len(self.recent) >= self.params.min_trial_steps + 2
         ):
-            self.next_rescore_wall_s = m.wall_time_s + self.p.rescore_s
+            self.next_rescore_wall_s = m.wall_time_s + self.params.rescore_s
             self._rescore()
 
     def _rescore(self) -> None:
@@ -1176,16 +1058,16 @@ class JobTuner:
         held = self.held
         assert held is not None
         context = summarize(self.recent, self.shape)
-        prediction = self._corrected(
+        prediction = self.evidence.corrected(
             self.predictor.predict(context, held.config, self.candidates), held.config
         )
-        gate = -math.log1p(self.p.min_gain) * self._backoff()
+        gate = -math.log1p(self.params.min_gain) * self._backoff()
         best = None
         for candidate, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std):
             if (
                 candidate != held.config
                 and mu < 2 * gate
-                and mu - self.p.kappa * sd < gate
+                and mu - self.params.kappa * sd < gate
                 and (best is None or mu < best[1])
             ):
                 best = (candidate, float(mu))
@@ -1196,175 +1078,43 @@ class JobTuner:
             f"re-tuning: {describe(best[0])} predicted "
             f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
             new_segment=True,
-            steps=self.p.rebaseline_steps,
+            steps=self.params.rebaseline_steps,
         )
 
     def _not_applied(self) -> None:
         """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
         what is in effect, and say so; drift can still re-open the search."""
-        expect = self.expect
-        assert expect is not None
-        self.expect = None
+        pending = self.pending
+        assert pending is not None
+        self.pending = None
         self.trial = None
         self.stats["not_applied"] += 1
         log.warning(
             "job %s did not apply decision #%d within %.0f s",
             self.job,
-            expect.decision_id,
-            self.p.apply_timeout_s,
+            pending.decision_id,
+            self.params.apply_timeout_s,
         )
         self.window = []
         self.held = None
         self.detector = None
-        self.need = self._window(self.p.rebaseline_steps, self.p.baseline_window_s)
+        self.window_steps = self._window(
+            self.params.rebaseline_steps, self.params.baseline_window_s
+        )
         self._set(
             "holding",
-            f"holding {describe(self.config or Config())}: decision #{expect.decision_id} "
-            f"was not applied by the job within {self.p.apply_timeout_s:.0f} s",
+            f"holding {describe(self.config or Config())}: decision #{pending.decision_id} "
+            f"was not applied by the job within {self.params.apply_timeout_s:.0f} s",
         )
 
     # ------------------------------------------------------------------ helpers
-    def _corrected(self, prediction: Prediction, reference: Config) -> Prediction:
-        """The predictor's means corrected by its measured errors on this job: a kernel-weighted
-        mean of the errors of configurations near each candidate (distance in octaves of
-        partition and credit size, a Gaussian kernel one octave wide; each search's incumbent is a
-        point of error 0, the reference its errors were measured against), shrunk towards 0 when the evidence is thin
-        (prior weight 0.25): a few measured trials teach the search, before any retraining, that
-        e.g. large partitions are slower here than the predictor thinks."""
-        errors = self.errors + self.search_errors
-        if len(errors) <= 1:
-            return prediction
-        gradient = float(self.shape.parameter_bytes or 1)
-        mean_tensor = gradient / max(1, self.shape.tensor_count)
-
-        def position(config: Config) -> tuple[float, float]:
-            return (
-                math.log2(config.partition_bytes or mean_tensor),
-                math.log2(min(config.credit_bytes or gradient, gradient) or 1.0),
-            )
-
-        points = [(position(c), e) for c, e in errors]
-
-        def correction(config: Config) -> float:
-            p, c = position(config)
-            weights = [math.exp(-((p - a) ** 2 + (c - b) ** 2) / 2) for (a, b), _ in points]
-            return sum(w * e for w, (_, e) in zip(weights, points)) / (sum(weights) + 0.25)
-
-        base = correction(
-            reference
-        )  # predictions are relative to the reference: so are corrections
-        mean = prediction.mean.copy()
-        for i, candidate in enumerate(prediction.candidates):
-            if candidate != reference:
-                mean[i] += correction(candidate) - base
-        return Prediction(prediction.candidates, mean, prediction.std)
-
-    def _with_known(
-        self, prediction: Prediction, reference: _Measured, first: int | None = None
-    ) -> Prediction:
-        """The predictions of the first `first` candidates (all by default) combined with what
-        earlier jobs of this shape measured in the same context (module docstring)."""
-        measured = self._known_ratios(reference)
-        if not measured:
-            return prediction
-        mean, std = prediction.mean.copy(), prediction.std.copy()
-        # The model's error on this shape, where the earlier jobs measured what it predicts: its
-        # bias (the mean residual, shrunk by one pseudo-observation of 0) moves the candidates
-        # nobody measured, and what is left of the residuals widens its spread (alone, the spread
-        # would let a model that is wrong here outweigh a measurement).
-        residuals = [
-            measured[c][0] - float(mu)
-            for c, mu in zip(prediction.candidates, prediction.mean)
-            if c in measured and c != reference.config
-        ]
-        bias = sum(residuals) / (len(residuals) + 1)
-        error2 = statistics.mean((r - bias) ** 2 for r in residuals) if residuals else 0.0
-        for i, candidate in enumerate(prediction.candidates[:first]):
-            if candidate == reference.config:
-                continue
-            std[i] = math.sqrt(float(std[i]) ** 2 + error2)
-            if candidate not in measured:
-                mean[i] += bias
-                continue
-            ratio, se = measured[candidate]
-            w_model, w_known = 1 / float(std[i]) ** 2, 1 / se**2
-            mean[i] = (w_model * float(mean[i]) + w_known * ratio) / (w_model + w_known)
-            std[i] = math.sqrt(1 / (w_model + w_known))
-        return Prediction(prediction.candidates, mean, std)
-
-    def _held_before(self, reference: _Measured) -> bool:
-        """An earlier job of this shape held `reference`'s configuration after a search in the same
-        context (module docstring)."""
-        if not self.known_held:
-            return False
-        now = summarize(reference.samples, self.shape)
-        return any(
-            (job, segment, reference.config) in self.known_held
-            and _same_context(windows[reference.config].context, now)
-            for (job, segment), windows in self.known.items()
-        )
-
-    def _known_ratios(self, reference: _Measured) -> dict[Config, tuple[float, float]]:
-        """Candidate -> (mean measured log ratio to the reference configuration, its standard error)
-        over the earlier jobs' context segments that measured, in this context, the reference or
-        another configuration this search measured (an anchor: the ratio is chained through it,
-        past candidate/anchor + this job's anchor/reference)."""
-        if not self.known:
-            return {}
-        anchors = [reference] + [
-            m
-            for m in [self.incumbent, *self.trials]
-            if m is not None and not m.cut and m.config != reference.config
-        ]
-        contexts = {id(m): summarize(m.samples, self.shape) for m in anchors}
-        ratios: dict[Config, list[tuple[float, float]]] = {}
-        self.known_winners = set()
-        for (job, segment), windows in self.known.items():
-            anchor = next(
-                (
-                    m
-                    for m in anchors
-                    if m.config in windows
-                    and _same_context(windows[m.config].context, contexts[id(m)])
-                ),
-                None,
-            )
-            if anchor is None:
-                continue
-            self.known_winners |= {c for c in windows if (job, segment, c) in self.known_held}
-            past = windows[anchor.config]
-            # this job's anchor against its reference (0 when the anchor is the reference)
-            offset = anchor.log_median - reference.log_median
-            offset_se2 = (
-                0.0
-                if anchor is reference
-                else (1.253 * self.sigma) ** 2
-                * (1 / len(anchor.samples) + 1 / len(reference.samples))
-            )
-            for config, window in windows.items():
-                if config in (anchor.config, reference.config):
-                    continue
-                se2 = (1.253 * self.sigma) ** 2 * (
-                    1 / max(1, window.samples) + 1 / max(1, past.samples)
-                )
-                ratios.setdefault(config, []).append(
-                    (math.log(window.step_time_s / past.step_time_s) + offset, se2 + offset_se2)
-                )
-        out = {}
-        for config, values in ratios.items():
-            logs = [v for v, _ in values]
-            spread = statistics.pstdev(logs) if len(logs) > 1 else 0.0
-            se = math.sqrt(statistics.mean(e2 for _, e2 in values) / len(values) + spread**2)
-            out[config] = (statistics.mean(logs), max(KNOWN_SE_FLOOR, se))
-        return out
-
     def _window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
         would last more than `seconds` (a search must end before the context moves on), never
         fewer than the sequential test needs."""
         if self.step_s <= 0:
             return nominal
-        return max(self.p.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
+        return max(self.params.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
 
     def _learn_noise(self, samples: Sequence[StepMetrics]) -> None:
         """The job's step-time noise (log units): a robust spread of every measured window's
@@ -1374,25 +1124,25 @@ class JobTuner:
         center = statistics.median(logs)
         self.residuals.extend(x - center for x in logs)
         del self.residuals[:-400]
-        self.sigma = max(self.p.sigma_floor, robust_sigma(self.residuals))
+        self.sigma = max(self.params.sigma_floor, robust_sigma(self.residuals))
 
     def _decide(
         self, config: Config, reason: str, predicted_s: float | None, kind: str
     ) -> int | None:
         decision = self.sink.decide(
-            config, self.newest_step + self.p.apply_lead_steps, reason, predicted_s, kind
+            config, self.newest_step + self.params.apply_lead_steps, reason, predicted_s, kind
         )
         if decision is None:
             self.pause("an operator decided")
             return None
-        self.mine.add(decision)
-        self.expect = _Expect(
-            decision, config, self.newest_step + self.p.apply_lead_steps, self.newest_wall_s
+        self.own_decision_ids.add(decision)
+        self.pending = PendingDecision(
+            decision, config, self.newest_step + self.params.apply_lead_steps, self.newest_wall_s
         )
         return decision
 
-    def _record(self, measured: _Measured) -> None:
-        if len(measured.samples) < self.p.min_trial_steps:
+    def _record(self, measured: MeasuredWindow) -> None:
+        if len(measured.samples) < self.params.min_trial_steps:
             return
         context = summarize(measured.samples, self.shape)
         self.sink.record_window(
