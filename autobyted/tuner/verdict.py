@@ -124,8 +124,8 @@ def gain_calibration(
     b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
     clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
     any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (tuner.phases.planning). The candidates a search tries are those predicted
-    fastest, so their errors share a sign (a model optimistic about this job, and the winner's
+    this search's residuals (JobTuner._next_trial in tuner/search.py). The candidates a search
+    tries are those predicted fastest, so their errors share a sign (a model optimistic about this job, and the winner's
     curse of trying the most optimistic predictions first); the untried candidates' predicted
     gains shrink by the same slope, and a search whose first trials measured none of what was
     predicted stops (no trial pays) instead of trying the rest of its list."""
