@@ -4,6 +4,13 @@ Files, one concern each:
     features.py   what the predictor sees (below) and how a window of steps becomes a context
     predictor.py  the xgboost bootstrap ensemble, its training pairs, online retraining, file format
     search.py     the per-job state machine (warm-up, baseline, trials, hold, watch, re-tune)
+    verdict.py    the stateless decision arithmetic: what beats what, a trial's value, the gain
+                  calibration, when a trial pays
+    evidence.py   what earlier jobs of the shape measured and held, and the predictor's measured
+                  errors on this job: both correct the candidates' scores
+    measured.py   the records a search keeps: a measured window, a decision awaiting its apply
+    sink.py       where a search's effects go: the daemon's storage and control path (manager.py),
+                  or memory (memory_sink.py, for the simulator and tests)
     drift.py      CUSUM drift detection on the held configuration's steps
     manager.py    the daemon's side: reads samples from storage, runs every job's search on one
                   worker thread, retrains the predictor on another, writes decisions and state
