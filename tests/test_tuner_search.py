@@ -10,6 +10,7 @@ from autobyte.types import Config
 
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
+from autobyted.tuner.phases.exploring import unexplained_jump
 from autobyted.tuner.search import JobTuner, gain_calibration, trial_value
 from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
@@ -116,7 +117,7 @@ def test_a_bandwidth_drop_reopens_the_search_and_noise_does_not():
     assert retune.detail.startswith("re-tuning after bandwidth drop")
     # a new context segment, measured afresh; BEST is still best there, so it is held again, and
     # the job is told at once that the new context has no headroom
-    assert tuner.segment >= 1 and any(w.segment == tuner.segment for w in sink.windows)
+    assert tuner.job.segment >= 1 and any(w.segment == tuner.job.segment for w in sink.windows)
     assert len(sink.decisions) >= before
     assert tuner.phase == "no headroom" and job.config == BEST
     assert tuner.detail.startswith("no headroom after bandwidth drop: 1MiB/4MiB stays"), (
@@ -136,10 +137,12 @@ def test_operator_pause_stops_decisions_and_resume_restarts_from_the_operators_c
     job.run(tuner, sink, 300)
     assert len(sink.decisions) == count
     tuner.resume()
-    assert tuner.phase == "re-tuning" and tuner.starting is None
+    assert tuner.phase == "re-tuning" and tuner.job.starting is None
     assert tuner.detail.startswith("resumed after an operator's pause")
     job.run(tuner, sink, 400)
-    assert tuner.starting.config == Config(256 << 10, 256 << 10)  # the operator's is the new start
+    assert tuner.job.starting.config == Config(
+        256 << 10, 256 << 10
+    )  # the operator's is the new start
     assert len(sink.decisions) > count and job.config == BEST
 
 
@@ -238,7 +241,7 @@ def test_fruitless_re_tunes_raise_the_bar():
     job = ScriptedJob(landscape)
     job.run(tuner, sink, 900)
     early = tuner.stats["retunes"]
-    assert early >= 2 and tuner.fruitless >= 2
+    assert early >= 2 and tuner.job.fruitless >= 2
     job.run(tuner, sink, 1500)
     assert tuner.stats["retunes"] - early <= 1
     assert job.config == START
@@ -341,20 +344,21 @@ def test_a_context_jump_another_configuration_of_the_search_shows_too_is_not_che
             config, [sample(i, config, 0, step_s, bandwidth, rng, 0.01, load) for i in range(12)]
         )
 
-    tuner, _sink = make(predictor_for(BEST, 0.3))
-    tuner.incumbent = window(POOR)
+    incumbent = window(POOR)
     other = window(Config(2 * MIB, 8 * MIB))
-    assert context_jump(tuner.incumbent.samples, other.samples) is not None
-    assert tuner._unexplained_jump(other) is not None  # nothing else measured in this search yet
-    tuner.trials = [window(BEST)]
-    assert tuner._unexplained_jump(other) is None
+    assert context_jump(incumbent.samples, other.samples) is not None
+    assert (
+        unexplained_jump(incumbent, [], other) is not None
+    )  # nothing else measured in this search yet
+    trials = [window(BEST)]
+    assert unexplained_jump(incumbent, trials, other) is None
     # a jump of the context itself (the link 4x faster) shows against every configuration measured
     step_s, bandwidth, load = poor_start(BEST, 0)
     moved = _Measured(
         other.config,
         [sample(i, other.config, 0, step_s / 2, bandwidth * 4, rng, 0.01, load) for i in range(12)],
     )
-    assert tuner._unexplained_jump(moved) is not None
+    assert unexplained_jump(incumbent, trials, moved) is not None
 
 
 def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
@@ -371,10 +375,10 @@ def test_the_predictors_errors_on_a_job_correct_its_next_predictions():
     job = ScriptedJob(landscape)
     job.run(tuner, sink, 300)
     assert BEST in [d.config for d in sink.decisions if d.kind == "trial"]
-    context = summarize(tuner.incumbent.samples, SHAPE)
+    context = summarize(tuner.job.incumbent.samples, SHAPE)
     near, far = Config(1 * MIB, 2 * MIB), Config(None, 64 * MIB)
-    raw = tuner.predictor.predict(context, START, [BEST, near, far])
-    corrected = tuner.evidence.corrected(raw, START)
+    raw = tuner.job.predictor.predict(context, START, [BEST, near, far])
+    corrected = tuner.job.evidence.corrected(raw, START)
     assert raw.mean[0] < -0.1  # the model alone: 1MiB/4MiB is clearly faster
     measured = math.log(1.2)  # corrected: most of the way to what was measured
     assert corrected.mean[0] - raw.mean[0] > 0.6 * (measured - raw.mean[0])
@@ -409,7 +413,7 @@ def test_what_a_search_learned_survives_a_bandwidth_jump_that_interrupts_it():
     )
     best = [d for d in sink.decisions if d.kind == "trial" and d.config == BEST]
     assert "1MiB/4MiB predicted 1.2" in best[0].reason  # the predictor alone: 20+% faster
-    assert len(best) == 1 and any(config == BEST for config, _error in tuner.evidence.errors)
+    assert len(best) == 1 and any(config == BEST for config, _error in tuner.job.evidence.errors)
     assert job.config == START
 
 
@@ -469,10 +473,10 @@ def test_a_job_whose_context_changes_fast_gets_a_short_horizon():
     tuner, sink = make(predictor_for(BEST, 0.3))
     job = ScriptedJob(better(BEST, 0.3))
     job.run(tuner, sink, 50)
-    long_lived = tuner._horizon_steps(0.1)  # 5 s of job time, no change yet: the 600 s prior
+    long_lived = tuner.job.horizon_steps(0.1)  # 5 s of job time, no change yet: the 600 s prior
     assert 6000 < long_lived < 6100
-    tuner.segment = 9  # ten contexts in the job's 5 s
-    assert tuner._horizon_steps(0.1) < long_lived / 9
+    tuner.job.segment = 9  # ten contexts in the job's 5 s
+    assert tuner.job.horizon_steps(0.1) < long_lived / 9
 
 
 def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_context():
@@ -499,8 +503,10 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
         other = JobTuner("other", SHAPE, predictor, sink, known=known)
         ScriptedJob(better(BEST, 0.0, bandwidth=2.5e7), seed=3).run(other, sink, 400)
         assert (
-            other.evidence.known_ratios(
-                other.incumbent, [other.incumbent, *other.trials], other.sigma
+            other.job.evidence.known_ratios(
+                other.job.incumbent,
+                [other.job.incumbent, *other.job.search.trials],
+                other.job.sigma,
             )
             == {}
         )
@@ -514,7 +520,7 @@ def test_a_second_job_of_a_shape_skips_what_the_first_measured_in_the_same_conte
             predictor,
             MemorySink("x"),
             known=first_sink.windows,
-        ).evidence.known
+        ).job.evidence.known
         == {}
     )
 
@@ -529,7 +535,7 @@ def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
     segments = {w.segment for w in first_sink.windows}
     assert first.phase == "holding" and segments
     as_before = JobTuner("job", SHAPE, predictor, MemorySink("job"), known=first_sink.windows)
-    assert as_before.evidence.known == {}  # the same segments: its own, not an earlier run's
+    assert as_before.job.evidence.known == {}  # the same segments: its own, not an earlier run's
     again_sink = MemorySink("job")
     again = JobTuner(
         "job",
@@ -539,12 +545,12 @@ def test_a_job_name_run_again_keeps_its_runs_apart_and_learns_from_the_first():
         known=first_sink.windows,
         first_segment=max(segments) + 1,
     )
-    assert ("job", 0, BEST) in again.evidence.known_held
+    assert ("job", 0, BEST) in again.job.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(again, again_sink, 400)
     assert again_sink.windows and {w.segment for w in again_sink.windows}.isdisjoint(segments)
     assert [d.config for d in again_sink.decisions if d.kind in ("trial", "switch")] == [BEST]
     assert (
-        again.stats["trials"] == 0 and again.held.config == BEST
+        again.stats["trials"] == 0 and again.job.held.config == BEST
     )  # the first run's winner, at once
 
 
@@ -552,11 +558,11 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
     predictor = predictor_for(BEST, 0.3)
     first, first_sink = make(predictor)
     ScriptedJob(better(BEST, 0.3), seed=1).run(first, first_sink, 400)
-    assert first.phase == "holding" and first.held.config == BEST
+    assert first.phase == "holding" and first.job.held.config == BEST
     second_sink = MemorySink("second")
     second = JobTuner("second", SHAPE, predictor, second_sink, known=first_sink.windows)
     # the trial's window, then the verification's
-    assert ("job", 0, BEST) in second.evidence.known_held
+    assert ("job", 0, BEST) in second.job.evidence.known_held
     ScriptedJob(better(BEST, 0.3), seed=2).run(second, second_sink, 400)
     # what won in this context for the first job is switched to without a trial, then verified
     assert first.stats["trials"] >= 1 and second.stats["trials"] == 0
@@ -564,8 +570,8 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
     assert second_sink.decisions[0].reason.startswith(
         "warm start: 1MiB/4MiB, held by an earlier job"
     )
-    assert second.phase == "holding" and second.held.config == BEST
-    assert second.evidence.known_winners == {BEST}
+    assert second.phase == "holding" and second.job.held.config == BEST
+    assert second.job.evidence.known_winners == {BEST}
 
 
 def test_a_warm_start_that_does_not_win_here_counts_as_a_lost_trial_and_the_search_goes_on():
@@ -579,5 +585,5 @@ def test_a_warm_start_that_does_not_win_here_counts_as_a_lost_trial_and_the_sear
     ScriptedJob(better(BEST, 0.0), seed=2).run(second, second_sink, 600)
     kinds = [d.kind for d in second_sink.decisions]
     assert kinds[0] == "switch" and second_sink.decisions[0].config == BEST
-    assert second.stats["trials"] >= 1 and second.held is not None
-    assert second.held.config == START  # nothing beat the start here
+    assert second.stats["trials"] >= 1 and second.job.held is not None
+    assert second.job.held.config == START  # nothing beat the start here

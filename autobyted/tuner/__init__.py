@@ -3,7 +3,14 @@
 Files, one concern each:
     features.py   what the predictor sees (below) and how a window of steps becomes a context
     predictor.py  the xgboost bootstrap ensemble, its training pairs, online retraining, file format
-    search.py     the per-job state machine (warm-up, baseline, trials, hold, watch, re-tune)
+    search.py     JobTuner: one job's search, thin: dispatches every sample to the phase in
+                  effect, applies what it decides, publishes its status
+    job.py        what a job's search keeps between phases: TunerJob (the job's measurements,
+                  decisions, noise, back-off) and Search (one search's trials and verdicts)
+    phases/       one module per phase, each owning its own state and returning the next phase:
+                  baseline.py (warm-up, baseline, re-tuning), exploring.py (trials),
+                  checking.py (checking, confirming), verifying.py (the search's end),
+                  watching.py (holding, watching), paused.py; phases/__init__.py is the map
     verdict.py    the stateless decision arithmetic: what beats what, a trial's value, the gain
                   calibration, when a trial pays
     evidence.py   what earlier jobs of the shape measured and held, and the predictor's measured

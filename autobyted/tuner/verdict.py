@@ -105,7 +105,7 @@ def normal_cdf(z: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class TrialValue:
-    """What trying one candidate is expected to bring (tuner.search's docstring: "when a trial pays")."""
+    """What trying one candidate is expected to bring (tuner/phases/exploring.py's docstring: "when a trial pays")."""
 
     win_probability: float  # P(X < -log(1 + min_gain))
     value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
@@ -124,7 +124,7 @@ def gain_calibration(
     b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
     clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
     any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (JobTuner._next_trial in tuner/search.py). The candidates a search
+    this search's residuals (next_trial in tuner/phases/exploring.py). The candidates a search
     tries are those predicted fastest, so their errors share a sign (a model optimistic about this job, and the winner's
     curse of trying the most optimistic predictions first); the untried candidates' predicted
     gains shrink by the same slope, and a search whose first trials measured none of what was

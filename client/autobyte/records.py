@@ -123,7 +123,7 @@ class BestRecord:
 
 @dataclasses.dataclass(frozen=True)
 class TunerStatusRecord:
-    """What the tuner is doing for a job (see autobyted/tuner/search.py for the states)."""
+    """What the tuner is doing for a job (see autobyted/tuner/phases/__init__.py for the states)."""
 
     mode: str
     state: str
