@@ -4,15 +4,62 @@ the markers each test gets from what it needs (tests/helpers/kinds.py); helpers:
 from __future__ import annotations
 
 import atexit
+import shutil
 import signal
+import tempfile
 
 import pytest
 
 from devtools.ports import free_port
 from tests.helpers.daemon import ThreadDaemon, start_daemon_process, stop_process
 from tests.helpers.kinds import KINDS, Reach, kinds_of_test
+from tests.helpers.turns import Turns
 
 _REACH = Reach()
+
+
+# ---------------------------------------------------------------------- two tests at a time
+# Under pytest-xdist (scripts/test.sh runs `-n 2`) a test marked `alone` runs with no other test
+# beside it (tests/helpers/turns.py); one at a time (`-n 0`, or no xdist) nothing changes.
+
+_TURNS: Turns | None = None
+
+
+def pytest_configure(config) -> None:
+    global _TURNS
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "autobyte_turns" in workerinput:
+        _TURNS = Turns(workerinput["autobyte_turns"])
+    elif workerinput is None and (getattr(config.option, "numprocesses", None) or 0) > 0:
+        config.autobyte_turns = tempfile.mkdtemp(prefix="autobyte-turns-")
+
+
+def pytest_unconfigure(config) -> None:
+    global _TURNS
+    if _TURNS is not None:
+        _TURNS.close()
+        _TURNS = None
+    folder = getattr(config, "autobyte_turns", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # pytest-xdist's, on the controller, for each worker
+    folder = getattr(node.config, "autobyte_turns", None)
+    if folder is not None:
+        node.workerinput["autobyte_turns"] = folder
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around a test's whole protocol: its setup (module fixtures starting rank pools) and
+    teardown count as its own."""
+    if _TURNS is None:
+        yield
+        return
+    with _TURNS.hold(alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -47,6 +47,7 @@ SCENARIO = textwrap.dedent("""
 """)
 
 
+@pytest.mark.alone  # a run's elapsed time is asserted: another test's load would distort it
 def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     profile = REPO / "benchmarks" / "scenarios" / "testbed-mlp.profile.json"
     scenario = tmp_path / "tiny.toml"

@@ -17,6 +17,7 @@ TRAIN_S = 75  # the drop at 45 s (scripts/quickstart.py's DROP_AT_S)
 REACT_S = 2.0
 
 
+@pytest.mark.alone  # asserts on a measurement another test's load would distort
 @pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.timeout(300)

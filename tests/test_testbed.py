@@ -334,6 +334,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.alone  # asserts on a measurement another test's load would distort
 @needs_netns
 def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: Path) -> None:
     """On a shaped link where compute ≈ communication (the 6.8M MLP, batch 512, 1gbit), the scheduler
@@ -407,6 +408,7 @@ def _cgroup_dirs(bed_name: str) -> list[str]:
     )
 
 
+@pytest.mark.alone  # asserts on a measurement another test's load would distort
 @needs_netns
 def test_cpu_share_trace_limits_one_rank_and_is_lifted() -> None:
     from benchmarks.conditions import cpu_controller
