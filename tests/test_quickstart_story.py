@@ -1,6 +1,7 @@
 """The quick start's story on the testbed, checked: after the links drop the tuner names the
-bandwidth as the cause, `autobyte best` names the configuration the tuner holds, and no decision of
-the finished job is left pending. A shorter run than the README's (QUICKSTART_SECONDS=75: the drop
+bandwidth as the cause, `autobyte best` names the configuration the tuner holds (or, when the run
+ends during the re-tune, as the README's does, one the re-tune measured after the drop), and no
+decision of the finished job is left pending. A shorter run than the README's (QUICKSTART_SECONDS=75: the drop
 at 45 s, after the first search has settled)."""
 
 import os
@@ -72,11 +73,24 @@ def test_the_quickstart_tells_one_true_story():
         ]
         held = storage.tuner_status("quickstart")
         best = storage.best("quickstart")
-        assert held.state == "finished" and best.found and best.config == held.config, (
-            held,
-            best,
-            out[-3000:],
-        )
+        assert held.state == "finished" and best.found, (held, best, out[-3000:])
+        drop_step = int(re.search(r"the links dropped at \d+ s, rank 0's step (\d+)", out).group(1))
+        if "re-tuning" in held.detail:
+            # The run ended during the re-tune (a trial or a check in flight: the README's run ends
+            # so too). The status says that search was on, and `autobyte best` compares only what
+            # was measured after the drop, among what the tuner held or tried there.
+            assert "re-tuning after bandwidth drop" in held.detail, held
+            first = int(re.search(r"steps (\d+)\.\.", best.context).group(1))
+            assert first >= drop_step, (best.context, drop_step)
+            before = [
+                d.config for d in decisions if d.state == "applied" and d.apply_at_step < first
+            ]
+            held_or_tried = {d.config for d in decisions if d.apply_at_step >= first} | set(
+                before[-1:]
+            )
+            assert best.config in held_or_tried, (best, [d.reason for d in decisions])
+        else:  # the tuner settled: best names the configuration it holds
+            assert best.config == held.config, (held, best, out[-3000:])
         assert f"quickstart: {best.config.describe()}" in out  # what `autobyte best` printed
     finally:
         if work:
