@@ -25,6 +25,16 @@ _REACH = Reach()
 _TURNS: Turns | None = None
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--turns",
+        choices=("all", "shared", "alone"),
+        default="all",
+        help="run every test (all), only those that may run beside another (shared), or only "
+        "those marked alone; scripts/test.sh runs shared two at a time, then alone",
+    )
+
+
 def pytest_configure(config) -> None:
     global _TURNS
     workerinput = getattr(config, "workerinput", None)
@@ -64,7 +74,16 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Marks each test multiprocess / netns / postgres by what its code and fixtures reach, and
-    slow when it has any of those: `-m "not slow"` is the fast subset a developer runs."""
+    slow when it has any of those: `-m "not slow"` is the fast subset a developer runs. With
+    `--turns shared|alone`, keeps only the tests of that part."""
+    part = config.getoption("turns")
+    if part != "all":
+        keep = [
+            i for i in items if (i.get_closest_marker("alone") is not None) == (part == "alone")
+        ]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+            items[:] = keep
     for item in items:
         function = getattr(item, "function", None)
         if function is None:
