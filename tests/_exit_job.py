@@ -6,7 +6,8 @@
 The driver imports torch once and forks, for each job, the two ranks of a small gloo job
 (an MLP with AdamW, 6 steps). Each forked rank runs the job at this script's top level and then
 falls off its end, so it ends through the interpreter's real shutdown, as a script does. The
-driver delivers the signals a mode names once both ranks are mid-training, waits for every rank
+driver delivers the signals a mode names once both ranks are mid-training (at a random point of
+the next `SIGNAL_JITTER_S`: a few steps of this job), waits for every rank
 (at most `RANK_DEADLINE_S` after the job's end or the signal) and writes one JSON line per rank
 to OUT_DIR/results.jsonl: exit status, seconds from the end or signal until gone, and whether the
 rank's stderr holds a C++ abort. Each rank saves its final state_dict from an `atexit` handler
@@ -23,6 +24,7 @@ import atexit
 import gc
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -34,6 +36,7 @@ from torch import nn
 
 STEPS = 6
 RANK_DEADLINE_S = 10.0
+SIGNAL_JITTER_S = 0.05  # a signal lands this much (uniform) after both ranks are mid-training
 MODES = {
     # mode: (where the job ends, signal, which ranks get it)
     "end": "the loop ends; nothing is closed",
@@ -180,6 +183,7 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
                 }
             ranks["signal"] = SIGNALLED.get(mode, (None, ()))
         t_end: dict[int, float] = {}
+        fire_at: dict[int, float] = {}
         deadline = time.monotonic() + 120.0  # start-up and training on a busy machine
         while time.monotonic() < deadline:
             pending = False
@@ -196,12 +200,19 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
                         pid, status = os.waitpid(r["pid"], os.WNOHANG)
                         if pid:
                             r["status"], r["gone"] = status, time.monotonic()
-                if rep not in t_end and all(
+                if rep not in fire_at and all(
                     marker in r["seen"] or r["status"] is not None for r in ranks.values()
                 ):
+                    # a signal lands at a random point of the steps that follow (forward,
+                    # backward, the hook, step(), zero_grad(), between steps)
+                    fire_at[rep] = time.monotonic() + (
+                        random.uniform(0.0, SIGNAL_JITTER_S) if targets else 0.0
+                    )
+                if rep in fire_at and rep not in t_end and time.monotonic() >= fire_at[rep]:
                     t_end[rep] = time.monotonic()
                     for rank in targets:
-                        os.kill(ranks[rank]["pid"], how)
+                        if ranks[rank]["status"] is None:
+                            os.kill(ranks[rank]["pid"], how)
                 waiting = any(r["status"] is None for r in ranks.values())
                 if waiting and (
                     rep not in t_end or time.monotonic() - t_end[rep] <= RANK_DEADLINE_S

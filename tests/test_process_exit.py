@@ -215,3 +215,32 @@ def test_ctrl_c_inside_the_gradient_hook_leaves_backward_as_keyboard_interrupt(h
 
     for got in run_ranks_on(hot_path, _interrupted_in_the_hook_worker, 2, timeout_s=60):
         assert got == {"raised": "KeyboardInterrupt", "after": "SchedulerError"}, got
+
+
+@pytest.mark.parametrize("hot_path", ["native", "python"])
+def test_a_peer_dying_while_the_interpreter_finalizes_leaves_no_abort(tmp_path, hot_path):
+    """Ctrl-C on a rank with collectives in flight, its peer dying while that rank's interpreter
+    finalizes: the backend fails the collectives on its own threads then, and nothing of Python may
+    be attached to them (a future's callback needs the GIL to be released, and a finalizing
+    interpreter ends such a thread: SIGABRT). The rank exits -2, as DDP's."""
+    job = str(ROOT / "tests" / "_late_peer_job.py")
+    port = str(free_port())
+    env = {**os.environ, "AUTOBYTE_NATIVE": "1" if hot_path == "native" else "0"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, job, str(rank), port, str(tmp_path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=90)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert (tmp_path / "finalizing").exists(), outputs[0][-3000:]
+    assert "terminate called" not in outputs[0], outputs[0][-3000:]
+    assert ranks[0].returncode == -2, outputs[0][-3000:]

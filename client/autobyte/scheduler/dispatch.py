@@ -13,9 +13,11 @@ overlaps has produced its gradient of that step locally; `receiver_loop` feeds i
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 import heapq
 import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +42,9 @@ from autobyte.scheduler.order_channel import OrderChannel, cpu_ns
 from autobyte.scheduler.progress import Progress, SchedulerError
 from autobyte.scheduler.sparse_rows import SparseRows
 from autobyte.types import Config
+
+# How long the completion thread waits on one collective before it looks at `closed` again.
+COMPLETION_POLL = datetime.timedelta(milliseconds=50)
 
 
 class DispatchStats:
@@ -84,6 +89,9 @@ class Dispatcher:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = DispatchStats()
         self.closed = False  # set by the optimizer when it closes (the receiver then ends quietly)
+        # CPU: collectives in flight, oldest first, for the completion thread (`completion_main`)
+        self._inflight: collections.deque = collections.deque()
+        self._inflight_cond = threading.Condition()
 
     # ------------------------------------------------------------------ the optimizer's calls
 
@@ -94,6 +102,8 @@ class Dispatcher:
         else:
             spawn("follower", self.follower_main, ())
             spawn("receiver", self.receiver_main, ())
+        if not self.device_sync.cuda:
+            spawn("completion", self.completion_main, ())
 
     def grad_ready(self, param: int, step: int) -> None:
         """Training thread: a parameter's gradient of `step` is in the flat buffer."""
@@ -108,6 +118,8 @@ class Dispatcher:
         never blocks (`bound_s` is the native engine's)."""
         self.closed = True
         self.queue.put(Stop())
+        with self._inflight_cond:
+            self._inflight_cond.notify_all()
 
     def channel_stats(self) -> tuple[int, int, int, int]:
         """(messages, send ns, latency ns, latency samples) of the decision channel."""
@@ -146,9 +158,9 @@ class Dispatcher:
         if sync.cuda:  # NCCL completes its future at enqueue: poll the work instead
             sync.watch(work, functools.partial(self._on_done, s, start, length, work))
         else:
-            work.get_future().add_done_callback(
-                functools.partial(self._on_reduced, s, start, length, work, unpack)
-            )
+            with self._inflight_cond:
+                self._inflight.append((s, start, length, work, unpack))
+                self._inflight_cond.notify()
         rec = self.steps.record(s)
         now = time.perf_counter()
         if rec.t_first_issue is None:
@@ -159,24 +171,47 @@ class Dispatcher:
         self.stats.parts += 1
         return c1 - c0
 
-    def _on_reduced(
-        self,
-        s: int,
-        start: int,
-        length: int,
-        work: Any,
-        unpack: Callable[[], None] | None,
-        future: Any,
-    ) -> None:
-        # Runs on the backend's thread: keep it tiny.
+    def completion_main(self) -> None:
+        """CPU: the completion thread. It waits on each collective in flight, oldest first, and
+        hands it on as reduced. Not a callback on the work's future: a Python callback still
+        attached when the interpreter shuts down (a peer gone mid-step, a Ctrl-C) is released by
+        the backend's thread once the work fails, which then needs the GIL of a finalizing
+        interpreter and aborts the process ("terminate called after throwing an instance of
+        'gloo::IoException'"). A collective left in flight here holds no Python object, as DDP's
+        do not; this thread ends within `COMPLETION_POLL` of `stop()`."""
         try:
-            future.value()
-            if unpack is not None:
-                unpack()  # a row-sparse weight's packed rows back into the flat buffer
+            with torch.no_grad():
+                self._completion_loop()
         except BaseException as error:  # noqa: BLE001 - surfaced at the next step()/synchronize()
             self.progress.fail(error)
-            return
-        self._on_done(s, start, length, work, None)
+
+    def _completion_loop(self) -> None:
+        inflight, cond = self._inflight, self._inflight_cond
+        while True:
+            with cond:
+                while not inflight and not self.closed:
+                    cond.wait()
+                if not inflight:
+                    return
+                s, start, length, work, unpack = inflight[0]
+            try:
+                work.wait(COMPLETION_POLL)
+            except RuntimeError as error:
+                if not work.is_completed():  # "Operation timed out!": still in flight
+                    if self.closed:
+                        return  # left to the backend, with nothing of Python attached
+                    continue
+                inflight.popleft()
+                self.progress.fail(error)
+                continue
+            inflight.popleft()
+            if unpack is not None:
+                try:
+                    unpack()  # a row-sparse weight's packed rows back into the flat buffer
+                except BaseException as error:  # noqa: BLE001 - surfaced at the next step()
+                    self.progress.fail(error)
+                    continue
+            self._on_done(s, start, length, work, None)
 
     def _on_done(
         self, s: int, start: int, length: int, work: Any, error: BaseException | None
