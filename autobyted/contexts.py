@@ -10,8 +10,13 @@ conditions. What the stored steps carry says when those moved:
   configuration measured earlier in the context (the estimate depends on the configuration) by a
   factor of 2 or more (BANDWIDTH_SHIFT, log units).
 
-A move counts when CONFIRM_BLOCKS blocks in a row show it; blocks are BLOCK_STEPS consecutive
-steps of one configuration (block medians: one slow step is not a change). Why 2x and 3 blocks,
+A move counts when CONFIRM_BLOCKS blocks in a row show it with the same cause; blocks are
+BLOCK_STEPS consecutive steps of one configuration (block medians: one slow step is not a change).
+Its cause is the tuner's (`autobyted.signals.cause_of`: the host load that falls with a bandwidth
+drop, as less traffic takes less of the host's CPU, is the link's), so `autobyte best` and the
+tuner's status name one change alike. The new context begins at the change point: the step from
+which the moved signal sits on the far side of half its move (around the first block that showed
+it); the step just before it, which the change may have happened in, belongs to neither context. Why 2x and 3 blocks,
 not the drift detector's 25% (which watches for a re-tune, with a CUSUM over a known noise level):
 on two real 400-step 2-rank gloo jobs on a shared 2-core host, 25% and 2 blocks cut them into 7
 and 17 contexts (the estimate of a steady configuration wanders by up to 2x for 10-20 steps there),
@@ -32,12 +37,13 @@ from typing import NamedTuple
 
 from autobyte.types import Config
 
-from autobyted.signals import SIGNALS
+from autobyted.signals import SIGNALS, cause_of
 
 BLOCK_STEPS = 10
 CONFIRM_BLOCKS = 3  # blocks in a row that must show a move before it counts (>= 2)
 BANDWIDTH_SHIFT = math.log(2.0)
 MIN_SHIFT = {**{signal.name: signal.min_shift for signal in SIGNALS}, "bandwidth": BANDWIDTH_SHIFT}
+SIGNAL = {signal.name: signal for signal in SIGNALS}
 
 
 class StepPoint(NamedTuple):
@@ -86,10 +92,12 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
     suspect: tuple[str, int, int, int] | None = None
     block: list[StepPoint] = []
 
-    def close(reason: str, at: int) -> None:
+    def close(reason: str, at: int, skip: int = 0) -> None:
+        """current[:at - skip] ends the context; current[at:] begins the next (skip steps in
+        between belong to neither)."""
         nonlocal current, started_by, load_ref, bandwidth_ref, suspect
-        if current[:at]:
-            part = current[:at]
+        if current[: at - skip]:
+            part = current[: at - skip]
             contexts.append(
                 Context(
                     len(contexts) + 1, run, part[0].step, part[-1].step, started_by, tuple(part)
@@ -98,40 +106,70 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
         current = current[at:]
         started_by, load_ref, bandwidth_ref, suspect = reason, math.nan, {}, None
 
+    def shift_of(point: StepPoint, name: str) -> float:
+        """One step's move of a signal from the context's reference (NaN: not measured)."""
+        if name == "host_load":
+            return point.host_load - load_ref if point.host_load > 0 else math.nan
+        reference = bandwidth_ref.get(point.config, math.nan)
+        if point.bandwidth_bytes_per_s > 0 and reference > 0:
+            return math.log(point.bandwidth_bytes_per_s / reference)
+        return math.nan
+
+    def change_point(name: str, direction: int, at: int) -> int:
+        """Where in the steps around the first block that showed the move it began: the cut that
+        leaves the fewest steps on the wrong side, each step on the side of half the move."""
+        half = direction * _median([abs(shift_of(p, name)) for p in current[at:]]) / 2
+        lo, hi = max(0, at - BLOCK_STEPS), min(len(current), at + BLOCK_STEPS)
+        moved = [
+            None
+            if math.isnan(x := shift_of(current[i], name))
+            else x * direction >= half * direction
+            for i in range(lo, hi)
+        ]
+        best, errors = at, None
+        for cut in range(lo, hi + 1):
+            wrong = sum(m is True for m in moved[: cut - lo]) + sum(
+                m is False for m in moved[cut - lo :]
+            )
+            if errors is None or wrong < errors:
+                best, errors = cut, wrong
+        return best
+
     def judge(block: list[StepPoint]) -> None:
-        """Compare a finished block with the context's references; two in a row open a new context."""
+        """Compare a finished block with the context's references; CONFIRM_BLOCKS in a row that
+        moved, with the same cause, open a new context."""
         nonlocal load_ref, suspect
         start = len(current) - len(block)
         load = _median([p.host_load for p in block])
         bandwidth = _median([p.bandwidth_bytes_per_s for p in block])
-        config = block[0].config
-        moved = None
+        shifts, moved = {}, set()
         if not math.isnan(load):
             if math.isnan(load_ref):
                 load_ref = load
-            elif abs(load - load_ref) >= MIN_SHIFT["host_load"]:
-                moved = ("host load", 1 if load > load_ref else -1)
-        if moved is None and not math.isnan(bandwidth):
-            reference = bandwidth_ref.setdefault(config, bandwidth)
-            shift = math.log(bandwidth / reference)
-            if abs(shift) >= MIN_SHIFT["bandwidth"]:
-                moved = ("bandwidth", 1 if shift > 0 else -1)
-        if moved is None:
+            shifts["host_load"] = (SIGNAL["host_load"], load - load_ref, 0.0)
+        if not math.isnan(bandwidth):
+            reference = bandwidth_ref.setdefault(block[0].config, bandwidth)
+            shifts["bandwidth"] = (SIGNAL["bandwidth"], math.log(bandwidth / reference), 0.0)
+        for name, (_signal, shift, _se) in shifts.items():
+            if abs(shift) >= MIN_SHIFT[name]:
+                moved.add(name)
+        # the cause by the tuner's rule (a host load that falls with the link is the link's)
+        cause = cause_of(shifts, moved)
+        if cause is None:
             suspect = None
             return
-        if suspect is not None and suspect[:2] == moved and suspect[3] + 1 < CONFIRM_BLOCKS:
+        signal, shift = cause
+        named = (signal.name, 1 if shift > 0 else -1)
+        if suspect is not None and suspect[:2] == named and suspect[3] + 1 < CONFIRM_BLOCKS:
             suspect = (*suspect[:3], suspect[3] + 1)
             return
-        if suspect is not None and suspect[:2] == moved:
-            kind, direction, at, _blocks = suspect
-            word = {
-                ("host load", 1): "a host load rise",
-                ("host load", -1): "a host load drop",
-                ("bandwidth", 1): "a bandwidth rise",
-                ("bandwidth", -1): "a bandwidth drop",
-            }[(kind, direction)]
-            close(f"{word} at step {current[at].step}", at)
-            # The new context's references come from the two blocks that showed the move.
+        if suspect is not None and suspect[:2] == named:
+            name, direction, at, _blocks = suspect
+            cut = change_point(name, direction, at)
+            label = signal.rise if direction > 0 else signal.fall
+            # the step before the cut may be the one the change happened in: in neither context
+            close(f"a {label} at step {current[cut].step}", cut, skip=1 if cut > 0 else 0)
+            # The new context's references come from the blocks that showed the move.
             for p in (current[i : i + BLOCK_STEPS] for i in range(0, len(current), BLOCK_STEPS)):
                 load_now = _median([q.host_load for q in p])
                 if not math.isnan(load_now) and math.isnan(load_ref):
@@ -140,7 +178,7 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
                 if not math.isnan(bandwidth_now):
                     bandwidth_ref.setdefault(p[0].config, bandwidth_now)
             return
-        suspect = (*moved, start, 1)
+        suspect = (*named, start, 1)
 
     previous: StepPoint | None = None
     for point in points:

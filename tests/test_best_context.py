@@ -198,3 +198,59 @@ def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
         "j", points([(40, held, 0.48), (20, clear, 0.40), (20, held, 0.48)]), 5
     )
     assert clearly.config == clear and "within the noise" not in clearly.evidence
+
+
+def _points(phases):
+    """StepPoints of rank 0: phases of (steps, config, step_time_s, bandwidth, host_load)."""
+    from autobyted.contexts import StepPoint
+
+    from autobyte.types import Config
+
+    points, wall = [], 1_764_500_000.0
+    for steps, config, step_time_s, bandwidth, load in phases:
+        for _ in range(steps):
+            wall += step_time_s
+            points.append(
+                StepPoint(len(points), wall, step_time_s, Config(*config), bandwidth, load)
+            )
+    return points
+
+
+@pytest.mark.parametrize("straddler_bandwidth", [2.4e8, 1.4e8, 4e7])
+def test_a_link_drop_is_one_context_from_the_step_it_happened_in_named_as_the_tuner_names_it(
+    straddler_bandwidth,
+):
+    """The quick start's drop: the link falls 7x inside step 47 (in the middle of a block), and the
+    host load falls with it (less traffic takes less of the host's CPU). The new context is labelled
+    a bandwidth drop, as the tuner labels it, never a host load drop; it begins at step 47 or 48,
+    and step 47, whatever share of it ran on the slow link, is in no context before it."""
+    from autobyted.contexts import split_contexts
+
+    medium = (4 << 20, 16 << 20)
+    contexts = split_contexts(
+        _points(
+            [
+                (47, medium, 0.05, 2.5e8, 0.42),
+                (1, medium, 0.10, straddler_bandwidth, 0.30),  # step 47: the change inside it
+                (60, medium, 0.15, 3.5e7, 0.15),
+            ]
+        )
+    )
+    assert len(contexts) == 2, [c.describe(len(contexts)) for c in contexts]
+    old, new = contexts
+    assert new.started_by in ("a bandwidth drop at step 47", "a bandwidth drop at step 48"), (
+        new.started_by
+    )
+    assert new.first_step >= 47 and old.last_step < 47, (old.describe(2), new.describe(2))
+    assert f"step {new.first_step}" in new.started_by
+
+
+def test_a_host_load_change_alone_is_named_host_load():
+    from autobyted.contexts import split_contexts
+
+    medium = (4 << 20, 16 << 20)
+    contexts = split_contexts(
+        _points([(43, medium, 0.05, 2.5e8, 0.05), (60, medium, 0.06, 2.4e8, 0.65)])
+    )
+    assert [c.started_by for c in contexts] == ["the job's start", "a host load rise at step 43"]
+    assert contexts[0].last_step == 41  # step 42, just before the change point: in neither

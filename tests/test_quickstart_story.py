@@ -82,6 +82,8 @@ def test_the_quickstart_tells_one_true_story():
             assert "re-tuning after bandwidth drop" in held.detail, held
             first = int(re.search(r"steps (\d+)\.\.", best.context).group(1))
             assert first >= drop_step, (best.context, drop_step)
+            # one change, one cause: best's context names it as the tuner's status does
+            assert "since a bandwidth drop at step" in best.context, (best.context, held.detail)
             before = [
                 d.config for d in decisions if d.state == "applied" and d.apply_at_step < first
             ]

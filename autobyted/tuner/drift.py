@@ -69,13 +69,13 @@ are true:
   at least four blocks to cross, so the wait is four blocks (about 2 s at the steps' pace when the
   block size was chosen, longer when the steps slowed down since); every alarm of the step time
   alone starts that much later;
-- among the context signals at least half way to their threshold (`_cause`): one rank's compute
+- among the context signals at least half way to their threshold (`cause_of`): one rank's compute
   moving apart from the other ranks' (by its min_shift and by 2.5 standard errors of the
   difference) is that rank's change, and explains a fall of the bandwidth estimate too (its peers'
   collectives wait for it: a 50% CPU quota on rank 1 raises its compute 2.2x and lowers the best
   bandwidth estimate 40%); of two ranks apart, the one whose own compute moved more; but a rank
   moving against the link (its compute faster while the estimate falls, or slower while it rises)
-  is the link's effect, not its cause (`_rank_explains_link`: the job's traffic takes CPU on this
+  is the link's effect, not its cause (`autobyted.signals.rank_explains_link`: the job's traffic takes CPU on this
   host, so a slower link frees it: the quick start's drop to 300 Mbit/s sped rank 0's compute up
   40%). Otherwise the
   signal that moved most in units of its min_shift (a bandwidth drop of 300/2000 moves log
@@ -99,10 +99,9 @@ from collections.abc import Callable, Sequence
 
 from autobyte.types import StepMetrics
 
-from autobyted.signals import SIGNALS, Signal, log_or_nan, robust_sigma
+from autobyted.signals import SIGNALS, Signal, cause_of, log_or_nan, robust_sigma
 
 MIN_REFERENCE = 5
-Z_APART = 2.5  # TunerParams.z_switch: a difference of 2.5 standard errors (~0.6% one-sided)
 FRESH_BLOCKS = 4  # blocks after an alarm's change point that its label is measured on
 LABEL_WAIT_BLOCKS = 4  # blocks a step-time alarm waits for a context test to cross (one needs >= 4)
 MEDIAN_SE = math.sqrt(math.pi / 2)  # a median of n normal draws: sqrt(pi/2) sigma/sqrt(n) (large n)
@@ -274,7 +273,7 @@ class DriftDetector:
     def update(self, sample: StepMetrics) -> Alarm | None:
         """Feed one step; an alarm when a block completes with a signal out of control (the step
         time alone: up to LABEL_WAIT_BLOCKS blocks later), named after the context signal that
-        explains it (`_cause`; so the reason names the cause when it is visible), else the
+        explains it (`cause_of`; so the reason names the cause when it is visible), else the
         step-time residual."""
         if not self._block_steps:
             self._block_steps = max(
@@ -350,7 +349,7 @@ class DriftDetector:
 
     def _label(self, since: int) -> Alarm:
         """The alarm's reason, from every signal's shift over its last `since` blocks: the cause
-        (module docstring, `_cause`) among the context signals at least half way to their
+        (module docstring, `cause_of`) among the context signals at least half way to their
         threshold; else the step-time residual."""
         assert self._tests is not None
 
@@ -370,7 +369,7 @@ class DriftDetector:
             for signal, test in self._tests
             if signal.name != "step_time" and progress((signal, test)) >= 0.5
         }
-        cause = _cause(shifts, context)
+        cause = cause_of(shifts, context)
         if cause is None:  # no context signal moved: the step-time residual, or the nearest test
             signal, test = max(self._tests, key=progress)
             shift = shifts[signal.key][1]
@@ -379,57 +378,6 @@ class DriftDetector:
                 signal.name, direction, shift, signal.rise if direction > 0 else signal.fall
             )
         return _alarm(*cause)
-
-
-def _cause(
-    shifts: dict[str, tuple[Signal, float, float]], moved: set[str]
-) -> tuple[Signal, float] | None:
-    """Which change explains the context signals in `moved` (keys of `shifts`: every watched
-    signal's shift and its standard error), by the precedence of the module docstring: one rank's
-    compute moving apart from the other ranks' (by its min_shift and by Z_APART standard errors of
-    the difference) is that rank's change, and explains a fall of the
-    bandwidth estimate (the peers wait for it); otherwise the signal that moved most in units of
-    its min_shift, except that compute moving on every rank together with a bandwidth change by
-    its min_shift is the link's (on a shared host competing traffic costs every rank CPU)."""
-    candidates = [
-        shifts[key] for key in sorted(moved) if key in shifts
-    ]  # ties: the same pick every run
-    if not candidates:
-        return None
-    per_rank = [item for item in shifts.values() if item[0].rank is not None]
-    apart = []
-    for signal, shift, se in candidates:
-        if signal.rank is None:
-            continue
-        others = [(x, e) for s, x, e in per_rank if s.rank != signal.rank]
-        gap = shift - statistics.median(x for x, _ in others) if others else shift
-        noise = math.hypot(se, max((e for _, e in others), default=0.0))
-        if abs(gap) >= max(signal.min_shift, Z_APART * noise):
-            apart.append((abs(shift) / signal.min_shift, signal, gap, shift))  # 2 ranks: equal gaps
-    link = [(s, x) for s, x, _ in candidates if s.name == "bandwidth" and abs(x) >= s.min_shift]
-    if apart:
-        _, signal, gap, shift = max(apart, key=lambda t: t[0])
-        if not link or _rank_explains_link(shift, *link[0]):
-            return signal, gap
-        return link[0]  # the rank moved the other way: the link's traffic moved the rank
-    signal, shift, _ = max(candidates, key=lambda t: abs(t[1]) / t[0].min_shift)
-    if link and (
-        (signal.name == "compute" and per_rank)
-        or (signal.name == "host_load" and shift * link[0][1] > 0)
-    ):
-        return link[0]
-    return signal, shift
-
-
-def _rank_explains_link(rank_shift: float, link: Signal, link_shift: float) -> bool:
-    """Whether one rank's compute moving by `rank_shift` (log) explains the bandwidth estimate
-    moving by `link_shift` (log): a slower rank lowers the estimate (its peers' collectives wait
-    for it, and a CPU quota throttles its communication threads too: 4x lower beside a 2.1x
-    slowdown), a faster one raises it. A rank speeding up while the estimate falls (or slowing
-    while it rises) is not the cause but an effect of the link: on a host whose cores carry the
-    job's traffic (gloo's reductions, TCP through the veths) a slower link frees CPU (the quick
-    start's 2 Gbit/s -> 300 Mbit/s: rank 0's compute -40%, the estimate 6x lower)."""
-    return rank_shift * link_shift < 0
 
 
 def window_shift(
@@ -454,7 +402,7 @@ def window_shift(
         shifts[signal.key] = (signal, shift, se)
         if abs(shift) > max(signal.min_shift, 3 * se):
             moved.add(signal.key)
-    cause = _cause(shifts, moved)
+    cause = cause_of(shifts, moved)
     return _alarm(*cause) if cause else None
 
 
@@ -475,7 +423,7 @@ JUMP_LIMITS = {"bandwidth": math.log(3.0), "compute": 0.3, "host_load": 0.3}
 def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]) -> Alarm | None:
     """A change of context between two windows of different configurations (a search's incumbent
     and a trial): a jump larger than any configuration explains (JUMP_LIMITS); of several, the
-    cause by the same precedence as every other label (`_cause`: a rank's compute or the host load
+    cause by the same precedence as every other label (`cause_of`: a rank's compute or the host load
     moving beside a link jump its traffic explains is the link's)."""
     shifts, moved = {}, set()
     for signal in job_signals([*reference, *window]):
@@ -491,7 +439,7 @@ def context_jump(reference: Sequence[StepMetrics], window: Sequence[StepMetrics]
         shifts[signal.key] = (signal, shift, MEDIAN_SE * sigma * math.sqrt(1 / len(a) + 1 / len(b)))
         if abs(shift) > limit:
             moved.add(signal.key)
-    cause = _cause(shifts, moved)
+    cause = cause_of(shifts, moved)
     return _alarm(*cause) if cause else None
 
 
