@@ -120,6 +120,7 @@ class Tokens(torch.utils.data.Dataset):
 
 BATCHNORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 SKIPPED: list[int] = []  # fp16 steps whose update the GradScaler skipped, per accelerate run
+NORMS: list[list] = []  # what accelerator.clip_grad_norm_ returned at each step, per accelerate run
 
 
 def reset() -> None:
@@ -194,13 +195,15 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
     loader = torch.utils.data.DataLoader(Tokens(32), batch_size=4, shuffle=False)
     model, optimizer, loader, lr = accelerator.prepare(model, optimizer, loader, lr)
     skipped = 0
+    norms = []
     for epoch in range(2):
         for i, batch in enumerate(loader):
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), 0.5)
+                    norm = accelerator.clip_grad_norm_(model.parameters(), 0.5)
+                    norms.append(None if norm is None else float(norm))  # logged, as loops do
                 optimizer.step()
                 skipped += bool(accelerator.sync_gradients and optimizer.step_was_skipped)
                 lr.step()
@@ -213,6 +216,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
                     p.add_(1.0)
             accelerator.load_state(save_dir)
     SKIPPED.append(skipped)
+    NORMS.append(norms)
     scheduled = isinstance(accelerator, autobyte.accelerate.Accelerator) and len(
         accelerator.schedulers
     )
@@ -347,6 +351,23 @@ def main() -> None:
     )
     skipped_ours = SKIPPED.pop()
     results["accelerate_fp16"] = (a16, b16)
+    # the standard accelerate loop, one import changed: clip_grad_norm_ with no constructor
+    # argument clips as DDP's and returns DDP's norm (bf16 with accumulation; fp16 unscales first)
+    plain_norms = {}
+    for name, precision in (("accelerate_plain", "bf16"), ("accelerate_plain_fp16", "fp16")):
+        pair = []
+        for cls, extra in ((DDPAccelerator, {}), (autobyte.accelerate.Accelerator, dense)):
+            reset()
+            accelerator = cls(
+                mixed_precision=precision, gradient_accumulation_steps=2, cpu=True, **extra
+            )
+            if precision == "fp16":
+                with_fp16_scaler(accelerator)
+            state_dict, _ = accelerate_run(accelerator, save_dir=f"{OUT}/{name}_{cls.__module__}")
+            SKIPPED.pop()
+            pair.append((state_dict, NORMS.pop()))
+        results[name] = (pair[0][0], pair[1][0])
+        plain_norms[name] = (pair[0][1], pair[1][1])
     no_broadcast = [DistributedDataParallelKwargs(broadcast_buffers=False)]
     reset()
     a_n = accelerate_batchnorm(DDPAccelerator(cpu=True, kwargs_handlers=no_broadcast))
@@ -369,7 +390,7 @@ def main() -> None:
     except ValueError as error:
         refusals["comm_hook"] = str(error)
     reset()
-    acc = autobyte.accelerate.Accelerator(cpu=True)
+    acc = autobyte.accelerate.Accelerator(cpu=True, clip_grad_norm=0.5)
     model = gpt2()
     model, _ = acc.prepare(model, torch.optim.AdamW(model.parameters()))
     try:
@@ -411,6 +432,7 @@ def main() -> None:
                 "batchnorm_evals": batchnorm_evals,
                 "across_statistics": across_statistics,
                 "accelerate_scheduled": accelerate_scheduled,
+                "plain_norms": plain_norms,
                 "ddp_logs": ddp_logs,
                 "our_logs": our_logs,
             },

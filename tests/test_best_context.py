@@ -202,9 +202,9 @@ def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
 
 def _points(phases):
     """StepPoints of rank 0: phases of (steps, config, step_time_s, bandwidth, host_load)."""
-    from autobyted.contexts import StepPoint
-
     from autobyte.types import Config
+
+    from autobyted.contexts import StepPoint
 
     points, wall = [], 1_764_500_000.0
     for steps, config, step_time_s, bandwidth, load in phases:

@@ -89,6 +89,8 @@ CASES = [
     "accelerate",
     "accelerate_fp16",
     "accelerate_batchnorm_no_broadcast",
+    "accelerate_plain",
+    "accelerate_plain_fp16",
 ]
 
 
@@ -164,7 +166,17 @@ def test_settings_the_scheduler_cannot_reproduce_are_refused(launch):
             "comm_hook='fp16'" in refusals["comm_hook"]
             and "remove the comm hook" in refusals["comm_hook"]
         )
-        assert "Accelerator(clip_grad_norm=1.0" in refusals["clip"]
+        assert "built with clip_grad_norm=0.5" in refusals["clip"], refusals["clip"]
+
+
+def test_the_standard_accelerate_loop_logs_ddps_clip_norm_with_no_constructor_argument(launch):
+    """`accelerator.clip_grad_norm_(...)` with one import changed: the norm it returns (and logs) is
+    DDP's, to the bit, at every synchronising step, bf16 and fp16 (unscaled first) alike."""
+    ranks, _, _ = launch
+    for result in ranks:
+        for name, (ddp, ours) in result["plain_norms"].items():
+            assert len(ddp) >= 4 and all(n is not None and n > 0.5 for n in ddp[:1]), (name, ddp)
+            assert ours == ddp, (name, ours, ddp)
 
 
 def test_unknown_trainer_option_is_refused():

@@ -22,10 +22,12 @@ accelerate. The parameters are DDP's to the bit. How accelerate's calls map to t
 * `backward`: accelerate's own (loss / accumulation steps, GradScaler); the gradients go out as
   autograd produces them.
 * `accumulate` / `no_sync`: the scheduler's `no_sync()`, as DDP's `model.no_sync()`.
-* `clip_grad_norm_(params, max_norm)`: the scheduler clips the *reduced* gradients by their global
-  norm, as DDP + `clip_grad_norm_` does, so the norm is fixed up front: `Accelerator(clip_grad_norm=
-  max_norm)`. The call then checks that `max_norm` is that value (a different one raises) and returns
-  None: the norm of a step is known only once its gradients are reduced (`last_grad_norm()`).
+* `clip_grad_norm_(params, max_norm)`, `clip_grad_value_`, `unscale_gradients`, any read of
+  `.grad` after `backward`: accelerate's own, on the gradients DDP would hold (a read waits for the
+  reduced gradients, the wait DDP pays at every backward: `autobyte.scheduler.grad_reads`), so the
+  norm returned and the parameters are DDP's. `Accelerator(clip_grad_norm=max_norm)` is an
+  optimisation: the scheduler clips once reduced, without that wait; `clip_grad_norm_` with the same
+  value then returns None (`last_grad_norm()` has the norm after the step).
 * fp16 (`GradScaler`): handed to the scheduler, which unscales, skips inf/NaN steps on every rank
   alike and updates the scale; `optimizer.step_was_skipped` (which the LR scheduler reads) waits for
   the step's updates, so an fp16 step does not overlap the next forward pass.
@@ -34,7 +36,7 @@ accelerate. The parameters are DDP's to the bit. How accelerate's calls map to t
 
 Refused with a ValueError (never silently different): distributed types other than DDP's
 (FSDP, DeepSpeed, XLA, tensor parallel), DDP communication hooks (they change the numbers),
-a clipping norm other than the one configured.
+a clipping norm other than the one given to the constructor.
 
 Buffers (BatchNorm statistics): `DistributedDataParallelKwargs(broadcast_buffers=...)` (default True)
 becomes the scheduler's `broadcast_buffers`, which copies rank 0's buffers as DDP does.
@@ -291,7 +293,9 @@ class Accelerator(accelerate.Accelerator):
             yield
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
-        if not self._scheduled:
+        if not self._scheduled or self._clip is None:
+            # accelerate's own: unscale, then torch's clip on the gradients DDP would hold (a read
+            # of `.grad` waits for the reduced gradients: autobyte.scheduler.grad_reads)
             return super().clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         if max_norm == math.inf:
             return None  # a norm without clipping (Trainer's max_grad_norm=0): known only after the step
@@ -301,20 +305,13 @@ class Accelerator(accelerate.Accelerator):
             or float(norm_type) != self._clip_norm_type
         ):
             raise ValueError(
-                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): the scheduler "
-                "clips the reduced gradients and needs the norm up front; construct "
-                f"Accelerator(clip_grad_norm={max_norm}, clip_norm_type={norm_type}) "
-                f"(it has clip_grad_norm={self._clip}, clip_norm_type={self._clip_norm_type})"
+                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): this Accelerator "
+                f"was built with clip_grad_norm={self._clip}, clip_norm_type="
+                f"{self._clip_norm_type}, which the scheduler applies after the reduction; "
+                "call clip_grad_norm_ with those values, or build it without clip_grad_norm= "
+                "(then clip_grad_norm_ clips as accelerate's does)"
             )
-        return None
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        if self._scheduled:
-            raise ValueError(
-                "clip_grad_value_ needs local gradients, which the scheduler reduces in "
-                "the background: use clip_grad_norm (Accelerator(clip_grad_norm=...))"
-            )
-        super().clip_grad_value_(parameters, clip_value)
+        return None  # clipped by the scheduler once reduced: last_grad_norm() after the step
 
     # ------------------------------------------------------------------ checkpoints and the end
 

@@ -17,8 +17,9 @@ instance-level methods on that scaler object (restored by `close()`):
   step is scaled with the value GradScaler would use;
 * `step(opt)` is `opt.step()`; `update()` is a no-op (the scale was updated with the step;
   `update(new_scale)` sets the scale after synchronising);
-* `unscale_()` raises: clip through `clip_grad_norm=`, which clips after unscaling, as the AMP recipe
-  does;
+* `unscale_(opt)` unscales the reduced gradients of the step (reading `.grad` waits for them:
+  `autobyte.scheduler.grad_reads`), so the AMP recipe's `clip_grad_norm_` after it works as after
+  DDP's backward; the update then only checks the verdict and updates the scale;
 * `get_scale()`, `state_dict()`, `load_state_dict()` synchronise first.
 """
 
@@ -74,11 +75,16 @@ class ScalerBridge:
         self._cls.update(self.scaler, new_scale)
 
     def unscale_(self, optimizer: Any) -> None:
-        raise SchedulerError(
-            "gradients are in flight when scaler.unscale_() runs: the scheduler "
-            "unscales them itself once they are reduced; for gradient clipping pass "
-            "clip_grad_norm= to ScheduledOptimizer (it clips after unscaling)"
-        )
+        """GradScaler's unscale_ on the reduced gradients of this step (a read of every gradient:
+        `grad_reads`), before a clip of the loop's own; the update then skips a step with inf/NaN on
+        every rank alike and updates the scale without unscaling again."""
+        owner = self.owner
+        if optimizer is not owner and not any(optimizer is o for o in owner._optimizers):
+            raise SchedulerError(
+                "this GradScaler belongs to a ScheduledOptimizer: scaler.unscale_() takes "
+                "that ScheduledOptimizer or an optimizer it wraps"
+            )
+        owner._unscale_for_loop(self.scaler, optimizer)
 
     def get_scale(self) -> float:
         self.owner._synchronize_if_open()

@@ -186,6 +186,7 @@ class NativeUpdater(Updater):
             if kind == reduced_kind:
                 s, params = event[1], event[2]
                 ready.setdefault(s, []).extend(params)
+                self._count_reduced(s, len(params))
                 handed_back = [i for i in params if notify_reduced[i]]
                 if handed_back:
                     with progress.cond:

@@ -20,7 +20,16 @@ from torch import nn
 
 from autobyte import hooks
 from autobyte.scheduler import buffers as buffers_mod
-from autobyte.scheduler import checks, compiled, groups, health, native, process_exit, tracking
+from autobyte.scheduler import (
+    checks,
+    compiled,
+    grad_reads,
+    groups,
+    health,
+    native,
+    process_exit,
+    tracking,
+)
 from autobyte.scheduler import device as device_sync
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.accumulation import Accumulation
@@ -201,6 +210,10 @@ class ScheduledOptimizer:
         self._read_step = [-1] * self._n  # last step in which each parameter was read
         self._local_used = [-1] * self._n  # last step in which this rank produced a gradient
         self._backward_end_queued = -1  # step whose end-of-backward callback is queued
+        self._backward_done = -1  # step whose (synchronising) backward pass has ended
+        self._read_synced = -1  # step whose gradients a read of `.grad` has waited for
+        self._cleared = [-1] * self._n  # step whose gradient zero_grad() or `= None` cleared
+        self._unscaled_by: tuple[int, list] = (-1, [])  # scaler.unscale_(opt) calls of a step
         self._forward_seen = -1  # step whose first forward has been checked
         self._accumulation = Accumulation(self._n)
         self._buffers = buffers_mod.BufferBroadcast(
@@ -253,6 +266,7 @@ class ScheduledOptimizer:
         self._tracked = tracking.install(
             model, index_of, self._on_read
         )  # last: no read of ours after it
+        grad_reads.manage(params, self._grad_read, self._grad_write)
         # The transport (autobyte.transport.session) attaches itself: streams to autobyted if
         # autobyte.init() was called (now or later); a no-op otherwise.
         hooks.scheduler_created(self)
@@ -419,7 +433,11 @@ class ScheduledOptimizer:
             yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients of parameters the scheduler does not manage; managed ones are never touched."""
+        """Clear gradients: those of managed parameters read as None from now until the next
+        backward (a gradient in flight is never touched); the others as `Optimizer.zero_grad`."""
+        produced = self._progress.produced
+        for i in range(self._n):
+            self._cleared[i] = produced[i]
         managed = set(self._params)
         for group in self.param_groups:
             for p in group["params"]:
@@ -605,6 +623,7 @@ class ScheduledOptimizer:
         self._handles = []
         tracking.uninstall(self._tracked)
         self._tracked = []
+        grad_reads.release(self._params)
         if self._bridge is not None:
             self._bridge.restore()
         if not stuck:
@@ -812,7 +831,7 @@ class ScheduledOptimizer:
             if self._device_sync.cuda:
                 self._device_sync.before_read(idxs, s)
             return
-        if iterating and tracking._called_from_zero_grad():
+        if iterating and tracking.called_from_zero_grad():
             return  # Module.zero_grad() only touches .grad, which the scheduler owns
         self._wait_params(idxs, s)
         if self._device_sync.cuda:
@@ -851,10 +870,10 @@ class ScheduledOptimizer:
                 return  # inside no_sync(): autograd sums the micro-batches in param.grad
             if self._layout is None:
                 self._finalize_layout()
-            if self._backward_end_queued != s and self._uncovered_idx:
+            if self._backward_end_queued != s:
                 self._backward_end_queued = s
                 torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-            grad = param.grad
+            grad = grad_reads.raw_grad(param)
             if grad is None:
                 raise SchedulerError("the gradient vanished before the scheduler's hook ran")
             self._hand_off(i, grad, s)
@@ -880,7 +899,7 @@ class ScheduledOptimizer:
         if self._device_sync.cuda:
             self._device_sync.after_grad_copy(i)
         self._local_used[i] = s
-        self._params[i].grad = None
+        grad_reads.set_raw_grad(self._params[i], None)
         self._post_grad(i, s)
 
     def _keep_sequence(self, i: int, error: BaseException) -> None:
@@ -890,7 +909,7 @@ class ScheduledOptimizer:
         if self._layout is not None and progress.produced[i] < self._step_index:
             # keep the collective sequence going for the other ranks: a zero contribution
             self._layout.ext_views[i].zero_()
-            self._params[i].grad = None
+            grad_reads.set_raw_grad(self._params[i], None)
             self._post_grad(i, self._step_index)
 
     def _post_grad(self, i: int, s: int) -> None:
@@ -914,7 +933,7 @@ class ScheduledOptimizer:
             if progress.produced[i] < s:
                 if progress.param_step[i] < s:
                     self._wait_params((i,), s)
-                grad = self._params[i].grad
+                grad = grad_reads.raw_grad(self._params[i])
                 if accumulation.holds(i, s) and grad is not None:
                     self._hand_off(i, grad, s)
                     continue
@@ -931,6 +950,9 @@ class ScheduledOptimizer:
         try:
             if self._closed:
                 return
+            self._backward_done = s
+            if not self._uncovered_idx:
+                return
             if self._progress.produced_count != self._n:
                 self._flush_unused(s)
             idxs = self._uncovered_idx
@@ -942,10 +964,111 @@ class ScheduledOptimizer:
             with torch.no_grad():
                 for i in idxs:
                     if i not in unused:
-                        self._params[i].grad = layout.grad_views[i].clone()
+                        grad_reads.set_raw_grad(self._params[i], layout.grad_views[i].clone())
         except BaseException as error:
             self._progress.fail(error)
             raise
+
+    # ------------------------------------------------------------------ reads of .grad
+
+    def _grad_read(self, i: int) -> torch.Tensor | None:
+        """`params[i].grad` while its field holds None: the gradient DDP would hold (`grad_reads`)."""
+        if self._closed or self._layout is None:
+            return None
+        s = self._step_index
+        produced = self._progress.produced[i]
+        if produced >= s or self._backward_done == s:  # between backward() and step()
+            self._check_usable()
+            if self._backward_done != s:
+                raise SchedulerError(
+                    f"the gradient of {self._names[i]!r} was read inside backward() after the "
+                    "scheduler took it: the reduced value is not known before backward() returns "
+                    "(DDP's is not either); read gradients after backward()"
+                )
+            self._sync_for_read(s)
+            return self._reduced_grad(i, s)
+        last = s - 1
+        if produced < last or self._cleared[i] >= produced:
+            return None
+        if tracking.called_from_zero_grad():
+            self._cleared[i] = produced  # zero_grad() reads it only to clear it
+            return None
+        self._check_usable()
+        self._wait_params((i,), s)  # its update has landed: the buffer's view is stable now
+        return self._reduced_grad(i, last)
+
+    def _sync_for_read(self, s: int) -> None:
+        """The first read of step s's gradients: send those not produced, wait for every slice."""
+        if self._read_synced == s:
+            return
+        if self._progress.produced_count != self._n:
+            self._flush_unused(s)
+        self._progress.wait_step_reduced(s)
+        if self._device_sync.cuda:
+            torch.cuda.synchronize(self._device)  # the reduction's stream, before the user's
+        self._read_synced = s
+
+    def _reduced_grad(self, i: int, s: int) -> torch.Tensor | None:
+        """Step s's averaged gradient of parameter i; None where no rank used it, or dropped."""
+        layout = self._layout
+        if self._updater.dropped[i] == s or self._cleared[i] >= s:
+            return None
+        if self._owner[i] is None:
+            return None  # handed back in `.grad` at the end of backward; not there: unused
+        if self._local_used[i] != s and float(layout.flat[layout.flag_index(i)]) <= 0:
+            return None
+        return layout.grad_views[i]
+
+    def _unscale_for_loop(self, scaler: Any, optimizer: Any) -> None:
+        """`scaler.unscale_(optimizer)` before step() (amp.py): unscale this step's reduced
+        gradients, every wrapped optimizer's at the first call (one found_inf for the step)."""
+        from autobyte.scheduler.update import unscale
+
+        s = self._step_index
+        if self._unscaled_by[0] != s:
+            self._unscaled_by = (s, [])
+        if any(optimizer is o for o in self._unscaled_by[1]):
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        self._unscaled_by[1].append(optimizer)
+        if s in self._updater.unscaled:
+            return
+        if scaler._scale is None:
+            raise SchedulerError("scaler.unscale_() before scaler.scale(loss)")
+        grads = [  # reads of the optimizers' gradients: reduced (grad_reads)
+            g
+            for i, p in enumerate(self._params)
+            if self._owner[i] is not None and (g := p.grad) is not None
+        ]
+        self._updater.unscaled[s] = unscale(scaler._scale, grads)
+
+    def _grad_write(self, i: int, value: torch.Tensor | None) -> None:
+        """`params[i].grad = value` while its field holds None (`grad_reads`)."""
+        if self._closed or self._layout is None:
+            grad_reads.set_raw_grad(self._params[i], value)
+            return
+        s = self._step_index
+        produced = self._progress.produced[i]
+        if produced >= s or self._backward_done == s:  # between backward() and step()
+            self._check_usable()
+            self._sync_for_read(s)
+            if value is None:
+                self._updater.dropped[i] = s
+                return
+            if self._reduced_grad(i, s) is None:
+                raise SchedulerError(
+                    f"a gradient was assigned to {self._names[i]!r}, which no rank used in this "
+                    "step: its update cannot be added after backward(); assign it before "
+                    "backward() or to a parameter that has a gradient"
+                )
+            with torch.no_grad():
+                self._layout.grad_views[i].copy_(value)
+            return
+        if value is None:
+            self._cleared[i] = max(self._cleared[i], produced)
+            return
+        grad_reads.set_raw_grad(self._params[i], value)  # autograd accumulates into it, as DDP's
 
     # ------------------------------------------------------------------ errors
 

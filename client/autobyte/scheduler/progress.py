@@ -43,6 +43,7 @@ class Progress:
         self.reduced_step = [
             0
         ] * n  # parameters handed back in .grad: slices reduced for steps < this
+        self.reduced_through = 0  # every slice of every step < this is reduced
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.waiting_since: float | None = None  # the training thread waits in the scheduler since
@@ -124,6 +125,15 @@ class Progress:
                 lambda: self.updated_through >= target,
                 timeout_s,
                 f"step {target - 1}'s updates (synchronize)",
+            )
+
+    def wait_step_reduced(self, s: int) -> None:
+        """Wait until every slice of step s is reduced (a read of a gradient: `grad_reads`)."""
+        if self.reduced_through <= s:
+            self._wait(
+                lambda: self.reduced_through > s,
+                self.timeout_s,
+                f"the reduced gradients of step {s}",
             )
 
     def wait_reduced(self, idxs: Sequence[int], s: int) -> None:

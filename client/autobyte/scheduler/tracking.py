@@ -22,21 +22,28 @@ never read through its module in that step).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
-_ZERO_GRAD_CODE = nn.Module.zero_grad.__code__
+_ZERO_GRAD_CODES = tuple(
+    inspect.unwrap(fn).__code__ for fn in (nn.Module.zero_grad, torch.optim.Optimizer.zero_grad)
+)
 
 
-def _called_from_zero_grad(depth: int = 10) -> bool:
+def called_from_zero_grad(depth: int = 10) -> bool:
+    """Whether `Module.zero_grad()` or `Optimizer.zero_grad()` is among the callers (they read
+    parameters and their `.grad` only to clear them)."""
     frame = sys._getframe(2)
+    codes = _ZERO_GRAD_CODES
     for _ in range(depth):
         if frame is None:
             return False
-        if frame.f_code is _ZERO_GRAD_CODE:
+        if frame.f_code in codes:
             return True
         frame = frame.f_back
     return False

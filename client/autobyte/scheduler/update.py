@@ -30,6 +30,16 @@ from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler.progress import Progress, SchedulerError
 
 
+def unscale(scale: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+    """GradScaler's unscale_ of `grads` in place (multiplied by 1/scale, as it computes it); returns
+    found_inf (1.0 if any is inf/NaN)."""
+    inv_scale = scale.double().reciprocal().float()
+    found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
+    if grads:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+    return found_inf
+
+
 class _AliasState:
     """An optimizer's `state`, seen through detached aliases of the parameters."""
 
@@ -103,6 +113,24 @@ class Updater:
         self._workers = [_worker(opt, self.aliases, params) for opt in self.optimizers]
         self._steps_of = [type(opt).step for opt in self.optimizers]
         self._notify_reduced = [own is None for own in owner]
+        # dropped[i] == s: parameter i's gradient of step s was set to None before step() (a
+        # read, `grad_reads`): its update is skipped, as an optimizer skips a None gradient
+        self.dropped = [-1] * layout.n
+        # step -> found_inf of a `scaler.unscale_(opt)` the loop called before step() (amp.py)
+        self.unscaled: dict[int, torch.Tensor] = {}
+        self._reduced_n: dict[int, int] = {}  # step -> parameters whose slices are all reduced
+
+    def _count_reduced(self, s: int, count: int) -> None:
+        """`count` more parameters of step s are reduced; the whole step wakes readers of `.grad`."""
+        total = self._reduced_n.get(s, 0) + count
+        if total < self.layout.n:
+            self._reduced_n[s] = total
+            return
+        self._reduced_n.pop(s, None)
+        progress = self.progress
+        with progress.cond:
+            progress.reduced_through = max(progress.reduced_through, s + 1)
+            progress.cond.notify_all()
 
     def post(self, event: Any) -> None:
         """Hand the update thread a StepHyperParameters or Stop (training thread)."""
@@ -149,6 +177,7 @@ class Updater:
                     if reduced[i] == ext[i]:
                         reduced[i] = 0
                         ready.setdefault(s, []).append(i)
+                        self._count_reduced(s, 1)
                         if notify_reduced[i]:
                             with progress.cond:
                                 progress.reduced_step[i] = s + 1
@@ -219,7 +248,9 @@ class Updater:
         """Apply step s's optimizer updates to parameters whose gradients are reduced."""
         layout = self.layout
         used = self._used(s, idxs)
-        if self.scaler is not None and self._unscale_found_inf(used):
+        dropped = self.dropped
+        used = [i for i in used if dropped[i] != s]
+        if self.scaler is not None and self._unscale_found_inf(s, used):
             self.skipped_steps += 1
             return
         if self.clip is not None:
@@ -258,17 +289,16 @@ class Updater:
                 for alias in aliases:
                     alias.grad = None
 
-    def _unscale_found_inf(self, used: list[int]) -> bool:
-        """GradScaler's unscale + inf check + scale update on the reduced gradients of a whole step."""
+    def _unscale_found_inf(self, s: int, used: list[int]) -> bool:
+        """GradScaler's unscale + inf check + scale update on the reduced gradients of a whole step
+        (the unscale and check already done when the loop called `scaler.unscale_(opt)`)."""
         scaler = self.scaler
         scale = scaler._scale
         if scale is None:
             raise SchedulerError("grad_scaler is set but scaler.scale(loss) was never called")
-        inv_scale = scale.double().reciprocal().float()
-        found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
-        grads = [self.layout.grad_views[i] for i in used]
-        if grads:
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        found_inf = self.unscaled.pop(s, None)
+        if found_inf is None:
+            found_inf = unscale(scale, [self.layout.grad_views[i] for i in used])
         torch._amp_update_scale_(
             scale,
             scaler._growth_tracker,
