@@ -162,3 +162,38 @@ def test_every_flag_the_synopses_name_is_taken(page, heading):
                 assert flag in helptext, f"{page}: `{program} {command}` has no {flag}: {line}"
                 checked += 1
     assert checked > 10
+
+
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:client|autobyted|tests|scripts|examples|benchmarks|docs|devtools|simulator"
+    r"|native|protos|migrations|\.ci)/[\w./*{},-]*[\w*}])"
+)
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    return [
+        expanded
+        for choice in match.group(1).split(",")
+        for expanded in _expand_braces(pattern[: match.start()] + choice + pattern[match.end() :])
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_file_and_module_a_page_names_exists(page):
+    import importlib.util
+
+    text = (ROOT / page).read_text()
+    missing = [
+        path
+        for named in sorted(set(REPO_PATH.findall(text)))
+        for path in _expand_braces(named)
+        if not (ROOT / path).exists() and not list(ROOT.glob(path))
+    ]
+    assert not missing, f"{page} names files the repository does not hold: {missing}"
+    modules = sorted(set(re.findall(r"python -m ([\w.]+)", text)))
+    unknown = [m for m in modules if importlib.util.find_spec(m) is None]
+    assert not unknown, f"{page} runs modules that do not exist: {unknown}"
