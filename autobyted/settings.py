@@ -10,6 +10,8 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from autobyte.channel import split_host_port as parse_host_port
+
 from autobyted.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:7077"
@@ -125,12 +127,11 @@ class Settings:
 
 
 def split_host_port(address: str, what: str) -> tuple[str, int]:
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ConfigError(
-            f"{what} address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:7077"
-        )
-    return host.strip("[]"), int(port_text)
+    """(host, port) of a listen address; port 0 is any free port. ConfigError says what is wrong."""
+    try:
+        return parse_host_port(address, what, lowest_port=0)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def is_loopback(host: str) -> bool:

@@ -5,7 +5,7 @@ trains on random tokens, so nothing is downloaded.
     python -m torch.distributed.run --nproc-per-node 2 examples/train_hf_trainer.py --steps 50
     AUTOBYTE_DAEMON=127.0.0.1:7077 python -m torch.distributed.run --nproc-per-node 2 \\
         examples/train_hf_trainer.py --steps 200 --daemon     # streams to autobyted as job "gpt2-tiny"
-    # (needs `pip install 'autobyte[hf]' 'torch==2.13.0'`)
+    # (needs `pip install '.[hf]' 'torch==2.13.0'` from a clone, `'autobyte[hf]'` from an index)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 python examples/train_lightning.py --steps 200              # Lightning starts both processes
 python examples/train_lightning.py --steps 200 --job demo   # and streams to autobyted
-# (AUTOBYTE_DAEMON selects the daemon, default 127.0.0.1:7077; needs `pip install 'autobyte[lightning]'`)
+# (AUTOBYTE_DAEMON selects the daemon, default 127.0.0.1:7077; needs `pip install '.[lightning]' 'torch==2.13.0'` from a clone)
 """
 
 from __future__ import annotations

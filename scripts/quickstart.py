@@ -39,10 +39,12 @@ START = "sched:64KiB,64KiB"
 
 NEXT = """
 What to look at next:
-  - autobyte history quickstart --format json   the same, for scripts (docs/reference.md)
-  - examples/train_mlp.py                       a training script with autobyte (the README's pattern)
-  - docs/tuner.md, docs/reference.md            its states, operator control, autobyted's settings
-  - docs/results.md                             what the scheduler and the tuner gain, measured"""
+  {activate:<44}autobyte, autobyted and torchrun on your PATH (they live in .venv/bin)
+  autobyte --help                             the CLI; it asks a running autobyted (docs/tutorial.md starts one)
+  docs/tutorial.md                            your own job by hand: the daemon, a script, status, history, best
+  examples/train_mlp.py                       a training script with autobyte (the README's pattern)
+  docs/tuner.md, docs/reference.md            the tuner's states, operator control, autobyted's settings
+  docs/results.md                             what the scheduler and the tuner gain, measured"""
 KEEP_HINT = "To keep this run's daemon log and database, run again with QUICKSTART_KEEP=1."
 
 
@@ -247,6 +249,12 @@ def loopback_demo(work: pathlib.Path) -> bool:
         log.close()
 
 
+def activate_path() -> str:
+    """The virtual environment's activate script as the user can type it from where they are."""
+    relative = os.path.relpath(BIN / "activate")
+    return str(BIN / "activate") if relative.startswith("..") else relative
+
+
 def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="autobyte-quickstart-"))
     keep = os.environ.get("QUICKSTART_KEEP") == "1"
@@ -267,7 +275,8 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
             say("\nautobyted stopped; its temporary folder is removed.")
         if ok:
-            say(NEXT if keep else f"{NEXT}\n{KEEP_HINT}")
+            nxt = NEXT.format(activate=f". {activate_path()}")
+            say(nxt if keep else f"{nxt}\n{KEEP_HINT}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 
 from devtools.ports import free_port
 from tests.helpers.cli import run_cli
+from tests.helpers.listeners import foreign_grpc_server, http1_server, http2_404_server
 from tests.helpers.rpc import Client, batch, sample
 
 
@@ -41,6 +42,70 @@ def test_a_list_of_daemons_is_asked_in_order_until_one_answers(thread_daemon):
     )
     malformed = run_cli("status", "--daemon", f"{thread_daemon.address},nohost")
     assert malformed.returncode == 2 and "'nohost' must look like HOST:PORT" in malformed.stderr
+
+
+@pytest.mark.parametrize(
+    "address, problem",
+    [
+        ("localhost:99999", "port 99999 is out of range (a port is 1 to 65535)"),
+        ("localhost:0", "port 0 is out of range (a port is 1 to 65535)"),
+        (
+            "localhost:http",
+            "must look like HOST:PORT, e.g. 127.0.0.1:7077 (its port 'http' is not a number)",
+        ),
+        ("localhost", "must look like HOST:PORT, e.g. 127.0.0.1:7077 (it has no port)"),
+        (":7077", "must look like HOST:PORT, e.g. 127.0.0.1:7077 (it has no host)"),
+    ],
+)
+def test_a_bad_daemon_address_says_what_is_wrong_with_it(address, problem):
+    result = run_cli("status", "--daemon", address)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"autobyte: daemon address {address!r}: {problem}\n" or (
+        result.stderr == f"autobyte: daemon address {address!r} {problem}\n"
+    ), result.stderr
+    if "out of range" in problem:
+        assert "must look like" not in result.stderr  # it does look like HOST:PORT
+
+
+@pytest.mark.parametrize(
+    "listener, why",
+    [
+        # the issue's case: an HTTP/2 server that answers 404 (gRPC said "Received http2 header
+        # with status: 404 [UNIMPLEMENTED]", exit 1, no address)
+        (http2_404_server, "it speaks HTTP/2 but not gRPC (it answered HTTP status 404)"),
+        (
+            foreign_grpc_server,
+            "it does not serve autobyte's Query.Status (Method not found! [UNIMPLEMENTED])",
+        ),
+        (http1_server, "it does not speak HTTP/2, as a gRPC server does (an HTTP/1.x server?)"),
+    ],
+)
+@pytest.mark.parametrize("command", [["status"], ["history", "job-1"], ["best", "job-1"]])
+def test_a_service_that_is_not_autobyted_is_named_as_such(listener, why, command):
+    with listener() as address:
+        result = run_cli(*command, "--daemon", address)
+    assert result.returncode == 3 and result.stdout == "", result.stderr
+    assert result.stderr == (
+        f"autobyte: the service at {address} is not autobyted: {why}; "
+        "set --daemon / AUTOBYTE_DAEMON to autobyted's HOST:PORT\n"
+    )
+
+
+def test_after_a_service_that_is_not_autobyted_the_next_daemon_is_asked(thread_daemon):
+    dead = f"127.0.0.1:{free_port()}"
+    with foreign_grpc_server() as foreign:
+        answered = run_cli(
+            "status", "--format", "json", "--daemon", f"{foreign},{thread_daemon.address}"
+        )
+        none_answered = run_cli("status", "--daemon", f"{foreign},{dead}")
+    assert answered.returncode == 0 and json.loads(answered.stdout)["jobs"] == [], answered.stderr
+    assert none_answered.returncode == 3 and len(none_answered.stderr.splitlines()) == 1
+    assert none_answered.stderr.startswith(
+        f"autobyte: the service at {foreign} is not autobyted: it does not serve autobyte's "
+    )
+    assert (
+        f"; cannot reach autobyted at {dead} (unavailable); is it running?" in none_answered.stderr
+    )
 
 
 def test_unknown_job_is_a_clear_error(thread_daemon):

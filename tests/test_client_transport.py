@@ -643,9 +643,12 @@ def test_daemon_lists_are_parsed_and_a_malformed_one_is_refused_before_anything_
     assert daemon_addresses("h1:7077, h2:7078,") == ("h1:7077", "h2:7078")
     monkeypatch.setenv("AUTOBYTE_DAEMON", "h1:7077,[::1]:7078")
     assert daemon_addresses() == ("h1:7077", "[::1]:7078")
-    for bad in ("h1:7077,h2", ",", "h:0", "h:port"):
+    for bad in ("h1:7077,h2", ",", "h:port"):
         with pytest.raises(ValueError, match="HOST:PORT"):
             daemon_addresses(bad)
+    for port in (0, 65536, 99999):  # the shape is right: the port is not
+        with pytest.raises(ValueError, match=f"'h:{port}': port {port} is out of range"):
+            daemon_addresses(f"h:{port}")
     before = session._reporter
     with pytest.raises(ValueError, match="'oops' must look like HOST:PORT"):
         autobyte.init(daemon="h1:7077,oops", job="j")

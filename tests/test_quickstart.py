@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.helpers.cli import run_shell
 from tests.helpers.paths import ROOT
 
 
@@ -40,3 +41,11 @@ def test_quickstart_runs_cleans_up_and_points_onwards():
     )  # every step, finished
     assert "\n  tuner: " in status_table  # the tuner's line under the job
     assert "What to look at next:" in out and "temporary folder is removed" in out
+    # The CLI as a newcomer types it next: the activate line the quick start printed, then the
+    # commands by name, in a shell whose PATH does not hold the virtual environment.
+    activate = re.search(r"^  (\. \S+/activate) ", out, re.MULTILINE).group(1)
+    shell = run_shell(
+        f"{activate}\nautobyte --help\nautobyted --help\ntorchrun --help", cwd=os.getcwd()
+    )
+    assert shell.returncode == 0, shell.stdout
+    assert "autobyte: what the daemon sees" in shell.stdout and "Usage: autobyted" in shell.stdout

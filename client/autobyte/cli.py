@@ -45,7 +45,7 @@ RPC_TIMEOUT_S = 10.0
 # Exit codes (docs/reference.md, "Exit codes").
 EXIT_ERROR = 1  # the daemon answered with an error (unknown job, wrong token, its database failed)
 EXIT_USAGE = 2  # bad command line (click's usage errors)
-EXIT_UNREACHABLE = 3  # no daemon answered at the address
+EXIT_UNREACHABLE = 3  # no daemon answered at the address, or what answered is not autobyted
 WIDTH = 80
 
 
@@ -61,7 +61,7 @@ class Connection:
         self.tls_ca = tls_ca
 
     def call(self, stub_type, method: str, request):
-        unreachable = []
+        unreachable, foreign = [], []
         for address in self.addresses:
             with open_channel(address, self.tls_ca) as channel:
                 try:
@@ -70,14 +70,27 @@ class Connection:
                     )
                 except grpc.RpcError as error:
                     code = error.code()
+                    why = not_autobyted(
+                        error, f"{stub_type.__name__.removesuffix('Stub')}.{method}"
+                    )
+                    if why is not None:
+                        foreign.append((address, why))
+                        continue  # as an unreachable daemon: the next one may be autobyted
                     # Only a transport failure means "cannot reach" (then the next daemon is asked):
                     # an error the daemon sends (its database failed: INTERNAL) is its message, shown.
                     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
                     unreachable.append(f"{address} ({code.name.lower()})")
+        problems = [f"the service at {address} is not autobyted: {why}" for address, why in foreign]
+        if unreachable:
+            problems.append(f"cannot reach autobyted at {', '.join(unreachable)}; is it running?")
         fail(
-            f"cannot reach autobyted at {', '.join(unreachable)}; is it running? "
-            "(autobyted start, or set --daemon / AUTOBYTE_DAEMON)",
+            "; ".join(problems)
+            + (
+                " (autobyted start, or set --daemon / AUTOBYTE_DAEMON)"
+                if unreachable
+                else "; set --daemon / AUTOBYTE_DAEMON to autobyted's HOST:PORT"
+            ),
             EXIT_UNREACHABLE,
         )
 
@@ -96,6 +109,21 @@ class Connection:
                 EXIT_USAGE,
             )
         return matches[0] if matches else given
+
+
+def not_autobyted(error: grpc.RpcError, call: str) -> str | None:
+    """Why the peer that gave `error` is not autobyted (None: autobyted's answer, or no answer):
+    a gRPC server without autobyte's services (UNIMPLEMENTED), an HTTP/2 server that is no gRPC
+    server (an HTTP status where gRPC's status should be), an HTTP/1.x server."""
+    details = error.details() or ""
+    if "http1.x server" in details or "Failed parsing HTTP/2" in details:
+        return "it does not speak HTTP/2, as a gRPC server does (an HTTP/1.x server?)"
+    if "Received http2 header with status" in details:
+        status = details.rpartition("status:")[2].strip()
+        return f"it speaks HTTP/2 but not gRPC (it answered HTTP status {status})"
+    if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return f"it does not serve autobyte's {call} ({details} [UNIMPLEMENTED])"
+    return None
 
 
 def fail(message: str, code: int) -> None:
@@ -238,7 +266,7 @@ def connection_options(fn):
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Exit codes: 0 done, 1 the daemon answered with an error, 2 bad command line, "
-    "3 cannot reach the daemon.",
+    "3 cannot reach the daemon (or what answers is not autobyted).",
 )
 @click.version_option(__version__, prog_name="autobyte")
 def main() -> None:
