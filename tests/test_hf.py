@@ -175,8 +175,10 @@ def test_the_standard_accelerate_loop_logs_ddps_clip_norm_with_no_constructor_ar
     ranks, _, _ = launch
     for result in ranks:
         for name, (ddp, ours) in result["plain_norms"].items():
-            assert len(ddp) >= 4 and all(n is not None and n > 0.5 for n in ddp[:1]), (name, ddp)
-            assert ours == ddp, (name, ours, ddp)
+            # fp16 at this scale overflows (inf/NaN norms, skipped steps: the same ones)
+            assert len(ddp) >= 4 and None not in ours, (name, ddp, ours)
+            assert [repr(n) for n in ours] == [repr(n) for n in ddp], (name, ours, ddp)
+        assert result["plain_norms"]["accelerate_plain"][0][0] > 0.5  # the clip bites
 
 
 def test_unknown_trainer_option_is_refused():

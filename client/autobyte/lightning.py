@@ -15,9 +15,13 @@ under a credit window and applies the updates in the background (docs/architectu
 scheduler"). The parameters are DDPStrategy's, bit for bit. How the Trainer's settings reach the scheduler:
 
 * `gradient_clip_val` (norm) becomes `clip_grad_norm=`: the scheduler clips the *reduced* gradients,
-  as DDP + `clip_grad_norm_` does. Lightning's own clipping is not called (it would see no
-  gradients: they are the scheduler's); clipping by value and an overridden
-  `configure_gradient_clipping` are refused at setup, since both would need local gradients.
+  as DDP + `clip_grad_norm_` does, without waiting for them. Clipping by value and an overridden
+  `configure_gradient_clipping` run Lightning's own clipping after `on_before_optimizer_step`, on
+  the gradients DDP would hold (a read of `.grad` waits for the reduced gradients:
+  `autobyte.scheduler.grad_reads`).
+* hooks that read gradients (`on_before_optimizer_step`, grad-norm logging callbacks) read the
+  reduced gradients, as with DDPStrategy; under "16-mixed" they are unscaled first, as the
+  precision plugin does.
 * precision: "bf16-mixed" / "16-mixed" autocast run as with DDP; a precision plugin's GradScaler
   ("16-mixed", on CPU pass `plugins=[MixedPrecision("16-mixed", "cpu")]`) is handed to the
   scheduler (`grad_scaler=`), which unscales, skips inf/NaN steps on every rank alike and updates the
@@ -36,9 +40,7 @@ scheduler"). The parameters are DDPStrategy's, bit for bit. How the Trainer's se
 * `job=` / `daemon=` / `token=` / `tune=` call `autobyte.init` at setup (and `autobyte.shutdown` at
   teardown); without them nothing is sent, unless the script called `autobyte.init()` itself.
 
-Limits (each raises with what to do): one optimizer (manual optimization with one optimizer works);
-`param.grad` of the scheduled parameters stays None after backward, so hooks that read gradients
-(`on_before_optimizer_step` grad-norm logging) see none.
+Limits (each raises with what to do): one optimizer (manual optimization with one optimizer works).
 
 `lightning` is an optional extra (`pip install 'autobyte[lightning]'`), never a dependency of the core.
 """
@@ -160,6 +162,7 @@ class AutobyteStrategy(DDPStrategy):
             raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
         self._broadcast_buffers = broadcast_buffers
         self._scheduled: ScheduledOptimizer | None = None
+        self._lightning_clips = False  # clipping by Lightning's own hook (by value, overridden)
         self._session_started = False
 
     # ------------------------------------------------------------------ what users read
@@ -182,6 +185,7 @@ class AutobyteStrategy(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         fitting = trainer.state.fn == TrainerFn.FITTING
         clip = _gradient_clip_norm(trainer) if fitting else None
+        self._lightning_clips = fitting and clip is None and _clips(trainer)
         super().setup(trainer)  # device, precision, optimizers; DDPStrategy minus the wrapper
         if not fitting:
             return
@@ -271,7 +275,8 @@ class AutobyteStrategy(DDPStrategy):
     ) -> Any:
         """Run the closure (training_step, zero_grad, backward: the gradients go out as they
         appear), Lightning's `on_before_optimizer_step` hooks, then the scheduler's `step()`.
-        No local clipping and no `scaler.unscale_()`: the scheduler does both on reduced gradients."""
+        With a GradScaler it unscales first and clipping other than by norm runs as Lightning's,
+        both on the reduced gradients (reads: `autobyte.scheduler.grad_reads`)."""
         scheduled = self._scheduled
         if scheduled is None:
             raise RuntimeError(
@@ -289,8 +294,20 @@ class AutobyteStrategy(DDPStrategy):
         model = model if model is not None else self.lightning_module
         closure_result = closure()
         trainer = model.trainer
+        backward_ran = closure_result is not None or not model.automatic_optimization
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled() and backward_ran:
+            # as the precision plugin does before the hooks: they (and a clip) read unscaled
+            # gradients, the reduced ones (autobyte.scheduler.grad_reads)
+            scaler.unscale_(_unwrap(optimizer))
         call._call_callback_hooks(trainer, "on_before_optimizer_step", optimizer)
         call._call_lightning_module_hook(trainer, "on_before_optimizer_step", optimizer)
+        if self._lightning_clips and backward_ran:
+            # clipping by value, or the module's configure_gradient_clipping: Lightning's own,
+            # on the reduced gradients a read waits for (the wait DDP pays at every backward)
+            self.precision_plugin._clip_gradients(
+                model, optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+            )
         # Also when training_step returned None (no backward): no rank's gradient means every
         # parameter keeps its value and optimizer state, as a torch optimizer with grad None.
         scheduled.step()
@@ -352,26 +369,26 @@ def _unwrap(optimizer: Any) -> Any:
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
+def _clips(trainer: pl.Trainer) -> bool:
+    """Whether the Trainer's configuration clips gradients at all."""
+    module = trainer.lightning_module
+    overridden = module is not None and is_overridden("configure_gradient_clipping", module)
+    return overridden or bool(trainer.gradient_clip_val)
+
+
 def _gradient_clip_norm(trainer: pl.Trainer) -> float | None:
-    """The Trainer's gradient clipping as the scheduler's `clip_grad_norm=` (None: no clipping)."""
+    """The Trainer's gradient clipping as the scheduler's `clip_grad_norm=`, which clips once the
+    gradients are reduced without a wait (None: no clipping, or clipping Lightning's own way: by
+    value, or by an overridden `configure_gradient_clipping`)."""
     value = trainer.gradient_clip_val
     module = trainer.lightning_module
     if module is not None and is_overridden("configure_gradient_clipping", module):
-        raise ValueError(
-            f"{type(module).__name__}.configure_gradient_clipping is overridden, but with "
-            "AutobyteStrategy the gradients are reduced and clipped inside the scheduler "
-            "(the hook would see none): remove the override and set "
-            "Trainer(gradient_clip_val=...) instead"
-        )
+        return None
     if value is None or value == 0:
         return None
     algorithm = trainer.gradient_clip_algorithm
     if algorithm is not None and GradClipAlgorithmType(algorithm) != GradClipAlgorithmType.NORM:
-        raise ValueError(
-            f"gradient_clip_algorithm={GradClipAlgorithmType(algorithm).value!r} is not supported by AutobyteStrategy: the "
-            "scheduler clips the reduced gradients by their global norm; use "
-            "gradient_clip_algorithm='norm'"
-        )
+        return None
     return float(value)
 
 
