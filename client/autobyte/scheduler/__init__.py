@@ -57,8 +57,8 @@ Collective-order guarantee (why no configuration of jitter can deadlock or mix u
 Semantics that differ from a plain optimizer, on purpose
 --------------------------------------------------------
 * `step()` returns before the updates land; reads wait for them (above). `synchronize()`, `close()`
-  and the end of a `with` block wait for every update; `state_dict()` synchronises. `param.grad` of
-  parameters the scheduler updates is None.
+  and the end of a `with` block wait for every update; `state_dict()` synchronises. A read of
+  `param.grad` after `backward()` waits for the reduced gradients and sees DDP's (`grad_reads`).
 * Trainable parameters that no wrapped optimizer holds are reduced first and get their averaged
   gradient in `.grad` by the time `backward()` returns (an autograd end-of-backward callback), as DDP
   gives them, for an optimizer the user steps; with them, unused parameters are flushed at the end of
