@@ -26,13 +26,15 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from devtools.ports import free_port
 
 STEPS = 6
 RANK_DEADLINE_S = 10.0
@@ -62,12 +64,6 @@ SIGNALLED = {
     "sigterm_one": (signal.SIGTERM, (1,)),
     "kill_one": (signal.SIGKILL, (1,)),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job(
