@@ -213,23 +213,6 @@ def _env(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def run_loopback(args: argparse.Namespace) -> dict[str, Any]:
-    return loopback.run_two_ranks(worker_argv(args), _env(args), args.timeout)
-
-
-def run_testbed(args: argparse.Namespace, rate: str) -> dict[str, Any]:
-    from benchmarks.testbed import Testbed
-
-    with Testbed(world_size=2, rate=rate) as bed:
-        result = bed.run(
-            lambda rank: worker_argv(args),
-            cwd=str(ROOT),
-            timeout_s=args.timeout,
-            env={**_env(args), "LOCAL_WORLD_SIZE": "2"},
-        )
-    return result.ranks[0].results[-1]
-
-
 def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
     lines = [
         (
@@ -251,41 +234,28 @@ def format_table(blocks: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--rates", default="", help="testbed link rates (root), e.g. 1gbit; empty: loopback"
-    )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--partition", type=int, default=1 << 20)
-    parser.add_argument("--credit", type=int, default=4 << 20)
+    parser = loopback.paired_parser(__doc__.split("\n")[0])
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--tmp", default="/tmp/autobyte-bench-hf")
-    parser.add_argument("--out", default="", help="write the raw results + table as JSON here")
     args = parser.parse_args(argv)
-    for name in (
-        "rounds",
-        "steps",
-        "warmup",
-        "batch_size",
-        "threads",
-        "vocab",
-        "hidden",
-        "layers",
-        "length",
-    ):
-        if getattr(args, name) < 1:
-            parser.error(
-                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
-            )
+    loopback.check_at_least_one(
+        parser,
+        args,
+        (
+            "rounds",
+            "steps",
+            "warmup",
+            "batch_size",
+            "threads",
+            "vocab",
+            "hidden",
+            "layers",
+            "length",
+        ),
+    )
     return args
 
 
@@ -294,16 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    rates = [r for r in args.rates.split(",") if r]
-    blocks = (
-        [(rate, run_testbed(args, rate)) for rate in rates]
-        if rates
-        else [("loopback", run_loopback(args))]
-    )
-    table = format_table(blocks)
-    print(table)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"blocks": blocks, "table": table}, indent=1))
+    blocks = loopback.run_blocks(args, worker_argv(args), _env(args))
+    loopback.report(args, blocks, format_table(blocks))
     return 0
 
 
