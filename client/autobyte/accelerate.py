@@ -66,7 +66,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from autobyte.scheduler import ScheduledOptimizer
-from autobyte.types import Config
+from autobyte.scheduler.start import Requested
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ class Accelerator(accelerate.Accelerator):
 
     Args:
         partition_bytes, credit_bytes, tail_bytes: the scheduler's starting configuration
-            (`autobyte.types.Config`; the tuner may change it when a daemon is connected).
+            (`autobyte.types.Config`; "auto", the default, as `ScheduledOptimizer`'s; the tuner
+            may change it when a daemon is connected).
         clip_grad_norm: clip the reduced gradients to this global norm (None: no clipping);
             `clip_grad_norm_` calls must pass the same value. clip_norm_type: its norm.
         job, daemon, token, tune: if `job` or `daemon` is given, `autobyte.init(daemon, job, token,
@@ -93,8 +94,8 @@ class Accelerator(accelerate.Accelerator):
     def __init__(
         self,
         *args: Any,
-        partition_bytes: int | None = 4 << 20,
-        credit_bytes: int | None = 16 << 20,
+        partition_bytes: int | str | None = "auto",
+        credit_bytes: int | str | None = "auto",
         tail_bytes: int | None = None,
         clip_grad_norm: float | None = None,
         clip_norm_type: float = 2.0,
@@ -106,7 +107,7 @@ class Accelerator(accelerate.Accelerator):
         native: bool = True,
         **kwargs: Any,
     ) -> None:
-        self._config = Config(
+        self._config = Requested(
             partition_bytes, credit_bytes, tail_bytes
         )  # ValueError naming a bad value
         if clip_grad_norm is not None and not (
@@ -246,7 +247,7 @@ class Accelerator(accelerate.Accelerator):
             "autobyte scheduler on rank %d/%d: %s%s",
             self.process_index,
             self.num_processes,
-            self._config.describe(),
+            scheduled.config.describe(),
             "" if self._clip is None else f", clip_grad_norm={self._clip:g}",
         )
         return scheduled

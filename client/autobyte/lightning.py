@@ -3,8 +3,7 @@
     import lightning as L
     from autobyte.lightning import AutobyteStrategy
 
-    trainer = L.Trainer(strategy=AutobyteStrategy(partition_bytes=4 << 20, credit_bytes=16 << 20,
-                                                  job="my-run"),
+    trainer = L.Trainer(strategy=AutobyteStrategy(job="my-run"),
                         accelerator="cpu", devices=2, gradient_clip_val=1.0)
     trainer.fit(module, loader)
 
@@ -72,6 +71,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from autobyte.scheduler import ScheduledOptimizer
+from autobyte.scheduler.start import Requested
 from autobyte.types import Config
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,9 @@ class AutobyteStrategy(DDPStrategy):
     """Data-parallel training like `DDPStrategy`, with autobyte's scheduler as the gradient sync.
 
     Args:
-        partition_bytes: partition size (None = one partition per parameter).
-        credit_bytes: in-flight window (None = unlimited).
+        partition_bytes: partition size (None = one partition per parameter; "auto", the default,
+            = derived from the job, as `ScheduledOptimizer`'s).
+        credit_bytes: in-flight window (None = unlimited; "auto" = 4 partitions).
         tail_bytes: the tail window (None = none; see `ScheduledOptimizer`).
         job, daemon, token, tune: if `job` or `daemon` is given, `autobyte.init(daemon, job, token,
             tune=tune)` runs at setup, so the job streams to autobyted and follows its
@@ -105,8 +106,8 @@ class AutobyteStrategy(DDPStrategy):
 
     def __init__(
         self,
-        partition_bytes: int | None = 4 << 20,
-        credit_bytes: int | None = 16 << 20,
+        partition_bytes: int | str | None = "auto",
+        credit_bytes: int | str | None = "auto",
         *,
         job: str | None = None,
         daemon: str | None = None,
@@ -125,7 +126,7 @@ class AutobyteStrategy(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         start_method: str = "popen",
     ) -> None:
-        self._config = Config(
+        self._config = Requested(
             partition_bytes, credit_bytes, tail_bytes
         )  # ValueError naming a bad value, now
         if not (
@@ -173,8 +174,8 @@ class AutobyteStrategy(DDPStrategy):
         return self._scheduled
 
     @property
-    def config(self) -> Config:
-        """The scheduler configuration in effect (the requested one before `fit` starts)."""
+    def config(self) -> Config | Requested:
+        """The scheduler configuration in effect (the requested sizes before `fit` starts)."""
         return self._scheduled.config if self._scheduled is not None else self._config
 
     # ------------------------------------------------------------------ setup and teardown

@@ -7,6 +7,7 @@ flat buffer in `layout`; rank 0's collective-order channel in `order_channel`; m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -28,6 +29,7 @@ from autobyte.scheduler import (
     health,
     native,
     process_exit,
+    start,
     tracking,
 )
 from autobyte.scheduler import device as device_sync
@@ -57,8 +59,10 @@ class ScheduledOptimizer:
             per-parameter update rule (SGD, Adam, AdamW, RMSprop, ...), or a list of them (e.g. one
             for the body and one for the head). Trainable parameters that no optimizer given here
             holds get their averaged gradient in `.grad` when `backward()` returns, as with DDP.
-        partition_bytes: partition size; None = one partition per parameter (no partitioning).
-        credit_bytes: in-flight window; None = unlimited.
+        partition_bytes: partition size; None = one partition per parameter (no partitioning);
+            "auto" (default) = derived from the gradients' bytes and the all-reduce cost measured
+            on the process group at construction (`autobyte.scheduler.start`; `start_config`).
+        credit_bytes: in-flight window; None = unlimited; "auto" (default) = 4 partitions.
         tail_bytes: the tail window (`autobyte.types.Config.tail_bytes`): in the last tail_bytes of
             each backward pass, one collective at a time, so the gradients the next forward needs
             first do not queue behind a full credit window; None (default) = no tail window.
@@ -89,8 +93,8 @@ class ScheduledOptimizer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-        partition_bytes: int | None = 4 << 20,
-        credit_bytes: int | None = 16 << 20,
+        partition_bytes: int | str | None = start.AUTO,
+        credit_bytes: int | str | None = start.AUTO,
         process_group: Any = None,
         *,
         clip_grad_norm: float | None = None,
@@ -103,7 +107,7 @@ class ScheduledOptimizer:
         sparse_rows: bool = True,
         broadcast_buffers: bool = True,
     ) -> None:
-        config = Config(partition_bytes, credit_bytes, tail_bytes)
+        start.Requested(partition_bytes, credit_bytes, tail_bytes)  # checked before anything runs
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
         optimizers, params, index_of, names = (
             setup.optimizers,
@@ -184,6 +188,19 @@ class ScheduledOptimizer:
             self._follower_globals = [
                 r for r in groups.member_ranks(self._pg) if r != self._leader_global
             ]
+
+        # "auto": derived from the gradients' bytes and the group's measured all-reduce cost
+        # (autobyte.scheduler.start); the same on every rank
+        config, self._start_cost = start.resolve(
+            partition_bytes,
+            credit_bytes,
+            world=self._world,
+            group=self._data_group,
+            device=self._device,
+            dtype=self._dtype,
+            grad_bytes=sum(p.numel() * p.element_size() for p in params),
+        )
+        config = dataclasses.replace(config, tail_bytes=tail_bytes)
 
         # Training-thread state.
         self._progress = Progress(self._n, self._rank, self._timeout_s)
@@ -287,6 +304,12 @@ class ScheduledOptimizer:
     def config(self) -> Config:
         """The configuration in effect for the step in progress (rank 0's, on every rank)."""
         return self._steps.current()[0]
+
+    @property
+    def start_cost(self) -> start.CollectiveCost | None:
+        """The all-reduce cost measured at construction for an "auto" partition size (None when
+        the sizes were given, or on one rank)."""
+        return self._start_cost
 
     @property
     def step_index(self) -> int:
