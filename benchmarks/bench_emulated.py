@@ -49,10 +49,10 @@ from benchmarks.scenario import GBIT, Scenario, load_scenario
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DDP_DEFAULT_BUCKET = "25MiB"  # torch's bucket_cap_mb default, in the model's bytes
 DDP_GRID = ("5MiB", "50MiB", "100MiB")
-SCHED_DEFAULT = (
-    "sched:4MiB,16MiB"  # ScheduledOptimizer's default (simulator.adapter.SCHEDULER_DEFAULT)
-)
-SCHED_GRID = ("sched:1MiB,4MiB", "sched:16MiB,64MiB", "sched:none,none")
+# ScheduledOptimizer's default: sizes derived from the job (autobyte.scheduler.start), here from
+# the scaled model's bytes and the scaled links; the row says what they came to in model bytes
+SCHED_DEFAULT = "sched:auto"
+SCHED_GRID = ("sched:1MiB,4MiB", "sched:4MiB,16MiB", "sched:16MiB,64MiB", "sched:none,none")
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
 RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
 HOST_BUSY_LIMIT = 0.85  # the machine's busy cores (every process's) above this share: CPU-limited
@@ -73,7 +73,7 @@ def wire_label(label: str, byte_scale: float) -> str:
     if config.kind == "ddp":
         size = wire_bytes(config.partition_bytes, byte_scale)
         return "ddp" if size is None else f"ddp:{size}"
-    if config.kind not in SCHED_KINDS:
+    if config.kind not in SCHED_KINDS or config.auto:
         return config.label
     sizes = [wire_bytes(b, byte_scale) for b in (config.partition_bytes, config.credit_bytes)]
     if config.tail_bytes is not None:
@@ -205,6 +205,8 @@ def summarise(
     step_stat: str = "median",
 ) -> list[dict[str, Any]]:
     """One row per configuration from every rank's `result` events (see the module docstring)."""
+    from benchmarks.train_worker import RunConfig
+
     rows = []
     for label, wire_lab in zip(labels, wire):
         per_rank = [
@@ -232,6 +234,12 @@ def summarise(
             [r["exposed_comm_s"] for r in rank0 if r.get("exposed_comm_s") is not None]
         )
         device_idle = _median([r["device"]["idle_s"] for r in rank0 if "device" in r])
+        # sched:auto: the sizes the scheduler derived, on the wire (the report scales them back)
+        derived = (
+            [rank0[0].get("partition_bytes"), rank0[0].get("credit_bytes")]
+            if rank0 and RunConfig.parse(label).auto
+            else None
+        )
         device_busy = _median([r["device"]["busy_s"] for r in rank0 if "device" in r])
         flags = []
         if step and max(training_runqueue) > RUNQUEUE_LIMIT * step:
@@ -242,6 +250,7 @@ def summarise(
             {
                 "config": label,
                 "wire": wire_lab,
+                "derived_wire_bytes": derived,
                 "step_s": step,
                 "step_stat": step_stat,
                 "round_steps_s": round_steps,
@@ -306,8 +315,20 @@ def run_block(
     ddp_rows = [row for row in rows if row["config"].startswith("ddp") and row["step_s"]]
     ddp_default = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}", {}).get("step_s")
     ddp_best = min((row["step_s"] for row in ddp_rows), default=None)
+    sched_grid = [
+        row for row in rows if row["config"].startswith("sched:") and row["config"] != SCHED_DEFAULT
+    ]
+    sched_best = min((row["step_s"] for row in sched_grid if row["step_s"]), default=None)
     for row in rows:
+        if row.get("derived_wire_bytes"):  # in the model's bytes, as the grid's labels
+            from autobyte.types import format_bytes
+
+            row["derived"] = "/".join(
+                format_bytes(None if b is None else round(b * scenario.byte_scale), "none")
+                for b in row["derived_wire_bytes"]
+            )
         step = row["step_s"]
+        row["vs_sched_grid_best"] = sched_best / step if step and sched_best else None
         row["x_bound"] = step / bound if step and bound else None
         row["speedup_vs_ddp_default"] = ddp_default / step if step and ddp_default else None
         row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best else None
@@ -382,6 +403,13 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _auto_vs_grid(block: dict[str, Any]) -> str:
+    auto = next((row for row in block["rows"] if row["config"] == SCHED_DEFAULT), None)
+    if auto is None or auto.get("vs_sched_grid_best") is None:
+        return ""
+    return f"auto at {auto['vs_sched_grid_best']:.3f}x the scheduler grid's best; "
+
+
 def format_block(block: dict[str, Any], scale: str) -> str:
     lines = [
         scale,
@@ -414,14 +442,19 @@ def format_block(block: dict[str, Any], scale: str) -> str:
                 f"  x profile {_x(row['x_profile'])} "
                 f"({'within' if row['within_tolerance'] else 'OUTSIDE'} {COMPUTE_TOLERANCE:.0%})"
             )
+        config = row["config"]
+        if row.get("derived"):
+            config = f"auto={row['derived']}"
         lines.append(
-            f"{row['config']:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
+            f"{config:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
             f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
             f"{_ms(row['exposed_comm_s']):>7} {busy:>22} {_ms(backend):>7} {_ms(runqueue):>7} "
             f"{'-' if machine is None else f'{machine:.1f}':>4} "
             f"{','.join(row['cpu_limited']) or '-'}{extra}"
         )
     lines.append(
+        "auto=P/C: the scheduler's default, the sizes it derived (model bytes); "
+        f"{_auto_vs_grid(block)}"
         "/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
         "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
         "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "

@@ -9,6 +9,7 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
     sched:P,C        autobyte.ScheduledOptimizer with partition_bytes=P, credit_bytes=C (sizes
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     sched:P,C,T      the same with tail_bytes=T (the tail window)
+    sched:auto       the scheduler with the configuration it derives at construction ("auto" sizes)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -102,6 +103,7 @@ class RunConfig:
     partition_bytes: int | None = None
     credit_bytes: int | None = None
     tail_bytes: int | None = None  # sched:P,C,T: the tail window; absent = none
+    auto: bool = False  # sched:auto: the configuration the scheduler derives at construction
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
@@ -123,6 +125,8 @@ class RunConfig:
         if kind in SCHED_KINDS:
             from autobyte.types import parse_bytes
 
+            if rest == "auto":
+                return cls(kind, auto=True)
             parts = rest.split(",")
             if len(parts) not in (2, 3):
                 raise ValueError(
@@ -150,6 +154,8 @@ class RunConfig:
             )
         if self.kind not in SCHED_KINDS:
             return self.kind
+        if self.auto:
+            return f"{self.kind}:auto"
         from autobyte.types import format_bytes
 
         partition = format_bytes(self.partition_bytes, "none")
@@ -216,6 +222,10 @@ class Trainer:
             autobyte.init()
         self.host_load: Any = None  # autobyte.hostload.HostLoadSampler under --full-metrics
         self.replicas: dict[str, tuple[Any, Any, list]] = {}  # kind -> (model, optimizer, metrics)
+        # sched:auto: built with "auto" sizes, the configuration each replica derived (measured
+        # once, at construction, as a user's job does)
+        auto = any(RunConfig.parse(label).auto for label in args.configs or [])
+        self.derived: dict[str, Any] = {}
         for kind, wanted in (("sched", need_sched), ("shared", need_shared), ("py", need_py)):
             if not wanted:
                 continue
@@ -227,12 +237,13 @@ class Trainer:
             sched = ScheduledOptimizer(
                 sched_model,
                 self._optimizer(sched_model.parameters()),
-                partition_bytes=None,
-                credit_bytes=None,
+                partition_bytes="auto" if auto else None,
+                credit_bytes="auto" if auto else None,
                 process_group=group,
                 own_communicator=kind != "shared",
                 native=kind != "py",
             )
+            self.derived[kind] = sched.config
             # Every completed step's metrics (last_step_metrics() lags and may skip steps), with
             # the host load the real client's reporter would add (--full-metrics).
             metrics: list[Any] = []
@@ -396,10 +407,11 @@ class Trainer:
             if config.kind not in self.replicas:
                 raise RuntimeError(f"a {config.kind}: configuration needs autobyte.scheduler")
             self._use(config.kind)
+            sizes = self.derived[config.kind] if config.auto else config
             self.sched.reconfigure(
-                partition_bytes=config.partition_bytes,
-                credit_bytes=config.credit_bytes,
-                tail_bytes=config.tail_bytes,
+                partition_bytes=sizes.partition_bytes,
+                credit_bytes=sizes.credit_bytes,
+                tail_bytes=sizes.tail_bytes,
             )
         for _ in range(segment.warmup):
             self._step(config)
@@ -462,9 +474,11 @@ class Trainer:
             "round": segment.round,
             "config": config.label,
             "kind": config.kind,
-            "partition_bytes": config.partition_bytes,
-            "credit_bytes": config.credit_bytes,
-            "tail_bytes": config.tail_bytes,
+            # sched:auto: the sizes the scheduler derived (real bytes, as every size here)
+            **{
+                key: getattr(self.derived[config.kind] if config.auto else config, key)
+                for key in ("partition_bytes", "credit_bytes", "tail_bytes")
+            },
             "steps": segment.steps,
             "step_times_s": step_times,
             "median_step_s": statistics.median(step_times) if step_times else None,

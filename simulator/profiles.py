@@ -337,16 +337,22 @@ def bert_base(
 
 
 def gpt2(
-    batch_size: int = 8, seq_len: int = 1024, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+    batch_size: int = 8,
+    seq_len: int = 1024,
+    device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S,
+    hidden: int = 768,
+    layers: int = 12,
+    name: str = "gpt2",
 ) -> ModelProfile:
     """The GPT-2 small decoder (124.4M parameters): 50257-token vocabulary, 12 pre-norm blocks of
-    hidden 768 (12 heads, FFN 3072), a final layer norm and an LM head tied to the token embedding.
+    hidden 768 (12 heads, FFN 3072), a final layer norm and an LM head tied to the token embedding;
+    `hidden` and `layers` give the larger GPT-2s (FFN 4 x hidden; `gpt2_medium`).
 
     The tied table is first used by the input lookup, so it is the first layer, and its gradient is
     dense (the LM head writes every row) and complete only at the end of the backward pass; the LM
     head's product is charged to `ln_f`, the last layer of the forward pass (its backward runs first,
     before `ln_f`'s gradient is ready)."""
-    hidden, ffn, layers, vocab = 768, 3072, 12, 50257
+    ffn, vocab = 4 * hidden, 50257
     b = _ShapeBuilder(batch_size, device_flops_per_s)
     elements = seq_len * hidden
     b.add("wte", ELEMENTWISE_FLOPS_PER_ELEMENT * elements, [vocab * hidden])
@@ -373,7 +379,15 @@ def gpt2(
         ELEMENTWISE_FLOPS_PER_ELEMENT * elements + 2.0 * hidden * vocab * seq_len,
         [hidden, hidden],
     )
-    return b.build("gpt2", _OPTIMIZER_S_PER_BYTE)
+    return b.build(name, _OPTIMIZER_S_PER_BYTE)
+
+
+def gpt2_medium(
+    batch_size: int = 8, seq_len: int = 1024, device_flops_per_s: float = DEFAULT_DEVICE_FLOPS_PER_S
+) -> ModelProfile:
+    """GPT-2 medium (354.8M parameters, 1.42 GB of fp32 gradients in 292 tensors): 24 blocks of
+    hidden 1024 (FFN 4096), otherwise as `gpt2`."""
+    return gpt2(batch_size, seq_len, device_flops_per_s, 1024, 24, "gpt2-medium")
 
 
 BUILTIN_PROFILES: dict[str, Callable[..., ModelProfile]] = {
@@ -381,6 +395,7 @@ BUILTIN_PROFILES: dict[str, Callable[..., ModelProfile]] = {
     "resnet50": resnet50,
     "bert-base": bert_base,
     "gpt2": gpt2,
+    "gpt2-medium": gpt2_medium,
 }
 
 
