@@ -226,6 +226,7 @@ class Trainer:
         # once, at construction, as a user's job does)
         auto = any(RunConfig.parse(label).auto for label in args.configs or [])
         self.derived: dict[str, Any] = {}
+        self.start_costs: dict[str, Any] = {}  # the all-reduce cost each derivation measured
         for kind, wanted in (("sched", need_sched), ("shared", need_shared), ("py", need_py)):
             if not wanted:
                 continue
@@ -244,6 +245,7 @@ class Trainer:
                 native=kind != "py",
             )
             self.derived[kind] = sched.config
+            self.start_costs[kind] = sched.start_cost
             # Every completed step's metrics (last_step_metrics() lags and may skip steps), with
             # the host load the real client's reporter would add (--full-metrics).
             metrics: list[Any] = []
@@ -479,6 +481,9 @@ class Trainer:
                 key: getattr(self.derived[config.kind] if config.auto else config, key)
                 for key in ("partition_bytes", "credit_bytes", "tail_bytes")
             },
+            "start_cost": dataclasses.asdict(self.start_costs[config.kind])
+            if config.auto and self.start_costs.get(config.kind) is not None
+            else None,
             "steps": segment.steps,
             "step_times_s": step_times,
             "median_step_s": statistics.median(step_times) if step_times else None,

@@ -18,12 +18,13 @@ MiB = 1 << 20
 
 
 def test_the_partition_balances_the_latencies_against_the_last_partitions_transfer():
-    # 1.5 GB of gradients, 2 ms a collective, 100 MB/s: sqrt(B x latency / per-byte) = 17.3 MB
+    # 1.5 GB of gradients, 2 ms a collective, 100 MB/s, a window of 4 partitions:
+    # sqrt(B x latency / (4 x per-byte)) = 8.66 MB
     grad_bytes = 1_500_000_000
     cost = CollectiveCost(2e-3, 1e-8)
-    ideal = math.sqrt(grad_bytes * cost.latency_s / cost.seconds_per_byte)
+    ideal = math.sqrt(grad_bytes * cost.latency_s / (4 * cost.seconds_per_byte))
     config = derive(grad_bytes, cost)
-    assert config.partition_bytes == 16 * MiB  # the power of two nearest 17.3 MB (2^24.05)
+    assert config.partition_bytes == 8 * MiB  # the power of two nearest 8.66 MB (2^23.05)
     assert abs(math.log2(config.partition_bytes) - math.log2(ideal)) <= 0.5
     assert config.credit_bytes == start.CREDIT_PARTITIONS * config.partition_bytes
     # a latency ten times smaller (NCCL-like) or a link ten times faster: smaller / larger partitions

@@ -4,17 +4,17 @@ becomes when the scheduler is built.
 A partition costs the backend a fixed latency per collective (`latency_s`: a ring all-reduce's
 2(N-1) hops, gloo's or NCCL's launch) on top of its bytes (`seconds_per_byte`, the wire's rate
 with the ring's 2(N-1)/N factor). With B bytes of gradients cut into partitions of s bytes, the
-latencies cost (B / s) x latency_s a step; the gradients the next forward needs first wait, at
-the end of the backward pass, for about one partition's transfer, s x seconds_per_byte. The sum is
-smallest at
+latencies cost (B / s) x latency_s a step. At the end of the backward pass the gradients the next
+forward needs first queue behind the credit window, k = CREDIT_PARTITIONS partitions in flight:
+k x s x seconds_per_byte of exposed communication. The sum is smallest at
 
-    s = sqrt(B x latency_s / seconds_per_byte)
+    s = sqrt(B x latency_s / (k x seconds_per_byte))
 
 rounded to a power of two (the tuner's grid), at least MIN_AUTO_PARTITION_BYTES, at most B (one
-partition, DDP's one bucket), and the credit window CREDIT_PARTITIONS partitions. Both costs are
-measured on the job's own process group when the scheduler is built (`measure_cost`: a few
-all-reduces of one element and of a probe of up to PROBE_BYTES, some milliseconds on a fast link),
-and every rank takes the slowest rank's figures, so every rank derives the same configuration.
+partition, DDP's one bucket), and the credit window k partitions. Both costs are measured on the
+job's own process group when the scheduler is built (`measure_cost`: a few all-reduces of one
+element and of a probe of up to PROBE_BYTES, some milliseconds on a fast link), and every rank takes
+the slowest rank's figures, so every rank derives the same configuration.
 
 The derivation is a start, not a search: the tuner (autobyted) starts from it and moves on from
 there as the link and the load change. A user's explicit sizes always win.
@@ -129,7 +129,7 @@ def derive(grad_bytes: int, cost: CollectiveCost) -> Config:
     if cost.seconds_per_byte <= 0.0:  # no measurable transfer time: latency is all there is
         ideal = float(grad_bytes)
     else:
-        ideal = math.sqrt(grad_bytes * cost.latency_s / cost.seconds_per_byte)
+        ideal = math.sqrt(grad_bytes * cost.latency_s / (CREDIT_PARTITIONS * cost.seconds_per_byte))
     ideal = min(max(ideal, MIN_AUTO_PARTITION_BYTES), grad_bytes, MAX_PARTITION_BYTES / 4)
     partition = 1 << max(0, round(math.log2(max(ideal, 1.0))))
     partition = max(partition, MIN_AUTO_PARTITION_BYTES)
