@@ -28,6 +28,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.types import MAX_WORLD_SIZE, Config
 
+from autobyted import best as best_mod
 from autobyted.errors import FailedPrecondition, InvalidArgument, StorageError, status_for
 from autobyted.hub import DecisionHub
 from autobyted.ingest import IngestWriter, check_text_fields, validate_batch
@@ -457,7 +458,7 @@ class QueryService(_Servicer, pb_grpc.QueryServicer):
         return history_to_proto(request.job, steps, decisions)
 
     async def Best(self, request: pb.BestRequest, context) -> pb.BestResponse:
-        best = await self._call(self._storage.best, request.job)
+        best = await self._call(best_mod.best, self._storage, request.job)
         return best_to_proto(best)
 
 

@@ -171,8 +171,8 @@ def test_best_names_the_tuners_winner_not_a_faster_median_within_the_noise():
 
     from autobyte.types import Config
 
+    from autobyted.best import best_in_latest_context
     from autobyted.contexts import StepPoint
-    from autobyted.storage.sql import best_in_latest_context
 
     rng = random.Random(4)
     held, baseline, clear = Config(16 << 20, 64 << 20), Config(), Config(4 << 20, 8 << 20)

@@ -147,13 +147,30 @@ def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
     )
 
 
+def test_best_says_when_the_reference_ran_only_in_the_warm_up(thread_daemon):
+    """The context's first configuration ran only in the warm-up: best names the fastest one
+    measured past it and says the reference was not measured, instead of failing."""
+    client = Client(thread_daemon.address)
+    session = client.register().session_id
+    samples = [sample(s, step_time_s=0.05) for s in range(1, 21)]
+    for s in samples[8:]:
+        s.config.partition_bytes, s.step_time_s = 1 << 20, 0.04
+    client.stream([pb.MetricsBatch(job="job", rank=0, session_id=session, samples=samples)])
+    client.close()
+    best = run_cli("best", "job", "--daemon", thread_daemon.address)
+    assert best.returncode == 0 and "Traceback" not in best.stderr, best.stderr
+    assert "job: partition=1MiB" in best.stdout
+    assert "none/inf not measured past the warm-up in this context" in best.stdout, best.stdout
+
+
 def test_history_and_best_agree_with_themselves(thread_daemon):
     """The table shows the step a decision was applied at, the CSV carries it, reasons
     are whole, and `best` shows every configuration it compared and says when the baseline is missing."""
     client = Client(thread_daemon.address)
     session = client.register().session_id
-    samples = [sample(s, step_time_s=0.05) for s in range(1, 21)]
-    for s in samples[10:]:
+    # past the tuner's warm-up (10 steps): 5 steps of the baseline, 15 of 1 MiB partitions
+    samples = [sample(s, step_time_s=0.05) for s in range(1, 31)]
+    for s in samples[15:]:
         s.config.partition_bytes, s.step_time_s = 1 << 20, 0.04
     client.stream([pb.MetricsBatch(job="job", rank=0, session_id=session, samples=samples)])
     reason = "operator switches to 1MiB partitions because the link got slower; " * 3

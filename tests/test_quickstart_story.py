@@ -27,6 +27,7 @@ REACT_S = 2.0
     reason="the quick start's testbed builds network namespaces: needs root and iproute2",
 )
 def test_the_quickstart_tells_one_true_story():
+    from autobyted.best import best as best_of
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
 
@@ -77,7 +78,7 @@ def test_the_quickstart_tells_one_true_story():
         assert [d for d in decisions if d.state == "pending"] == [], [
             (d.decision_id, d.state) for d in decisions
         ]
-        best = storage.best("quickstart")
+        best = best_of(storage, "quickstart")
         assert held.state == "finished" and best.found, (held, best, out[-3000:])
         drop_step = int(re.search(r"the links dropped at \d+ s, rank 0's step (\d+)", out).group(1))
         if "re-tuning" in held.detail:

@@ -1,11 +1,13 @@
 """The storage contract, run against every backend: SQLAlchemy on a SQLite file and on a real
 PostgreSQL server (a throwaway cluster, tests/conftest.py)."""
 
+import dataclasses
 import time
 
 import pytest
 from autobyte.types import Config, StepMetrics
 
+from autobyted.best import PARAMS, best, best_in_latest_context
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
@@ -86,7 +88,8 @@ def test_decisions(store):
 def test_unknown_job(store):
     for call in (
         lambda: store.history("x"),
-        lambda: store.best("x"),
+        lambda: store.rank0_points("x"),
+        lambda: best(store, "x"),
         lambda: store.decisions("x"),
         lambda: store.add_decision("x", Config(), 0, ""),
     ):
@@ -484,6 +487,9 @@ def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store)
     assert store.tuner_status("j").config == tail
     store.add_window(WindowRecord("j", 0, tail, 0.1, 12, "{}"))
     assert store.windows()[-1].config == tail
-    best = store.best("j", min_samples=3)
+    # every step compared (no warm-up): the twelve of each configuration
+    best = best_in_latest_context(
+        "j", store.rank0_points("j"), 3, dataclasses.replace(PARAMS, warmup_steps=0)
+    )
     assert best.found and best.config == tail  # 0.1 s against plain's 0.2 s, told apart
     assert {c.config for c in best.candidates} == {tail, plain}

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from autobyte.types import Config
 
+from autobyted.contexts import StepPoint
 from autobyted.storage.records import (
-    BestRecord,
     DecisionRecord,
     HistoryStep,
     JobInfo,
@@ -83,7 +83,9 @@ class BaseStorage(abc.ABC):
         """The latest `limit` step records (ascending by step) of a job; NotFound if unknown."""
 
     @abc.abstractmethod
-    def best(self, job: str, min_samples: int = 5) -> BestRecord: ...
+    def rank0_points(self, job: str) -> list[StepPoint]:
+        """Rank 0's steps of a job in time order, as `autobyted.best` and `autobyted.contexts`
+        read them; NotFound if unknown."""
 
     @abc.abstractmethod
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:

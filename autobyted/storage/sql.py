@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 import uuid
@@ -12,18 +11,15 @@ from collections.abc import Callable, Sequence
 import sqlalchemy as sa
 from autobyte.records import history_step
 from autobyte.sample_schema import SAMPLE_COLUMN_NAMES, sample_from_row, sample_row
-from autobyte.types import Config, describe_speedup, speedup
+from autobyte.types import Config
 from sqlalchemy.engine import Engine
 
-from autobyted.contexts import StepPoint, split_contexts
+from autobyted.contexts import StepPoint
 from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
-from autobyted.signals import robust_sigma
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
 from autobyted.storage.records import (
-    BestRecord,
-    CandidateRecord,
     DecisionRecord,
     Fingerprint,
     HistoryStep,
@@ -39,11 +35,7 @@ from autobyted.storage.records import (
     WindowRecord,
     tuner_lease,
 )
-from autobyted.tuner.params import TunerParams
-from autobyted.tuner.verdict import beats
 
-# Steps right after a job starts are warm-up (allocation, first-use order recording).
-WARMUP_STEPS = 5
 RETENTION_CHUNK_ROWS = 20_000
 
 
@@ -64,100 +56,6 @@ def _set_config(row, config: Config) -> None:
     """Write a configuration into a row's columns named as Config's fields."""
     for name, value in _config_columns(config).items():
         setattr(row, name, value)
-
-
-def best_in_latest_context(job: str, points: list[StepPoint], min_samples: int) -> BestRecord:
-    """The fastest configuration among those measured (min_samples steps past a run's warm-up) in
-    the job's latest context that has one (autobyted.contexts), with the speed-up of each over the
-    context's reference: the no-scheduling baseline when it ran there, else the configuration the
-    context began with."""
-    contexts = split_contexts(points)
-    for context in reversed(contexts):
-        by_config: dict[Config, list[StepPoint]] = {}
-        for point in context.steps:
-            if point.step >= WARMUP_STEPS:
-                by_config.setdefault(point.config, []).append(point)
-        medians = {
-            config: statistics.median(p.step_time_s for p in measured)
-            for config, measured in by_config.items()
-            if len(measured) >= min_samples
-        }
-        if medians:
-            break
-    else:
-        return BestRecord(
-            job=job,
-            found=False,
-            contexts=len(contexts),
-            evidence=f"no configuration has {min_samples} measured steps past warm-up yet",
-        )
-    # The tuner's rule (tuner.verdict): the configuration the context began with (the incumbent
-    # the tuner measured first there) stays the best unless another beats it beyond the noise.
-    logs = {
-        config: [math.log(p.step_time_s) for p in by_config[config] if p.step_time_s > 0]
-        for config in medians
-    }
-    sigma = max(
-        TunerParams().sigma_floor, statistics.median(robust_sigma(v) for v in logs.values())
-    )
-    fastest = best = min(medians, key=medians.get)
-    incumbent = context.steps[0].config
-    if (
-        incumbent in medians
-        and best != incumbent
-        and not beats(
-            math.log(medians[best]),
-            len(logs[best]),
-            math.log(medians[incumbent]),
-            len(logs[incumbent]),
-            sigma,
-        )
-    ):
-        best = incumbent
-    baseline = medians.get(Config(), 0.0)
-    reference = Config() if baseline else context.steps[0].config
-    reference_s = medians.get(reference, 0.0)
-    steps = sorted(p.step for p in by_config[best])
-    evidence = (
-        f"median of {len(steps)} rank-0 steps in {steps[0]}..{steps[-1]}; {len(medians)} configuration(s) "
-        f"compared in context {context.index} of {len(contexts)}"
-    )
-    if reference_s and best != reference:
-        name = reference.short() + (
-            " (the no-scheduling baseline)" if baseline else " (the context's first configuration)"
-        )
-        evidence += f"; {describe_speedup(speedup(reference_s, medians[best]), name)}"
-    if fastest != best:
-        evidence += (
-            f"; {fastest.short()} measured {describe_speedup(speedup(medians[best], medians[fastest]), best.short())}"
-            f", within the noise (the tuner's rule, tuner.verdict: at least {TunerParams().min_gain:.0%} "
-            f"and {TunerParams().z_switch} standard errors)"
-        )
-    if len(contexts) > 1:
-        evidence += "; configurations measured only in other contexts are not compared"
-    compared = tuple(
-        CandidateRecord(
-            config,
-            medians[config],
-            len(by_config[config]),
-            speedup(reference_s, medians[config]) if reference_s else 0.0,
-        )
-        for config in sorted(medians, key=medians.get)
-    )
-    return BestRecord(
-        job=job,
-        found=True,
-        config=best,
-        median_step_time_s=medians[best],
-        samples=len(steps),
-        baseline_step_time_s=baseline,
-        evidence=evidence,
-        candidates=compared,
-        context=context.describe(len(contexts)),
-        reference=reference,
-        reference_step_time_s=reference_s,
-        contexts=len(contexts),
-    )
 
 
 def _decision(row: m.Decision, job: str) -> DecisionRecord:
@@ -721,7 +619,7 @@ class SqlStorage(BaseStorage):
             ).all()
             return [history_step(r[0], sample_from_row(r[1:])) for r in reversed(rows)]
 
-    def best(self, job: str, min_samples: int = 5) -> BestRecord:
+    def rank0_points(self, job: str) -> list[StepPoint]:
         with self._scope() as session:
             job_row = self._job(session, job)
             rows = session.execute(
@@ -729,22 +627,12 @@ class SqlStorage(BaseStorage):
                 .where(m.StepSample.job_id == job_row.id, m.StepSample.rank == 0)
                 .order_by(m.StepSample.wall_time_s, m.StepSample.id)
             ).all()
-        samples = [sample_from_row(r) for r in rows]
-        return best_in_latest_context(
-            job,
-            [
-                StepPoint(
-                    s.step,
-                    s.wall_time_s,
-                    s.step_time_s,
-                    s.config,
-                    s.bandwidth_bytes_per_s,
-                    s.host_load,
-                )
-                for s in samples
-            ],
-            min_samples,
-        )
+        return [
+            StepPoint(
+                s.step, s.wall_time_s, s.step_time_s, s.config, s.bandwidth_bytes_per_s, s.host_load
+            )
+            for s in map(sample_from_row, rows)
+        ]
 
     # ------------------------------------------------------------------ maintenance
     def enforce_retention(self, max_raw_samples: int, keep_every: int) -> int:

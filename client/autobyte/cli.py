@@ -781,11 +781,12 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     click.echo(
         textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    ")
     )
-    gain = (
-        "the context's reference"
-        if r.config == r.reference
-        else describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference)
-    )
+    if r.config == r.reference:
+        gain = "the context's reference"
+    elif not r.reference_step_time_s:  # the context began with steps of the warm-up only
+        gain = f"{reference} not measured past the warm-up in this context"
+    else:
+        gain = describe_speedup(speedup(r.reference_step_time_s, r.median_step_time_s), reference)
     click.echo(
         f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}"
     )
