@@ -29,7 +29,9 @@ from autobyted.tuner.features import JobShape
 from simulator.engine import SimulatedStep
 from simulator.profiles import ModelProfile
 
-SCHEDULER_DEFAULT = Config(4 << 20, 16 << 20)  # ScheduledOptimizer's default configuration
+# The fixed start of simulated jobs and of the prior's contexts (the client derives its own start
+# from the job: autobyte/scheduler/start.py)
+SCHEDULER_DEFAULT = Config(4 << 20, 16 << 20)
 T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
 
 
