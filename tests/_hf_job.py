@@ -121,6 +121,8 @@ class Tokens(torch.utils.data.Dataset):
 BATCHNORM_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 SKIPPED: list[int] = []  # fp16 steps whose update the GradScaler skipped, per accelerate run
 NORMS: list[list] = []  # what accelerator.clip_grad_norm_ returned at each step, per accelerate run
+# per accelerate run: at each step, accelerator.gather / reduce of values computed from gradients
+GRAD_VALUES: list[list] = []
 
 
 def reset() -> None:
@@ -195,7 +197,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
     loader = torch.utils.data.DataLoader(Tokens(32), batch_size=4, shuffle=False)
     model, optimizer, loader, lr = accelerator.prepare(model, optimizer, loader, lr)
     skipped = 0
-    norms = []
+    norms, grad_values = [], []
     for epoch in range(2):
         for i, batch in enumerate(loader):
             with accelerator.accumulate(model):
@@ -204,6 +206,10 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
                 if accelerator.sync_gradients:
                     norm = accelerator.clip_grad_norm_(model.parameters(), 0.5)
                     norms.append(None if norm is None else float(norm))  # logged, as loops do
+                    head = accelerator.unwrap_model(model).lm_head.weight.grad.float()
+                    gathered = accelerator.gather(head.norm().reshape(1))  # every rank's
+                    reduced = accelerator.reduce(head.sum().reshape(1), reduction="mean")
+                    grad_values.append((gathered.tolist(), reduced.tolist()))
                 optimizer.step()
                 skipped += bool(accelerator.sync_gradients and optimizer.step_was_skipped)
                 lr.step()
@@ -217,6 +223,7 @@ def accelerate_run(accelerator, resume_dir=None, save_dir=None):
             accelerator.load_state(save_dir)
     SKIPPED.append(skipped)
     NORMS.append(norms)
+    GRAD_VALUES.append(grad_values)
     scheduled = isinstance(accelerator, autobyte.accelerate.Accelerator) and len(
         accelerator.schedulers
     )
@@ -353,7 +360,7 @@ def main() -> None:
     results["accelerate_fp16"] = (a16, b16)
     # the standard accelerate loop, one import changed: clip_grad_norm_ with no constructor
     # argument clips as DDP's and returns DDP's norm (bf16 with accumulation; fp16 unscales first)
-    plain_norms = {}
+    plain_norms, plain_grad_values = {}, {}
     for name, precision in (("accelerate_plain", "bf16"), ("accelerate_plain_fp16", "fp16")):
         pair = []
         for cls, extra in ((DDPAccelerator, {}), (autobyte.accelerate.Accelerator, dense)):
@@ -365,9 +372,10 @@ def main() -> None:
                 with_fp16_scaler(accelerator)
             state_dict, _ = accelerate_run(accelerator, save_dir=f"{OUT}/{name}_{cls.__module__}")
             SKIPPED.pop()
-            pair.append((state_dict, NORMS.pop()))
+            pair.append((state_dict, NORMS.pop(), GRAD_VALUES.pop()))
         results[name] = (pair[0][0], pair[1][0])
         plain_norms[name] = (pair[0][1], pair[1][1])
+        plain_grad_values[name] = (pair[0][2], pair[1][2])
     no_broadcast = [DistributedDataParallelKwargs(broadcast_buffers=False)]
     reset()
     a_n = accelerate_batchnorm(DDPAccelerator(cpu=True, kwargs_handlers=no_broadcast))
@@ -433,6 +441,7 @@ def main() -> None:
                 "across_statistics": across_statistics,
                 "accelerate_scheduled": accelerate_scheduled,
                 "plain_norms": plain_norms,
+                "plain_grad_values": plain_grad_values,
                 "ddp_logs": ddp_logs,
                 "our_logs": our_logs,
             },

@@ -33,7 +33,9 @@ class Net(nn.Module):
 
 
 def _loop(rank: int, world: int, mode: str, loop: str) -> dict:
-    """`mode`: "ddp", "ddp-small" (DDP with 1 KiB buckets) or "sched"; `loop`: "reads" or "amp"."""
+    """`mode`: "ddp", "ddp-small" (DDP with 1 KiB buckets) or "sched"; `loop`: "reads", "amp" or
+    "compile" (the reads loop on a torch.compile'd model: dynamo and AOT autograd's backward,
+    without inductor's code generation)."""
     import autobyte
 
     torch.manual_seed(5)
@@ -53,6 +55,8 @@ def _loop(rank: int, world: int, mode: str, loop: str) -> dict:
             model, base, partition_bytes=4 << 10, credit_bytes=8 << 10, grad_scaler=scaler
         )
         no_sync = opt.no_sync
+    if loop == "compile":
+        wrapped = torch.compile(wrapped, backend="aot_eager")
     gen = torch.Generator().manual_seed(90 + rank)
     out: dict = {"norm": [], "logged": [], "unused_none": [], "micro_local": []}
     for step in range(STEPS):
@@ -118,6 +122,14 @@ def test_gradients_read_between_backward_and_step_are_ddps_to_the_bit_at_2_ranks
             ddp[rank]["norm"],
             _max_diff(sched[rank], ddp[rank]),
         )
+
+
+def test_gradients_read_after_a_compiled_backward_are_ddps_to_the_bit():
+    ddp = run_ranks(_loop, 2, "ddp", "compile")
+    sched = run_ranks(_loop, 2, "sched", "compile")
+    assert ddp[0]["norm"][0] > 0.05
+    for rank in (0, 1):
+        assert _same(sched[rank], ddp[rank]), (rank, _max_diff(sched[rank], ddp[rank]))
 
 
 @pytest.mark.parametrize("hot_path", ["native", "python"])

@@ -179,6 +179,9 @@ def test_the_standard_accelerate_loop_logs_ddps_clip_norm_with_no_constructor_ar
             assert len(ddp) >= 4 and None not in ours, (name, ddp, ours)
             assert [repr(n) for n in ours] == [repr(n) for n in ddp], (name, ours, ddp)
         assert result["plain_norms"]["accelerate_plain"][0][0] > 0.5  # the clip bites
+        # accelerator.gather / reduce of values computed from the gradients after the clip
+        for name, (ddp, ours) in result["plain_grad_values"].items():
+            assert len(ddp) >= 4 and repr(ours) == repr(ddp), (name, ours, ddp)
 
 
 def test_unknown_trainer_option_is_refused():
