@@ -14,7 +14,7 @@ import math
 
 from autobyte.types import Config, StepMetrics, describe_speedup
 
-from autobyted.tuner.drift import DriftDetector
+from autobyted.tuner.drift import DriftDetector, window_shift
 from autobyted.tuner.features import summarize
 from autobyted.tuner.grid import describe
 from autobyted.tuner.job import TunerJob
@@ -34,6 +34,7 @@ class Watching(Phase):
         self.reference_steps = reference_steps
         self.detector: DriftDetector | None = None
         self.recent: list[StepMetrics] = []  # the held configuration's latest steps
+        self.reference: list[StepMetrics] = []  # the window the held configuration was held on
         self.next_rescore_wall_s = 0.0
         self.window: list[StepMetrics] = []
 
@@ -42,6 +43,7 @@ class Watching(Phase):
         job.held = held
         self.detector = DriftDetector(reference, shift_scale=job.backoff())
         self.recent = list(reference[-RECENT_STEPS:])
+        self.reference = list(reference)
         self.next_rescore_wall_s = job.newest_wall_s + job.params.rescore_s
 
     def on_sample(self, m: StepMetrics) -> Phase:
@@ -101,10 +103,14 @@ class Watching(Phase):
         if best is None:
             return self
         job.stats["retunes"] += 1
+        # The context the prediction was made in, against the one the configuration was held on:
+        # a change the drift detector has not yet confirmed (its blocks take seconds) is named as
+        # the cause, as the detector would name it.
+        moved = window_shift(self.reference, self.recent)
         return baseline.start(
             job,
-            f"re-tuning: {describe(best[0])} predicted "
-            f"{describe_speedup(math.exp(-best[1]), describe(held.config))} now",
+            f"re-tuning{f' after {moved.reason}' if moved else ''}: {describe(best[0])} "
+            f"predicted {describe_speedup(math.exp(-best[1]), describe(held.config))} now",
             new_segment=True,
             steps=job.params.rebaseline_steps,
         )
