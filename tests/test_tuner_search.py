@@ -587,3 +587,22 @@ def test_a_warm_start_that_does_not_win_here_counts_as_a_lost_trial_and_the_sear
     assert kinds[0] == "switch" and second_sink.decisions[0].config == BEST
     assert second.stats["trials"] >= 1 and second.job.held is not None
     assert second.job.held.config == START  # nothing beat the start here
+
+
+def test_a_rescore_just_after_a_change_names_it():
+    """The predictor's periodic rescore (every rescore_s while holding) can re-open the search a
+    few steps after a bandwidth drop, before the drift detector's blocks confirm it: the re-tune
+    names the change it was made in, as the detector would, not only the predicted gain."""
+    tuner, sink = make(predictor_for(None, 0.15))  # smaller partitions predicted faster
+    drop = 636  # 9 steps before the first rescore after the hold (60 s at 0.1 s a step)
+
+    def landscape(config, step):
+        if step < drop:  # the prediction is wrong here: START is the fastest
+            return (0.1 if config == START else 0.12), 1e8
+        octaves = math.log2((config.partition_bytes or 64 * MIB) / START.partition_bytes)
+        return 0.2 * math.exp(0.15 * octaves), 4.9e7
+
+    ScriptedJob(landscape, noise=0.02).run(tuner, sink, 760)
+    first = next(d for d in sink.decisions if d.apply_at_step > drop)
+    assert "(re-tuning after bandwidth drop: " in first.reason, first.reason
+    assert "predicted" in first.reason.split("re-tuning after", 1)[1], first.reason  # the rescore's
