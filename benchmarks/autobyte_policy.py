@@ -179,11 +179,19 @@ class HubDaemon:
     PORT = 7077
 
     def __init__(
-        self, bed, workdir, job: str, tuner: str = "auto", extra_args: Sequence[str] = ()
+        self,
+        bed,
+        workdir,
+        job: str,
+        tuner: str = "auto",
+        extra_args: Sequence[str] = (),
+        byte_scale: float = 1.0,
     ) -> None:
         import secrets
 
         self.bed, self.workdir, self.job, self.tuner = bed, workdir, job, tuner
+        # an emulated job's ranks run sizes / byte_scale: its decisions read in the model's bytes
+        self.byte_scale = byte_scale
         self.extra_args = list(extra_args)
         self.token = secrets.token_hex(16)
         self.db_url = f"sqlite:///{workdir}/autobyted.db"
@@ -246,6 +254,7 @@ class HubDaemon:
 
         from autobyted.storage.db import make_engine
         from autobyted.storage.sql import SqlStorage
+        from benchmarks.bench_emulated import model_config
 
         cpu_s = None
         if self.proc is not None and self.proc.poll() is None:
@@ -270,7 +279,7 @@ class HubDaemon:
             "decisions": [
                 {
                     "decision_id": d.decision_id,
-                    "config": describe(d.config),
+                    "config": describe(model_config(d.config, self.byte_scale)),
                     "reason": d.reason,
                     "source": d.source,
                     "state": d.state,

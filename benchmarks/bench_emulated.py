@@ -43,6 +43,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autobyte.types import Config
+
 from benchmarks.host import HostWatch
 from benchmarks.scenario import GBIT, Scenario, load_scenario
 
@@ -79,6 +81,39 @@ def wire_label(label: str, byte_scale: float) -> str:
     if config.tail_bytes is not None:
         sizes.append(wire_bytes(config.tail_bytes, byte_scale))
     return f"{config.kind}:" + ",".join(str(size or "none") for size in sizes)
+
+
+def model_config(config: Any, byte_scale: float) -> Any:
+    """A scheduler configuration the scaled wire ran, in the model's bytes (DDP unchanged)."""
+    if byte_scale == 1.0 or not isinstance(config, Config):
+        return config
+    return Config(
+        *(None if b is None else round(b * byte_scale) for b in dataclasses.astuple(config))
+    )
+
+
+def model_label(wire_lab: str, byte_scale: float) -> str:
+    """A worker's configuration label (ddp[:B], sched:P,C[,T] on the scaled wire) in the model's
+    bytes; DDP's reads "ddp" (its bucket is DDP's default, scaled)."""
+    from benchmarks.train_worker import RunConfig
+
+    if byte_scale == 1.0:
+        return wire_lab
+    config = RunConfig.parse(wire_lab)
+    if config.kind == "ddp":
+        return "ddp"
+    sizes = model_config(
+        Config(config.partition_bytes, config.credit_bytes, config.tail_bytes), byte_scale
+    )
+    return RunConfig(config.kind, *dataclasses.astuple(sizes)).label
+
+
+def wire_run_label(model_lab: str, byte_scale: float) -> str:
+    """What the worker runs for a label in the model's bytes: "ddp" is DDP's default bucket
+    (25 MiB of the model's bytes), scaled as every size."""
+    if byte_scale != 1.0 and model_lab.strip().lower() == "ddp":
+        model_lab = f"ddp:{DDP_DEFAULT_BUCKET}"
+    return wire_label(model_lab, byte_scale)
 
 
 def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str]:

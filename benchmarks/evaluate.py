@@ -262,12 +262,13 @@ class _OnlineDriver:
             self.errors.append(str(event.get("error")))
         if kind != "step":
             return
+        from benchmarks.bench_emulated import model_label
         from simulator.engine import DDPConfig, parse_config
 
         step_s = float(event["step_time_s"])
         start = self.elapsed
         self.elapsed += step_s
-        config = parse_config(event["config"])
+        config = parse_config(model_label(event["config"], self.scenario.byte_scale))
         record = SimulatedStep(
             int(event["step"]),
             start,
@@ -292,10 +293,16 @@ class _OnlineDriver:
         self.decisions.append(
             {"after_step": record.step, "t_s": self.elapsed, "config": _testbed_label(change)}
         )
+        from benchmarks.bench_emulated import wire_bytes
+
+        scale = self.scenario.byte_scale  # the ranks run the model's sizes divided by it
         with open(self.control, "a") as handle:
             handle.write(
                 json.dumps(
-                    {"partition_bytes": change.partition_bytes, "credit_bytes": change.credit_bytes}
+                    {
+                        "partition_bytes": wire_bytes(change.partition_bytes, scale),
+                        "credit_bytes": wire_bytes(change.credit_bytes, scale),
+                    }
                 )
                 + "\n"
             )
@@ -315,9 +322,14 @@ def _run_on_testbed(
     import tempfile
 
     from benchmarks import testbed as harness
+    from benchmarks.bench_emulated import model_label, wire_run_label
 
     watch = HostWatch()
     options = scenario.testbed
+    # Labels here are in the model's bytes; an emulated scenario's ranks run them divided by its
+    # byte scale (as benchmarks/bench_emulated.py runs its grids), and what they report is
+    # multiplied back.
+    scale = scenario.byte_scale
     workload = scenario.testbed_workload()
     workers = workload.workers
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
@@ -327,7 +339,7 @@ def _run_on_testbed(
         "benchmarks.train_worker",
         *workload.worker_args(),
         "--configs",
-        label,
+        wire_run_label(label, scale),
         "--steps",
         str(steps),
         "--warmup",
@@ -351,7 +363,9 @@ def _run_on_testbed(
             if daemon:
                 from benchmarks.autobyte_policy import HubDaemon
 
-                hub = HubDaemon(bed, pathlib.Path(tmp), job=scenario.name, tuner=daemon).start()
+                hub = HubDaemon(
+                    bed, pathlib.Path(tmp), job=scenario.name, tuner=daemon, byte_scale=scale
+                ).start()
             try:
                 result = bed.run(
                     command,
@@ -366,7 +380,7 @@ def _run_on_testbed(
     events = [e for e in result.ranks[0].events if e.get("event") == "step"]
     series = TestbedSeries(
         [float(e["step_time_s"]) for e in events],
-        [str(e["config"]) for e in events],
+        [model_label(str(e["config"]), scale) for e in events],
         host=watch.report(),
     )
     if driver is not None:
@@ -822,17 +836,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenarios = [load_scenario(path) for path in args.scenarios]
     except ValueError as exc:
         print(f"python -m benchmarks.evaluate: error: {exc}", file=sys.stderr)
-        return 2
-    scaled = [s.path for s in scenarios if s.byte_scale != 1.0]
-    if args.testbed and scaled:
-        # Its policies' sizes (grid labels, decisions, the daemon's) are the wire's, not yet
-        # divided by the emulation's byte scale as benchmarks/bench_emulated.py divides them.
-        print(
-            f"python -m benchmarks.evaluate: error: {', '.join(scaled)}: --testbed does not yet "
-            "scale configuration sizes by [testbed] byte_scale; run python -m "
-            "benchmarks.bench_emulated on it (or set byte_scale = 1)",
-            file=sys.stderr,
-        )
         return 2
     results = []
     for scenario in scenarios:

@@ -290,12 +290,18 @@ def test_the_compute_check_runs_one_rank_without_communication(tmp_path):
     assert math.isfinite(compute["x_profile"]) and isinstance(compute["within_tolerance"], bool)
 
 
-def test_evaluate_on_the_testbed_refuses_a_byte_scaled_scenario_with_a_message(capsys):
-    from benchmarks import evaluate
+def test_sizes_cross_the_byte_scale_both_ways():
+    """What evaluate --testbed and bench_emulated hand the ranks (the model's sizes / the scale)
+    and read back from them (x the scale); DDP's default bucket is the model's 25 MiB, scaled."""
+    from benchmarks.bench_emulated import model_label, wire_run_label
 
-    path = ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml"
-    assert evaluate.main([str(path), "--testbed", "--policy", "ddp", "--out", "unused"]) == 2
-    assert "byte_scale" in capsys.readouterr().err
+    assert wire_run_label("sched:16MiB,64MiB", 128) == "sched:131072,524288"
+    assert model_label("sched:131072,524288", 128) == "sched:16MiB,64MiB"
+    assert wire_run_label("ddp", 128) == "ddp:204800" and model_label("ddp:204800", 128) == "ddp"
+    assert model_label(wire_run_label("sched:none,none", 64), 64) == "sched:none,none"
+    assert model_label(wire_run_label("sched:1MiB,4MiB,8MiB", 16), 16) == "sched:1MiB,4MiB,8MiB"
+    # byte scale 1: labels as they are
+    assert wire_run_label("ddp", 1.0) == "ddp" == model_label("ddp", 1.0)
 
 
 @needs_netns
