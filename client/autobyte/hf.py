@@ -8,18 +8,19 @@
     trainer.train()
 
 The Trainer builds its accelerator as `autobyte.accelerate.Accelerator` (see there for how
-accelerate's calls map to the scheduler's) with `TrainingArguments.max_grad_norm` as the scheduler's
-clipping norm, so everything Trainer does with accelerate keeps its meaning: AdamW with its LR
-schedule, clipping (on by default), `gradient_accumulation_steps`, bf16 / fp16, evaluation during
-training, `save_steps` checkpoints (the model and optimizer state after every pending update landed)
+accelerate's calls map to the scheduler's), so everything Trainer does with accelerate keeps its
+meaning: AdamW with its LR schedule, clipping (on by default), `gradient_accumulation_steps`,
+bf16 / fp16, evaluation during training, `save_steps` checkpoints (the model and optimizer state after every pending update landed)
 and `resume_from_checkpoint`. The parameters are Trainer's own DDP run's, bit for bit, and so are
 the buffers (BatchNorm statistics): `TrainingArguments.ddp_broadcast_buffers` (default: DDP's True)
 is the scheduler's `broadcast_buffers`, and the evaluation's forwards, which Trainer runs on the
 unwrapped model, receive no broadcast there either (`ScheduledOptimizer.unwrapped()`).
 
+Trainer's `max_grad_norm` clipping and its `grad_norm` log entry are its own: its
+`accelerator.clip_grad_norm_` reads the reduced gradients (a read of `.grad` waits for the step's
+reductions, `autobyte.scheduler.grad_reads`), so it clips and logs DDP's norm, to the bit.
+
 What it adds to the Trainer's logs:
-* `grad_norm` is the scheduler's (the norm of the reduced gradients before clipping, read at each
-  logging step once that step landed);
 * one log entry per configuration the scheduler applies (`autobyte/partition_bytes`,
   `autobyte/credit_bytes`, `autobyte/tail_bytes`, `autobyte/decision`), so the tuner's decisions
   appear in the console and in every logging integration Trainer reports to;
@@ -99,8 +100,6 @@ class Trainer(transformers.Trainer):
         options = dict(self._autobyte_options)
         if self.args.run_name and (options.get("daemon") or options.get("job")):
             options.setdefault("job", self.args.run_name)
-        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
-            options["clip_grad_norm"] = float(self.args.max_grad_norm)
         with _trainer_accelerator(functools.partial(Accelerator, **options)):
             super().create_accelerator_and_postprocess()
 
@@ -132,14 +131,6 @@ class Trainer(transformers.Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         self.accelerator.synchronize()
         super().save_model(output_dir, _internal_call)
-
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        scheduled = self.scheduled_optimizer
-        if scheduled is not None and "loss" in logs and self.accelerator.clip_grad_norm is not None:
-            norm = self.accelerator.last_grad_norm(self.model)
-            if norm is not None:
-                logs["grad_norm"] = norm
-        super().log(logs, *args, **kwargs)
 
 
 class _ConfigurationLog(TrainerCallback):
