@@ -24,6 +24,10 @@ the backend threads' CPU per step (gloo's and torch's own, the busiest rank), th
 thread was runnable but waited for a CPU (worst rank), the cores the whole machine kept busy (other
 users' processes too), and a flag where the CPU was the limit (a goal does not use such a row). The machine's load average is recorded before and after every block.
 
+`--clip`: DDP's default and the scheduler's default run a second time in a loop that calls
+`clip_grad_norm_` between backward and step (a read of the gradients: the scheduler waits there for
+its reductions, as DDP does at the end of backward); their /DDP is against DDP + the same clip.
+
 `--check-compute`: one rank (world size 1, no communication) runs the compute probe, whose step must
 equal the profile's compute within 2% with the CPU not the limit (exit 1 otherwise), and beside it
 the scheduler with nothing to reduce (what its own threads add: reported, not judged).
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -67,6 +72,21 @@ def wire_bytes(model_bytes: int | None, byte_scale: float) -> int | None:
     return max(4 << 10, int(model_bytes / byte_scale) // 4 * 4)
 
 
+CLIP = "+clip"  # a label's loop clips between backward and step (benchmarks/train_worker.py)
+
+
+def _with_clip(to_label: Any) -> Any:
+    """A label function that carries a +clip modifier through unchanged."""
+
+    @functools.wraps(to_label)
+    def convert(label: str, byte_scale: float) -> str:
+        base, plus, modifier = label.partition("+")
+        return to_label(base, byte_scale) + (plus + modifier)
+
+    return convert
+
+
+@_with_clip
 def wire_label(label: str, byte_scale: float) -> str:
     """A configuration label in the model's bytes as the worker runs it on the scaled model."""
     from benchmarks.train_worker import SCHED_KINDS, RunConfig
@@ -92,6 +112,7 @@ def model_config(config: Any, byte_scale: float) -> Any:
     )
 
 
+@_with_clip
 def model_label(wire_lab: str, byte_scale: float) -> str:
     """A worker's configuration label (ddp[:B], sched:P,C[,T] on the scaled wire) in the model's
     bytes; DDP's reads "ddp" (its bucket is DDP's default, scaled)."""
@@ -108,6 +129,7 @@ def model_label(wire_lab: str, byte_scale: float) -> str:
     return RunConfig(config.kind, *dataclasses.astuple(sizes)).label
 
 
+@_with_clip
 def wire_run_label(model_lab: str, byte_scale: float) -> str:
     """What the worker runs for a label in the model's bytes: "ddp" is DDP's default bucket
     (25 MiB of the model's bytes), scaled as every size."""
@@ -116,13 +138,17 @@ def wire_run_label(model_lab: str, byte_scale: float) -> str:
     return wire_label(model_lab, byte_scale)
 
 
-def block_labels(ddp_grid: Sequence[str], sched_grid: Sequence[str]) -> list[str]:
-    """The configurations of one block, in the model's bytes (DDP's default bucket spelt out)."""
+def block_labels(
+    ddp_grid: Sequence[str], sched_grid: Sequence[str], clip: bool = False
+) -> list[str]:
+    """The configurations of one block, in the model's bytes (DDP's default bucket spelt out);
+    with `clip`, DDP's default and the scheduler's default again, each loop clipping every step."""
     ddp = [f"ddp:{DDP_DEFAULT_BUCKET}"] + [
         f"ddp:{size}" for size in ddp_grid if size != DDP_DEFAULT_BUCKET
     ]
     sched = [SCHED_DEFAULT] + [label for label in sched_grid if label != SCHED_DEFAULT]
-    return ["compute", "comm", *ddp, *sched]
+    clipped = [f"ddp:{DDP_DEFAULT_BUCKET}{CLIP}", f"{SCHED_DEFAULT}{CLIP}"] if clip else []
+    return ["compute", "comm", *ddp, *sched, *clipped]
 
 
 def balanced_rate_gbit(profile: Any, ranks: int) -> float:
@@ -347,11 +373,15 @@ def run_block(
         by_config.get("comm", {}).get("step_s"),
     )
     bound = max(compute, comm) if compute and comm else None
-    ddp_rows = [row for row in rows if row["config"].startswith("ddp") and row["step_s"]]
+    unclipped = [row for row in rows if not row["config"].endswith(CLIP)]
+    ddp_rows = [row for row in unclipped if row["config"].startswith("ddp") and row["step_s"]]
     ddp_default = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}", {}).get("step_s")
+    ddp_clip = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}{CLIP}", {}).get("step_s")
     ddp_best = min((row["step_s"] for row in ddp_rows), default=None)
     sched_grid = [
-        row for row in rows if row["config"].startswith("sched:") and row["config"] != SCHED_DEFAULT
+        row
+        for row in unclipped
+        if row["config"].startswith("sched:") and row["config"] != SCHED_DEFAULT
     ]
     sched_best = min((row["step_s"] for row in sched_grid if row["step_s"]), default=None)
     for row in rows:
@@ -363,10 +393,20 @@ def run_block(
                 for b in row["derived_wire_bytes"]
             )
         step = row["step_s"]
-        row["vs_sched_grid_best"] = sched_best / step if step and sched_best else None
+        clipped = row["config"].endswith(CLIP)
+        row["vs_sched_grid_best"] = (
+            sched_best / step if step and sched_best and not clipped else None
+        )
         row["x_bound"] = step / bound if step and bound else None
-        row["speedup_vs_ddp_default"] = ddp_default / step if step and ddp_default else None
-        row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best else None
+        # a clipping loop against DDP's default bucket with the same clip
+        ddp_same_loop = ddp_clip if clipped else ddp_default
+        row["speedup_vs_ddp_default"] = ddp_same_loop / step if step and ddp_same_loop else None
+        row["speedup_vs_ddp_best"] = ddp_best / step if step and ddp_best and not clipped else None
+        if clipped:  # per round, paired: the rounds ran interleaved in the same processes
+            ddp_rounds = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}{CLIP}", {}).get("round_steps_s")
+            row["vs_ddp_clip_per_round"] = [
+                d / t for d, t in zip(ddp_rounds or [], row["round_steps_s"]) if t
+            ]
     return {
         "ranks": ranks,
         "rate_gbit": rate_gbit,
@@ -387,6 +427,7 @@ def run_block(
             for e in result.condition_log
         ],
         "ddp_default_s": ddp_default,
+        "ddp_clip_s": ddp_clip,
         "ddp_best_s": ddp_best,
         "ddp_best_config": min(ddp_rows, key=lambda row: row["step_s"])["config"]
         if ddp_rows
@@ -479,7 +520,7 @@ def format_block(block: dict[str, Any], scale: str) -> str:
             )
         config = row["config"]
         if row.get("derived"):
-            config = f"auto={row['derived']}"
+            config = f"auto={row['derived']}" + (CLIP if config.endswith(CLIP) else "")
         lines.append(
             f"{config:22} {row['wire']:22} {_ms(row['step_s']):>8} {_x(row['x_bound']):>7} "
             f"{_x(row['speedup_vs_ddp_default']):>5} {_x(row['speedup_vs_ddp_best']):>8} "
@@ -495,7 +536,19 @@ def format_block(block: dict[str, Any], scale: str) -> str:
         "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
         f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
         "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals"
+        + (
+            "; +clip: the loop calls clip_grad_norm_ between backward and step, /DDP against DDP's "
+            "default bucket + the same clip"
+            if block.get("ddp_clip_s")
+            else ""
+        )
     )
+    for row in block["rows"]:
+        if row.get("vs_ddp_clip_per_round"):
+            lines.append(
+                f"{row['config']} x DDP + clip per round: "
+                + ", ".join(f"{r:.3f}" for r in row["vs_ddp_clip_per_round"])
+            )
     return "\n".join(lines)
 
 
@@ -524,6 +577,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--sched-grid",
         default=";".join(SCHED_GRID),
         help="scheduler configurations beside the default, ';'-separated",
+    )
+    parser.add_argument(
+        "--clip",
+        action="store_true",
+        help="also run DDP's default and the scheduler's default with clip_grad_norm_ "
+        "between backward and step (the loop of most transformer scripts)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
@@ -586,7 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             raise SystemExit(f"bench_emulated: {error}") from None
         labels = block_labels(
-            [s for s in args.ddp_grid.split(",") if s], [s for s in args.sched_grid.split(";") if s]
+            [s for s in args.ddp_grid.split(",") if s],
+            [s for s in args.sched_grid.split(";") if s],
+            clip=args.clip,
         )
         blocks = [
             run_block(

@@ -10,6 +10,9 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      such as 4MiB, 256KiB; 'none' = no partitioning / unlimited credit)
     sched:P,C,T      the same with tail_bytes=T (the tail window)
     sched:auto       the scheduler with the configuration it derives at construction ("auto" sizes)
+    ...+clip         a ddp or sched configuration whose loop calls `clip_grad_norm_(
+                     model.parameters(), CLIP_MAX_NORM)` between backward and step, as transformer
+                     loops do (the same replica as the label without it)
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -87,6 +90,7 @@ LAT_PROBE_BYTES = 4 << 10
 # the cost of the dedicated one); py: the same as sched on the Python hot path (native=False), for
 # native-vs-Python pairs in one run.
 SCHED_KINDS = ("sched", "shared", "py")
+CLIP_MAX_NORM = 1e-3  # +clip: far below the models' gradient norms: every step is really clipped
 
 
 def lat_collectives(size_bytes: int) -> int:
@@ -104,10 +108,22 @@ class RunConfig:
     credit_bytes: int | None = None
     tail_bytes: int | None = None  # sched:P,C,T: the tail window; absent = none
     auto: bool = False  # sched:auto: the configuration the scheduler derives at construction
+    clip: bool = False  # +clip: clip_grad_norm_ between backward and step
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
-        text = label.strip().lower()
+        text, plus, modifier = label.strip().lower().partition("+")
+        config = cls._parse(text, label)
+        if not plus:
+            return config
+        if modifier != "clip" or config.kind not in ("ddp", *SCHED_KINDS):
+            raise ValueError(
+                f"bad configuration {label!r}: the only modifier is +clip, on ddp or sched labels"
+            )
+        return dataclasses.replace(config, clip=True)
+
+    @classmethod
+    def _parse(cls, text: str, label: str) -> RunConfig:
         if text in ("ddp", "compute", "comm"):
             return cls(text)
         kind, _, rest = text.partition(":")
@@ -140,6 +156,10 @@ class RunConfig:
 
     @property
     def label(self) -> str:
+        return self._base_label + ("+clip" if self.clip else "")
+
+    @property
+    def _base_label(self) -> str:
         if self.kind == "ddp" and self.partition_bytes is not None:
             from autobyte.types import format_bytes
 
@@ -333,11 +353,15 @@ class Trainer:
                     self.workload.loss_fn(model(inputs), targets).backward()
             else:
                 self.workload.loss_fn(model(inputs), targets).backward()
+            if config.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_MAX_NORM)
             opt.step()
             return
         assert self.sched is not None and config.kind in SCHED_KINDS
         self.sched.zero_grad()
         self.workload.loss_fn(self.sched_model(inputs), targets).backward()
+        if config.clip:  # a read of .grad: waits for this step's reductions (DDP's wait)
+            torch.nn.utils.clip_grad_norm_(self.sched_model.parameters(), CLIP_MAX_NORM)
         self.sched.step()
 
     def _collectives(self, buffers: list[torch.Tensor]) -> None:

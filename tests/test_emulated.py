@@ -17,7 +17,7 @@ import torch
 from benchmarks import bench_emulated
 from benchmarks.emulated import EmulatedModel, build_emulated, gradient_fill, scaled_elements
 from benchmarks.scenario import GBIT, load_scenario
-from benchmarks.train_worker import _param_digest
+from benchmarks.train_worker import RunConfig, _param_digest
 from simulator.profiles import LayerProfile, ModelProfile, load_profile
 from tests.helpers.paths import ROOT
 
@@ -302,16 +302,33 @@ def test_sizes_cross_the_byte_scale_both_ways():
     assert model_label(wire_run_label("sched:1MiB,4MiB,8MiB", 16), 16) == "sched:1MiB,4MiB,8MiB"
     # byte scale 1: labels as they are
     assert wire_run_label("ddp", 1.0) == "ddp" == model_label("ddp", 1.0)
+    # a loop that clips keeps its modifier both ways
+    assert wire_run_label("ddp+clip", 128) == "ddp:204800+clip"
+    assert model_label("sched:131072,524288+clip", 128) == "sched:16MiB,64MiB+clip"
+    assert wire_run_label("sched:auto+clip", 128) == "sched:auto+clip"
+
+
+@pytest.mark.parametrize("label", ["comm+clip", "sched:auto+clip2", "lat+clip"])
+def test_a_modifier_other_than_clip_on_a_training_loop_is_refused(label):
+    from benchmarks.train_worker import RunConfig
+
+    with pytest.raises(ValueError, match="the only modifier is \\+clip"):
+        RunConfig.parse(label)
 
 
 @needs_netns
 def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_path):
     """Both hot paths and DDP from the same start with the emulated gradients (a different fill
-    on each rank): after the same steps every replica on every rank holds the same parameters."""
+    on each rank): after the same steps every replica on every rank holds the same parameters;
+    then three more steps each in a loop that clips (`+clip`: clip_grad_norm_ between backward and
+    step, on the scheduler a read of the reduced gradients), again the same everywhere. Two fresh
+    DDP replicas, one clipping, show that the clip changed the parameters."""
     from benchmarks.testbed import Testbed
 
     scenario = _tiny_scenario(tmp_path, 2)
-    labels = ["ddp", "sched:4096,16384", "py:4096,16384"]
+    plain = ["ddp", "sched:4096,16384", "py:4096,16384"]
+    clipped = ["ddp+clip", "sched:4096,16384+clip", "py:4096,16384+clip"]
+    labels = [*plain, *clipped, "ddp:64KiB", "ddp:32KiB+clip"]
     command = [
         sys.executable,
         "-m",
@@ -330,6 +347,12 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
     digests = {
         (rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results
     }
-    assert len(digests) == 6 and len(set(digests.values())) == 1, digests
+    assert len(digests) == 2 * len(labels), digests
+    digests = {(rank, RunConfig.parse(label).label): d for (rank, label), d in digests.items()}
+    for group in (plain, clipped):
+        keys = [(rank, RunConfig.parse(label).label) for rank in (0, 1) for label in group]
+        assert len({digests[key] for key in keys}) == 1, digests
+    assert digests[0, "ddp:64KiB"] == digests[0, "ddp"]  # a fresh replica, three plain steps
+    assert digests[0, "ddp:32KiB+clip"] != digests[0, "ddp"]  # the clip changed them
     start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
     assert _param_digest(start) not in digests.values()
