@@ -5,26 +5,17 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import functools
 import io
 import json
-import sys
 import textwrap
+from collections.abc import Sequence
 
 import click
-import grpc
 
 from autobyte import __version__
-from autobyte.channel import auth_metadata, daemon_addresses, daemon_token, open_channel
-from autobyte.convert import (
-    best_from_proto,
-    config_dict,
-    config_from_proto,
-    decision_from_proto,
-    history_step_from_proto,
-    tuner_status_from_proto,
-)
-from autobyte.protocol import autobyte_pb2 as pb
-from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.query import Client, DaemonError
+from autobyte.records import DecisionRecord, JobRecord, TunerStatusRecord
 from autobyte.types import (
     BYTE_UNITS_HELP,
     MAX_CREDIT_BYTES,
@@ -41,7 +32,6 @@ from autobyte.types import (
     speedup,
 )
 
-RPC_TIMEOUT_S = 10.0
 # Exit codes (docs/reference.md, "Exit codes").
 EXIT_ERROR = 1  # the daemon answered with an error (unknown job, wrong token, its database failed)
 EXIT_USAGE = 2  # bad command line (click's usage errors)
@@ -49,86 +39,42 @@ EXIT_UNREACHABLE = 3  # no daemon answered at the address, or what answered is n
 WIDTH = 80
 
 
-class Connection:
-    """The daemons to ask, in order (several share one database: any of them answers)."""
+class CommandError(click.ClickException):
+    """A failure the command reports as `autobyte: MESSAGE` with its exit code."""
 
-    def __init__(self, daemon: str | None, token: str | None, tls_ca: str | None) -> None:
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"autobyte: {self.format_message()}", err=True)
+
+
+EXIT_CODES = {"error": EXIT_ERROR, "usage": EXIT_USAGE, "unreachable": EXIT_UNREACHABLE}
+
+
+def daemon_command(fn):
+    """The connection options (--daemon, --token, --tls-ca) of a command that asks autobyted: the
+    command gets a `Client` in their place; a failed call is its message and exit code."""
+
+    @functools.wraps(fn)
+    def command(daemon, token, tls_ca, **kwargs):
         try:
-            self.addresses = daemon_addresses(daemon)
-        except ValueError as error:
-            fail(str(error), EXIT_USAGE)
-        self.metadata = auth_metadata(daemon_token(token))
-        self.tls_ca = tls_ca
+            return fn(Client(daemon, token, tls_ca), **kwargs)
+        except DaemonError as error:
+            raise CommandError(str(error), EXIT_CODES[error.kind]) from None
 
-    def call(self, stub_type, method: str, request):
-        unreachable, foreign = [], []
-        for address in self.addresses:
-            with open_channel(address, self.tls_ca) as channel:
-                try:
-                    return getattr(stub_type(channel), method)(
-                        request, timeout=RPC_TIMEOUT_S, metadata=self.metadata
-                    )
-                except grpc.RpcError as error:
-                    code = error.code()
-                    why = not_autobyted(
-                        error, f"{stub_type.__name__.removesuffix('Stub')}.{method}"
-                    )
-                    if why is not None:
-                        foreign.append((address, why))
-                        continue  # as an unreachable daemon: the next one may be autobyted
-                    # Only a transport failure means "cannot reach" (then the next daemon is asked):
-                    # an error the daemon sends (its database failed: INTERNAL) is its message, shown.
-                    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        fail(f"{error.details()} [{code.name}]", EXIT_ERROR)
-                    unreachable.append(f"{address} ({code.name.lower()})")
-        problems = [f"the service at {address} is not autobyted: {why}" for address, why in foreign]
-        if unreachable:
-            problems.append(f"cannot reach autobyted at {', '.join(unreachable)}; is it running?")
-        fail(
-            "; ".join(problems)
-            + (
-                " (autobyted start, or set --daemon / AUTOBYTE_DAEMON)"
-                if unreachable
-                else "; set --daemon / AUTOBYTE_DAEMON to autobyted's HOST:PORT"
-            ),
-            EXIT_UNREACHABLE,
-        )
-
-    def job(self, given: str) -> str:
-        """The job `given` names: itself when the daemon knows a job of that id, else the one job whose
-        id starts with it (as git takes a commit's prefix); several such jobs are a clear error listing
-        them; none: `given` as it is (the daemon answers for an unknown job)."""
-        jobs = [j.job for j in self.call(pb_grpc.QueryStub, "Status", pb.StatusRequest()).jobs]
-        if given in jobs:
-            return given
-        matches = sorted(j for j in jobs if j.startswith(given))
-        if len(matches) > 1:
-            fail(
-                f"job prefix {given!r} is ambiguous: it starts {len(matches)} jobs ("
-                f"{', '.join(matches[:10])}{', ...' if len(matches) > 10 else ''}); give more of the id",
-                EXIT_USAGE,
-            )
-        return matches[0] if matches else given
-
-
-def not_autobyted(error: grpc.RpcError, call: str) -> str | None:
-    """Why the peer that gave `error` is not autobyted (None: autobyted's answer, or no answer):
-    a gRPC server without autobyte's services (UNIMPLEMENTED), an HTTP/2 server that is no gRPC
-    server (an HTTP status where gRPC's status should be), an HTTP/1.x server."""
-    details = error.details() or ""
-    if "http1.x server" in details or "Failed parsing HTTP/2" in details:
-        return "it does not speak HTTP/2, as a gRPC server does (an HTTP/1.x server?)"
-    if "Received http2 header with status" in details:
-        status = details.rpartition("status:")[2].strip()
-        return f"it speaks HTTP/2 but not gRPC (it answered HTTP status {status})"
-    if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-        return f"it does not serve autobyte's {call} ({details} [UNIMPLEMENTED])"
-    return None
-
-
-def fail(message: str, code: int) -> None:
-    click.echo(f"autobyte: {message}", err=True)
-    sys.exit(code)
+    command = click.option(
+        "--tls-ca",
+        type=click.Path(exists=True, dir_okay=False),
+        help="PEM CA certificate when the daemon uses TLS",
+    )(command)
+    command = click.option("--token", help="shared token [env AUTOBYTE_TOKEN]")(command)
+    return click.option(
+        "--daemon",
+        help="HOST:PORT of autobyted, or several separated by commas (asked in "
+        "order until one answers) [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]",
+    )(command)
 
 
 def _when(unix_s: float) -> str:
@@ -139,12 +85,7 @@ def _when(unix_s: float) -> str:
     )
 
 
-def _cfg(message: pb.Config) -> str:
-    return config_from_proto(message).short()
-
-
-def decision_dict(d: pb.Decision) -> dict:
-    r = decision_from_proto(d)
+def decision_dict(r: DecisionRecord) -> dict:
     return {
         "decision_id": r.decision_id,
         "config": r.config.to_dict(),
@@ -159,8 +100,7 @@ def decision_dict(d: pb.Decision) -> dict:
     }
 
 
-def tuner_dict(t: pb.TunerStatus) -> dict:
-    r = tuner_status_from_proto(t)
+def tuner_dict(r: TunerStatusRecord) -> dict:
     return {
         "mode": r.mode,
         "state": r.state,
@@ -181,7 +121,7 @@ def tuner_dict(t: pb.TunerStatus) -> dict:
     }
 
 
-def tuner_line(t: pb.TunerStatus) -> str:
+def tuner_line(t: TunerStatusRecord) -> str:
     """The lines under a job in `autobyte status`: what the tuner does, wrapped at 80 columns (never
     cut: the configuration and the figures sit at the end of the text)."""
     return "\n".join(
@@ -246,21 +186,6 @@ class ByteSize(click.ParamType):
                 ctx,
             )
         return size
-
-
-def connection_options(fn):
-    fn = click.option(
-        "--tls-ca",
-        type=click.Path(exists=True, dir_okay=False),
-        help="PEM CA certificate when the daemon uses TLS",
-    )(fn)
-    fn = click.option("--token", help="shared token [env AUTOBYTE_TOKEN]")(fn)
-    fn = click.option(
-        "--daemon",
-        help="HOST:PORT of autobyted, or several separated by commas (asked in "
-        "order until one answers) [env AUTOBYTE_DAEMON; default 127.0.0.1:7077]",
-    )(fn)
-    return fn
 
 
 @click.group(
@@ -358,17 +283,15 @@ def check_build(fmt, build) -> None:
 
 
 @main.command()
-@connection_options
+@daemon_command
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
-def status(daemon, token, tls_ca, fmt) -> None:
+def status(client, fmt) -> None:
     """Jobs, state, ranks, configuration in effect, throughput, last decision.
 
     STATE is running (heard from within 30 s), finished (every rank said it was done) or idle."""
-    response = Connection(daemon, token, tls_ca).call(
-        pb_grpc.QueryStub, "Status", pb.StatusRequest()
-    )
+    response = client.status()
     if fmt == "json":
         jobs = [
             {
@@ -376,13 +299,13 @@ def status(daemon, token, tls_ca, fmt) -> None:
                 "state": j.state,
                 "world_size": j.world_size,
                 "steps": j.steps,
-                "config": config_dict(j.config),
+                "config": j.config.to_dict(),
                 "ranks": list(j.ranks),
                 "backend": j.backend,
                 "recent_step_time_s": j.recent_step_time_s,
-                "recent_steps_per_s": j.recent_steps_per_s,
+                "recent_steps_per_s": steps_per_s(j),
                 "dropped_samples": j.dropped_total,
-                "last_decision": decision_dict(j.last_decision) if j.has_last_decision else None,
+                "last_decision": decision_dict(j.last_decision) if j.last_decision else None,
                 "last_seen_s": j.last_seen_s,
                 "tuner": tuner_dict(j.tuner),
             }
@@ -396,7 +319,12 @@ def status(daemon, token, tls_ca, fmt) -> None:
     click.echo(status_table(response.jobs))
 
 
-def status_table(jobs) -> str:
+def steps_per_s(job: JobRecord) -> float:
+    """The job's recent throughput, as autobyted derives it (autobyte.convert.job_status_to_proto)."""
+    return 1.0 / job.recent_step_time_s if job.recent_step_time_s else 0.0
+
+
+def status_table(jobs: Sequence[JobRecord]) -> str:
     """One row per job and its tuner line below, within 80 columns: an id too long for the JOB column
     stands whole on a line of its own above its row (an id is never cut: every command takes it back,
     or any unique prefix of it)."""
@@ -417,11 +345,9 @@ def status_table(jobs) -> str:
             j.state,
             f"{len(j.ranks)}/{j.world_size}",
             str(j.steps),
-            _cfg(j.config),
-            f"{j.recent_steps_per_s:.2f}",
-            f"#{j.last_decision.decision_id} {j.last_decision.state}"
-            if j.has_last_decision
-            else "-",
+            j.config.short(),
+            f"{steps_per_s(j):.2f}",
+            f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.last_decision else "-",
         ]
         for j in jobs
     ]
@@ -471,7 +397,7 @@ HISTORY_CSV_COLUMNS = [
 
 @main.command()
 @click.argument("job")
-@connection_options
+@daemon_command
 @click.option("--since", type=float, default=0.0, help="only records after this unix time (s)")
 @click.option(
     "--steps",
@@ -496,22 +422,16 @@ HISTORY_CSV_COLUMNS = [
     default="table",
     show_default=True,
 )
-def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> None:
+def history(client, job, since, with_steps, rank, limit, fmt) -> None:
     """Decisions of JOB (who, why, predicted and measured step time), then with --steps its steps.
 
     A decision ASKED for a step (next: as soon as possible); APPLIED is the step at which every rank
     switched (the next step boundary when the asked step had already passed)."""
-    # Without --steps one step record is asked for (the request has no "none"), and not shown.
-    connection = Connection(daemon, token, tls_ca)
-    job = connection.job(job)
-    request = pb.HistoryRequest(job=job, since_s=since, limit=limit if with_steps else 1)
-    if rank is not None:
-        request.rank = rank
-    response = connection.call(pb_grpc.QueryStub, "History", request)
-    step_records = [history_step_from_proto(s) for s in response.steps] if with_steps else []
+    job = client.resolve(job)
+    response = client.history(job, since_s=since, steps=with_steps, rank=rank, limit=limit)
     steps = [
         {**{name: getattr(s, name) for name in HISTORY_STEP_FIELDS}, "config": s.config.to_dict()}
-        for s in step_records
+        for s in response.steps
     ]
     decisions = [decision_dict(d) for d in response.decisions]
     if fmt == "json":
@@ -571,7 +491,7 @@ def history(job, daemon, token, tls_ca, since, with_steps, rank, limit, fmt) -> 
                     _when(s["wall_time_s"]),
                     f"{s['step_time_s'] * 1e3:.1f}",
                     f"{s['exposed_comm_s'] * 1e3:.1f}",
-                    _cfg(m.config),
+                    m.config.short(),
                 ]
                 for s, m in zip(steps, response.steps)
             ]
@@ -587,9 +507,8 @@ def _ms(value: float | None) -> str:
     return f"{value * 1e3:.1f} ms" if value else "-"
 
 
-def decision_table(decisions) -> str:
+def decision_table(records: Sequence[DecisionRecord]) -> str:
     """One row per decision; below it who made it, predicted and measured step time, the whole reason."""
-    records = [decision_from_proto(d) for d in decisions]
     lines = table(
         ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"],
         [
@@ -597,10 +516,10 @@ def decision_table(decisions) -> str:
                 f"#{d.decision_id}",
                 str(d.apply_at_step) if d.apply_at_step else "next",
                 str(d.applied_at_step) if d.applied_at_step is not None else "-",
-                _cfg(message.config),
+                d.config.short(),
                 d.state,
             ]
-            for d, message in zip(records, decisions)
+            for d in records
         ],
     ).splitlines()
     out = [lines[0]]
@@ -626,7 +545,7 @@ def decision_table(decisions) -> str:
 
 @main.command()
 @click.argument("job")
-@connection_options
+@daemon_command
 @click.option(
     "--out",
     "out_path",
@@ -644,7 +563,7 @@ def decision_table(decisions) -> str:
     show_default=True,
     help="the latest N step records (of every rank)",
 )
-def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
+def plot(client, job, out_path, since, limit) -> None:
     """A picture of JOB (1200x600 PNG): step time over time (rolling median per rank), the
     configuration in effect as bands, each decision with its reason and predicted vs measured
     step time, and the bandwidth estimate and host load below. Needs the `plot` extra."""
@@ -653,19 +572,19 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
 
         from autobyte import plot as job_plot
     except ImportError:
-        fail("autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR)
-    connection = Connection(daemon, token, tls_ca)
-    job = connection.job(job)
-    response = connection.call(
-        pb_grpc.QueryStub, "History", pb.HistoryRequest(job=job, since_s=since, limit=limit)
-    )
+        raise CommandError(
+            "autobyte plot needs matplotlib: pip install 'autobyte[plot]'", EXIT_ERROR
+        ) from None
+    job = client.resolve(job)
+    response = client.history(job, since_s=since, steps=True, limit=limit)
     steps = [
         job_plot.StepPoint(
             s.rank,
             s.step,
             s.wall_time_s,
             s.step_time_s,
-            *(config_dict(s.config)[k] for k in ("partition_bytes", "credit_bytes")),
+            s.config.partition_bytes,
+            s.config.credit_bytes,
             s.bandwidth_bytes_per_s,
             s.host_load,
             s.decision_id,
@@ -690,9 +609,9 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
     try:
         job_plot.draw_job(job, steps, decisions, path)
     except ValueError as error:
-        fail(str(error), EXIT_ERROR)
+        raise CommandError(str(error), EXIT_ERROR) from None
     except OSError as error:
-        fail(f"cannot write {path}: {error.strerror or error}", EXIT_ERROR)
+        raise CommandError(f"cannot write {path}: {error.strerror or error}", EXIT_ERROR) from None
     click.echo(
         f"{path}: {len(steps)} steps, {len(decisions)} decision(s) of {job} "
         f"({job_plot.WIDTH_PX}x{job_plot.HEIGHT_PX})"
@@ -701,23 +620,20 @@ def plot(job, daemon, token, tls_ca, out_path, since, limit) -> None:
 
 @main.command()
 @click.argument("job")
-@connection_options
+@daemon_command
 @click.option(
     "--pause/--resume",
     "paused",
     required=True,
     help="pause the tuner for JOB (it keeps the configuration in effect), or hand JOB back to it",
 )
-def tune(job, daemon, token, tls_ca, paused) -> None:
+def tune(client, job, paused) -> None:
     """Pause or resume the tuner for JOB (an operator's `propose` pauses it too)."""
-    connection = Connection(daemon, token, tls_ca)
-    job = connection.job(job)
-    t = connection.call(
-        pb_grpc.ControlStub, "SetTuning", pb.SetTuningRequest(job=job, paused=paused)
-    )
+    job = client.resolve(job)
+    t = client.set_tuning(job, paused)
     if paused:
         click.echo(
-            f"{job}: tuner paused; it keeps {_cfg(t.config) if t.known else 'the configuration in effect'} "
+            f"{job}: tuner paused; it keeps {t.config.short() if t else 'the configuration in effect'} "
             f"until `autobyte tune {job} --resume`"
         )
     else:
@@ -731,20 +647,18 @@ def tune(job, daemon, token, tls_ca, paused) -> None:
 
 @main.command()
 @click.argument("job")
-@connection_options
+@daemon_command
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
-def best(job, daemon, token, tls_ca, fmt) -> None:
+def best(client, job, fmt) -> None:
     """The best configuration measured on JOB in its latest context (conditions: run, bandwidth,
     host load), every configuration measured in that same context, the steps of each, and each
     one's speed-up: x faster than the no-scheduling baseline (or, when that did not run there, the
     configuration the context began with)."""
-    connection = Connection(daemon, token, tls_ca)
-    job = connection.job(job)
-    r = connection.call(pb_grpc.QueryStub, "Best", pb.BestRequest(job=job))
+    job = client.resolve(job)
+    r = b = client.best(job)
     if fmt == "json":
-        b = best_from_proto(r)
         click.echo(
             json.dumps(
                 {
@@ -776,8 +690,8 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
-    reference = _cfg(r.reference)
-    click.echo(f"{job}: {config_from_proto(r.config).describe()}")
+    reference = r.reference.short()
+    click.echo(f"{job}: {r.config.describe()}")
     click.echo(
         textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    ")
     )
@@ -800,7 +714,7 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
         f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:"
     )
     rows = [
-        [_cfg(c.config), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
+        [c.config.short(), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
         for c in r.candidates
     ]
     click.echo(
@@ -815,7 +729,7 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
 
 @main.command()
 @click.argument("job")
-@connection_options
+@daemon_command
 @click.option(
     "--partition",
     "partition",
@@ -845,20 +759,11 @@ def best(job, daemon, token, tls_ca, fmt) -> None:
     help="step at which every rank switches (0: the next step; a step already passed: the next too)",
 )
 @click.option("--reason", default="operator request", show_default=True)
-def propose(job, daemon, token, tls_ca, partition, credit, tail, at_step, reason) -> None:
+def propose(client, job, partition, credit, tail, at_step, reason) -> None:
     """Ask JOB to switch to a configuration (stored as a decision)."""
-    from autobyte.convert import config_to_proto
-
     config = Config(partition, credit, tail)
-    connection = Connection(daemon, token, tls_ca)
-    job = connection.job(job)
-    d = connection.call(
-        pb_grpc.ControlStub,
-        "ProposeConfig",
-        pb.ProposeConfigRequest(
-            job=job, config=config_to_proto(config), apply_at_step=at_step, reason=reason
-        ),
-    )
+    job = client.resolve(job)
+    d = client.propose(job, config, at_step=at_step, reason=reason)
     click.echo(
         f"decision #{d.decision_id}: {config.describe()} for {job} ({d.state}); the tuner is paused "
         f"for {job} until `autobyte tune {job} --resume`"

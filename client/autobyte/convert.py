@@ -58,18 +58,6 @@ def metrics_from_proto(message: pb.StepMetrics) -> tuple[int, StepMetrics]:
     return message.seq, StepMetrics(config=config_from_proto(message.config), **fields)
 
 
-def config_dict(message: pb.Config) -> dict[str, int | None]:
-    """A proto Config as the JSON shape the CLI documents (null = none/unlimited; tail_bytes only
-    when set, as Config.to_dict)."""
-    shape = {
-        "partition_bytes": message.partition_bytes if message.HasField("partition_bytes") else None,
-        "credit_bytes": message.credit_bytes if message.HasField("credit_bytes") else None,
-    }
-    if message.HasField("tail_bytes"):
-        shape["tail_bytes"] = message.tail_bytes
-    return shape
-
-
 def fingerprint_to_proto(fingerprint: Fingerprint) -> pb.ModelFingerprint:
     return pb.ModelFingerprint(**dataclasses.asdict(fingerprint))
 
