@@ -3,6 +3,7 @@ are validated (ValueError naming the bad value) before anything collective happe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import torch
@@ -130,3 +131,36 @@ def check_setup(
         if not p.requires_grad and p.dtype.is_floating_point
     ]
     return Setup(optimizers, params, index_of, names, owner, uncovered, frozen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Managed:
+    """The parameters a ScheduledOptimizer reduces, fixed at construction; parameter i is
+    `params[i]` (registration order) everywhere in the scheduler."""
+
+    params: tuple  # trainable parameters, each once
+    names: tuple[str, ...]  # each one's first name in the model
+    owner: tuple  # per parameter: (optimizer index, param group index), or None
+    uncovered: tuple[bool, ...]  # per parameter: held by no optimizer given (.grad handed back)
+    frozen: tuple  # (name, parameter) of floating-point parameters without requires_grad
+    sparse_idx: tuple[int, ...]  # weights reduced row-sparse (the same on every rank)
+    uncovered_idx: tuple[int, ...]  # the indices of the uncovered
+    n: int
+    dtype: Any
+    device: Any
+
+
+def managed(setup: Setup, sparse_idx: Any) -> Managed:
+    params = setup.params
+    return Managed(
+        tuple(params),
+        tuple(setup.names.get(p, f"#{i}") for i, p in enumerate(params)),
+        tuple(setup.owner),
+        tuple(setup.uncovered),
+        tuple(setup.frozen),
+        tuple(sparse_idx),
+        tuple(i for i, u in enumerate(setup.uncovered) if u),
+        len(params),
+        params[0].dtype,
+        params[0].device,
+    )

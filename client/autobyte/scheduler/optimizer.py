@@ -109,18 +109,7 @@ class ScheduledOptimizer:
     ) -> None:
         start.Requested(partition_bytes, credit_bytes, tail_bytes)  # checked before anything runs
         setup = checks.check_setup(model, optimizer, clip_grad_norm, timeout_s, grad_scaler)
-        optimizers, params, index_of, names = (
-            setup.optimizers,
-            setup.params,
-            setup.index_of,
-            setup.names,
-        )
-        owner, uncovered, frozen, first = (
-            setup.owner,
-            setup.uncovered,
-            setup.frozen,
-            setup.params[0],
-        )
+        optimizers, params, index_of = setup.optimizers, setup.params, setup.index_of
 
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -135,14 +124,7 @@ class ScheduledOptimizer:
             if len(optimizers) == 1 and not isinstance(optimizer, (list, tuple))
             else optimizers
         )
-        self._pg = process_group if process_group is not None else dist.group.WORLD
-        if process_group is not None and process_group == dist.GroupMember.NON_GROUP_MEMBER:
-            raise ValueError(
-                "this rank is not a member of process_group: construct the "
-                "ScheduledOptimizer only on the ranks of its data-parallel group"
-            )
-        self._rank, self._world, self._leader_global = groups.place_in(self._pg)
-        self._is_leader = self._rank == 0
+        self._groups = groups.placed(process_group)
         self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
         self._clip_norm_type = float(clip_norm_type)
         self._timeout_s = float(timeout_s)
@@ -154,66 +136,48 @@ class ScheduledOptimizer:
         self._hot_path: str | None = None
         self._hot_path_reason = ""
 
-        self._params = params
-        self._names = [names.get(p, f"#{i}") for i, p in enumerate(params)]
-        self._owner = owner
-        self._uncovered = uncovered
-        self._uncovered_idx = tuple(i for i, u in enumerate(uncovered) if u)
-        self._frozen = frozen
-        self._n = len(params)
-        self._dtype = first.dtype
-        self._device = first.device
         # weights reduced row-sparse (decided from the model alone: the same on every rank)
-        self._sparse_idx = (
-            sparse_rows_mod.eligible(model, params) if sparse_rows and self._world > 1 else []
+        self._managed = checks.managed(
+            setup,
+            sparse_rows_mod.eligible(model, params)
+            if sparse_rows and self._groups.world > 1
+            else (),
         )
         self._sparse: list[sparse_rows_mod.SparseRows] = []
 
         self._broadcast_initial_state(broadcast_buffers)
-        self._decision_group = None
-        self._data_group = self._pg
-        self._follower_globals: list[int] = []
-        buffer_group = self._pg  # DDP's: the training thread's collectives, in program order
-        if self._world > 1:
-            if own_communicator:
-                self._data_group = groups.new_member_group(
-                    self._pg, groups.backend_of(self._pg), self._timeout_s
-                )
-            elif broadcast_buffers and buffers_mod.synced_buffers(model):
-                # process_group carries the dispatch thread's collectives: not the training thread's
-                buffer_group = groups.new_member_group(
-                    self._pg, groups.backend_of(self._pg), self._timeout_s
-                )
-            self._decision_group = groups.new_member_group(self._pg, "gloo", self._timeout_s)
-            self._follower_globals = [
-                r for r in groups.member_ranks(self._pg) if r != self._leader_global
-            ]
+        self._groups = groups.with_communicators(
+            self._groups,
+            own_communicator,
+            bool(broadcast_buffers and buffers_mod.synced_buffers(model)),
+            self._timeout_s,
+        )
 
         # "auto": derived from the gradients' bytes and the group's measured all-reduce cost
         # (autobyte.scheduler.start); the same on every rank
         config, self._start_cost = start.resolve(
             partition_bytes,
             credit_bytes,
-            world=self._world,
-            group=self._data_group,
-            device=self._device,
-            dtype=self._dtype,
+            world=self._groups.world,
+            group=self._groups.data,
+            device=self._managed.device,
+            dtype=self._managed.dtype,
             grad_bytes=sum(p.numel() * p.element_size() for p in params),
         )
         config = dataclasses.replace(config, tail_bytes=tail_bytes)
 
         # Training-thread state.
-        self._progress = Progress(self._n, self._rank, self._timeout_s)
+        self._progress = Progress(self._managed.n, self._groups.rank, self._timeout_s)
         # ranks that disagree on the step count, or die, raise within seconds (`health`)
         self._health = (
             None
-            if self._world == 1
+            if self._groups.world == 1
             else health.watchdog_for(
-                self._decision_group,
-                self._leader_global,
-                self._is_leader,
-                self._rank,
-                self._world,
+                self._groups.decision,
+                self._groups.leader_global,
+                self._groups.is_leader,
+                self._groups.rank,
+                self._groups.world,
                 self._progress,
                 lambda: self._step_index,
                 self._timeout_s,
@@ -223,18 +187,22 @@ class ScheduledOptimizer:
         self._closed = False
         self._order: list[int] | None = []  # first-use order while recording
         self._recording = False  # from the first forward pass until the layout is fixed
-        self._seen = [False] * self._n
-        self._read_step = [-1] * self._n  # last step in which each parameter was read
-        self._local_used = [-1] * self._n  # last step in which this rank produced a gradient
+        self._seen = [False] * self._managed.n
+        self._read_step = [-1] * self._managed.n  # last step in which each parameter was read
+        self._local_used = [
+            -1
+        ] * self._managed.n  # last step in which this rank produced a gradient
         self._backward_end_queued = -1  # step whose end-of-backward callback is queued
         self._backward_done = -1  # step whose (synchronising) backward pass has ended
         self._read_synced = -1  # step whose gradients a read of `.grad` has waited for
-        self._cleared = [-1] * self._n  # step whose gradient zero_grad() or `= None` cleared
+        self._cleared = [
+            -1
+        ] * self._managed.n  # step whose gradient zero_grad() or `= None` cleared
         self._unscaled_by: tuple[int, list] = (-1, [])  # scaler.unscale_(opt) calls of a step
         self._forward_seen = -1  # step whose first forward has been checked
-        self._accumulation = Accumulation(self._n)
+        self._accumulation = Accumulation(self._managed.n)
         self._buffers = buffers_mod.BufferBroadcast(
-            model, buffer_group, broadcast_buffers and self._world > 1
+            model, self._groups.buffers, broadcast_buffers and self._groups.world > 1
         )
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._layout: Layout | None = None
@@ -245,7 +213,7 @@ class ScheduledOptimizer:
         self._steps = StepLog(config)
         self._cfg_lock = threading.Lock()
         self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
-        if self._is_leader:
+        if self._groups.is_leader:
             self._steps.log_config(0, config, 0)
         self._threads: list[threading.Thread] = []
         self._scaler = grad_scaler
@@ -298,7 +266,7 @@ class ScheduledOptimizer:
     @property
     def process_group(self) -> Any:
         """The data-parallel process group."""
-        return self._pg
+        return self._groups.pg
 
     @property
     def config(self) -> Config:
@@ -408,7 +376,7 @@ class ScheduledOptimizer:
                 "scaler.scale(loss).backward()"
             )
         progress = self._progress
-        if progress.produced_count != self._n:
+        if progress.produced_count != self._managed.n:
             self._flush_unused(s)
         snapshot = [
             [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
@@ -416,7 +384,7 @@ class ScheduledOptimizer:
         ]
         self._steps.record(s).t_step = time.perf_counter()
         self._updater.post(StepHyperParameters(s, snapshot))
-        if self._is_leader:
+        if self._groups.is_leader:
             config, decision_id = self._steps.current()
             with self._cfg_lock:
                 if self._pending is not None and s + 1 >= self._pending[2]:
@@ -459,9 +427,9 @@ class ScheduledOptimizer:
         """Clear gradients: those of managed parameters read as None from now until the next
         backward (a gradient in flight is never touched); the others as `Optimizer.zero_grad`."""
         produced = self._progress.produced
-        for i in range(self._n):
+        for i in range(self._managed.n):
             self._cleared[i] = produced[i]
-        managed = set(self._params)
+        managed = set(self._managed.params)
         for group in self.param_groups:
             for p in group["params"]:
                 if p not in managed and p.grad is not None:
@@ -541,7 +509,7 @@ class ScheduledOptimizer:
             "channel_latency_us": latency_ns / 1e3 / latency_n if latency_n else 0.0,
             "native": float(self._hot_path == "native"),
             # row-sparse weights (sparse_rows): how many, and the reductions sent packed so far
-            "sparse_rows_weights": float(len(self._sparse_idx)),
+            "sparse_rows_weights": float(len(self._managed.sparse_idx)),
             "sparse_rows_packed": float(stats.sparse_packed if stats is not None else 0),
         }
 
@@ -614,7 +582,7 @@ class ScheduledOptimizer:
             except BaseException as error:  # noqa: BLE001 - the process ends anyway: say why
                 logger.warning(
                     "rank %d ends at step %d with updates that did not land: %s",
-                    self._rank,
+                    self._groups.rank,
                     self._step_index,
                     error,
                 )
@@ -646,7 +614,7 @@ class ScheduledOptimizer:
         self._handles = []
         tracking.uninstall(self._tracked)
         self._tracked = []
-        grad_reads.release(self._params)
+        grad_reads.release(self._managed.params)
         if self._bridge is not None:
             self._bridge.restore()
         if not stuck:
@@ -676,7 +644,7 @@ class ScheduledOptimizer:
         with torch.no_grad():
             for group in by_kind.values():
                 flat = torch.cat([t.detach().reshape(-1) for t in group])
-                dist.broadcast(flat, src=self._leader_global, group=self._pg)
+                dist.broadcast(flat, src=self._groups.leader_global, group=self._groups.pg)
                 offset = 0
                 for t in group:
                     t.copy_(flat[offset : offset + t.numel()].view_as(t))
@@ -685,48 +653,48 @@ class ScheduledOptimizer:
     def _finalize_layout(self) -> None:
         """Fix the flat layout (rank 0's first-use order), allocate the buffer, start threads."""
         order = list(self._order or [])
-        order += [i for i in range(self._n) if not self._seen[i]]
+        order += [i for i in range(self._managed.n) if not self._seen[i]]
         self._order = None
         self._recording = False
-        if self._world > 1:
+        if self._groups.world > 1:
             tensor = torch.tensor(order, dtype=torch.int64)
-            dist.broadcast(tensor, src=self._leader_global, group=self._decision_group)
+            dist.broadcast(tensor, src=self._groups.leader_global, group=self._groups.decision)
             order = tensor.tolist()
-        if sorted(order) != list(range(self._n)):
+        if sorted(order) != list(range(self._managed.n)):
             raise SchedulerError("rank 0 published an inconsistent parameter order")
         # Parameters handed back in .grad at the end of backward go first (highest priority).
-        order = [i for i in order if self._uncovered[i]] + [
-            i for i in order if not self._uncovered[i]
+        order = [i for i in order if self._managed.uncovered[i]] + [
+            i for i in order if not self._managed.uncovered[i]
         ]
-        if self._world > 1:
+        if self._groups.world > 1:
             self._channel = OrderChannel(
-                self._is_leader,
-                self._rank,
-                self._leader_global,
-                self._follower_globals,
-                self._decision_group,
+                self._groups.is_leader,
+                self._groups.rank,
+                self._groups.leader_global,
+                self._groups.follower_globals,
+                self._groups.decision,
                 self._timeout_s,
             )
             self._channel.open()
         layout = Layout(
             order,
-            [p.shape for p in self._params],
-            self._dtype,
-            self._device,
-            standalone=self._sparse_idx,
+            [p.shape for p in self._managed.params],
+            self._managed.dtype,
+            self._managed.device,
+            standalone=self._managed.sparse_idx,
         )
         self._sparse = [
-            sparse_rows_mod.SparseRows(layout.offsets[i], *self._params[i].shape)
-            for i in self._sparse_idx
+            sparse_rows_mod.SparseRows(layout.offsets[i], *self._managed.params[i].shape)
+            for i in self._managed.sparse_idx
         ]
-        self._device_sync = device_sync.make(self._device, self._n)
+        self._device_sync = device_sync.make(self._managed.device, self._managed.n)
         module, reason = native.choose_hot_path(
             self._native_wanted,
-            self._device,
-            groups.backend_of(self._data_group),
+            self._managed.device,
+            groups.backend_of(self._groups.data),
             self._channel,
-            self._decision_group,
-            self._world,
+            self._groups.decision,
+            self._groups.world,
         )
         native.log_choice(module is not None, reason)
         self._hot_path, self._hot_path_reason = (
@@ -735,9 +703,9 @@ class ScheduledOptimizer:
         )
         updater_args = (
             layout,
-            self._params,
+            self._managed.params,
             self._optimizers,
-            self._owner,
+            self._managed.owner,
             self._progress,
             self._steps,
             self._clip,
@@ -750,9 +718,9 @@ class ScheduledOptimizer:
             self._dispatcher = native.NativeDispatcher(
                 module,
                 layout,
-                self._data_group,
-                self._is_leader,
-                self._rank,
+                self._groups.data,
+                self._groups.is_leader,
+                self._groups.rank,
                 self._steps,
                 self._channel,
                 self._timeout_s,
@@ -766,9 +734,9 @@ class ScheduledOptimizer:
             self._updater = Updater(*updater_args)
             self._dispatcher = Dispatcher(
                 layout,
-                self._data_group,
-                self._is_leader,
-                self._world > 1,
+                self._groups.data,
+                self._groups.is_leader,
+                self._groups.world > 1,
                 self._progress,
                 self._steps,
                 self._channel,
@@ -783,7 +751,7 @@ class ScheduledOptimizer:
     def _start_threads(self, start_step: int) -> None:
         def spawn(name: str, target: Callable, args: tuple) -> None:
             thread = threading.Thread(
-                target=target, args=args, daemon=True, name=f"autobyte-r{self._rank}-{name}"
+                target=target, args=args, daemon=True, name=f"autobyte-r{self._groups.rank}-{name}"
             )
             self._threads.append(thread)
             thread.start()
@@ -803,7 +771,7 @@ class ScheduledOptimizer:
             self._check_frozen()
         if compiled.called_from_compiled_code():
             # the compiled graph reads parameters without our hooks: every update first
-            everything = tuple(range(self._n))
+            everything = tuple(range(self._managed.n))
             for i in everything:
                 self._read_step[i] = s
             self._wait_params(everything, s)
@@ -821,7 +789,7 @@ class ScheduledOptimizer:
 
     def _check_frozen(self) -> None:
         """A parameter frozen at construction and unfrozen since would train unsynchronised."""
-        for name, p in self._frozen:
+        for name, p in self._managed.frozen:
             if p.requires_grad:
                 raise SchedulerError(
                     f"parameter {name!r} was frozen (requires_grad=False) when this ScheduledOptimizer "
@@ -873,7 +841,7 @@ class ScheduledOptimizer:
         if not self._closed and progress.produced[i] >= self._step_index:
             # a misuse: raised at the backward that reveals it (and kept for step()); this
             # parameter's gradient of the step is already sent, so the collectives are unaffected
-            error = self._accumulation.second_gradient(self._names[i], self._step_index)
+            error = self._accumulation.second_gradient(self._managed.names[i], self._step_index)
             progress.fail(error)
             raise error
         try:
@@ -882,7 +850,7 @@ class ScheduledOptimizer:
             s = self._step_index
             if self._read_step[i] != s:
                 raise SchedulerError(
-                    f"parameter {self._names[i]!r} received a gradient in step {s} but was never read "
+                    f"parameter {self._managed.names[i]!r} received a gradient in step {s} but was never read "
                     "through its module in that step (a tensor reference kept elsewhere?), so the "
                     "scheduler cannot make that read wait for its update; read it as an attribute of "
                     "its module (e.g. self.layer.weight) inside the forward pass"
@@ -914,15 +882,15 @@ class ScheduledOptimizer:
             raise SchedulerError("sparse gradients are not supported")
         layout = self._layout
         with torch.no_grad():
-            if self._world == 1:
+            if self._groups.world == 1:
                 layout.grad_views[i].copy_(grad)
             else:
-                torch.mul(grad, 1.0 / self._world, out=layout.grad_views[i])
+                torch.mul(grad, 1.0 / self._groups.world, out=layout.grad_views[i])
             layout.flag_views[i].fill_(1.0)
         if self._device_sync.cuda:
             self._device_sync.after_grad_copy(i)
         self._local_used[i] = s
-        grad_reads.set_raw_grad(self._params[i], None)
+        grad_reads.set_raw_grad(self._managed.params[i], None)
         self._post_grad(i, s)
 
     def _keep_sequence(self, i: int, error: BaseException) -> None:
@@ -932,7 +900,7 @@ class ScheduledOptimizer:
         if self._layout is not None and progress.produced[i] < self._step_index:
             # keep the collective sequence going for the other ranks: a zero contribution
             self._layout.ext_views[i].zero_()
-            grad_reads.set_raw_grad(self._params[i], None)
+            grad_reads.set_raw_grad(self._managed.params[i], None)
             self._post_grad(i, self._step_index)
 
     def _post_grad(self, i: int, s: int) -> None:
@@ -952,11 +920,11 @@ class ScheduledOptimizer:
         no_sync() micro-batch gradients that no later backward reached send them."""
         progress = self._progress
         accumulation = self._accumulation
-        for i in range(self._n):
+        for i in range(self._managed.n):
             if progress.produced[i] < s:
                 if progress.param_step[i] < s:
                     self._wait_params((i,), s)
-                grad = grad_reads.raw_grad(self._params[i])
+                grad = grad_reads.raw_grad(self._managed.params[i])
                 if accumulation.holds(i, s) and grad is not None:
                     self._hand_off(i, grad, s)
                     continue
@@ -974,11 +942,11 @@ class ScheduledOptimizer:
             if self._closed:
                 return
             self._backward_done = s
-            if not self._uncovered_idx:
+            if not self._managed.uncovered_idx:
                 return
-            if self._progress.produced_count != self._n:
+            if self._progress.produced_count != self._managed.n:
                 self._flush_unused(s)
-            idxs = self._uncovered_idx
+            idxs = self._managed.uncovered_idx
             self._progress.wait_reduced(idxs, s)
             layout = self._layout
             maybe = [i for i in idxs if self._local_used[i] != s]
@@ -987,7 +955,9 @@ class ScheduledOptimizer:
             with torch.no_grad():
                 for i in idxs:
                     if i not in unused:
-                        grad_reads.set_raw_grad(self._params[i], layout.grad_views[i].clone())
+                        grad_reads.set_raw_grad(
+                            self._managed.params[i], layout.grad_views[i].clone()
+                        )
         except BaseException as error:
             self._progress.fail(error)
             raise
@@ -1004,7 +974,7 @@ class ScheduledOptimizer:
             self._check_usable()
             if self._backward_done != s:
                 raise SchedulerError(
-                    f"the gradient of {self._names[i]!r} was read inside backward() after the "
+                    f"the gradient of {self._managed.names[i]!r} was read inside backward() after the "
                     "scheduler took it: the reduced value is not known before backward() returns "
                     "(DDP's is not either); read gradients after backward()"
                 )
@@ -1024,11 +994,13 @@ class ScheduledOptimizer:
         """The first read of step s's gradients: send those not produced, wait for every slice."""
         if self._read_synced == s:
             return
-        if self._progress.produced_count != self._n:
+        if self._progress.produced_count != self._managed.n:
             self._flush_unused(s)
         self._progress.wait_step_reduced(s)
         if self._device_sync.cuda:
-            torch.cuda.synchronize(self._device)  # the reduction's stream, before the user's
+            torch.cuda.synchronize(
+                self._managed.device
+            )  # the reduction's stream, before the user's
         self._read_synced = s
 
     def _reduced_grad(self, i: int, s: int) -> torch.Tensor | None:
@@ -1036,7 +1008,7 @@ class ScheduledOptimizer:
         layout = self._layout
         if self._updater.dropped[i] == s or self._cleared[i] >= s:
             return None
-        if self._owner[i] is None:
+        if self._managed.owner[i] is None:
             return None  # handed back in `.grad` at the end of backward; not there: unused
         if self._local_used[i] != s and float(layout.flat[layout.flag_index(i)]) <= 0:
             return None
@@ -1061,15 +1033,15 @@ class ScheduledOptimizer:
             raise SchedulerError("scaler.unscale_() before scaler.scale(loss)")
         grads = [  # reads of the optimizers' gradients: reduced (grad_reads)
             g
-            for i, p in enumerate(self._params)
-            if self._owner[i] is not None and (g := p.grad) is not None
+            for i, p in enumerate(self._managed.params)
+            if self._managed.owner[i] is not None and (g := p.grad) is not None
         ]
         self._updater.unscaled[s] = unscale(scaler._scale, grads)
 
     def _grad_write(self, i: int, value: torch.Tensor | None) -> None:
         """`params[i].grad = value` while its field holds None (`grad_reads`)."""
         if self._closed or self._layout is None:
-            grad_reads.set_raw_grad(self._params[i], value)
+            grad_reads.set_raw_grad(self._managed.params[i], value)
             return
         s = self._step_index
         produced = self._progress.produced[i]
@@ -1081,7 +1053,7 @@ class ScheduledOptimizer:
                 return
             if self._reduced_grad(i, s) is None:
                 raise SchedulerError(
-                    f"a gradient was assigned to {self._names[i]!r}, which no rank used in this "
+                    f"a gradient was assigned to {self._managed.names[i]!r}, which no rank used in this "
                     "step: its update cannot be added after backward(); assign it before "
                     "backward() or to a parameter that has a gradient"
                 )
@@ -1091,7 +1063,9 @@ class ScheduledOptimizer:
         if value is None:
             self._cleared[i] = max(self._cleared[i], produced)
             return
-        grad_reads.set_raw_grad(self._params[i], value)  # autograd accumulates into it, as DDP's
+        grad_reads.set_raw_grad(
+            self._managed.params[i], value
+        )  # autograd accumulates into it, as DDP's
 
     # ------------------------------------------------------------------ errors
 

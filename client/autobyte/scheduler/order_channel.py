@@ -146,7 +146,7 @@ class OrderChannel:
         is_leader: bool,
         rank: int,
         leader_global: int,
-        follower_globals: list[int],
+        follower_globals: Sequence[int],
         group: Any,
         timeout_s: float,
     ) -> None:
