@@ -87,7 +87,10 @@ def test_the_quickstart_tells_one_true_story():
             # was measured after the drop, among what the tuner held or tried there.
             assert "re-tuning after bandwidth drop" in held.detail, held
             first = int(re.search(r"steps (\d+)\.\.", best.context).group(1))
-            assert first >= drop_step, (best.context, drop_step)
+            # drop_step is the step rank 0 was in when the links dropped (the worker reports a step
+            # as it ends). The reductions of the step before run on into that step's forward (the
+            # scheduler's overlap), so the drop can first show in that step's measurement.
+            assert first >= drop_step - 1, (best.context, drop_step)
             # one change, one cause: best's context names it as the tuner's status does
             assert "since a bandwidth drop at step" in best.context, (best.context, held.detail)
             before = [
