@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.host import HostWatch
-from benchmarks.policies import default_grid, make_policy, start_config
+from benchmarks.policies import AUTOBYTE_AUTO, default_grid, make_policy, start_config
 from benchmarks.policy import Policy, PolicyContext, RunSummary
 from benchmarks.scenario import GBIT, Scenario, load_scenario
 from simulator.engine import RunConfig, SimulatedStep, Simulator, lower_bound_step_s
@@ -562,8 +562,11 @@ def testbed_scenario(
         if name == "autobyte" or name.startswith("autobyte:"):
             from simulator.adapter import SCHEDULER_DEFAULT
 
-            start = SCHEDULER_DEFAULT if name == "autobyte" else start_config(name, "autobyte:")
-            label = _testbed_label(start)
+            if name == AUTOBYTE_AUTO:
+                label = "sched:auto"  # each rank derives its sizes from the job (start.py)
+            else:
+                start = SCHEDULER_DEFAULT if name == "autobyte" else start_config(name, "autobyte:")
+                label = _testbed_label(start)
             logger.info(
                 "%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label
             )
@@ -799,7 +802,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="ddp, static:P,C (e.g. static:4MiB,16MiB), observe:P,C (static, reported to a "
         "daemon in observe mode), grid-best, bo-once, oracle, autobyte (the daemon's "
-        "tuner), autobyte:P,C (from P,C); --policy a b and --policy a --policy b both work "
+        "tuner), autobyte:P,C (from P,C), autobyte:auto (from the derived sizes; --testbed "
+        "only); --policy a b and --policy a --policy b both work "
         "[default: ddp grid-best bo-once oracle]",
     )
     parser.add_argument(
@@ -823,7 +827,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
         for name in args.policy:
-            make_policy(name)
+            if not (args.testbed and name == AUTOBYTE_AUTO):
+                make_policy(name)
     except ValueError as exc:
         parser.error(str(exc))
     return args

@@ -275,6 +275,7 @@ POLICY_NAMES = (
     "oracle",
     "autobyte",
     "autobyte:P,C",
+    "autobyte:auto (--testbed)",
 )
 
 
@@ -287,10 +288,13 @@ def start_config(spec: str, prefix: str) -> Config:
         raise ValueError(f"bad policy {spec!r}: {exc} (example: {prefix}4MiB,16MiB)") from None
 
 
+AUTOBYTE_AUTO = "autobyte:auto"  # the tuner from the sizes the scheduler derives (testbed only)
+
+
 def make_policy(spec: str) -> Policy:
     """'ddp', 'static:4MiB,16MiB', 'observe:4MiB,16MiB', 'grid-best', 'bo-once', 'oracle',
     'autobyte' (from the scheduler's default), 'autobyte:64KiB,64KiB' (the tuner from that start)
-    -> a fresh policy. 'observe:P,C' holds P,C like 'static:P,C'; on the testbed its ranks also
+    -> a fresh policy ('autobyte:auto', the tuner from the derived sizes, is evaluate --testbed's). 'observe:P,C' holds P,C like 'static:P,C'; on the testbed its ranks also
     stream to a real autobyted whose tuner runs in observe mode (everything but applying), which
     measures what the daemon's own work costs a job on the same host."""
     if spec == "ddp":
@@ -310,6 +314,11 @@ def make_policy(spec: str) -> Policy:
 
         if spec == "autobyte":
             return AutobytePolicy()
+        if spec == AUTOBYTE_AUTO:
+            raise ValueError(
+                f"{AUTOBYTE_AUTO} runs on the testbed only (evaluate --testbed): the derived start "
+                "is measured on the job's own process group"
+            )
         policy = AutobytePolicy(initial=start_config(spec, "autobyte:"))
         policy.name = spec
         return policy

@@ -92,6 +92,16 @@ def test_default_policies_and_bad_ones():
         evaluate.parse_args(["s.toml", "--policy", "ddp", "--policy", "nonsense"])
 
 
+def test_the_tuner_from_the_derived_start_runs_on_the_testbed_only(capsys):
+    """autobyte:auto starts from the sizes each rank derives on its own process group: the
+    simulator has none to derive them from, and says so instead of simulating another start."""
+    argv = ["s.toml", "--policy", "autobyte:auto"]
+    assert evaluate.parse_args([*argv, "--testbed"]).policy == ["autobyte:auto"]
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(argv)
+    assert "runs on the testbed only" in capsys.readouterr().err
+
+
 def test_decision_markers_of_the_daemons_decisions_come_from_the_step_they_applied_at():
     """A testbed driver's decisions carry their time; the daemon's (read from its database) carry
     steps: the marker goes at the end of the step before the one it applied at."""

@@ -206,7 +206,7 @@ def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     from autobyted.tuner.features import JobShape
     from autobyted.tuner.grid import candidate_grid
 
-    odd = Config(4096, None)
+    odd = Config(256 * 1024, None)
     small = JobShape.from_fingerprint(
         2, "gloo", Fingerprint(750_000, 3_000_000, 4, 2_000_000, 500_000, "s")
     )
@@ -226,6 +226,39 @@ def test_candidates_stay_inside_the_safe_limits_and_include_the_start():
     assert all(c.tail_bytes == 2 * c.credit_bytes for c in extra)
     started = Config(1 * MIB, 4 * MIB, 8 * MIB)
     assert started in candidate_grid(small, started)
+
+
+def test_the_search_is_local_to_where_it_starts_at_any_scale():
+    """An emulated job (bytes / 128) starts at a partition below the absolute grid: its search
+    gets neighbours on both sides, and nothing 32x away (its first trial once was)."""
+    from autobyted.storage.records import Fingerprint
+    from autobyted.tuner.features import JobShape
+    from autobyted.tuner.grid import TRUST_OCTAVES, candidate_grid
+
+    kib = 1024
+    scaled = JobShape.from_fingerprint(
+        4, "gloo", Fingerprint(2_800_000, 11_100_000, 292, 1_600_000, 32_000, "e")
+    )
+    start = Config(128 * kib, 512 * kib)
+    grid = candidate_grid(scaled, start)
+    partitions = {c.partition_bytes for c in grid}
+    assert {8 * kib, 32 * kib, 256 * kib, 512 * kib, 1 * MIB, 2 * MIB} <= partitions
+    assert 4 * MIB not in partitions and start in grid
+    mean_tensor = scaled.parameter_bytes / scaled.tensor_count
+    assert all(
+        abs(math.log2((c.partition_bytes or mean_tensor) / start.partition_bytes)) <= TRUST_OCTAVES
+        for c in grid
+    )
+    # a search from elsewhere (a later incumbent) is local to it, and keeps the start to return to
+    moved = candidate_grid(scaled, start, around=Config(2 * MIB, 8 * MIB))
+    assert 4 * MIB in {c.partition_bytes for c in moved} and start in moved
+    # the tests' and the testbed's jobs (4 MiB / 16 MiB starts) keep the absolute grid whole
+    testbed = JobShape.from_fingerprint(
+        2, "gloo", Fingerprint(6_000_000, 24_000_000, 12, 8_000_000, 1_000_000, "d")
+    )
+    assert set(candidate_grid(testbed, Config(4 * MIB, 16 * MIB))) == set(
+        candidate_grid(testbed)
+    ) | {Config(4 * MIB, 16 * MIB)}
 
 
 def test_fruitless_re_tunes_raise_the_bar():

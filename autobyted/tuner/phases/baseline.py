@@ -76,7 +76,7 @@ class Baseline(Phase):
         job.learn_noise(incumbent.samples)
         job.record(incumbent)
         job.evidence.open_search(incumbent.config)
-        job.candidates = candidate_grid(job.shape, job.starting.config)
+        job.candidates = candidate_grid(job.shape, job.starting.config, around=incumbent.config)
         context = summarize(incumbent.samples, job.shape)
         prediction = job.evidence.with_known(
             job.evidence.corrected(
