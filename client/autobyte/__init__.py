@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from autobyte.scheduler import ScheduledOptimizer
 
         return ScheduledOptimizer
+    if name == "fsdp":  # autobyte.fsdp.attach after a plain `import autobyte`
+        import importlib
+
+        return importlib.import_module("autobyte.fsdp")
     raise AttributeError(f"module 'autobyte' has no attribute {name!r}")

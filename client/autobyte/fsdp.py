@@ -1,0 +1,369 @@
+"""autobyte for FSDP2: one call after the user's own `fully_shard` calls.
+
+    model = Transformer()
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    sharded = autobyte.fsdp.attach(model, opt)        # measured every step
+    sharded.propose(autobyte.fsdp.ShardConfig(forward_prefetch=2))   # rank 0's proposal
+
+What it changes are FSDP2's own communication knobs, none of which changes the arithmetic (the same
+all-gathers and reduce-scatters run on the same bytes; only when they are issued, and whether a
+group's parameters are gathered again in backward, moves):
+
+- `forward_prefetch`: how many of the next groups (in forward order) each group's all-gather
+  issues ahead (`FSDPModule.set_modules_to_forward_prefetch`); 0 is FSDP2's implicit prefetch.
+- `backward_prefetch`: how many of the previous groups each group prefetches in backward
+  (`set_modules_to_backward_prefetch`); 1 is FSDP2's default (the previous group).
+- `reshard_after_forward`: whether the non-root groups free their gathered parameters after
+  forward (`set_reshard_after_forward`), trading memory for a second all-gather in backward. The
+  root keeps what FSDP2 chose for it.
+
+A field left None keeps what the user set before `attach` (their own prefetch lists, their own
+`reshard_after_forward` per group): `ShardConfig()` is the job exactly as the user built it.
+
+Forward order is recorded in the first step (each group's first forward), as DDP's reducer records
+its first-use order; configurations apply from the boundary after it.
+
+Every rank applies a configuration at the same step: rank 0's proposals travel in a small
+broadcast on a gloo group of the job's ranks, started at each step boundary and waited at the next
+(long since done: it never stalls a step), and every rank applies what it received at that same
+boundary (at the proposal's `at_step` if that is later). Other ranks' proposals are ignored, as
+`ScheduledOptimizer.reconfigure`'s are.
+
+A step boundary is the optimizer's `step()` (a post-step hook) when the optimizer is given, else
+each forward of the root module (a loop that accumulates over several forwards should pass its
+optimizer).
+
+Measured per step (`ShardedJob.last_step`, `add_step_callback`): the step's wall time (boundary to
+boundary), the root's forward, the rest (backward and the optimizer step), and on CUDA the peak
+memory. Not yet: each group's all-gather and reduce-scatter waits (FSDP2 exposes no hooks for
+them), streaming to autobyted (the protocol has no fields for these knobs yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+MAX_PREFETCH = (
+    8  # each prefetched group holds its gathered parameters: deeper is memory for nothing
+)
+_NONE = -1  # a field left None, on the wire
+
+
+def _check_depth(name: str, value: Any, lowest: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_PREFETCH:
+        raise ValueError(
+            f"{name} must be None or an int in [{lowest}, {MAX_PREFETCH}], got {value!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardConfig:
+    """FSDP2's communication knobs (the module docstring); None keeps the user's own setting."""
+
+    forward_prefetch: int | None = None
+    backward_prefetch: int | None = None
+    reshard_after_forward: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_depth("forward_prefetch", self.forward_prefetch, 0)
+        _check_depth("backward_prefetch", self.backward_prefetch, 1)
+        if self.reshard_after_forward is not None and not isinstance(
+            self.reshard_after_forward, bool
+        ):
+            raise ValueError(
+                f"reshard_after_forward must be None or a bool, got {self.reshard_after_forward!r}"
+            )
+
+    def describe(self) -> str:
+        def part(name: str, value: Any) -> str:
+            return f"{name}={'as set' if value is None else value}"
+
+        return ", ".join(part(f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def encode(self) -> list[int]:
+        return [
+            _NONE if self.forward_prefetch is None else self.forward_prefetch,
+            _NONE if self.backward_prefetch is None else self.backward_prefetch,
+            _NONE if self.reshard_after_forward is None else int(self.reshard_after_forward),
+        ]
+
+    @classmethod
+    def decode(cls, values: Sequence[int]) -> ShardConfig:
+        forward, backward, reshard = (None if v == _NONE else int(v) for v in values)
+        return cls(forward, backward, None if reshard is None else bool(reshard))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStep:
+    """One step of a sharded job, as measured on this rank."""
+
+    step: int
+    step_time_s: float
+    forward_s: float
+    rest_s: float  # backward and the optimizer step
+    peak_memory_bytes: int  # 0: not measurable here (CPU)
+    config: ShardConfig
+
+
+@dataclasses.dataclass
+class _Original:
+    """What the user set on one group before attach: restored where a field is None."""
+
+    forward: list[Any]
+    backward: list[Any]
+    reshard: bool
+
+
+def _fsdp_module_type() -> type:
+    from torch.distributed.fsdp import FSDPModule
+
+    return FSDPModule
+
+
+def _reshards_after_forward(module: Any) -> bool:
+    # FSDP2 has no public getter: a group that reshards after forward has post-forward mesh info.
+    state = module._get_fsdp_state()
+    groups = state._fsdp_param_groups
+    return any(g.post_forward_mesh_info is not None for g in groups)
+
+
+class ShardedJob:
+    """What `attach` returns: the measured steps and rank 0's proposals of an FSDP2 model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: ShardConfig | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        fsdp_module = _fsdp_module_type()
+        if not isinstance(model, fsdp_module):
+            raise ValueError(
+                f"autobyte.fsdp.attach needs the root of an FSDP2 model: call fully_shard(model) "
+                f"(after fully_shard on its blocks) first; got a {type(model).__name__}"
+            )
+        if config is not None and not isinstance(config, ShardConfig):
+            raise ValueError(f"config must be an autobyte.fsdp.ShardConfig, got {config!r}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {optimizer!r}")
+        if not dist.is_initialized():
+            raise ValueError("autobyte.fsdp.attach needs torch.distributed to be initialized")
+        self.model = model
+        self.groups = [m for m in model.modules() if isinstance(m, fsdp_module) and m is not model]
+        self._original = {
+            id(m): _Original(
+                list(m._get_fsdp_state()._states_to_forward_prefetch),
+                list(m._get_fsdp_state()._states_to_backward_prefetch),
+                _reshards_after_forward(m),
+            )
+            for m in self.groups
+        }
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self._leader = 0 if ranks is None else ranks[0]
+        # proposals travel on gloo whatever the data backend (a few ints a step, off the data path)
+        self._channel = dist.new_group(ranks, backend="gloo")
+        self._lock = threading.Lock()
+        self._proposal: tuple[ShardConfig, int] | None = None  # rank 0's (config, at_step)
+        self._sent = 0  # proposals rank 0 has sent (a new one is told apart by its number)
+        self._received = 0
+        self._incoming: tuple[Any, torch.Tensor] | None = None  # the broadcast in flight
+        self._pending: tuple[ShardConfig, int] | None = None  # received, waiting for its step
+        self.config = ShardConfig()
+        self.step = 0  # steps completed
+        self._order: list[Any] | None = None  # groups in first-forward order, after step 0
+        self._seen: list[Any] = []
+        self._callbacks: list[Callable[[ShardStep], Any]] = []
+        self.last_step: ShardStep | None = None
+        self._t_start = time.perf_counter()
+        self._t_forward_end: float | None = None
+        self._forward_s = 0.0
+        self._handles = [m.register_forward_pre_hook(self._group_forward) for m in self.groups]
+        self._handles.append(model.register_forward_pre_hook(self._root_forward_begins))
+        self._handles.append(model.register_forward_hook(self._root_forward_ends))
+        self._per_forward = optimizer is None
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_post_hook(self._optimizer_stepped))
+        self._cuda = torch.cuda.is_available() and any(
+            p.device.type == "cuda" for p in model.parameters()
+        )
+        self._closed = False
+        if config is not None and self.rank == 0:
+            self.propose(config)
+
+    # ------------------------------------------------------------------ public
+    def propose(self, config: ShardConfig, at_step: int | None = None) -> None:
+        """Ask for `config` on every rank from the next step boundary (or from step `at_step`);
+        rank 0's proposal is the one that takes effect; a newer one replaces a pending one."""
+        if not isinstance(config, ShardConfig):
+            raise ValueError(f"config must be an autobyte.fsdp.ShardConfig, got {config!r}")
+        if at_step is not None and (
+            isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0
+        ):
+            raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
+        with self._lock:
+            self._proposal = (config, at_step or 0)
+
+    def add_step_callback(self, fn: Callable[[ShardStep], Any]) -> None:
+        """fn(ShardStep) on the training thread after each step (exceptions logged, swallowed)."""
+        if not callable(fn):
+            raise ValueError("the step callback must be callable")
+        self._callbacks.append(fn)
+
+    @property
+    def forward_order(self) -> list[str]:
+        """The groups' names in first-forward order (empty before the first step ends)."""
+        names = {id(m): n for n, m in self.model.named_modules()}
+        return [names[id(m)] for m in self._order or []]
+
+    def close(self) -> None:
+        """Remove the hooks and the proposal channel; the model keeps its current settings."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        if self._incoming is not None:
+            self._incoming[0].wait()
+            self._incoming = None
+        dist.destroy_process_group(self._channel)
+
+    # ------------------------------------------------------------------ hooks
+    def _group_forward(self, module: nn.Module, _args: Any) -> None:
+        if self._order is None and all(module is not m for m in self._seen):
+            self._seen.append(module)
+
+    def _root_forward_begins(self, _module: nn.Module, _args: Any) -> None:
+        if self._per_forward and self._t_forward_end is not None:
+            self._boundary()
+        self._t_forward_begin = time.perf_counter()
+
+    def _root_forward_ends(self, _module: nn.Module, _args: Any, _output: Any) -> None:
+        now = time.perf_counter()
+        self._forward_s += now - self._t_forward_begin
+        self._t_forward_end = now
+
+    def _optimizer_stepped(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._boundary()
+
+    # ------------------------------------------------------------------ the boundary
+    def _boundary(self) -> None:
+        if self._closed:
+            return
+        now = time.perf_counter()
+        forward_end = self._t_forward_end if self._t_forward_end is not None else now
+        peak = 0
+        if self._cuda:
+            peak = int(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        measured = ShardStep(
+            self.step,
+            now - self._t_start,
+            self._forward_s,
+            now - forward_end,
+            peak,
+            self.config,
+        )
+        self.step += 1
+        self._t_start, self._forward_s, self._t_forward_end = now, 0.0, None
+        if self._order is None:
+            self._order = list(self._seen)
+            self._seen = []
+        self._exchange()
+        self.last_step = measured
+        for fn in self._callbacks:
+            try:
+                fn(measured)
+            except Exception:  # a callback never breaks the step
+                logger.exception("autobyte.fsdp step callback failed")
+
+    def _exchange(self) -> None:
+        """Wait for the broadcast started at the last boundary (every rank, the same content),
+        apply what is due, and start the next one."""
+        if self._incoming is not None:
+            work, payload = self._incoming
+            work.wait()
+            self._incoming = None
+            number = int(payload[0])
+            if number > self._received:
+                self._received = number
+                self._pending = (ShardConfig.decode(payload[2:].tolist()), int(payload[1]))
+        if self._pending is not None and self.step >= self._pending[1]:
+            config, _ = self._pending
+            self._pending = None
+            self._apply(config)
+        payload = torch.zeros(5, dtype=torch.int64)
+        if self.rank == 0:
+            with self._lock:
+                proposal, self._proposal = self._proposal, None
+            if proposal is not None:
+                self._sent += 1
+                config, at_step = proposal
+                payload[:] = torch.tensor([self._sent, at_step, *config.encode()])
+            else:
+                payload[0] = self._sent
+        if self.world > 1:
+            work = dist.broadcast(payload, src=self._leader, group=self._channel, async_op=True)
+            self._incoming = (work, payload)
+        else:
+            self._incoming = (_Done(), payload)
+
+    def _apply(self, config: ShardConfig) -> None:
+        order = self._order or []
+        for i, module in enumerate(order):
+            original = self._original[id(module)]
+            if config.forward_prefetch is None:
+                module._get_fsdp_state()._states_to_forward_prefetch = list(original.forward)
+            else:
+                module.set_modules_to_forward_prefetch(
+                    order[i + 1 : i + 1 + config.forward_prefetch]
+                )
+            if config.backward_prefetch is None:
+                module._get_fsdp_state()._states_to_backward_prefetch = list(original.backward)
+            elif config.backward_prefetch == 1:
+                module.set_modules_to_backward_prefetch([])  # FSDP2's default: the previous group
+            else:
+                first = max(0, i - config.backward_prefetch)
+                module.set_modules_to_backward_prefetch(order[first:i][::-1])
+        for module in self.groups:
+            reshard = config.reshard_after_forward
+            if reshard is None:
+                reshard = self._original[id(module)].reshard
+            module.set_reshard_after_forward(reshard, recurse=False)
+        self.config = config
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+def attach(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    config: ShardConfig | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> ShardedJob:
+    """Measure an FSDP2 model's steps and apply `ShardConfig`s on every rank at the same step
+    (the module docstring). Call it on every rank, after every `fully_shard` call; `config`, if
+    given, is rank 0's first proposal."""
+    return ShardedJob(model, optimizer, config, group)

@@ -1,0 +1,170 @@
+"""autobyte.fsdp on real FSDP2 (fully_shard) ranks over gloo: the knobs change on every rank at the
+same step, and the parameters, gradient norms and optimizer state stay plain FSDP2's to the bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.dist import run_ranks
+
+STEPS = 10
+# rank 0's proposals, by the step after whose boundary they are made; every rank applies each two
+# boundaries later (rank 0 sends it at the next boundary, every rank reads it at the one after)
+PROPOSALS = {
+    1: {"forward_prefetch": 2, "backward_prefetch": 2, "reshard_after_forward": False},
+    3: {"forward_prefetch": 0, "backward_prefetch": 1, "reshard_after_forward": True},
+    5: {"forward_prefetch": 3, "backward_prefetch": 3},
+    7: {},
+}
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 24, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth)
+        )
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _sharded(world: int) -> Net:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Net()
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _state_of(model: Net) -> tuple[int, int, bool]:
+    """What FSDP2 holds for the second block now: prefetch depths and resharding."""
+    state = model.blocks[1]._get_fsdp_state()
+    reshard = any(g.post_forward_mesh_info is not None for g in state._fsdp_param_groups)
+    return (
+        len(state._states_to_forward_prefetch),
+        len(state._states_to_backward_prefetch),
+        reshard,
+    )
+
+
+def _train(rank: int, world: int, attached: bool) -> dict:
+    import autobyte.fsdp as abf
+
+    model = _sharded(world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    job = abf.attach(model, opt) if attached else None
+    gen = torch.Generator().manual_seed(100 + rank)
+    norms, states, configs = [], [], []
+    for step in range(STEPS):
+        micro = 2 if step % 3 == 2 else 1  # accumulation without communication, then a sync
+        for i in range(micro):
+            model.set_requires_gradient_sync(i == micro - 1)
+            x = torch.randn(8, 24, generator=gen)
+            y = torch.randint(0, 3, (8,), generator=gen)
+            nn.functional.cross_entropy(model(x), y).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
+        opt.step()
+        opt.zero_grad()
+        states.append(_state_of(model))
+        if job is not None:
+            configs.append(job.config)
+            if step in PROPOSALS:
+                job.propose(abf.ShardConfig(**PROPOSALS[step]))
+    # as Python floats (exact for float32): tensors in the result queue would travel as shared
+    # memory that outlives its rank
+    full = [p.full_tensor().flatten().tolist() for p in model.parameters()]
+    moments = [
+        opt.state[p][name].full_tensor().flatten().tolist()
+        for p in model.parameters()
+        for name in ("exp_avg", "exp_avg_sq")
+    ]
+    order = job.forward_order if job is not None else []
+    if job is not None:
+        job.close()
+    return {
+        "params": full,
+        "moments": moments,
+        "norms": norms,
+        "states": states,
+        "configs": configs,
+        "order": order,
+    }
+
+
+@pytest.mark.timeout(240)
+def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit():
+    import autobyte.fsdp as abf
+
+    plain = run_ranks(_train, 2, False)
+    tuned = run_ranks(_train, 2, True)
+    for rank in range(2):
+        assert plain[rank]["params"] == tuned[rank]["params"], rank
+        assert plain[rank]["moments"] == tuned[rank]["moments"], rank
+        assert plain[rank]["norms"] == tuned[rank]["norms"], rank
+    assert plain[0]["params"] == plain[1]["params"]  # full parameters: one model on both ranks
+    # the same configuration at every step on both ranks, and FSDP2 holds it
+    assert tuned[0]["configs"] == tuned[1]["configs"]
+    assert tuned[0]["states"] == tuned[1]["states"]
+    assert tuned[0]["order"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    configs = tuned[0]["configs"]
+    for step, proposal in PROPOSALS.items():
+        assert configs[step + 1] == configs[step], (step, configs)  # not yet
+        assert configs[step + 2] == abf.ShardConfig(**proposal), (step, configs)
+    states = tuned[0]["states"]
+    assert states[3] == (2, 1, False)  # blocks.1 prefetches blocks.2-3 and 0; keeps its gather
+    assert states[5] == (0, 0, True)  # FSDP2's implicit prefetch, its default backward
+    assert states[7] == (2, 1, True)  # depth 3 from blocks.1: the two after it, the one before
+    assert states[9] == plain[0]["states"][9] == (0, 0, True)  # as the user built it
+    # the plain job never changed: the knobs were really moved in the tuned one
+    assert set(plain[0]["states"]) == {(0, 0, True)}
+
+
+def _refuses(rank: int, world: int) -> list[str]:
+    import autobyte.fsdp as abf
+
+    messages = []
+    for bad in (
+        lambda: abf.attach(Net()),
+        lambda: abf.ShardConfig(forward_prefetch=-1),
+        lambda: abf.ShardConfig(backward_prefetch=0),
+        lambda: abf.ShardConfig(forward_prefetch=True),
+        lambda: abf.ShardConfig(reshard_after_forward=1),
+    ):
+        try:
+            bad()
+        except ValueError as exc:
+            messages.append(str(exc))
+    model = _sharded(world)
+    job = abf.attach(model)
+    for bad in (
+        lambda: job.propose("forward_prefetch=2"),
+        lambda: job.propose(abf.ShardConfig(), -1),
+    ):
+        try:
+            bad()
+        except ValueError as exc:
+            messages.append(str(exc))
+    job.close()
+    return messages
+
+
+def test_bad_input_is_a_value_error_naming_it():
+    messages = run_ranks(_refuses, 2)[0]
+    assert len(messages) == 7, messages
+    assert "call fully_shard(model)" in messages[0] and "Net" in messages[0]
+    assert "forward_prefetch" in messages[1] and "-1" in messages[1]
+    assert "backward_prefetch" in messages[2] and "0" in messages[2]
+    assert "True" in messages[3] and "reshard_after_forward" in messages[4]
+    assert "ShardConfig" in messages[5] and "at_step" in messages[6]
