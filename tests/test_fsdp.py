@@ -34,16 +34,20 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def _sharded(world: int) -> Net:
+def _sharded(world: int, mixed: bool = False) -> Net:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch.manual_seed(0)
     model = Net()
     mesh = init_device_mesh("cpu", (world,))
+    # bf16 compute and gradient reduction, fp32 master parameters (the common LLM policy)
+    policy = (
+        MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16) if mixed else MixedPrecisionPolicy()
+    )
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -58,10 +62,10 @@ def _state_of(model: Net) -> tuple[int, int, bool]:
     )
 
 
-def _train(rank: int, world: int, attached: bool) -> dict:
+def _train(rank: int, world: int, attached: bool, mixed: bool = False) -> dict:
     import autobyte.fsdp as abf
 
-    model = _sharded(world)
+    model = _sharded(world, mixed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     job = abf.attach(model, opt) if attached else None
     gen = torch.Generator().manual_seed(100 + rank)
@@ -104,19 +108,21 @@ def _train(rank: int, world: int, attached: bool) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit():
+@pytest.mark.parametrize(("world", "mixed"), [(2, False), (4, True)])
+def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit(world, mixed):
     import autobyte.fsdp as abf
 
-    plain = run_ranks(_train, 2, False)
-    tuned = run_ranks(_train, 2, True)
-    for rank in range(2):
+    plain = run_ranks(_train, world, False, mixed)
+    tuned = run_ranks(_train, world, True, mixed)
+    for rank in range(world):
         assert plain[rank]["params"] == tuned[rank]["params"], rank
         assert plain[rank]["moments"] == tuned[rank]["moments"], rank
         assert plain[rank]["norms"] == tuned[rank]["norms"], rank
-    assert plain[0]["params"] == plain[1]["params"]  # full parameters: one model on both ranks
-    # the same configuration at every step on both ranks, and FSDP2 holds it
-    assert tuned[0]["configs"] == tuned[1]["configs"]
-    assert tuned[0]["states"] == tuned[1]["states"]
+    # full parameters: one model on every rank; the same configuration at every step on every
+    # rank, and FSDP2 holds it
+    assert all(r["params"] == plain[0]["params"] for r in plain)
+    assert all(r["configs"] == tuned[0]["configs"] for r in tuned)
+    assert all(r["states"] == tuned[0]["states"] for r in tuned)
     assert tuned[0]["order"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
     configs = tuned[0]["configs"]
     for step, proposal in PROPOSALS.items():
@@ -129,6 +135,51 @@ def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit():
     assert states[9] == plain[0]["states"][9] == (0, 0, True)  # as the user built it
     # the plain job never changed: the knobs were really moved in the tuned one
     assert set(plain[0]["states"]) == {(0, 0, True)}
+
+
+def _checkpointed(rank: int, world: int, path: str) -> dict:
+    """Save model and optimizer with torch.distributed.checkpoint while the knobs are changed,
+    train on, load the checkpoint back and train the same steps again: the same bits."""
+    import autobyte.fsdp as abf
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = _sharded(world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    job = abf.attach(model, opt, config=abf.ShardConfig(forward_prefetch=2))
+
+    def run(seed: int, steps: int) -> list[float]:
+        gen = torch.Generator().manual_seed(seed + rank)
+        for _ in range(steps):
+            x, y = torch.randn(8, 24, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return [v for p in model.parameters() for v in p.full_tensor().flatten().tolist()]
+
+    run(1, 3)
+    state = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    dcp.save(state, checkpoint_id=path)
+    job.propose(abf.ShardConfig(backward_prefetch=2, reshard_after_forward=False))
+    first = run(2, 4)
+    loaded = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    dcp.load(loaded, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    again = run(2, 4)
+    config = job.config
+    job.close()
+    return {"first": first, "again": again, "config": config}
+
+
+@pytest.mark.timeout(240)
+def test_a_distributed_checkpoint_saved_and_loaded_under_attach_resumes_to_the_bit(tmp_path):
+    import autobyte.fsdp as abf
+
+    results = run_ranks(_checkpointed, 2, str(tmp_path / "ckpt"))
+    for r in results:
+        assert r["first"] == r["again"]
+        assert r["config"] == abf.ShardConfig(backward_prefetch=2, reshard_after_forward=False)
+    assert results[0]["again"] == results[1]["again"]
 
 
 def _refuses(rank: int, world: int) -> list[str]:
