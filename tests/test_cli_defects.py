@@ -327,3 +327,46 @@ def test_a_finished_job_leaves_no_decision_pending_and_its_tuner_says_finished(d
         assert "tuner: finished" in table and "idle: no steps" not in table, table
     finally:
         restarted.stop()
+
+
+def test_history_folds_the_ranks_of_a_step_and_names_the_one_whose_compute_lags(db_url):
+    """At 8 ranks `history --steps` is one row per step, not eight: the slowest step time, the
+    spread of the exposed communication, and the rank whose compute lags (here rank 5, 1.5x)."""
+    thread_daemon = ThreadDaemon(db_url, tuner="off").start()
+    try:
+        client = Client(thread_daemon.address)
+        for rank in range(8):
+            session = client.register(
+                job="wide", rank=rank, world_size=8, instance=f"i-{rank}"
+            ).session_id
+            slow = rank == 5
+            client.stream(
+                [
+                    batch(
+                        session,
+                        range(1, 4),
+                        job="wide",
+                        rank=rank,
+                        backward_s=0.03 if slow else 0.02,
+                        exposed_comm_s=0.001 if slow else 0.011,
+                    )
+                ]
+            )
+        client.close()
+        address = ("--daemon", thread_daemon.address)
+        out = run_cli("history", "wide", "--steps", *address)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("STEP "))
+        assert lines[header].split() == [
+            "STEP", "RANKS", "TIME", "STEP_MS", "EXPOSED_MS", "SLOWEST", "PART/CREDIT",
+        ]  # fmt: skip
+        rows = [line.split() for line in lines[header + 1 :]]
+        assert [row[0] for row in rows] == ["0", "1", "2"]
+        assert all(row[1] == "8" and row[4] == "1.0-11.0" for row in rows), rows
+        assert all(row[5:8] == ["rank", "5", "+33%"] for row in rows), rows
+        # one rank's own records, as before
+        one = run_cli("history", "wide", "--steps", "--rank", "5", *address).stdout
+        assert "RANK " in one and "SLOWEST" not in one
+    finally:
+        thread_daemon.stop()

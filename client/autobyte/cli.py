@@ -8,6 +8,7 @@ import datetime
 import functools
 import io
 import json
+import statistics
 import textwrap
 from collections.abc import Sequence
 
@@ -484,6 +485,10 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
         if decisions:
             click.echo(decision_table(response.decisions))
         if with_steps:
+            click.echo("")
+            if len({m.rank for m in response.steps}) > 1:
+                click.echo(folded_steps(response.steps))
+                return
             rows = [
                 [
                     str(s["step"]),
@@ -495,12 +500,46 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
                 ]
                 for s, m in zip(steps, response.steps)
             ]
-            click.echo("")
             click.echo(
                 table(["STEP", "RANK", "TIME", "STEP_MS", "EXPOSED_MS", "PART/CREDIT"], rows)
                 if rows
                 else "no steps recorded"
             )
+
+
+def folded_steps(records: Sequence) -> str:
+    """One row per step of a job with several ranks: how many ranks reported it, the slowest
+    rank's step time, the spread of the exposed communication, and the rank whose compute
+    (forward + backward) was longest, by how much over the ranks' median: a rank whose compute
+    lags makes every other rank wait in its all-reduces (their exposed time grows, its own does
+    not). `--rank R` lists one rank's records."""
+    by_step: dict[int, list] = {}
+    for record in records:
+        by_step.setdefault(record.step, []).append(record)
+    rows = []
+    for step in sorted(by_step):
+        ranks = sorted(by_step[step], key=lambda r: r.rank)
+        exposed = [r.exposed_comm_s * 1e3 for r in ranks]
+        computes = [r.forward_s + r.backward_s for r in ranks]
+        slowest = max(range(len(ranks)), key=lambda i: computes[i])
+        median = statistics.median(computes)
+        lag = (
+            f"rank {ranks[slowest].rank} +{100 * (computes[slowest] / median - 1):.0f}%"
+            if median > 0 and len(ranks) > 1
+            else "-"
+        )
+        rows.append(
+            [
+                str(step),
+                str(len(ranks)),
+                _when(max(r.wall_time_s for r in ranks)),
+                f"{max(r.step_time_s for r in ranks) * 1e3:.1f}",
+                f"{min(exposed):.1f}-{max(exposed):.1f}",
+                lag,
+                ranks[0].config.short(),
+            ]
+        )
+    return table(["STEP", "RANKS", "TIME", "STEP_MS", "EXPOSED_MS", "SLOWEST", "PART/CREDIT"], rows)
 
 
 def _ms(value: float | None) -> str:
