@@ -111,3 +111,34 @@ def test_crowded_decisions_never_overlap_and_missing_figures_say_not_measured(tm
     assert step_times_text(decisions[0]) == "pred 90 ms, not measured"
     assert step_times_text(decisions[1]) == "pred 90 / meas 100 ms"
     assert step_times_text(decisions[0]._replace(predicted_step_time_s=None)) == "not measured"
+
+
+def test_an_8_rank_job_is_folded_to_rank_0_the_lagging_rank_and_a_band(tmp_path):
+    """Eight lines would hide each other: rank 0, the rank whose compute lags (named with its lag)
+    and the band from the fastest to the slowest rank at each step are drawn instead."""
+    from autobyte import plot
+
+    points = [
+        plot.StepPoint(
+            rank,
+            step,
+            1000.0 + step,
+            (1.2 if rank == 6 else 1.0) + 0.01 * rank,
+            1 << 20,
+            4 << 20,
+            1e8,
+            0.1,
+            0,
+            0.6 if rank == 6 else 0.4,
+        )
+        for rank in range(8)
+        for step in range(40)
+    ]
+    per_rank = {r: [p for p in points if p.rank == r] for r in range(8)}
+    lines, (xs, low, high) = plot._fold(per_rank, 0, 5)
+    assert list(lines) == [0, "rank 6: compute +50%"]
+    assert len(xs) == len(low) == len(high) == 40
+    assert low[0] == 1000.0 and abs(high[0] - 1260.0) < 1e-9
+    out = tmp_path / "wide.png"
+    plot.draw_job("wide", points, [], str(out))
+    assert png_size(out) == (plot.WIDTH_PX, plot.HEIGHT_PX)

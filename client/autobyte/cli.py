@@ -627,6 +627,7 @@ def plot(client, job, out_path, since, limit) -> None:
             s.bandwidth_bytes_per_s,
             s.host_load,
             s.decision_id,
+            s.forward_s + s.backward_s,
         )
         for s in response.steps
     ]

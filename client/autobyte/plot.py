@@ -24,6 +24,7 @@ BAND_COLOURS = (
     "#e8e8e8",
 )
 RANK_COLOURS = ("#1f4e9c", "#c2410c", "#15803d", "#7e22ce")
+MAX_RANK_LINES = len(RANK_COLOURS)  # more ranks than this are folded (`_fold`)
 
 
 class StepPoint(NamedTuple):
@@ -38,6 +39,7 @@ class StepPoint(NamedTuple):
     bandwidth_bytes_per_s: float
     host_load: float
     decision_id: int
+    compute_s: float = 0.0  # forward + backward
 
 
 class DecisionMark(NamedTuple):
@@ -119,6 +121,33 @@ def _stints(points: Sequence[StepPoint]) -> list[tuple[float, float, str]]:
     return [(a, b, c) for a, b, c in stints]
 
 
+def _fold(
+    per_rank: dict[int, list[StepPoint]], leader_rank: int, window: int
+) -> tuple[dict, tuple[list[float], list[float], list[float]]]:
+    """The lines a many-rank job keeps (rank 0; the rank whose median compute is longest, named
+    with its lag over the ranks' median) and the band of the ranks' step times at each of rank
+    0's steps (rolling medians of the fastest and the slowest rank's step time)."""
+    computes = {
+        rank: statistics.median(p.compute_s for p in points)
+        for rank, points in per_rank.items()
+        if points
+    }
+    lines: dict = {leader_rank: per_rank[leader_rank]}
+    typical = statistics.median(computes.values()) if computes else 0.0
+    lagging = max(computes, key=lambda r: computes[r]) if computes else leader_rank
+    if typical > 0 and lagging != leader_rank:
+        lag = 100 * (computes[lagging] / typical - 1)
+        lines[f"rank {lagging}: compute +{lag:.0f}%"] = per_rank[lagging]
+    by_step: dict[int, list[float]] = {}
+    for points in per_rank.values():
+        for p in points:
+            by_step.setdefault(p.step, []).append(p.step_time_s)
+    leader = [p for p in per_rank[leader_rank] if p.step in by_step]
+    low = rolling_median([min(by_step[p.step]) * 1e3 for p in leader], window)
+    high = rolling_median([max(by_step[p.step]) * 1e3 for p in leader], window)
+    return lines, ([p.wall_time_s for p in leader], low, high)
+
+
 def _mark_time(decision: DecisionMark, leader: Sequence[StepPoint]) -> float:
     """When a decision took effect: the first leader step under it; else when it was made."""
     for point in leader:
@@ -198,8 +227,23 @@ def draw_job(
                 end - origin,
             )
         )
-    # Step time: a rolling median per rank, rank by rank.
+    # Step time: a rolling median per rank, rank by rank; more ranks than there are colours are
+    # folded: rank 0, the band between the ranks' fastest and slowest, the rank whose compute lags.
     all_medians = []
+    if len(per_rank) > MAX_RANK_LINES:
+        per_rank, band = _fold(per_rank, leader_rank, window)
+        xs_band, low, high_band = band
+        top.fill_between(
+            [x - origin for x in xs_band],
+            low,
+            high_band,
+            color="0.55",
+            alpha=0.3,
+            linewidth=0,
+            label=f"{len(ranks)} ranks: fastest to slowest",
+            zorder=2,
+        )
+        all_medians.extend(high_band)
     for index, (rank, points) in enumerate(per_rank.items()):
         medians = [m * 1e3 for m in rolling_median([p.step_time_s for p in points], window)]
         all_medians.extend(medians)
@@ -208,7 +252,7 @@ def draw_job(
             medians,
             color=RANK_COLOURS[index % len(RANK_COLOURS)],
             linewidth=1.4,
-            label=f"rank {rank}",
+            label=rank if isinstance(rank, str) else f"rank {rank}",
             zorder=3,
         )
     high = sorted(all_medians)[int(0.99 * (len(all_medians) - 1))] if all_medians else 1.0
