@@ -136,7 +136,7 @@ class Profiler:
         """Wrap this scheduler instance's wait and update calls with timestamps (made at its first
         step, when the update thread exists); the library itself is unchanged."""
         sched = self.trainer.sched
-        progress, updater = sched._progress, sched._updater
+        progress, updater = sched._progress, sched.engine.updater
         original_wait, original_apply = progress.wait_params, updater._apply
 
         def wait_params(idxs: Any, s: int) -> float:  # the forward's waits, timestamped
@@ -210,7 +210,7 @@ class Profiler:
         if kind == "sched" and not self.instrumented:
             self._instrument()
         self.dist.barrier()
-        engine = sched._dispatcher.engine if sched.hot_path == "native" else None
+        engine = sched.engine.dispatcher.engine if sched.hot_path == "native" else None
         if engine is not None:
             engine.take_trace()
         self.waits.clear()
@@ -254,7 +254,7 @@ class Profiler:
         result["hot_path"] = sched.hot_path
         result["waits"] = list(self.waits)
         result["applies"] = list(self.applies)
-        layout = sched._layout
+        layout = sched.engine.layout
         result["first_start"] = layout.offsets[layout.by_offset[-1]]
         if engine is not None:
             elem = layout.elem

@@ -27,22 +27,18 @@ from autobyte.scheduler import (
     grad_reads,
     groups,
     health,
-    native,
     process_exit,
     start,
     tracking,
 )
 from autobyte.scheduler import device as device_sync
+from autobyte.scheduler import engine as engine_mod
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.accumulation import Accumulation
 from autobyte.scheduler.amp import ScalerBridge
-from autobyte.scheduler.dispatch import Dispatcher
 from autobyte.scheduler.events import StepHyperParameters, Stop
-from autobyte.scheduler.layout import Layout
 from autobyte.scheduler.metrics import StepLog
-from autobyte.scheduler.order_channel import OrderChannel
 from autobyte.scheduler.progress import Progress, SchedulerError
-from autobyte.scheduler.update import Updater
 from autobyte.types import Config, StepMetrics
 
 logger = logging.getLogger(__name__)
@@ -133,8 +129,6 @@ class ScheduledOptimizer:
             raise ValueError(f"sparse_rows must be True or False, got {sparse_rows!r}")
         if not isinstance(broadcast_buffers, bool):
             raise ValueError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
-        self._hot_path: str | None = None
-        self._hot_path_reason = ""
 
         # weights reduced row-sparse (decided from the model alone: the same on every rank)
         self._managed = checks.managed(
@@ -143,7 +137,6 @@ class ScheduledOptimizer:
             if sparse_rows and self._groups.world > 1
             else (),
         )
-        self._sparse: list[sparse_rows_mod.SparseRows] = []
 
         self._broadcast_initial_state(broadcast_buffers)
         self._groups = groups.with_communicators(
@@ -205,11 +198,7 @@ class ScheduledOptimizer:
             model, self._groups.buffers, broadcast_buffers and self._groups.world > 1
         )
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
-        self._layout: Layout | None = None
-        self._channel: OrderChannel | None = None
-        self._dispatcher: Dispatcher | native.NativeDispatcher | None = None
-        self._updater: Updater | None = None
-        self._grad_ready: Callable[[int, int], None] | None = None
+        self._engine: engine_mod.Engine | None = None  # built at the first step (engine.py)
         self._steps = StepLog(config)
         self._cfg_lock = threading.Lock()
         self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
@@ -297,13 +286,13 @@ class ScheduledOptimizer:
     @property
     def last_grad_norm(self) -> float | None:
         """The global gradient norm of the last clipped step (with `clip_grad_norm`)."""
-        norm = self._updater.last_grad_norm if self._updater is not None else None
+        norm = self._engine.updater.last_grad_norm if self._engine is not None else None
         return None if norm is None else float(norm)
 
     @property
     def skipped_steps(self) -> int:
         """Steps whose update was skipped because of inf/NaN gradients (with `grad_scaler`)."""
-        return self._updater.skipped_steps if self._updater is not None else 0
+        return self._engine.updater.skipped_steps if self._engine is not None else 0
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -363,7 +352,7 @@ class ScheduledOptimizer:
             raise ValueError("step(closure) is not supported: the update runs per parameter, later")
         self._check_usable()
         self._check_frozen()
-        if self._layout is None:
+        if self._engine is None:
             self._finalize_layout()
         s = self._step_index
         if (
@@ -383,7 +372,7 @@ class ScheduledOptimizer:
             for opt in self._optimizers
         ]
         self._steps.record(s).t_step = time.perf_counter()
-        self._updater.post(StepHyperParameters(s, snapshot))
+        self._engine.updater.post(StepHyperParameters(s, snapshot))
         if self._groups.is_leader:
             config, decision_id = self._steps.current()
             with self._cfg_lock:
@@ -392,7 +381,7 @@ class ScheduledOptimizer:
                     self._pending = None
                     if (config, decision_id) != self._steps.current():
                         self._steps.log_config(s + 1, config, decision_id)
-            self._dispatcher.step_boundary(s + 1, config, decision_id)
+            self._engine.dispatcher.step_boundary(s + 1, config, decision_id)
         progress.produced_count = 0
         self._step_index = s + 1
         for opt in self._optimizers:
@@ -486,7 +475,8 @@ class ScheduledOptimizer:
 
     def dispatch_stats(self) -> dict[str, float]:
         """Scheduler costs: own overhead vs backend launch per partition, decision channel."""
-        dispatcher, channel = self._dispatcher, self._channel
+        engine = self._engine
+        dispatcher, channel = (engine.dispatcher, engine.channel) if engine else (None, None)
         stats = dispatcher.stats if dispatcher is not None else None
         parts = (stats.parts if stats is not None else 0) or 1
         messages, send_ns, latency_ns, latency_n = (
@@ -507,7 +497,7 @@ class ScheduledOptimizer:
             "channel_send_us_per_message": send_ns / 1e3 / messages if messages else 0.0,
             # followers: send-to-receive latency (wall clocks; meaningful on one host or with NTP)
             "channel_latency_us": latency_ns / 1e3 / latency_n if latency_n else 0.0,
-            "native": float(self._hot_path == "native"),
+            "native": float(self.hot_path == "native"),
             # row-sparse weights (sparse_rows): how many, and the reductions sent packed so far
             "sparse_rows_weights": float(len(self._managed.sparse_idx)),
             "sparse_rows_packed": float(stats.sparse_packed if stats is not None else 0),
@@ -516,21 +506,27 @@ class ScheduledOptimizer:
     def _set_sparse_rows(self, active: bool) -> None:
         """Row-sparse reduction on or off for every row-sparse weight (benchmarks pair the two in one
         run). Collective: every rank calls it after `synchronize()`, at the same step boundary."""
-        for entry in self._sparse:
+        for entry in self._engine.sparse if self._engine is not None else ():
             entry.active, entry.dense_streak = bool(active), 0
-        if self._hot_path == "native":
-            self._dispatcher.engine.set_sparse_active(bool(active))
+        if self.hot_path == "native":
+            self._engine.dispatcher.engine.set_sparse_active(bool(active))
+
+    @property
+    def engine(self) -> engine_mod.Engine | None:
+        """What the first step built (scheduler/engine.py: layout, channel, dispatcher, updater):
+        for benchmarks and diagnostics (the native path's trace, the flat buffer); None before."""
+        return self._engine
 
     @property
     def hot_path(self) -> str | None:
         """ "native" or "python": which per-partition hot path runs (decided collectively at the
         first backward pass; None before it). `hot_path_reason` says why not the native one."""
-        return self._hot_path
+        return self._engine.hot_path if self._engine is not None else None
 
     @property
     def hot_path_reason(self) -> str:
         """Why the Python path runs ("" on the native path or before the first backward)."""
-        return self._hot_path_reason
+        return self._engine.hot_path_reason if self._engine is not None else ""
 
     def close(self) -> None:
         """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
@@ -600,10 +596,9 @@ class ScheduledOptimizer:
         if watchdog is not None:
             watchdog.stop(closed=closed)
         deadline = time.monotonic() + bound_s
-        if self._dispatcher is not None:
-            self._dispatcher.stop(bound_s)
-        if self._updater is not None:
-            self._updater.post(Stop())
+        if self._engine is not None:
+            self._engine.dispatcher.stop(bound_s)
+            self._engine.updater.post(Stop())
         stuck = []
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -651,101 +646,29 @@ class ScheduledOptimizer:
                     offset += t.numel()
 
     def _finalize_layout(self) -> None:
-        """Fix the flat layout (rank 0's first-use order), allocate the buffer, start threads."""
+        """Fix the flat layout (rank 0's first-use order), build the engine, start its threads."""
         order = list(self._order or [])
         order += [i for i in range(self._managed.n) if not self._seen[i]]
         self._order = None
         self._recording = False
-        if self._groups.world > 1:
-            tensor = torch.tensor(order, dtype=torch.int64)
-            dist.broadcast(tensor, src=self._groups.leader_global, group=self._groups.decision)
-            order = tensor.tolist()
-        if sorted(order) != list(range(self._managed.n)):
-            raise SchedulerError("rank 0 published an inconsistent parameter order")
-        # Parameters handed back in .grad at the end of backward go first (highest priority).
-        order = [i for i in order if self._managed.uncovered[i]] + [
-            i for i in order if not self._managed.uncovered[i]
-        ]
-        if self._groups.world > 1:
-            self._channel = OrderChannel(
-                self._groups.is_leader,
-                self._groups.rank,
-                self._groups.leader_global,
-                self._groups.follower_globals,
-                self._groups.decision,
-                self._timeout_s,
-            )
-            self._channel.open()
-        layout = Layout(
-            order,
-            [p.shape for p in self._managed.params],
-            self._managed.dtype,
-            self._managed.device,
-            standalone=self._managed.sparse_idx,
-        )
-        self._sparse = [
-            sparse_rows_mod.SparseRows(layout.offsets[i], *self._managed.params[i].shape)
-            for i in self._managed.sparse_idx
-        ]
-        self._device_sync = device_sync.make(self._managed.device, self._managed.n)
-        module, reason = native.choose_hot_path(
-            self._native_wanted,
-            self._managed.device,
-            groups.backend_of(self._groups.data),
-            self._channel,
-            self._groups.decision,
-            self._groups.world,
-        )
-        native.log_choice(module is not None, reason)
-        self._hot_path, self._hot_path_reason = (
-            ("native" if module is not None else "python"),
-            reason,
-        )
-        updater_args = (
-            layout,
-            self._managed.params,
-            self._optimizers,
-            self._managed.owner,
+        engine = engine_mod.build(
+            engine_mod.agreed_order(order, self._groups, self._managed),
+            self._groups,
+            self._managed,
+            engine_mod.UpdateSettings(
+                self._optimizers,
+                self._clip,
+                self._clip_norm_type,
+                self._scaler if self._bridge is not None else None,
+                self._local_used,
+            ),
             self._progress,
             self._steps,
-            self._clip,
-            self._clip_norm_type,
-            self._scaler if self._bridge is not None else None,
-            self._local_used,
-            self._device_sync,
+            self._timeout_s,
+            self._native_wanted,
         )
-        if module is not None:
-            self._dispatcher = native.NativeDispatcher(
-                module,
-                layout,
-                self._groups.data,
-                self._groups.is_leader,
-                self._groups.rank,
-                self._steps,
-                self._channel,
-                self._timeout_s,
-                trace=native.trace_requested(),
-                sparse=self._sparse,
-            )
-            self._updater = native.NativeUpdater(
-                *updater_args, engine=self._dispatcher.engine, module=module
-            )
-        else:
-            self._updater = Updater(*updater_args)
-            self._dispatcher = Dispatcher(
-                layout,
-                self._groups.data,
-                self._groups.is_leader,
-                self._groups.world > 1,
-                self._progress,
-                self._steps,
-                self._channel,
-                self._updater.queue,
-                self._device_sync,
-                sparse=self._sparse,
-            )
-        self._grad_ready = self._dispatcher.grad_ready
-        self._layout = layout
+        self._device_sync = engine.device_sync
+        self._engine = engine
         self._start_threads(self._step_index)
 
     def _start_threads(self, start_step: int) -> None:
@@ -757,8 +680,8 @@ class ScheduledOptimizer:
             thread.start()
 
         process_exit.track(self)
-        self._dispatcher.start(start_step, spawn)
-        spawn("update", self._updater.main, ())
+        self._engine.dispatcher.start(start_step, spawn)
+        spawn("update", self._engine.updater.main, ())
         if self._health is not None:
             self._health.start(spawn)
 
@@ -859,7 +782,7 @@ class ScheduledOptimizer:
                 self._wait_params((i,), s)
             if self._accumulation.keep_local(i, s):
                 return  # inside no_sync(): autograd sums the micro-batches in param.grad
-            if self._layout is None:
+            if self._engine is None:
                 self._finalize_layout()
             if self._backward_end_queued != s:
                 self._backward_end_queued = s
@@ -880,7 +803,7 @@ class ScheduledOptimizer:
         """Copy parameter i's gradient of step s into the flat buffer and hand it to dispatch."""
         if grad.layout != torch.strided:
             raise SchedulerError("sparse gradients are not supported")
-        layout = self._layout
+        layout = self._engine.layout
         with torch.no_grad():
             if self._groups.world == 1:
                 layout.grad_views[i].copy_(grad)
@@ -897,9 +820,9 @@ class ScheduledOptimizer:
         """A failed gradient hook: keep the error for step() and the collectives going."""
         progress = self._progress
         progress.fail(error)
-        if self._layout is not None and progress.produced[i] < self._step_index:
+        if self._engine is not None and progress.produced[i] < self._step_index:
             # keep the collective sequence going for the other ranks: a zero contribution
-            self._layout.ext_views[i].zero_()
+            self._engine.layout.ext_views[i].zero_()
             grad_reads.set_raw_grad(self._managed.params[i], None)
             self._post_grad(i, self._step_index)
 
@@ -913,7 +836,7 @@ class ScheduledOptimizer:
         progress.produced_t[i] = now
         progress.produced[i] = s
         progress.produced_count += 1
-        self._grad_ready(i, s)
+        self._engine.dispatcher.grad_ready(i, s)
 
     def _flush_unused(self, s: int) -> None:
         """Parameters without a gradient this step contribute zeros (flag 0); those holding
@@ -928,7 +851,7 @@ class ScheduledOptimizer:
                 if accumulation.holds(i, s) and grad is not None:
                     self._hand_off(i, grad, s)
                     continue
-                self._layout.ext_views[i].zero_()
+                self._engine.layout.ext_views[i].zero_()
                 if self._device_sync.cuda:
                     self._device_sync.after_grad_copy(i)
                 self._post_grad(i, s)
@@ -948,7 +871,7 @@ class ScheduledOptimizer:
                 self._flush_unused(s)
             idxs = self._managed.uncovered_idx
             self._progress.wait_reduced(idxs, s)
-            layout = self._layout
+            layout = self._engine.layout
             maybe = [i for i in idxs if self._local_used[i] != s]
             flags = layout.flat[[layout.flag_index(i) for i in maybe]].tolist() if maybe else []
             unused = {i for i, flag in zip(maybe, flags) if flag <= 0}
@@ -966,7 +889,7 @@ class ScheduledOptimizer:
 
     def _grad_read(self, i: int) -> torch.Tensor | None:
         """`params[i].grad` while its field holds None: the gradient DDP would hold (`grad_reads`)."""
-        if self._closed or self._layout is None:
+        if self._closed or self._engine is None:
             return None
         s = self._step_index
         produced = self._progress.produced[i]
@@ -1005,8 +928,8 @@ class ScheduledOptimizer:
 
     def _reduced_grad(self, i: int, s: int) -> torch.Tensor | None:
         """Step s's averaged gradient of parameter i; None where no rank used it, or dropped."""
-        layout = self._layout
-        if self._updater.dropped[i] == s or self._cleared[i] >= s:
+        layout = self._engine.layout
+        if self._engine.updater.dropped[i] == s or self._cleared[i] >= s:
             return None
         if self._managed.owner[i] is None:
             return None  # handed back in `.grad` at the end of backward; not there: unused
@@ -1027,7 +950,7 @@ class ScheduledOptimizer:
                 "unscale_() has already been called on this optimizer since the last update()."
             )
         self._unscaled_by[1].append(optimizer)
-        if s in self._updater.unscaled:
+        if s in self._engine.updater.unscaled:
             return
         if scaler._scale is None:
             raise SchedulerError("scaler.unscale_() before scaler.scale(loss)")
@@ -1036,11 +959,11 @@ class ScheduledOptimizer:
             for i, p in enumerate(self._managed.params)
             if self._managed.owner[i] is not None and (g := p.grad) is not None
         ]
-        self._updater.unscaled[s] = unscale(scaler._scale, grads)
+        self._engine.updater.unscaled[s] = unscale(scaler._scale, grads)
 
     def _grad_write(self, i: int, value: torch.Tensor | None) -> None:
         """`params[i].grad = value` while its field holds None (`grad_reads`)."""
-        if self._closed or self._layout is None:
+        if self._closed or self._engine is None:
             grad_reads.set_raw_grad(self._managed.params[i], value)
             return
         s = self._step_index
@@ -1049,7 +972,7 @@ class ScheduledOptimizer:
             self._check_usable()
             self._sync_for_read(s)
             if value is None:
-                self._updater.dropped[i] = s
+                self._engine.updater.dropped[i] = s
                 return
             if self._reduced_grad(i, s) is None:
                 raise SchedulerError(
@@ -1058,7 +981,7 @@ class ScheduledOptimizer:
                     "backward() or to a parameter that has a gradient"
                 )
             with torch.no_grad():
-                self._layout.grad_views[i].copy_(value)
+                self._engine.layout.grad_views[i].copy_(value)
             return
         if value is None:
             self._cleared[i] = max(self._cleared[i], produced)
