@@ -178,7 +178,9 @@ def _trace(args: argparse.Namespace, rank: int) -> None:
                 if k >= 3:
                     steps.append(time.perf_counter() - a)
             sched.synchronize()
-            records = sched.engine.dispatcher.engine.take_trace() if sched.hot_path == "native" else []
+            records = (
+                sched.engine.dispatcher.engine.take_trace() if sched.hot_path == "native" else []
+            )
         records = [r for r in records if r[0] >= 3]
         if rank == 0:
             _emit(

@@ -73,7 +73,9 @@ def _tail_worker(rank: int, world: int, tail_bytes: int | None) -> dict:
             sched.zero_grad()
         sched.synchronize()
         if sched.hot_path == "native":
-            calls = [[t0, done] for *_, t0, _t1, done in sched.engine.dispatcher.engine.take_trace()]
+            calls = [
+                [t0, done] for *_, t0, _t1, done in sched.engine.dispatcher.engine.take_trace()
+            ]
     # For each collective issued inside a backward window: how many others were in flight then.
     overlaps = []
     for start, end in windows[2:]:  # past the first-use recording steps
