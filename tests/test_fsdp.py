@@ -15,7 +15,11 @@ STEPS = 10
 PROPOSALS = {
     1: {"forward_prefetch": 2, "backward_prefetch": 2, "reshard_after_forward": False},
     3: {"forward_prefetch": 0, "backward_prefetch": 1, "reshard_after_forward": True},
-    5: {"forward_prefetch": 3, "backward_prefetch": 3},
+    5: {
+        "forward_prefetch": 3,
+        "backward_prefetch": 3,
+        "reshard_after_forward": (False, None, True, False),  # per group, in forward order
+    },
     7: {},
 }
 
@@ -51,10 +55,13 @@ def _sharded(world: int, mixed: bool = False) -> Net:
     return model
 
 
-def _state_of(model: Net) -> tuple[int, int, bool]:
-    """What FSDP2 holds for the second block now: prefetch depths and resharding."""
+def _state_of(model: Net) -> tuple[int, int, tuple[bool, ...]]:
+    """What FSDP2 holds now: the second block's prefetch depths, every block's resharding."""
     state = model.blocks[1]._get_fsdp_state()
-    reshard = any(g.post_forward_mesh_info is not None for g in state._fsdp_param_groups)
+    reshard = tuple(
+        any(g.post_forward_mesh_info is not None for g in b._get_fsdp_state()._fsdp_param_groups)
+        for b in model.blocks
+    )
     return (
         len(state._states_to_forward_prefetch),
         len(state._states_to_backward_prefetch),
@@ -129,12 +136,14 @@ def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit(world, m
         assert configs[step + 1] == configs[step], (step, configs)  # not yet
         assert configs[step + 2] == abf.ShardConfig(**proposal), (step, configs)
     states = tuned[0]["states"]
-    assert states[3] == (2, 1, False)  # blocks.1 prefetches blocks.2-3 and 0; keeps its gather
-    assert states[5] == (0, 0, True)  # FSDP2's implicit prefetch, its default backward
-    assert states[7] == (2, 1, True)  # depth 3 from blocks.1: the two after it, the one before
-    assert states[9] == plain[0]["states"][9] == (0, 0, True)  # as the user built it
+    every, none = (True,) * 4, (False,) * 4
+    assert states[3] == (2, 1, none)  # blocks.1 prefetches blocks.2-3 and 0; gathers kept
+    assert states[5] == (0, 0, every)  # FSDP2's implicit prefetch, its default backward
+    # depth 3 from blocks.1: the two after it, the one before; blocks.1 resharding as the user set
+    assert states[7] == (2, 1, (False, True, True, False))
+    assert states[9] == plain[0]["states"][9] == (0, 0, every)  # as the user built it
     # the plain job never changed: the knobs were really moved in the tuned one
-    assert set(plain[0]["states"]) == {(0, 0, True)}
+    assert set(plain[0]["states"]) == {(0, 0, every)}
 
 
 def _checkpointed(rank: int, world: int, path: str) -> dict:
@@ -192,6 +201,7 @@ def _refuses(rank: int, world: int) -> list[str]:
         lambda: abf.ShardConfig(backward_prefetch=0),
         lambda: abf.ShardConfig(forward_prefetch=True),
         lambda: abf.ShardConfig(reshard_after_forward=1),
+        lambda: abf.ShardConfig(reshard_after_forward=(True, 1)),
     ):
         try:
             bad()
@@ -202,6 +212,7 @@ def _refuses(rank: int, world: int) -> list[str]:
     for bad in (
         lambda: job.propose("forward_prefetch=2"),
         lambda: job.propose(abf.ShardConfig(), -1),
+        lambda: job.propose(abf.ShardConfig(reshard_after_forward=[True, False])),
     ):
         try:
             bad()
@@ -213,9 +224,11 @@ def _refuses(rank: int, world: int) -> list[str]:
 
 def test_bad_input_is_a_value_error_naming_it():
     messages = run_ranks(_refuses, 2)[0]
-    assert len(messages) == 7, messages
+    assert len(messages) == 9, messages
     assert "call fully_shard(model)" in messages[0] and "Net" in messages[0]
     assert "forward_prefetch" in messages[1] and "-1" in messages[1]
     assert "backward_prefetch" in messages[2] and "0" in messages[2]
     assert "True" in messages[3] and "reshard_after_forward" in messages[4]
-    assert "ShardConfig" in messages[5] and "at_step" in messages[6]
+    assert "(True, 1)" in messages[5]
+    assert "ShardConfig" in messages[6] and "at_step" in messages[7]
+    assert "2 values for 4 groups" in messages[8]

@@ -17,8 +17,9 @@ group's parameters are gathered again in backward, moves):
 - `backward_prefetch`: how many of the previous groups each group prefetches in backward
   (`set_modules_to_backward_prefetch`); 1 is FSDP2's default (the previous group).
 - `reshard_after_forward`: whether the non-root groups free their gathered parameters after
-  forward (`set_reshard_after_forward`), trading memory for a second all-gather in backward. The
-  root keeps what FSDP2 chose for it.
+  forward (`set_reshard_after_forward`), trading memory for a second all-gather in backward: one
+  bool for every group, or a tuple of one per group in forward order (None: that group as the
+  user set it). The root keeps what FSDP2 chose for it.
 
 A field left None keeps what the user set before `attach` (their own prefetch lists, their own
 `reshard_after_forward` per group): `ShardConfig()` is the job exactly as the user built it.
@@ -78,17 +79,26 @@ class ShardConfig:
 
     forward_prefetch: int | None = None
     backward_prefetch: int | None = None
-    reshard_after_forward: bool | None = None
+    reshard_after_forward: bool | tuple[bool | None, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_depth("forward_prefetch", self.forward_prefetch, 0)
         _check_depth("backward_prefetch", self.backward_prefetch, 1)
-        if self.reshard_after_forward is not None and not isinstance(
-            self.reshard_after_forward, bool
-        ):
+        reshard = self.reshard_after_forward
+        if isinstance(reshard, list):
+            object.__setattr__(self, "reshard_after_forward", tuple(reshard))
+            reshard = self.reshard_after_forward
+        each = reshard if isinstance(reshard, tuple) else (reshard,)
+        if not each or not all(v is None or isinstance(v, bool) for v in each):
             raise ValueError(
-                f"reshard_after_forward must be None or a bool, got {self.reshard_after_forward!r}"
+                "reshard_after_forward must be None, a bool or a tuple of one bool (or None) per "
+                f"group, got {self.reshard_after_forward!r}"
             )
+
+    def reshard_of(self, index: int) -> bool | None:
+        """The setting of the group at `index` in forward order (None: as the user set it)."""
+        reshard = self.reshard_after_forward
+        return reshard[index] if isinstance(reshard, tuple) else reshard
 
     def describe(self) -> str:
         def part(name: str, value: Any) -> str:
@@ -96,17 +106,22 @@ class ShardConfig:
 
         return ", ".join(part(f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
 
-    def encode(self) -> list[int]:
+    def encode(self, groups: int) -> list[int]:
+        """As integers for the broadcast: the depths, then whether resharding is per group, then
+        one value per group (-1: None)."""
+        per_group = isinstance(self.reshard_after_forward, tuple)
         return [
             _NONE if self.forward_prefetch is None else self.forward_prefetch,
             _NONE if self.backward_prefetch is None else self.backward_prefetch,
-            _NONE if self.reshard_after_forward is None else int(self.reshard_after_forward),
+            int(per_group),
+            *(_NONE if (v := self.reshard_of(i)) is None else int(v) for i in range(groups)),
         ]
 
     @classmethod
     def decode(cls, values: Sequence[int]) -> ShardConfig:
-        forward, backward, reshard = (None if v == _NONE else int(v) for v in values)
-        return cls(forward, backward, None if reshard is None else bool(reshard))
+        forward, backward, per_group, *each = (None if v == _NONE else int(v) for v in values)
+        reshard = tuple(None if v is None else bool(v) for v in each)
+        return cls(forward, backward, reshard if per_group else (reshard[0] if reshard else None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +234,12 @@ class ShardedJob:
             isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0
         ):
             raise ValueError(f"at_step must be a non-negative int, got {at_step!r}")
+        reshard = config.reshard_after_forward
+        if isinstance(reshard, tuple) and len(reshard) != len(self.groups):
+            raise ValueError(
+                f"reshard_after_forward has {len(reshard)} values for {len(self.groups)} groups "
+                "(one per group that fully_shard made below the root, in forward order)"
+            )
         with self._lock:
             self._proposal = (config, at_step or 0)
 
@@ -233,6 +254,11 @@ class ShardedJob:
         """The groups' names in first-forward order (empty before the first step ends)."""
         names = {id(m): n for n, m in self.model.named_modules()}
         return [names[id(m)] for m in self._order or []]
+
+    def _ordered(self) -> list[Any]:
+        """The groups in forward order, then any the first forward did not run."""
+        order = list(self._order or [])
+        return order + [m for m in self.groups if all(m is not o for o in order)]
 
     def close(self) -> None:
         """Remove the hooks and the proposal channel; the model keeps its current settings."""
@@ -310,14 +336,14 @@ class ShardedJob:
             config, _ = self._pending
             self._pending = None
             self._apply(config)
-        payload = torch.zeros(5, dtype=torch.int64)
+        payload = torch.zeros(5 + len(self.groups), dtype=torch.int64)
         if self.rank == 0:
             with self._lock:
                 proposal, self._proposal = self._proposal, None
             if proposal is not None:
                 self._sent += 1
                 config, at_step = proposal
-                payload[:] = torch.tensor([self._sent, at_step, *config.encode()])
+                payload[:] = torch.tensor([self._sent, at_step, *config.encode(len(self.groups))])
             else:
                 payload[0] = self._sent
         if self.world > 1:
@@ -343,8 +369,8 @@ class ShardedJob:
             else:
                 first = max(0, i - config.backward_prefetch)
                 module.set_modules_to_backward_prefetch(order[first:i][::-1])
-        for module in self.groups:
-            reshard = config.reshard_after_forward
+        for index, module in enumerate(self._ordered()):
+            reshard = config.reshard_of(index)
             if reshard is None:
                 reshard = self._original[id(module)].reshard
             module.set_reshard_after_forward(reshard, recurse=False)
