@@ -25,6 +25,8 @@ instance-level methods on that scaler object (restored by `close()`):
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autobyte.scheduler.progress import SchedulerError
@@ -32,10 +34,25 @@ from autobyte.scheduler.progress import SchedulerError
 _METHODS = ("scale", "step", "update", "unscale_", "get_scale", "state_dict", "load_state_dict")
 
 
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """What the bridge asks of the ScheduledOptimizer that owns the scaler, named here so that it
+    reads none of its private members."""
+
+    optimizer: Any  # the ScheduledOptimizer: what `scaler.step(opt)` must be given
+    wrapped: Sequence[Any]  # the optimizers it wraps (`scaler.unscale_(opt)` may name one)
+    step_index: Callable[[], int]
+    step: Callable[[], None]
+    synchronize: Callable[[], None]
+    synchronize_if_open: Callable[[], None]  # not after close() or a failure
+    wait_all_updated: Callable[[], None]  # the previous step's updates (and scale) landed
+    unscale_for_loop: Callable[[Any, Any], None]  # (scaler, optimizer): the loop's unscale_
+
+
 class ScalerBridge:
-    def __init__(self, scaler: Any, owner: Any) -> None:
+    def __init__(self, scaler: Any, owner: Owner) -> None:
         self.scaler = scaler
-        self.owner = owner  # the ScheduledOptimizer
+        self.owner = owner
         self.scaled_step = -1
         cls = type(scaler)
         self._cls = cls
@@ -52,12 +69,12 @@ class ScalerBridge:
 
     def scale(self, outputs: Any) -> Any:
         owner = self.owner
-        owner._wait_all_updated()
-        self.scaled_step = owner.step_index
+        owner.wait_all_updated()
+        self.scaled_step = owner.step_index()
         return self._cls.scale(self.scaler, outputs)
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        if optimizer is not self.owner:
+        if optimizer is not self.owner.optimizer:
             raise SchedulerError(
                 "this GradScaler belongs to a ScheduledOptimizer: scaler.step() takes "
                 "that ScheduledOptimizer (pass every optimizer to it)"
@@ -79,21 +96,21 @@ class ScalerBridge:
         `grad_reads`), before a clip of the loop's own; the update then skips a step with inf/NaN on
         every rank alike and updates the scale without unscaling again."""
         owner = self.owner
-        if optimizer is not owner and not any(optimizer is o for o in owner._optimizers):
+        if optimizer is not owner.optimizer and not any(optimizer is o for o in owner.wrapped):
             raise SchedulerError(
                 "this GradScaler belongs to a ScheduledOptimizer: scaler.unscale_() takes "
                 "that ScheduledOptimizer or an optimizer it wraps"
             )
-        owner._unscale_for_loop(self.scaler, optimizer)
+        owner.unscale_for_loop(self.scaler, optimizer)
 
     def get_scale(self) -> float:
-        self.owner._synchronize_if_open()
+        self.owner.synchronize_if_open()
         return self._cls.get_scale(self.scaler)
 
     def state_dict(self) -> dict:
-        self.owner._synchronize_if_open()
+        self.owner.synchronize_if_open()
         return self._cls.state_dict(self.scaler)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.owner._synchronize_if_open()
+        self.owner.synchronize_if_open()
         self._cls.load_state_dict(self.scaler, state_dict)

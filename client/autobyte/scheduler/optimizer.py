@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from autobyte import hooks
-from autobyte.scheduler import buffers as buffers_mod
 from autobyte.scheduler import (
+    amp,
     checks,
     compiled,
     grad_reads,
@@ -31,6 +31,7 @@ from autobyte.scheduler import (
     start,
     tracking,
 )
+from autobyte.scheduler import buffers as buffers_mod
 from autobyte.scheduler import device as device_sync
 from autobyte.scheduler import engine as engine_mod
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
@@ -207,7 +208,19 @@ class ScheduledOptimizer:
         self._threads: list[threading.Thread] = []
         self._scaler = grad_scaler
         self._bridge = (
-            ScalerBridge(grad_scaler, self)
+            ScalerBridge(
+                grad_scaler,
+                amp.Owner(
+                    self,
+                    self._optimizers,
+                    lambda: self._step_index,
+                    self.step,
+                    self.synchronize,
+                    self._synchronize_if_open,
+                    self._wait_all_updated,
+                    self._unscale_for_loop,
+                ),
+            )
             if grad_scaler is not None and grad_scaler.is_enabled()
             else None
         )
