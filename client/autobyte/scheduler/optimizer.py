@@ -692,7 +692,7 @@ class ScheduledOptimizer:
             self._threads.append(thread)
             thread.start()
 
-        process_exit.track(self)
+        process_exit.track(self, self._end_at_exit)
         self._engine.dispatcher.start(start_step, spawn)
         spawn("update", self._engine.updater.main, ())
         if self._health is not None:

@@ -9,8 +9,8 @@ of the script's exit code.
 
 So the first thing shutdown does (threading's own exit hooks run before `atexit` and before any
 thread is stopped, while torch.distributed's groups are still alive) is to end every open scheduler
-(`ScheduledOptimizer._end_at_exit`): its updates in flight land, as DDP's have when `step()` returns
-— bounded by `EXIT_BUDGET_S`, so that a dead or diverged peer never holds the process — then its
+(the `end` each registers with `track`: `ScheduledOptimizer._end_at_exit`): its updates in flight
+land, as DDP's have when `step()` returns — bounded by `EXIT_BUDGET_S`, so that a dead or diverged peer never holds the process — then its
 threads stop. `dist.destroy_process_group()` ends the schedulers on the groups it destroys first,
 for the same reason (see `end_before_destroy`).
 """
@@ -21,6 +21,7 @@ import atexit
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -30,16 +31,18 @@ logger = logging.getLogger(__name__)
 # watchdog (`autobyte.scheduler.health`, dead_s = 6 s); a rank is gone within 10 s of its end.
 EXIT_BUDGET_S = 8.0
 
-_open: weakref.WeakSet[Any] = weakref.WeakSet()
+# open scheduler -> its ending (a weak method: tracking never keeps a scheduler alive)
+_open: weakref.WeakKeyDictionary[Any, weakref.WeakMethod] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 _hooked = False
 
 
-def track(scheduler: Any) -> None:
-    """A scheduler started its threads: end it at exit, or before its groups are destroyed."""
+def track(scheduler: Any, end: Callable[[float], None]) -> None:
+    """A scheduler started its threads: `end(budget_s)` it at exit, or before its groups are
+    destroyed (`end` a method of the scheduler)."""
     global _hooked
     with _lock:
-        _open.add(scheduler)
+        _open[scheduler] = weakref.WeakMethod(end)
         if _hooked:
             return
         _hooked = True
@@ -51,16 +54,18 @@ def track(scheduler: Any) -> None:
 
 
 def untrack(scheduler: Any) -> None:
-    _open.discard(scheduler)
+    _open.pop(scheduler, None)
 
 
 def end_open_schedulers(groups: set[Any] | None = None) -> None:
     """End every open scheduler (on one of `groups`, if given); never raises."""
-    for scheduler in list(_open):
+    for scheduler, end in list(_open.items()):
         if groups is not None and scheduler.process_group not in groups:
             continue
         try:
-            scheduler._end_at_exit(EXIT_BUDGET_S)
+            ending = end()
+            if ending is not None:
+                ending(EXIT_BUDGET_S)
         except BaseException as error:  # noqa: BLE001 - the process is ending: say why, go on
             logger.warning("while ending the scheduler at exit: %s", error)
         untrack(scheduler)
