@@ -487,6 +487,44 @@ def test_competing_flows_cross_the_rank_links_and_stop() -> None:
 
 
 @needs_netns
+def test_a_service_in_the_hub_stays_reachable_while_competing_flows_run() -> None:
+    # The hub's service (autobyted in `evaluate --testbed --policy autobyte`) and the traffic
+    # namespace the first flow creates have addresses of their own: with one address for both, a
+    # rank's connections to the hub were refused from the moment its flows started.
+    server = (
+        "import socket, sys; s = socket.create_server((sys.argv[1], 7077)); print('listening', "
+        "flush=True)\nwhile True:\n c, _ = s.accept(); c.sendall(b'hub'); c.close()"
+    )
+    client = (
+        "import socket, sys; c = socket.create_connection((sys.argv[1], 7077), timeout=5); "
+        "print(c.recv(3).decode())"
+    )
+    with Testbed(world_size=2, rate="100mbit") as bed:
+        assert bed.hub_address not in {bed.traffic_address, bed.address(0), bed.address(1)}
+        hub = bed.start_in_hub(
+            [sys.executable, "-c", server, bed.hub_address], stdout=subprocess.PIPE
+        )
+        assert hub.stdout is not None and "listening" in hub.stdout.readline().decode()
+
+        def ask_the_hub(rank: int) -> str:
+            return subprocess.run(
+                [*bed.exec_args(rank), sys.executable, "-c", client, bed.hub_address],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.strip()
+
+        assert ask_the_hub(1) == "hub"
+        bed.set_flows(1, [1], direction="both")
+        time.sleep(0.5)
+        assert [ask_the_hub(rank) for rank in (1, 0)] == ["hub", "hub"]
+        bed.set_flows(0)
+        name = bed.name
+    assert _ours(name) == []
+
+
+@needs_netns
 def test_conditions_end_with_a_failing_run() -> None:
     worker = textwrap.dedent("""
         import json, os, sys, time

@@ -77,7 +77,12 @@ logger = logging.getLogger(__name__)
 
 RANK_IFNAME = "ab0"  # the rank's interface inside its namespace (GLOO_SOCKET_IFNAME)
 BRIDGE_IFNAME = "br0"
-TRAFFIC_HOST = 254  # last octet of the traffic namespace's address (competing flows' far end)
+# Last octets of the two addresses beside the ranks' (.1 to .200): the traffic namespace (competing
+# flows' far end) and the hub's bridge (a service such as autobyted, start_in_hub). Two, not one: a
+# traffic namespace started mid-run with the hub's address took over the hub's address on the
+# links it answered first, and a rank's stream to autobyted was refused until the run ended.
+TRAFFIC_HOST = 254
+HUB_HOST = 253
 TRAFFIC_PORT = 5201
 TRAFFIC_HUB_IFNAME = "traffic"  # ("tx" would read as ip's txqueuelen keyword)
 DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed across rate changes
@@ -502,7 +507,7 @@ class Testbed:
     @property
     def hub_address(self) -> str:
         """The bridge's own address in the hub namespace (given on first use of `start_in_hub`)."""
-        return f"{self.subnet}.254"
+        return f"{self.subnet}.{HUB_HOST}"
 
     def start_in_hub(
         self,
