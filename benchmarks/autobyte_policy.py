@@ -12,6 +12,7 @@ The policy's score (steps/s) is computed by benchmarks.evaluate from the simulat
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from autobyte.types import Config, StepMetrics
@@ -268,6 +269,7 @@ class HubDaemon:
         try:
             decisions = storage.decisions(self.job)
             status = storage.tuner_status(self.job)
+            rows = storage.samples_after(self.job, 0, rank=None, limit=10_000_000)
         except Exception as error:  # noqa: BLE001 - the job never registered: say so in the results
             return {
                 "decisions": [],
@@ -295,4 +297,6 @@ class HubDaemon:
             "state": status.state if status else "",
             "detail": status.detail if status else "",
             "daemon_cpu_s": cpu_s,
+            # A rank whose stream stopped shows here (the tuner's rank merge waits for it a while).
+            "samples_by_rank": dict(sorted(Counter(row.rank for row in rows).items())),
         }

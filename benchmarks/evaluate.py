@@ -390,6 +390,16 @@ def _run_on_testbed(
     if tuned is not None:
         series.decisions, series.applied = tuned["decisions"], tuned["applied"]
         series.tuner = tuned
+        counts = tuned.get("samples_by_rank", {})
+        for rank, count in counts.items():  # a stream that stopped: the tuner saw less than ran
+            if count < 0.9 * counts.get(0, 0):
+                logger.warning(
+                    "%s: autobyted stored %d samples of rank %d, %d of rank 0",
+                    label,
+                    count,
+                    rank,
+                    counts[0],
+                )
     return series
 
 

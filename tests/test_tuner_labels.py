@@ -314,14 +314,45 @@ def test_rank_merger_waits_for_every_rank_in_step_order_but_never_for_ever():
     assert [m.step for m in ready] == [1] and ready[0].backward_s == 0.5
     for step in range(3, 9):  # rank 1's stream stops: rank 0 runs 4 steps ahead, then goes on
         merger.add(0, sample(step))
-    assert [m.step for m in merger.pop_ready()] == [2, 3, 4]
-    assert merger.buffered == 4
+    assert [m.step for m in merger.pop_ready()] == [2, 3, 4, 5, 6, 7, 8]  # given up on at 2
+    assert merger.buffered == 0
+    merger.add(1, sample(9))  # back: waited for again
+    merger.add(0, sample(9))
+    merger.add(0, sample(10))
+    assert [m.step for m in merger.pop_ready()] == [9]
+    assert merger.buffered == 1
     assert [m.step for m in RankMerger(1).pop_ready()] == []
     alone = RankMerger(world_size=2)  # only rank 0 streams: nothing to wait for
     alone.add(0, sample(0))
     assert [m.step for m in alone.pop_ready()] == [0]
     with pytest.raises(ValueError, match="world_size=0"):
         RankMerger(0)
+
+
+def test_rank_merger_waits_at_most_max_lag_s_of_rank_0s_time_and_never_for_a_skipped_step():
+    """Steps of 4 s: rank 0 is 3 steps (12 s) ahead of a stalled rank long before it is 64 steps
+    ahead; and a rank whose sample of a step was dropped (it sent the next one) is not waited for."""
+
+    def sample(step, rank=0):
+        return StepMetrics(step=step, wall_time_s=1.7e9 + 4.0 * step, step_time_s=4.0)
+
+    merger = RankMerger(world_size=3)
+    for step in range(2):
+        for rank in range(3):
+            merger.add(rank, sample(step, rank))
+    assert [m.step for m in merger.pop_ready()] == [0, 1]
+    merger.add(0, sample(2))
+    merger.add(1, sample(3, 1))  # rank 1 dropped its step 2
+    assert merger.pop_ready() == []  # rank 2's step 2 is awaited
+    for step in (3, 4):
+        merger.add(0, sample(step))  # 8 s after step 2: still waiting (max_lag_s 10)
+        merger.add(1, sample(step + 1, 1))
+    assert merger.pop_ready() == []
+    merger.add(0, sample(5))  # 12 s: rank 2 is given up on
+    ready = merger.pop_ready()
+    assert [m.step for m in ready] == [2, 3, 4, 5]
+    assert ready[0] == sample(2)  # rank 0's alone: neither peer's step 2 is in
+    assert [r for r, _ in ready[1].rank_compute_s] == [0, 1]
 
 
 def test_client_compute_times_exclude_the_waits_for_parameters():

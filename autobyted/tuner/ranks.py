@@ -20,14 +20,21 @@ on rank 1 barely moves it while rank 0's compute swings 75-220 ms under a neighb
 with one rank, or a sample whose peers never arrive, passes through unchanged.
 
 `RankMerger` buffers samples until every rank that streams (that has sent a sample) is in for a
-step, or rank 0 is `max_lag_steps` ahead of it (a rank whose stream is late or gone never stalls
-the tuner: its step is merged from the ranks that are in; a job whose other ranks never stream is
-read from rank 0 alone, at once).
+step, or rank 0 is `max_lag_steps` or `max_lag_s` of its own wall time ahead of it, whichever comes
+first: a rank whose stream is late or gone never stalls the tuner; its step is merged from the
+ranks that are in. Both bounds matter: 64 steps are 2 s of 30 ms steps but 4 minutes of 4 s steps,
+longer than a search (a rank whose stream stalled behind a congested link held a 4-rank job's
+trial open for the rest of a 240 s run); 10 s are 330 steps of 30 ms. A rank given up on at a step
+is not waited for again until it sends a sample, so a rank that is gone costs one wait, not one a
+step; a rank that has already sent a later step is not waited for at an earlier one (its sample of
+that step was dropped: streams arrive in step order). A job whose other ranks never stream is read
+from rank 0 alone, at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from autobyte.types import StepMetrics
@@ -35,6 +42,7 @@ from autobyte.types import StepMetrics
 MAX_LAG_STEPS = (
     64  # ~2 s of 30 ms steps; the client sends every second, so a live rank is in by then
 )
+MAX_LAG_S = 10.0  # ten of the client's send intervals (autobyte/transport/reporter.py: 1 s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +81,27 @@ def merge_ranks(
 class RankMerger:
     """Feed (rank, sample) in any order; `pop_ready` returns merged samples in step order."""
 
-    def __init__(self, world_size: int, max_lag_steps: int = MAX_LAG_STEPS) -> None:
+    def __init__(
+        self, world_size: int, max_lag_steps: int = MAX_LAG_STEPS, max_lag_s: float = MAX_LAG_S
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be at least 1")
-        self.world_size, self.max_lag_steps = world_size, max_lag_steps
+        self.world_size, self.max_lag_steps, self.max_lag_s = world_size, max_lag_steps, max_lag_s
         self._leader: dict[int, StepMetrics] = {}
         self._peers: dict[int, dict[int, StepMetrics]] = {}
         self._newest_leader_step = -1
-        self._streaming: set[int] = set()  # the ranks other than 0 that have sent a sample
+        self._newest_leader_wall_s = -math.inf
+        # The ranks other than 0 waited for (they have sent a sample since they were last given
+        # up on), each with the newest step it sent.
+        self._streaming: dict[int, int] = {}
 
     def add(self, rank: int, sample: StepMetrics) -> None:
         if rank == 0:
             self._leader[sample.step] = sample
             self._newest_leader_step = max(self._newest_leader_step, sample.step)
+            self._newest_leader_wall_s = max(self._newest_leader_wall_s, sample.wall_time_s)
         elif 0 < rank < self.world_size:
-            self._streaming.add(rank)
+            self._streaming[rank] = max(self._streaming.get(rank, -1), sample.step)
             self._peers.setdefault(sample.step, {})[rank] = sample
             if len(self._peers) > 4 * self.max_lag_steps:  # rank 0 silent: bounded memory
                 del self._peers[min(self._peers)]
@@ -96,11 +110,17 @@ class RankMerger:
         out = []
         for step in sorted(self._leader):
             peers = self._peers.get(step, {})
-            if (
-                not self._streaming.issubset(peers)
-                and step > self._newest_leader_step - self.max_lag_steps
-            ):
-                break  # wait for the peers of this step (and keep the order)
+            missing = [
+                r for r, newest in self._streaming.items() if r not in peers and newest < step
+            ]
+            if missing:
+                if (
+                    step > self._newest_leader_step - self.max_lag_steps
+                    and self._newest_leader_wall_s - self._leader[step].wall_time_s < self.max_lag_s
+                ):
+                    break  # wait for the peers of this step (and keep the order)
+                for rank in missing:  # late or gone: waited for again once it sends
+                    del self._streaming[rank]
             out.append(merge_ranks(self._leader.pop(step), {r: peers[r] for r in sorted(peers)}))
             self._peers.pop(step, None)
         if out:  # peers of steps rank 0 has passed (its own sample was dropped or resent) go too
