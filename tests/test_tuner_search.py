@@ -603,6 +603,12 @@ def test_a_second_job_tries_the_earlier_searchs_winner_first_and_stops_when_it_w
     assert second_sink.decisions[0].reason.startswith(
         "warm start: 1MiB/4MiB, held by an earlier job"
     )
+    # early in the baseline (min_trial_steps + 2 of its 20 steps), not after it: ~20 steps in
+    params = TunerParams()
+    assert second_sink.decisions[0].apply_at_step == (
+        params.warmup_steps + params.min_trial_steps + 1 + params.apply_lead_steps
+    )
+    assert first_sink.decisions[0].apply_at_step > params.warmup_steps + params.baseline_steps
     assert second.phase == "holding" and second.job.held.config == BEST
     assert second.job.evidence.known_winners == {BEST}
 

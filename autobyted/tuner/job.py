@@ -149,11 +149,14 @@ class TunerJob:
         """The job's step-time noise (log units): a robust spread of every measured window's
         deviations from its own median, pooled over the recent windows (a 12-step window alone
         misjudges it by +-30%)."""
+        self.residuals, self.sigma = self.noise_with(samples)
+
+    def noise_with(self, samples: Sequence[StepMetrics]) -> tuple[list[float], float]:
+        """(residuals, sigma) as learn_noise would leave them after `samples`; nothing changes."""
         logs = [math.log(s.step_time_s) for s in samples]
         center = statistics.median(logs)
-        self.residuals.extend(x - center for x in logs)
-        del self.residuals[:-400]
-        self.sigma = max(self.params.sigma_floor, robust_sigma(self.residuals))
+        residuals = [*self.residuals, *(x - center for x in logs)][-400:]
+        return residuals, max(self.params.sigma_floor, robust_sigma(residuals))
 
     def decide(
         self, config: Config, reason: str, predicted_s: float | None, kind: str

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from autobyte.types import StepMetrics, describe_speedup
+from autobyte.types import Config, StepMetrics, describe_speedup
 
 from autobyted.tuner.drift import JUMP_LIMITS, Alarm
 from autobyted.tuner.features import summarize
@@ -68,27 +68,13 @@ class Baseline(Phase):
         job, search, params = self.job, self.search, self.job.params
         self.window.append(m)
         if len(self.window) < search.window_steps:
+            if len(self.window) == params.min_trial_steps + 2 and job.evidence.known:
+                return self._warm_start(m) or self
             return self
         incumbent = MeasuredWindow(m.config, list(self.window), job.decision_in_effect or 0)
-        job.incumbent = incumbent
-        if job.starting is None:
-            job.starting = incumbent
-        job.learn_noise(incumbent.samples)
-        job.record(incumbent)
-        job.evidence.open_search(incumbent.config)
-        job.candidates = candidate_grid(job.shape, job.starting.config, around=incumbent.config)
-        context = summarize(incumbent.samples, job.shape)
-        prediction = job.evidence.with_known(
-            job.evidence.corrected(
-                job.predictor.predict(context, incumbent.config, job.candidates), incumbent.config
-            ),
-            incumbent,
-            [incumbent, *search.trials],
-            job.sigma,
-        )
-        job.best_predicted_s = min(
-            prediction.step_time_s(incumbent.median_s, i) for i in range(len(job.candidates))
-        )
+        self._adopt(incumbent)
+        candidates, prediction = self._plan(incumbent, job.sigma)
+        self._set_plan(incumbent, candidates, prediction)
         gate = -math.log1p(params.min_gain)
         if job.mode == "observe":
             return recommend(job, search, prediction, incumbent, gate)
@@ -105,6 +91,74 @@ class Baseline(Phase):
         if not paying:
             return verifying.finish(job, search, exploring.none_pays(best))
         return exploring.next_trial(job, search)
+
+    def _warm_start(self, m: StepMetrics) -> Phase | None:
+        """Early in the baseline (min_trial_steps + 2 steps in), when earlier jobs of this shape
+        measured this configuration in this context and their search held another one that wins
+        here by more than min_gain at z_switch standard errors (tuner.evidence, judged as
+        exploring.switch_known judges it): switch to it now, its verification window deciding,
+        instead of measuring the rest of the baseline first, so that a second job of a model runs
+        what the first one found ~20 steps in. Otherwise None, and nothing changed: the baseline
+        runs its full window, as for a job nobody measured before."""
+        job, params = self.job, self.job.params
+        if job.mode != "auto":
+            return None
+        incumbent = MeasuredWindow(m.config, list(self.window), job.decision_in_effect or 0)
+        # The noise as adopting this window would leave it; the job's state is not touched yet.
+        candidates, prediction = self._plan(incumbent, job.noise_with(incumbent.samples)[1])
+        gate = -math.log1p(params.min_gain)
+        confident = [
+            (float(mu), c)
+            for c, mu, sd in zip(prediction.candidates, prediction.mean, prediction.std)
+            if c in job.evidence.known_winners
+            and c != incumbent.config
+            and mu + params.z_switch * sd < gate
+        ]
+        if not confident:
+            return None
+        mu, config = min(confident, key=lambda t: t[0])
+        self._adopt(incumbent)
+        self._set_plan(incumbent, candidates, prediction)
+        return exploring.switch_known(job, self.search, config, incumbent.median_s * math.exp(mu))
+
+    def _adopt(self, incumbent: MeasuredWindow) -> None:
+        """The baseline's window becomes the search's incumbent."""
+        job = self.job
+        job.incumbent = incumbent
+        if job.starting is None:
+            job.starting = incumbent
+        job.learn_noise(incumbent.samples)
+        job.record(incumbent)
+        job.evidence.open_search(incumbent.config)
+
+    def _plan(
+        self, incumbent: MeasuredWindow, sigma: float
+    ) -> tuple[tuple[Config, ...], Prediction]:
+        """The candidates around `incumbent` and their predictions from its window: the model,
+        corrected by this job's errors, combined with what earlier jobs measured here (`sigma`:
+        the job's noise)."""
+        job = self.job
+        starting = job.starting.config if job.starting is not None else incumbent.config
+        candidates = candidate_grid(job.shape, starting, around=incumbent.config)
+        context = summarize(incumbent.samples, job.shape)
+        prediction = job.evidence.with_known(
+            job.evidence.corrected(
+                job.predictor.predict(context, incumbent.config, candidates), incumbent.config
+            ),
+            incumbent,
+            [incumbent, *self.search.trials],
+            sigma,
+        )
+        return candidates, prediction
+
+    def _set_plan(
+        self, incumbent: MeasuredWindow, candidates: tuple[Config, ...], prediction: Prediction
+    ) -> None:
+        job = self.job
+        job.candidates = candidates
+        job.best_predicted_s = min(
+            prediction.step_time_s(incumbent.median_s, i) for i in range(len(candidates))
+        )
 
 
 def recommend(
