@@ -19,13 +19,20 @@ import json
 import logging
 import math
 import pathlib
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.host import HostWatch
-from benchmarks.policies import AUTOBYTE_AUTO, default_grid, make_policy, start_config
+from benchmarks.policies import (
+    AUTOBYTE_AUTO,
+    AUTOBYTE_WARM,
+    default_grid,
+    make_policy,
+    start_config,
+)
 from benchmarks.policy import Policy, PolicyContext, RunSummary
 from benchmarks.scenario import GBIT, Scenario, load_scenario
 from simulator.engine import RunConfig, SimulatedStep, Simulator, lower_bound_step_s
@@ -315,10 +322,14 @@ def _run_on_testbed(
     policy: Policy | None = None,
     initial: RunConfig | None = None,
     daemon: str | None = None,
+    daemon_dir: pathlib.Path | None = None,
+    job: str | None = None,
 ) -> TestbedSeries:
     """One run on a fresh testbed: a fixed configuration, an online policy through --control, or
     (`daemon`: its tuner mode) the ranks streaming to a real autobyted in the hub namespace, obeying
-    it ("auto") or only reporting to it ("observe": the configuration stays `label`)."""
+    it ("auto") or only reporting to it ("observe": the configuration stays `label`). The daemon's
+    database is kept in `daemon_dir` when given (a later run's daemon reads what this one learned),
+    the job named `job` (the scenario's name by default)."""
     import tempfile
 
     from benchmarks import testbed as harness
@@ -364,7 +375,11 @@ def _run_on_testbed(
                 from benchmarks.autobyte_policy import HubDaemon
 
                 hub = HubDaemon(
-                    bed, pathlib.Path(tmp), job=scenario.name, tuner=daemon, byte_scale=scale
+                    bed,
+                    daemon_dir or pathlib.Path(tmp),
+                    job=job or scenario.name,
+                    tuner=daemon,
+                    byte_scale=scale,
                 ).start()
             try:
                 result = bed.run(
@@ -435,6 +450,12 @@ def _decision_time_s(decision: dict[str, Any], ends_s: Sequence[float]) -> float
     return ends_s[min(step, len(ends_s)) - 1] if ends_s and step > 0 else 0.0
 
 
+def _cache_path(cache: pathlib.Path, scenario: Scenario, key: str) -> pathlib.Path:
+    return (
+        cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
+    )
+
+
 def _cached_run(
     cache: pathlib.Path | None, scenario: Scenario, key: str, run: Callable[[], TestbedSeries]
 ) -> TestbedSeries:
@@ -442,9 +463,7 @@ def _cached_run(
     traces can be measured one policy per command and combined afterwards."""
     if cache is None:
         return run()
-    path = (
-        cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
-    )
+    path = _cache_path(cache, scenario, key)
     if path.exists():
         logger.info("%s: %s from %s", scenario.name, key, path)
         return TestbedSeries(**json.loads(path.read_text()))
@@ -452,6 +471,54 @@ def _cached_run(
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dataclasses.asdict(series)) + "\n")
     return series
+
+
+def _autobyte_label(name: str) -> str:
+    """The testbed label an autobyte policy starts from: 'autobyte' the scheduler's default,
+    'autobyte:auto' the sizes each rank derives (start.py), 'autobyte:P,C' / 'autobyte-warm:P,C'
+    P,C."""
+    from simulator.adapter import SCHEDULER_DEFAULT
+
+    prefix = AUTOBYTE_WARM if name.startswith(AUTOBYTE_WARM) else "autobyte:"
+    if name == "autobyte":
+        return _testbed_label(SCHEDULER_DEFAULT)
+    if name[len(prefix) :] == "auto":
+        return "sched:auto"  # each rank derives its sizes from the job (start.py)
+    return _testbed_label(start_config(name, prefix))
+
+
+def _warm_pair(
+    cache: pathlib.Path | None, scenario: Scenario, trace: Any, label: str, cold_key: str
+) -> TestbedSeries:
+    """'autobyte-warm:P,C': the job run twice against one daemon (one database), the second run
+    under another job name (a second job of the same model and rank count), both from `label`;
+    returns the second. The first is stored under its cold twin's key (it is that policy's run),
+    and both runs happen again unless the second is cached (the daemon's database is not)."""
+    import tempfile
+
+    warm_key = cold_key.replace("policy-autobyte", "policy-autobyte-warm", 1)
+    pair: list[TestbedSeries] = []
+
+    def both() -> TestbedSeries:
+        with tempfile.TemporaryDirectory(prefix="abwarm-") as daemon_dir:
+            for job in (scenario.name, f"{scenario.name}-again"):
+                pair.append(
+                    _run_on_testbed(
+                        scenario,
+                        label,
+                        trace,
+                        daemon="auto",
+                        daemon_dir=pathlib.Path(daemon_dir),
+                        job=job,
+                    )
+                )
+        return pair[1]
+
+    second = _cached_run(cache, scenario, warm_key, both)
+    if pair and cache is not None:  # the first run of this pair replaces an older cold run
+        first_path = _cache_path(cache, scenario, cold_key)
+        first_path.write_text(json.dumps(dataclasses.asdict(pair[0])) + "\n")
+    return second
 
 
 def testbed_scenario(
@@ -544,6 +611,7 @@ def testbed_scenario(
     runs: dict[str, PolicyRun] = {}
     extra: dict[str, Any] = {}
     hosts: dict[str, Any] = {}  # the host during each policy's run (older cached runs: none)
+    tuned: dict[str, TestbedSeries] = {}  # the autobyte policies' runs
     for name, group in fixed.items():
         if name in observed:
             series = observed[name]
@@ -565,29 +633,32 @@ def testbed_scenario(
         best = max(group, key=lambda lab: throughput(measured[lab]))
         runs[name] = as_run(name, measured[best], best)
         hosts[name] = measured[best].host
-    for name in wanted:
-        if name in fixed:
-            continue
+    # A warm policy's first run is its cold twin's (autobyte:P,C): run first, so that a cold twin
+    # asked for in the same command reads it from the cache instead of running again.
+    for name in sorted(
+        (n for n in wanted if n not in fixed), key=lambda n: not n.startswith(AUTOBYTE_WARM)
+    ):
         policy: Policy
-        if name == "autobyte" or name.startswith("autobyte:"):
-            from simulator.adapter import SCHEDULER_DEFAULT
-
-            if name == AUTOBYTE_AUTO:
-                label = "sched:auto"  # each rank derives its sizes from the job (start.py)
-            else:
-                start = SCHEDULER_DEFAULT if name == "autobyte" else start_config(name, "autobyte:")
-                label = _testbed_label(start)
+        if name == "autobyte" or name.startswith(("autobyte:", AUTOBYTE_WARM)):
+            label = _autobyte_label(name)
             logger.info(
-                "%s: autobyte (a real autobyted in the hub namespace) from %s", scenario.name, label
+                "%s: %s (a real autobyted in the hub namespace) from %s",
+                scenario.name,
+                "autobyte, the job's second run" if name.startswith(AUTOBYTE_WARM) else "autobyte",
+                label,
             )
             key = "policy-autobyte" if name == "autobyte" else f"policy-autobyte-{label}"
-            series = _cached_run(
-                cache,
-                scenario,
-                key,
-                lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"),
-            )
+            if name.startswith(AUTOBYTE_WARM):
+                series = _warm_pair(cache, scenario, trace, label, key)
+            else:
+                series = _cached_run(
+                    cache,
+                    scenario,
+                    key,
+                    lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"),
+                )
             tuner = series.tuner or {}
+            tuned[name] = series
             hosts[name] = series.host
             runs[name] = as_run(
                 name, series, f"{tuner.get('detail', '?')}; {len(series.decisions)} decisions"
@@ -650,7 +721,38 @@ def testbed_scenario(
         }
         for label, s in measured.items()
     }
+    if len(phases) == 1 and grid_labels and all(lab in measured for lab in grid_labels):
+        # One context for the whole run: how soon each tuner ran within 3% of the grid's best.
+        best = max(grid_labels, key=lambda lab: throughput(measured[lab]))
+        target_s = statistics.median(measured[best].step_times_s[REACH_SETTLE_STEPS:])
+        summary["reach"] = {
+            name: {"target_s": target_s, "grid_best": best, **steps_to_reach(series, target_s)}
+            for name, series in tuned.items()
+        }
     return summary
+
+
+REACH_WITHIN = 0.03  # "within 3% of the grid-best" (the tuner-at-scale goal)
+REACH_SETTLE_STEPS = 2  # a configuration's first steps (a run's, a switch's) are not its own
+
+
+def steps_to_reach(series: TestbedSeries, target_s: float) -> dict[str, Any]:
+    """{"step": the first step at which the run started or switched to a configuration whose
+    steps in this run (each stretch's first REACH_SETTLE_STEPS left out) have a median within
+    REACH_WITHIN of `target_s`, "config": that configuration} ({"step": None} if it never did).
+    Measured on the run's own steps, so a configuration outside the grid counts too."""
+    stretches: list[tuple[int, str]] = []
+    own: dict[str, list[float]] = {}
+    for i, (step_s, label) in enumerate(zip(series.step_times_s, series.labels)):
+        if not stretches or stretches[-1][1] != label:
+            stretches.append((i, label))
+        if i - stretches[-1][0] >= REACH_SETTLE_STEPS:
+            own.setdefault(label, []).append(step_s)
+    for start, label in stretches:
+        times = own.get(label)
+        if times and statistics.median(times) <= target_s * (1 + REACH_WITHIN):
+            return {"step": start, "config": label}
+    return {"step": None, "config": None}
 
 
 # ---- reports ---------------------------------------------------------------------------------------
@@ -679,6 +781,16 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
             f"{_fmt(result['headroom_oracle_over_grid_best']):>9}    "
             f"lower bound {_fmt(result['lower_bound_steps_per_s'])} steps/s"
         )
+        for policy, reach in result.get("reach", {}).items():
+            lines.append(
+                f"{'':<28} {policy}: within {REACH_WITHIN:.0%} of the grid-best "
+                f"({reach['grid_best']}, {reach['target_s']:.3f} s/step) "
+                + (
+                    f"from step {reach['step']} ({reach['config']})"
+                    if reach["step"] is not None
+                    else "never"
+                )
+            )
         for policy, host in result.get("hosts", {}).items():  # testbed runs: the host during each
             lines.append(f"{'':<28} host during {policy}: {HostWatch.describe(host)}")
     return "\n".join(lines)
@@ -813,7 +925,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="ddp, static:P,C (e.g. static:4MiB,16MiB), observe:P,C (static, reported to a "
         "daemon in observe mode), grid-best, bo-once, oracle, autobyte (the daemon's "
         "tuner), autobyte:P,C (from P,C), autobyte:auto (from the derived sizes; --testbed "
-        "only); --policy a b and --policy a --policy b both work "
+        "only), autobyte-warm:P,C or autobyte-warm:auto (the job's second run against the "
+        "daemon that tuned its first: the warm start; --testbed only; its first run is "
+        "autobyte:P,C's); --policy a b and --policy a --policy b both work "
         "[default: ddp grid-best bo-once oracle]",
     )
     parser.add_argument(
@@ -837,7 +951,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
         for name in args.policy:
-            if not (args.testbed and name == AUTOBYTE_AUTO):
+            if args.testbed and name.startswith(AUTOBYTE_WARM):
+                _autobyte_label(name)  # a bad P,C is named here, before any run
+            elif not (args.testbed and name == AUTOBYTE_AUTO):
                 make_policy(name)
     except ValueError as exc:
         parser.error(str(exc))

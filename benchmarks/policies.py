@@ -276,6 +276,7 @@ POLICY_NAMES = (
     "autobyte",
     "autobyte:P,C",
     "autobyte:auto (--testbed)",
+    "autobyte-warm:P,C or autobyte-warm:auto (--testbed)",
 )
 
 
@@ -289,6 +290,8 @@ def start_config(spec: str, prefix: str) -> Config:
 
 
 AUTOBYTE_AUTO = "autobyte:auto"  # the tuner from the sizes the scheduler derives (testbed only)
+# The job's second run against the daemon that tuned its first (testbed only): the warm start.
+AUTOBYTE_WARM = "autobyte-warm:"
 
 
 def make_policy(spec: str) -> Policy:
@@ -309,6 +312,11 @@ def make_policy(spec: str) -> Policy:
         return BayesOptOncePolicy()
     if spec == "oracle":
         return OraclePolicy()
+    if spec.startswith(AUTOBYTE_WARM):
+        raise ValueError(
+            f"{spec} runs on the testbed only (evaluate --testbed): the job is run twice against "
+            "one real autobyted"
+        )
     if spec == "autobyte" or spec.startswith("autobyte:"):
         from benchmarks.autobyte_policy import AutobytePolicy  # xgboost: only when asked for
 

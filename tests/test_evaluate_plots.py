@@ -102,6 +102,36 @@ def test_the_tuner_from_the_derived_start_runs_on_the_testbed_only(capsys):
     assert "runs on the testbed only" in capsys.readouterr().err
 
 
+def test_the_warm_start_runs_on_the_testbed_only_and_names_a_bad_start(capsys):
+    argv = ["s.toml", "--policy", "autobyte-warm:4MiB,16MiB", "autobyte-warm:auto"]
+    assert evaluate.parse_args([*argv, "--testbed"]).policy == argv[2:]
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(argv)
+    assert "runs on the testbed only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["s.toml", "--testbed", "--policy", "autobyte-warm:4MiB"])
+    assert "autobyte-warm:4MiB" in capsys.readouterr().err
+    assert evaluate._autobyte_label("autobyte-warm:4MiB,16MiB") == "sched:4MiB,16MiB"
+    assert evaluate._autobyte_label("autobyte-warm:auto") == "sched:auto"
+
+
+def test_steps_to_reach_the_grid_best_are_counted_from_the_configurations_own_steps():
+    """The first step of the first stretch whose configuration's own steps in the run (each
+    stretch's first two left out) have a median within 3% of the target; a trial that was slower
+    does not count, and coming back to a configuration that qualifies dates from its first
+    stretch."""
+    slow, fast, near = "sched:4MiB,16MiB", "sched:16MiB,64MiB", "sched:64MiB,256MiB"
+    labels = [slow] * 10 + [near] * 6 + [slow] * 4 + [fast] * 10
+    times = [2.0] * 10 + [1.06] * 6 + [2.0] * 4 + [1.0] * 10
+    series = evaluate.TestbedSeries(times, labels)
+    assert evaluate.steps_to_reach(series, 1.0) == {"step": 20, "config": fast}
+    assert evaluate.steps_to_reach(series, 1.04) == {"step": 10, "config": near}
+    assert evaluate.steps_to_reach(series, 0.5) == {"step": None, "config": None}
+    # a switch's first two steps are not its configuration's
+    settling = evaluate.TestbedSeries([2.0, 2.0, 3.0, 3.0, 1.0, 1.0, 1.0], [slow] * 2 + [fast] * 5)
+    assert evaluate.steps_to_reach(settling, 1.0)["step"] == 2
+
+
 def test_decision_markers_of_the_daemons_decisions_come_from_the_step_they_applied_at():
     """A testbed driver's decisions carry their time; the daemon's (read from its database) carry
     steps: the marker goes at the end of the step before the one it applied at."""
