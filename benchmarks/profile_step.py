@@ -136,7 +136,8 @@ class Profiler:
         """Wrap this scheduler instance's wait and update calls with timestamps (made at its first
         step, when the update thread exists); the library itself is unchanged."""
         sched = self.trainer.sched
-        progress, updater = sched._progress, sched.engine.updater
+        updater = sched.engine.updater
+        progress = updater.progress
         original_wait, original_apply = progress.wait_params, updater._apply
 
         def wait_params(idxs: Any, s: int) -> float:  # the forward's waits, timestamped

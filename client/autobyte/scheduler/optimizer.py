@@ -37,9 +37,12 @@ from autobyte.scheduler import engine as engine_mod
 from autobyte.scheduler import sparse_rows as sparse_rows_mod
 from autobyte.scheduler.accumulation import Accumulation
 from autobyte.scheduler.amp import ScalerBridge
+from autobyte.scheduler.cycle import StepCycle
 from autobyte.scheduler.events import StepHyperParameters, Stop
 from autobyte.scheduler.metrics import StepLog
 from autobyte.scheduler.progress import Progress, SchedulerError
+from autobyte.scheduler.requests import ConfigRequests
+from autobyte.scheduler.settings import Settings
 from autobyte.types import Config, StepMetrics
 
 logger = logging.getLogger(__name__)
@@ -122,10 +125,13 @@ class ScheduledOptimizer:
             else optimizers
         )
         self._groups = groups.placed(process_group)
-        self._clip = None if clip_grad_norm is None else float(clip_grad_norm)
-        self._clip_norm_type = float(clip_norm_type)
-        self._timeout_s = float(timeout_s)
-        self._native_wanted = bool(native)
+        self._settings = Settings(
+            None if clip_grad_norm is None else float(clip_grad_norm),
+            float(clip_norm_type),
+            float(timeout_s),
+            bool(native),
+            grad_scaler,
+        )
         if not isinstance(sparse_rows, bool):
             raise ValueError(f"sparse_rows must be True or False, got {sparse_rows!r}")
         if not isinstance(broadcast_buffers, bool):
@@ -144,7 +150,7 @@ class ScheduledOptimizer:
             self._groups,
             own_communicator,
             bool(broadcast_buffers and buffers_mod.synced_buffers(model)),
-            self._timeout_s,
+            self._settings.timeout_s,
         )
 
         # "auto": derived from the gradients' bytes and the group's measured all-reduce cost
@@ -161,7 +167,8 @@ class ScheduledOptimizer:
         config = dataclasses.replace(config, tail_bytes=tail_bytes)
 
         # Training-thread state.
-        self._progress = Progress(self._managed.n, self._groups.rank, self._timeout_s)
+        self._cycle = StepCycle(self._managed.n)
+        self._progress = Progress(self._managed.n, self._groups.rank, self._settings.timeout_s)
         # ranks that disagree on the step count, or die, raise within seconds (`health`)
         self._health = (
             None
@@ -173,27 +180,11 @@ class ScheduledOptimizer:
                 self._groups.rank,
                 self._groups.world,
                 self._progress,
-                lambda: self._step_index,
-                self._timeout_s,
+                lambda: self._cycle.index,
+                self._settings.timeout_s,
             )
         )
-        self._step_index = 0
         self._closed = False
-        self._order: list[int] | None = []  # first-use order while recording
-        self._recording = False  # from the first forward pass until the layout is fixed
-        self._seen = [False] * self._managed.n
-        self._read_step = [-1] * self._managed.n  # last step in which each parameter was read
-        self._local_used = [
-            -1
-        ] * self._managed.n  # last step in which this rank produced a gradient
-        self._backward_end_queued = -1  # step whose end-of-backward callback is queued
-        self._backward_done = -1  # step whose (synchronising) backward pass has ended
-        self._read_synced = -1  # step whose gradients a read of `.grad` has waited for
-        self._cleared = [
-            -1
-        ] * self._managed.n  # step whose gradient zero_grad() or `= None` cleared
-        self._unscaled_by: tuple[int, list] = (-1, [])  # scaler.unscale_(opt) calls of a step
-        self._forward_seen = -1  # step whose first forward has been checked
         self._accumulation = Accumulation(self._managed.n)
         self._buffers = buffers_mod.BufferBroadcast(
             model, self._groups.buffers, broadcast_buffers and self._groups.world > 1
@@ -201,19 +192,17 @@ class ScheduledOptimizer:
         self._device_sync: device_sync.DeviceSync = device_sync.DeviceSync()
         self._engine: engine_mod.Engine | None = None  # built at the first step (engine.py)
         self._steps = StepLog(config)
-        self._cfg_lock = threading.Lock()
-        self._pending: tuple[Config, int, int] | None = None  # (config, decision, first step)
+        self._requests = ConfigRequests()
         if self._groups.is_leader:
             self._steps.log_config(0, config, 0)
         self._threads: list[threading.Thread] = []
-        self._scaler = grad_scaler
         self._bridge = (
             ScalerBridge(
                 grad_scaler,
                 amp.Owner(
                     self,
                     self._optimizers,
-                    lambda: self._step_index,
+                    lambda: self._cycle.index,
                     self.step,
                     self.synchronize,
                     self._synchronize_if_open,
@@ -284,7 +273,7 @@ class ScheduledOptimizer:
     @property
     def step_index(self) -> int:
         """Number of `step()` calls so far (their updates may still be landing)."""
-        return self._step_index
+        return self._cycle.index
 
     @property
     def optimizer(self) -> Any:
@@ -335,15 +324,16 @@ class ScheduledOptimizer:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        with self._cfg_lock:
-            base = self._pending[0] if self._pending is not None else self.config
-            new = Config(
+        return self._requests.request(
+            lambda base: Config(
                 base.partition_bytes if partition_bytes is _UNSET else partition_bytes,
                 base.credit_bytes if credit_bytes is _UNSET else credit_bytes,
                 base.tail_bytes if tail_bytes is _UNSET else tail_bytes,
-            )
-            self._pending = (new, 0 if decision_id is None else decision_id, at_step or 0)
-        return new
+            ),
+            self.config,
+            0 if decision_id is None else decision_id,
+            at_step or 0,
+        )
 
     def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
         """Call fn(StepMetrics) on the training thread for each completed step (keep it cheap).
@@ -367,7 +357,7 @@ class ScheduledOptimizer:
         self._check_frozen()
         if self._engine is None:
             self._finalize_layout()
-        s = self._step_index
+        s = self._cycle.index
         if (
             self._bridge is not None
             and self._bridge.scaled_step != s
@@ -388,15 +378,14 @@ class ScheduledOptimizer:
         self._engine.updater.post(StepHyperParameters(s, snapshot))
         if self._groups.is_leader:
             config, decision_id = self._steps.current()
-            with self._cfg_lock:
-                if self._pending is not None and s + 1 >= self._pending[2]:
-                    config, decision_id, _ = self._pending
-                    self._pending = None
-                    if (config, decision_id) != self._steps.current():
-                        self._steps.log_config(s + 1, config, decision_id)
+            due = self._requests.due(s + 1)
+            if due is not None:
+                config, decision_id = due
+                if due != self._steps.current():
+                    self._steps.log_config(s + 1, config, decision_id)
             self._engine.dispatcher.step_boundary(s + 1, config, decision_id)
         progress.produced_count = 0
-        self._step_index = s + 1
+        self._cycle.index = s + 1
         for opt in self._optimizers:
             opt._opt_called = True  # what the LR scheduler's step tracker would set
         self._steps.drain()
@@ -430,7 +419,7 @@ class ScheduledOptimizer:
         backward (a gradient in flight is never touched); the others as `Optimizer.zero_grad`."""
         produced = self._progress.produced
         for i in range(self._managed.n):
-            self._cleared[i] = produced[i]
+            self._cycle.cleared[i] = produced[i]
         managed = set(self._managed.params)
         for group in self.param_groups:
             for p in group["params"]:
@@ -447,10 +436,10 @@ class ScheduledOptimizer:
         """
         self._check_usable()
         if timeout_s is None:
-            timeout_s = self._timeout_s
+            timeout_s = self._settings.timeout_s
         elif not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        self._progress.wait_updated_through(self._step_index, timeout_s)
+        self._progress.wait_updated_through(self._cycle.index, timeout_s)
         self._progress.raise_if_failed()
         self._steps.drain()
 
@@ -479,7 +468,7 @@ class ScheduledOptimizer:
     def _wait_all_updated(self) -> None:
         """Every update of every step so far has landed (used before loss scaling)."""
         if not self._closed:
-            self._progress.wait_updated_through(self._step_index, self._timeout_s)
+            self._progress.wait_updated_through(self._cycle.index, self._settings.timeout_s)
             self._progress.raise_if_failed()
 
     def _synchronize_if_open(self) -> None:
@@ -545,12 +534,12 @@ class ScheduledOptimizer:
         """Stop the scheduler threads (collective: every rank calls it) and remove the hooks."""
         if self._closed:
             return
-        bound_s = min(self._timeout_s, 60.0)
+        bound_s = min(self._settings.timeout_s, 60.0)
         failed = self._progress.error is not None
         stop_error: BaseException | None = None
         watchdog = self._health if self._threads else None
         if watchdog is not None:
-            watchdog.closing(self._step_index)
+            watchdog.closing(self._cycle.index)
         if self._threads and not failed:
             try:
                 self.synchronize()
@@ -584,7 +573,7 @@ class ScheduledOptimizer:
         landed = not self._threads
         if self._threads and self._progress.error is None:
             try:
-                self._progress.wait_updated_through(self._step_index, budget_s)
+                self._progress.wait_updated_through(self._cycle.index, budget_s)
                 self._progress.raise_if_failed()
                 self._steps.drain()
                 landed = True
@@ -592,12 +581,12 @@ class ScheduledOptimizer:
                 logger.warning(
                     "rank %d ends at step %d with updates that did not land: %s",
                     self._groups.rank,
-                    self._step_index,
+                    self._cycle.index,
                     error,
                 )
                 self._progress.fail(error)
         if landed and self._health is not None and self._threads:
-            self._health.closing(self._step_index)
+            self._health.closing(self._cycle.index)
         self._stop(closed=landed, bound_s=max(0.5, deadline - time.monotonic()))
 
     def _stop(self, closed: bool, bound_s: float) -> list[str]:
@@ -660,29 +649,29 @@ class ScheduledOptimizer:
 
     def _finalize_layout(self) -> None:
         """Fix the flat layout (rank 0's first-use order), build the engine, start its threads."""
-        order = list(self._order or [])
-        order += [i for i in range(self._managed.n) if not self._seen[i]]
-        self._order = None
-        self._recording = False
+        order = list(self._cycle.order or [])
+        order += [i for i in range(self._managed.n) if not self._cycle.seen[i]]
+        self._cycle.order = None
+        self._cycle.recording = False
         engine = engine_mod.build(
             engine_mod.agreed_order(order, self._groups, self._managed),
             self._groups,
             self._managed,
             engine_mod.UpdateSettings(
                 self._optimizers,
-                self._clip,
-                self._clip_norm_type,
-                self._scaler if self._bridge is not None else None,
-                self._local_used,
+                self._settings.clip,
+                self._settings.clip_norm_type,
+                self._settings.scaler if self._bridge is not None else None,
+                self._cycle.local_used,
             ),
             self._progress,
             self._steps,
-            self._timeout_s,
-            self._native_wanted,
+            self._settings.timeout_s,
+            self._settings.native,
         )
         self._device_sync = engine.device_sync
         self._engine = engine
-        self._start_threads(self._step_index)
+        self._start_threads(self._cycle.index)
 
     def _start_threads(self, start_step: int) -> None:
         def spawn(name: str, target: Callable, args: tuple) -> None:
@@ -701,23 +690,23 @@ class ScheduledOptimizer:
     # ------------------------------------------------------------------ hooks (training thread)
 
     def _root_pre_hook(self, module: nn.Module, args: Any) -> None:
-        s = self._step_index
-        if self._forward_seen != s:
-            self._forward_seen = s
+        s = self._cycle.index
+        if self._cycle.forward_seen != s:
+            self._cycle.forward_seen = s
             self._check_frozen()
         if compiled.called_from_compiled_code():
             # the compiled graph reads parameters without our hooks: every update first
             everything = tuple(range(self._managed.n))
             for i in everything:
-                self._read_step[i] = s
+                self._cycle.read_step[i] = s
             self._wait_params(everything, s)
             if self._device_sync.cuda:
                 self._device_sync.before_read(everything, s)
         rec = self._steps.records.get(s)
         if rec is None or rec.t_forward is None:
             self._steps.record(s).t_forward = time.perf_counter()
-        if self._order is not None:
-            self._recording = True
+        if self._cycle.order is not None:
+            self._cycle.recording = True
         self._buffers.before_forward()
 
     def _root_hook(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -729,7 +718,7 @@ class ScheduledOptimizer:
             if p.requires_grad:
                 raise SchedulerError(
                     f"parameter {name!r} was frozen (requires_grad=False) when this ScheduledOptimizer "
-                    f"was built and requires a gradient now (step {self._step_index}): its gradient would "
+                    f"was built and requires a gradient now (step {self._cycle.index}): its gradient would "
                     "never be synchronised. After changing requires_grad, build a new one, as a DDP "
                     "model must be re-wrapped: opt.close(); opt = ScheduledOptimizer(model, optimizer, "
                     "...) (the optimizer keeps its state)"
@@ -743,14 +732,14 @@ class ScheduledOptimizer:
         mark them read in this step, and wait for their pending updates."""
         if torch.compiler.is_compiling():
             return  # traced by torch.compile: the root pre-hook waited, eagerly (`compiled`)
-        s = self._step_index
-        if self._recording:
-            seen = self._seen
+        s = self._cycle.index
+        if self._cycle.recording:
+            seen = self._cycle.seen
             for i in idxs:
                 if not seen[i]:
                     seen[i] = True
-                    self._order.append(i)
-        read_step = self._read_step
+                    self._cycle.order.append(i)
+        read_step = self._cycle.read_step
         for i in idxs:
             read_step[i] = s
         progress = self._progress
@@ -774,17 +763,17 @@ class ScheduledOptimizer:
 
     def _grad_hook(self, i: int, param: torch.Tensor) -> None:
         progress = self._progress
-        if not self._closed and progress.produced[i] >= self._step_index:
+        if not self._closed and progress.produced[i] >= self._cycle.index:
             # a misuse: raised at the backward that reveals it (and kept for step()); this
             # parameter's gradient of the step is already sent, so the collectives are unaffected
-            error = self._accumulation.second_gradient(self._managed.names[i], self._step_index)
+            error = self._accumulation.second_gradient(self._managed.names[i], self._cycle.index)
             progress.fail(error)
             raise error
         try:
             if self._closed:
                 return
-            s = self._step_index
-            if self._read_step[i] != s:
+            s = self._cycle.index
+            if self._cycle.read_step[i] != s:
                 raise SchedulerError(
                     f"parameter {self._managed.names[i]!r} received a gradient in step {s} but was never read "
                     "through its module in that step (a tensor reference kept elsewhere?), so the "
@@ -797,8 +786,8 @@ class ScheduledOptimizer:
                 return  # inside no_sync(): autograd sums the micro-batches in param.grad
             if self._engine is None:
                 self._finalize_layout()
-            if self._backward_end_queued != s:
-                self._backward_end_queued = s
+            if self._cycle.backward_end_queued != s:
+                self._cycle.backward_end_queued = s
                 torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             grad = grad_reads.raw_grad(param)
             if grad is None:
@@ -825,7 +814,7 @@ class ScheduledOptimizer:
             layout.flag_views[i].fill_(1.0)
         if self._device_sync.cuda:
             self._device_sync.after_grad_copy(i)
-        self._local_used[i] = s
+        self._cycle.local_used[i] = s
         grad_reads.set_raw_grad(self._managed.params[i], None)
         self._post_grad(i, s)
 
@@ -833,11 +822,11 @@ class ScheduledOptimizer:
         """A failed gradient hook: keep the error for step() and the collectives going."""
         progress = self._progress
         progress.fail(error)
-        if self._engine is not None and progress.produced[i] < self._step_index:
+        if self._engine is not None and progress.produced[i] < self._cycle.index:
             # keep the collective sequence going for the other ranks: a zero contribution
             self._engine.layout.ext_views[i].zero_()
             grad_reads.set_raw_grad(self._managed.params[i], None)
-            self._post_grad(i, self._step_index)
+            self._post_grad(i, self._cycle.index)
 
     def _post_grad(self, i: int, s: int) -> None:
         progress = self._progress
@@ -873,11 +862,11 @@ class ScheduledOptimizer:
         """End of the backward pass (autograd engine callback, only with parameters outside the
         wrapped optimizers): flush unused parameters, then hand those parameters their averaged
         gradient in `.grad`, as DDP does by the time backward() returns."""
-        s = self._step_index
+        s = self._cycle.index
         try:
             if self._closed:
                 return
-            self._backward_done = s
+            self._cycle.backward_done = s
             if not self._managed.uncovered_idx:
                 return
             if self._progress.produced_count != self._managed.n:
@@ -885,7 +874,7 @@ class ScheduledOptimizer:
             idxs = self._managed.uncovered_idx
             self._progress.wait_reduced(idxs, s)
             layout = self._engine.layout
-            maybe = [i for i in idxs if self._local_used[i] != s]
+            maybe = [i for i in idxs if self._cycle.local_used[i] != s]
             flags = layout.flat[[layout.flag_index(i) for i in maybe]].tolist() if maybe else []
             unused = {i for i, flag in zip(maybe, flags) if flag <= 0}
             with torch.no_grad():
@@ -904,11 +893,11 @@ class ScheduledOptimizer:
         """`params[i].grad` while its field holds None: the gradient DDP would hold (`grad_reads`)."""
         if self._closed or self._engine is None:
             return None
-        s = self._step_index
+        s = self._cycle.index
         produced = self._progress.produced[i]
-        if produced >= s or self._backward_done == s:  # between backward() and step()
+        if produced >= s or self._cycle.backward_done == s:  # between backward() and step()
             self._check_usable()
-            if self._backward_done != s:
+            if self._cycle.backward_done != s:
                 raise SchedulerError(
                     f"the gradient of {self._managed.names[i]!r} was read inside backward() after the "
                     "scheduler took it: the reduced value is not known before backward() returns "
@@ -917,10 +906,10 @@ class ScheduledOptimizer:
             self._sync_for_read(s)
             return self._reduced_grad(i, s)
         last = s - 1
-        if produced < last or self._cleared[i] >= produced:
+        if produced < last or self._cycle.cleared[i] >= produced:
             return None
         if tracking.called_from_zero_grad():
-            self._cleared[i] = produced  # zero_grad() reads it only to clear it
+            self._cycle.cleared[i] = produced  # zero_grad() reads it only to clear it
             return None
         self._check_usable()
         self._wait_params((i,), s)  # its update has landed: the buffer's view is stable now
@@ -928,7 +917,7 @@ class ScheduledOptimizer:
 
     def _sync_for_read(self, s: int) -> None:
         """The first read of step s's gradients: send those not produced, wait for every slice."""
-        if self._read_synced == s:
+        if self._cycle.read_synced == s:
             return
         if self._progress.produced_count != self._managed.n:
             self._flush_unused(s)
@@ -937,16 +926,16 @@ class ScheduledOptimizer:
             torch.cuda.synchronize(
                 self._managed.device
             )  # the reduction's stream, before the user's
-        self._read_synced = s
+        self._cycle.read_synced = s
 
     def _reduced_grad(self, i: int, s: int) -> torch.Tensor | None:
         """Step s's averaged gradient of parameter i; None where no rank used it, or dropped."""
         layout = self._engine.layout
-        if self._engine.updater.dropped[i] == s or self._cleared[i] >= s:
+        if self._engine.updater.dropped[i] == s or self._cycle.cleared[i] >= s:
             return None
         if self._managed.owner[i] is None:
             return None  # handed back in `.grad` at the end of backward; not there: unused
-        if self._local_used[i] != s and float(layout.flat[layout.flag_index(i)]) <= 0:
+        if self._cycle.local_used[i] != s and float(layout.flat[layout.flag_index(i)]) <= 0:
             return None
         return layout.grad_views[i]
 
@@ -955,14 +944,14 @@ class ScheduledOptimizer:
         gradients, every wrapped optimizer's at the first call (one found_inf for the step)."""
         from autobyte.scheduler.update import unscale
 
-        s = self._step_index
-        if self._unscaled_by[0] != s:
-            self._unscaled_by = (s, [])
-        if any(optimizer is o for o in self._unscaled_by[1]):
+        s = self._cycle.index
+        if self._cycle.unscaled_by[0] != s:
+            self._cycle.unscaled_by = (s, [])
+        if any(optimizer is o for o in self._cycle.unscaled_by[1]):
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update()."
             )
-        self._unscaled_by[1].append(optimizer)
+        self._cycle.unscaled_by[1].append(optimizer)
         if s in self._engine.updater.unscaled:
             return
         if scaler._scale is None:
@@ -979,9 +968,9 @@ class ScheduledOptimizer:
         if self._closed or self._engine is None:
             grad_reads.set_raw_grad(self._managed.params[i], value)
             return
-        s = self._step_index
+        s = self._cycle.index
         produced = self._progress.produced[i]
-        if produced >= s or self._backward_done == s:  # between backward() and step()
+        if produced >= s or self._cycle.backward_done == s:  # between backward() and step()
             self._check_usable()
             self._sync_for_read(s)
             if value is None:
@@ -997,7 +986,7 @@ class ScheduledOptimizer:
                 self._engine.layout.grad_views[i].copy_(value)
             return
         if value is None:
-            self._cleared[i] = max(self._cleared[i], produced)
+            self._cycle.cleared[i] = max(self._cycle.cleared[i], produced)
             return
         grad_reads.set_raw_grad(
             self._managed.params[i], value
