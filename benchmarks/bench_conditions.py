@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import optimum
+from benchmarks import optimum, worker_cli
 from benchmarks.host import load_average
 from benchmarks.testbed import Testbed, Trace, parse_rate
 from benchmarks.train_worker import LAT_PROBE_BYTES, RunConfig, lat_collectives
@@ -205,28 +205,17 @@ def model_spec(model: str, args: argparse.Namespace) -> ModelSpec:
 
 
 def worker_command(spec: ModelSpec, labels: Sequence[str], args: argparse.Namespace) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        spec.builder,
-        "--model-args",
-        json.dumps(spec.model_args),
-        "--batch-size",
-        str(spec.batch_size),
-        "--rounds",
-        str(args.rounds),
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--threads",
-        "1",
-        "--abba",
-        "--configs",
-        *labels,
-    ]
+    return worker_cli.command(
+        model=spec.builder,
+        model_args=dict(spec.model_args),
+        batch_size=spec.batch_size,
+        rounds=args.rounds,
+        steps=args.steps,
+        warmup=args.warmup,
+        threads=1,
+        abba=True,
+        configs=list(labels),
+    )
 
 
 def _median_or_none(values: list[float]) -> float | None:
@@ -513,23 +502,14 @@ def measure_mixed(
     with tempfile.TemporaryDirectory(prefix="abmixed-") as tmp:
         schedule_path = Path(tmp) / "schedule.json"
         schedule_path.write_text(json.dumps(schedule))
-        command = [
-            sys.executable,
-            "-m",
-            "benchmarks.train_worker",
-            "--model",
-            spec.builder,
-            "--model-args",
-            json.dumps(spec.model_args),
-            "--batch-size",
-            str(spec.batch_size),
-            "--threads",
-            "1",
-            "--schedule",
-            str(schedule_path),
-            "--steps",
-            str(steps),
-        ]
+        command = worker_cli.command(
+            model=spec.builder,
+            model_args=dict(spec.model_args),
+            batch_size=spec.batch_size,
+            threads=1,
+            schedule=schedule_path,
+            steps=steps,
+        )
         with Testbed(world_size=ranks.pop(), rate=base_rate, pin_cpus=conditions[0].cpus()) as bed:
             conditions[0].apply(bed)
             result = bed.run(command, trace=trace, cwd=str(REPO), timeout_s=args.timeout)

@@ -50,6 +50,7 @@ from typing import Any
 
 from autobyte.types import Config
 
+from benchmarks import worker_cli
 from benchmarks.host import HostWatch
 from benchmarks.scenario import GBIT, Scenario, load_scenario
 
@@ -233,25 +234,16 @@ def _worker_command(
     scenario: Scenario, ranks: int, wire: Sequence[str], rounds: int, steps: int, warmup: int
 ) -> list[str]:
     workload = scenario.testbed_workload(ranks)
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
+    return worker_cli.command(
         *workload.worker_args(),
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.001",
-        "--configs",
-        *wire,
-        "--rounds",
-        str(rounds),
-        "--abba",
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-    ]
+        optimizer="sgd",
+        lr=0.001,
+        configs=list(wire),
+        rounds=rounds,
+        abba=True,
+        steps=steps,
+        warmup=warmup,
+    )
 
 
 def _median(values: Sequence[float]) -> float | None:

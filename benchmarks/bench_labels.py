@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.drift import DriftDetector
 from autobyted.tuner.ranks import RankMerger
+from benchmarks import worker_cli
 from benchmarks.testbed import CpuShareChange, FlowChange, RateChange, Testbed, Trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,27 +120,17 @@ def judge(per_rank: dict[int, list[StepMetrics]], change_step: int) -> dict[str,
 def run_injection(kind: str, index: int, args: argparse.Namespace) -> dict[str, Any]:
     change_step = args.steps_before + 3 * index  # not always at the same point of a block
     steps = change_step + args.steps_after
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        args.model,
-        "--threads",
-        "1",
-        "--configs",
-        f"sched:{args.config}",
-        "--rounds",
-        "1",
-        "--steps",
-        str(steps),
-        "--warmup",
-        "0",
-        "--full-metrics",
-        "--steps-events",
-        "--seed",
-        str(index),
-    ]
+    command = worker_cli.command(
+        model=args.model,
+        threads=1,
+        configs=[f"sched:{args.config}"],
+        rounds=1,
+        steps=steps,
+        warmup=0,
+        full_metrics=True,
+        steps_events=True,
+        seed=index,
+    )
     started = time.time()
     with Testbed(world_size=2, rate=args.rate) as bed:
         result = bed.run(

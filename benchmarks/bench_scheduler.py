@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import worker_cli
 from benchmarks.host import load_average
 from benchmarks.testbed import Testbed, format_rate, parse_rate
 
@@ -96,29 +97,17 @@ def run_pair(
     steps: int | None = None,
 ) -> list[dict[str, Any]]:
     """One 2-rank run of all configurations, interleaved; returns rank 0's result events."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        model,
-        "--batch-size",
-        str(batch_size),
-        "--rounds",
-        str(rounds or args.rounds),
-        "--steps",
-        str(steps or args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--threads",
-        str(args.threads),
-        "--configs",
-        *labels,
-    ]
-    if model_args:
-        command += ["--model-args", model_args]
-    if args.sched_group:
-        command.append("--sched-group")
+    command = worker_cli.command(
+        model=model,
+        batch_size=batch_size,
+        rounds=rounds or args.rounds,
+        steps=steps or args.steps,
+        warmup=args.warmup,
+        threads=args.threads,
+        configs=list(labels),
+        model_args=model_args or None,
+        sched_group=args.sched_group,
+    )
     result = bed.run(command, cwd=str(REPO), timeout_s=args.timeout)
     return result.ranks[0].results
 

@@ -16,7 +16,6 @@ under the exclusive lock (flock -x /work/cpu.lock ...), see /work/COORDINATION.m
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
@@ -30,7 +29,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from benchmarks import worker_cli
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The testbed MLP the tuner's testbed studies train (the quick start's model).
+TESTBED_MLP = {
+    "model": "mlp",
+    "model_args": {"in_features": 512, "hidden": 1024, "depth": 3},
+    "batch_size": 128,
+}
 
 
 def load() -> str:
@@ -171,26 +178,14 @@ def predictor_testbed(args) -> None:
     ]
     windows = []
     for rate in args.rates:
-        command = [
-            sys.executable,
-            "-m",
-            "benchmarks.train_worker",
-            "--model",
-            "mlp",
-            "--model-args",
-            json.dumps({"in_features": 512, "hidden": 1024, "depth": 3}),
-            "--batch-size",
-            "128",
-            "--configs",
-            *grid,
-            "--rounds",
-            str(args.rounds),
-            "--steps",
-            "12",
-            "--warmup",
-            "3",
-            "--full-metrics",
-        ]
+        command = worker_cli.command(
+            **TESTBED_MLP,
+            configs=list(grid),
+            rounds=args.rounds,
+            steps=12,
+            warmup=3,
+            full_metrics=True,
+        )
         with Testbed(world_size=2, rate=rate) as bed:
             result = bed.run(command, timeout_s=900, cwd=str(ROOT))
         started = next(e for e in result.ranks[0].events if e.get("event") == "train_start")
@@ -356,28 +351,15 @@ def warmstart_testbed(args) -> None:
     from benchmarks.testbed import Testbed
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="warmstart-tb-"))
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        "mlp",
-        "--model-args",
-        json.dumps({"in_features": 512, "hidden": 1024, "depth": 3}),
-        "--batch-size",
-        "128",
-        "--configs",
-        args.start,
-        "--steps",
-        "1000000",
-        "--warmup",
-        "0",
-        "--rounds",
-        "1",
-        "--steps-events",
-        "--max-seconds",
-        str(args.seconds),
-    ]
+    command = worker_cli.command(
+        **TESTBED_MLP,
+        configs=[args.start],
+        steps=1_000_000,
+        warmup=0,
+        rounds=1,
+        steps_events=True,
+        max_seconds=args.seconds,
+    )
     rows = []
     print(f"load {load()}")
     with Testbed(world_size=2, rate=args.rate) as bed:

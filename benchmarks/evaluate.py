@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks import worker_cli
 from benchmarks.host import HostWatch
 from benchmarks.policies import (
     AUTOBYTE_AUTO,
@@ -344,23 +345,15 @@ def _run_on_testbed(
     workload = scenario.testbed_workload()
     workers = workload.workers
     steps = int(options.get("steps", 200 if scenario.duration_s is None else 1_000_000))
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
+    command = worker_cli.command(
         *workload.worker_args(),
-        "--configs",
-        wire_run_label(label, scale),
-        "--steps",
-        str(steps),
-        "--warmup",
-        "0",
-        "--rounds",
-        "1",
-        "--steps-events",
-    ]
-    if scenario.duration_s is not None:
-        command += ["--max-seconds", str(scenario.duration_s)]
+        configs=[wire_run_label(label, scale)],
+        steps=steps,
+        warmup=0,
+        rounds=1,
+        steps_events=True,
+        max_seconds=scenario.duration_s,
+    )
     with tempfile.TemporaryDirectory(prefix="abeval-") as tmp:
         driver = None
         if policy is not None:

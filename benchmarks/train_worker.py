@@ -81,6 +81,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from benchmarks import worker_cli
 from benchmarks.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
@@ -653,55 +654,7 @@ def make_plan(args: argparse.Namespace) -> list[Segment]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="mlp")
-    parser.add_argument(
-        "--model-args", default="", help="JSON keyword arguments for the model builder"
-    )
-    parser.add_argument("--batch-size", type=int, default=0, help="0: the model's default")
-    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--configs", nargs="*", default=["ddp"])
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument(
-        "--abba",
-        action="store_true",
-        help="reverse the configuration order in odd rounds (drift cancels)",
-    )
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per segment / total")
-    parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps after each switch")
-    parser.add_argument("--schedule", default="", help="JSON file of {at_step, config} changes")
-    parser.add_argument(
-        "--control",
-        default="",
-        help="rank 0 applies JSON configuration lines appended to this file",
-    )
-    parser.add_argument(
-        "--max-seconds",
-        type=float,
-        default=0.0,
-        help="stop every rank at the same step once this long has passed since "
-        "train_start on rank 0 (a 1-float broadcast per step on its own group)",
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--sched-group",
-        action="store_true",
-        help="give the scheduler its own gloo group instead of the default one",
-    )
-    parser.add_argument("--full-metrics", action="store_true", help="emit every StepMetrics")
-    parser.add_argument(
-        "--param-digest",
-        action="store_true",
-        help="each ddp/sched result carries a sha256 of its replica's parameters",
-    )
-    parser.add_argument(
-        "--steps-events",
-        action="store_true",
-        help="rank 0 prints a step event per step (needed for step-based traces)",
-    )
-    return parser.parse_args(argv)
+    return worker_cli.parser().parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,6 @@ QUICKSTART_KEEP=1.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import shutil
@@ -30,6 +29,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the testbed) lives in the checkout, not in the package
+from benchmarks import worker_cli
 from benchmarks.host import free_port
 
 JOB = "quickstart"
@@ -133,28 +133,17 @@ def testbed_demo(work: pathlib.Path) -> bool:
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        command = [
-            sys.executable,
-            "-m",
-            "benchmarks.train_worker",
-            "--model",
-            "mlp",
-            "--model-args",
-            json.dumps({"in_features": 512, "hidden": 1024, "depth": 3}),
-            "--batch-size",
-            "128",
-            "--configs",
-            START,
-            "--steps",
-            "1000000",
-            "--warmup",
-            "0",
-            "--rounds",
-            "1",
-            "--steps-events",
-            "--max-seconds",
-            str(TRAIN_S),
-        ]
+        command = worker_cli.command(
+            model="mlp",
+            model_args={"in_features": 512, "hidden": 1024, "depth": 3},
+            batch_size=128,
+            configs=[START],
+            steps=1_000_000,
+            warmup=0,
+            rounds=1,
+            steps_events=True,
+            max_seconds=TRAIN_S,
+        )
         try:
             run = bed.run(
                 command,

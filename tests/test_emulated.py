@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 import textwrap
 import threading
 import time
@@ -14,7 +13,7 @@ import time
 import pytest
 import torch
 
-from benchmarks import bench_emulated
+from benchmarks import bench_emulated, worker_cli
 from benchmarks.emulated import EmulatedModel, build_emulated, gradient_fill, scaled_elements
 from benchmarks.scenario import GBIT, load_scenario
 from benchmarks.train_worker import RunConfig, _param_digest
@@ -329,19 +328,13 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
     plain = ["ddp", "sched:4096,16384", "py:4096,16384"]
     clipped = ["ddp+clip", "sched:4096,16384+clip", "py:4096,16384+clip"]
     labels = [*plain, *clipped, "ddp:64KiB", "ddp:32KiB+clip"]
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
+    command = worker_cli.command(
         *scenario.testbed_workload().worker_args(),
-        "--configs",
-        *labels,
-        "--steps",
-        "3",
-        "--warmup",
-        "0",
-        "--param-digest",
-    ]
+        configs=labels,
+        steps=3,
+        warmup=0,
+        param_digest=True,
+    )
     with Testbed(world_size=2, rate="200mbit") as bed:
         result = bed.run(command, cwd=str(ROOT), timeout_s=180)
     digests = {

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import worker_cli
 from benchmarks.testbed import (
     NAME_PREFIX,
     Testbed,
@@ -41,6 +42,11 @@ def needs_netns(test):
     return test
 
 
+SMALL_MLP = {
+    "model": "mlp",
+    "model_args": {"in_features": 64, "hidden": 256, "depth": 2},
+    "batch_size": 16,
+}
 REPO = Path(__file__).resolve().parents[1]
 
 # Rank 1 streams bytes to rank 0 over TCP; rank 0 prints the received rate every `interval` seconds.
@@ -78,6 +84,36 @@ TRANSFER = textwrap.dedent("""
 
 def _ours(bed_name: str) -> list[str]:
     return [ns for ns in list_namespaces() if ns.startswith(bed_name)]
+
+
+def test_the_worker_command_is_built_and_checked_in_one_place() -> None:
+    command = worker_cli.command(
+        "--lr",
+        "0.5",
+        configs=["ddp", "sched:4MiB,16MiB"],
+        model_args={"depth": 2},
+        steps=3,
+        steps_events=True,
+        abba=False,
+        max_seconds=None,
+    )
+    assert command[:3] == [sys.executable, "-m", "benchmarks.train_worker"]
+    assert command[3:] == [
+        "--lr",
+        "0.5",
+        "--configs",
+        "ddp",
+        "sched:4MiB,16MiB",
+        "--model-args",
+        '{"depth": 2}',
+        "--steps",
+        "3",
+        "--steps-events",
+    ]
+    with pytest.raises(SystemExit):
+        worker_cli.command(stepz=3)  # misspelt: refused where it is written
+    with pytest.raises(SystemExit):
+        worker_cli.command(optimizer="lbfgs")
 
 
 def test_parse_rate() -> None:
@@ -246,26 +282,14 @@ def test_train_worker_under_a_step_trace_with_online_reconfiguration(tmp_path: P
                 f.write(json.dumps({"partition_bytes": 0}) + "\n")  # rejected; training goes on
                 f.write(json.dumps({"partition_bytes": 1 << 20, "credit_bytes": 4 << 20}) + "\n")
 
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        "mlp",
-        "--model-args",
-        json.dumps({"in_features": 64, "hidden": 256, "depth": 2}),
-        "--batch-size",
-        "16",
-        "--configs",
-        "sched:none,none",
-        "--steps",
-        "8",
-        "--warmup",
-        "0",
-        "--steps-events",
-        "--control",
-        str(control),
-    ]
+    command = worker_cli.command(
+        **SMALL_MLP,
+        configs=["sched:none,none"],
+        steps=8,
+        warmup=0,
+        steps_events=True,
+        control=control,
+    )
     with Testbed(world_size=2, rate="1gbit") as bed:
         result = bed.run(
             command,
@@ -293,26 +317,13 @@ def test_train_worker_under_a_step_trace_with_online_reconfiguration(tmp_path: P
 def test_train_worker_pairs_the_native_and_python_hot_paths() -> None:
     # bench_scheduler --python-twins: `py:` configurations run the same scheduler with native=False
     # in the same ranks, so native-vs-Python ratios are paired within a run.
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        "mlp",
-        "--model-args",
-        json.dumps({"in_features": 64, "hidden": 256, "depth": 2}),
-        "--batch-size",
-        "16",
-        "--configs",
-        "sched:64KiB,none",
-        "py:64KiB,none",
-        "--rounds",
-        "1",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-    ]
+    command = worker_cli.command(
+        **SMALL_MLP,
+        configs=["sched:64KiB,none", "py:64KiB,none"],
+        rounds=1,
+        steps=3,
+        warmup=1,
+    )
     with Testbed(world_size=2, rate="10gbit") as bed:
         result = bed.run(command, cwd=str(REPO), timeout_s=120)
     for rank in result.ranks:
@@ -342,25 +353,14 @@ def test_cross_iteration_overlap_exposes_less_communication_than_ddp(tmp_path: P
     median step time minus the median step time of the same model without gradient sync, all three
     measured the same way by the same worker in one run. The scheduler benchmark measured 206 ms for
     DDP and 95-112 ms for sched:1MiB,2MiB here (0.46-0.54 of DDP's); the test asks for at most 0.8."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.train_worker",
-        "--model",
-        "mlp",
-        "--batch-size",
-        "512",
-        "--configs",
-        "compute",
-        "ddp",
-        "sched:1MiB,2MiB",
-        "--rounds",
-        "2",
-        "--steps",
-        "4",
-        "--warmup",
-        "2",
-    ]
+    command = worker_cli.command(
+        model="mlp",
+        batch_size=512,
+        configs=["compute", "ddp", "sched:1MiB,2MiB"],
+        rounds=2,
+        steps=4,
+        warmup=2,
+    )
     with Testbed(world_size=2, rate="1gbit") as bed:
         result = bed.run(command, cwd=str(REPO), timeout_s=180)
     summaries = result.ranks[0].results

@@ -35,7 +35,7 @@ with SIGKILL leaves its namespaces and cgroups behind; ``python -m benchmarks.te
 Usage::
 
     with Testbed(world_size=2, rate="1gbit") as bed:
-        result = bed.run(lambda rank: [sys.executable, "-m", "benchmarks.train_worker", ...],
+        result = bed.run(worker_cli.command(configs=["ddp", "sched:4MiB,16MiB"], steps=20),
                          trace=Trace.from_times([(0, "1gbit"), (20, "200mbit")]))
     result.ranks[0].results   # JSON objects the rank printed with {"event": "result", ...}
 
