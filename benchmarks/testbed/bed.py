@@ -85,6 +85,11 @@ TRAFFIC_HOST = 254
 HUB_HOST = 253
 TRAFFIC_PORT = 5201
 TRAFFIC_HUB_IFNAME = "traffic"  # ("tx" would read as ip's txqueuelen keyword)
+# The bridge's MAC address, set once: a Linux bridge otherwise takes the lowest MAC of its ports, so
+# the traffic namespace's port (added mid-run, random MAC) changed it in about one run of three,
+# and a rank that had resolved the hub's address before sent to a MAC nobody held until its ARP
+# entry expired (connections to the hub timed out for tens of seconds).
+BRIDGE_MAC = "02:ab:00:00:00:01"  # locally administered; each bed's bridge is in its own namespace
 DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed across rate changes
 DEFAULT_LATENCY_MS = 50
 DEFAULT_MASTER_PORT = 29500
@@ -168,6 +173,7 @@ class Testbed:
         try:
             self._make_ns(self.hub_ns)
             self._ip(self.hub_ns, "link", "add", BRIDGE_IFNAME, "type", "bridge")
+            self._ip(self.hub_ns, "link", "set", BRIDGE_IFNAME, "address", BRIDGE_MAC)
             self._ip(self.hub_ns, "link", "set", BRIDGE_IFNAME, "up")
             for link in self.links:
                 self._make_ns(link.rank_ns)
