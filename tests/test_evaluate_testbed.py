@@ -47,7 +47,6 @@ SCENARIO = textwrap.dedent("""
 """)
 
 
-@pytest.mark.alone  # a run's elapsed time is asserted: another test's load would distort it
 def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     profile = REPO / "benchmarks" / "scenarios" / "testbed-mlp.profile.json"
     scenario = tmp_path / "tiny.toml"
@@ -76,7 +75,8 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     # the policy changed the configuration while the ranks trained, and rank 0 applied it
     assert online["decisions"] and online["applied"] >= 1
     # every run stopped at the scenario's duration (--max-seconds), not after a fixed step count
-    assert 5.0 < float(rows[0]["elapsed_s"]) < 8.0
+    # (a step here takes milliseconds: the bound leaves room for another test's load beside it)
+    assert 5.0 < float(rows[0]["elapsed_s"]) < 10.0
     # observe: the configuration held, every step reported to a real autobyted whose tuner looked
     # at the job (a status record exists) and whose recommendations were never applied
     assert rows[1]["mode"] == "testbed" and int(rows[1]["steps"]) > 10
