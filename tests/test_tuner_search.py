@@ -12,7 +12,6 @@ from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.phases.exploring import unexplained_jump
 from autobyted.tuner.search import JobTuner, gain_calibration, trial_value
-from autobyted.tuner.verdict import MEDIAN_SE
 from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20
@@ -326,9 +325,7 @@ def test_a_poor_start_is_left_after_one_short_confirm_and_no_check():
     assert sink.decisions[1].reason.startswith("confirm: measuring 64KiB/64KiB again"), (
         sink.decisions[1].reason
     )
-    # (no noise: the noise floor, 1%, resolves min_gain in fewer steps than the sequential test
-    # needs, min_trial_steps + 2 = 7: the window is 7, not the nominal 12)
-    assert "(~7 steps, 5 when the winner beats both measurements)" in sink.decisions[1].reason
+    assert "(~12 steps, 5 when the winner beats both measurements)" in sink.decisions[1].reason
     confirm, switch = sink.decisions[1:]
     assert (
         switch.apply_at_step - confirm.apply_at_step
@@ -648,25 +645,3 @@ def test_a_rescore_just_after_a_change_names_it():
     first = next(d for d in sink.decisions if d.apply_at_step > drop)
     assert "(re-tuning after bandwidth drop: " in first.reason, first.reason
     assert "predicted" in first.reason.split("re-tuning after", 1)[1], first.reason  # the rescore's
-
-
-def test_windows_are_as_long_as_the_jobs_noise_needs_to_resolve_min_gain():
-    """Once a job's noise is measured, a window is the steps at which two windows' medians
-    min_gain apart differ by z_switch standard errors at that noise, within [min_trial_steps + 2,
-    nominal]: the CPU testbed's 3% keeps the nominal lengths, an emulated accelerator's 0.5-1%
-    shortens them to what its noise needs."""
-    tuner, _sink = make(predictor_for(BEST, 0.3))
-    job, params = tuner.job, TunerParams()
-    assert job.window(16, 1e9) == 16  # nothing measured yet: the nominal length
-    job.residuals = [0.0] * params.baseline_steps
-    lengths = {}
-    for sigma in (0.03, 0.012, 0.005):
-        job.sigma = sigma
-        lengths[sigma] = n = job.window(16, 1e9)
-        if params.min_trial_steps + 2 < n < 16:
-            # n resolves min_gain at z_switch, n - 1 does not
-            se = [MEDIAN_SE * sigma * math.sqrt(2 / k) for k in (n, n - 1)]
-            assert params.z_switch * se[0] <= math.log1p(params.min_gain) < params.z_switch * se[1]
-    assert lengths == {0.03: 16, 0.012: 8, 0.005: params.min_trial_steps + 2}
-    job.sigma, job.step_s = 0.03, 10.0  # long steps: the time bound still shortens the window
-    assert job.window(16, 80.0) == 8

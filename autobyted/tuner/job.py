@@ -21,7 +21,6 @@ from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Predictor, Window
 from autobyted.tuner.sink import TunerSink
-from autobyted.tuner.verdict import MEDIAN_SE
 
 
 @dataclasses.dataclass
@@ -126,25 +125,11 @@ class TunerJob:
 
     def window(self, nominal: int, seconds: float) -> int:
         """Steps in a measurement window: `nominal`, fewer when steps are so long that the window
-        would last more than `seconds` (a search must end before the context moves on) or when
-        this job's measured noise resolves min_gain in fewer (`resolving_steps`), never fewer
-        than the sequential test needs."""
-        steps = nominal
-        if self.step_s > 0:
-            steps = min(steps, math.ceil(seconds / self.step_s))
-        if len(self.residuals) >= self.params.baseline_steps:  # the noise is measured
-            steps = min(steps, self.resolving_steps())
-        return max(self.params.min_trial_steps + 2, steps)
-
-    def resolving_steps(self) -> int:
-        """Steps per window at which two windows' medians differing by min_gain differ by z_switch
-        standard errors at this job's noise: n = 2 (z_switch x MEDIAN_SE x sigma /
-        log(1 + min_gain))^2. The nominal lengths (TunerParams) were sized for the CPU testbed's
-        2-4% noise, where this exceeds them (45 steps at 3%) and they stand; on emulated
-        accelerators steps vary by ~0.5% and the noise floor (1%) needs 5."""
-        params = self.params
-        ratio = params.z_switch * MEDIAN_SE * self.sigma / math.log1p(params.min_gain)
-        return math.ceil(2 * ratio * ratio)
+        would last more than `seconds` (a search must end before the context moves on), never
+        fewer than the sequential test needs."""
+        if self.step_s <= 0:
+            return nominal
+        return max(self.params.min_trial_steps + 2, min(nominal, math.ceil(seconds / self.step_s)))
 
     def horizon_steps(self, step_s: float) -> float:
         """Steps the winner of a search is expected to be held: the context's expected remaining
