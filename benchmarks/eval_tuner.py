@@ -39,14 +39,23 @@ from benchmarks.scenario import load_scenario
 POLICIES = ("ddp", "grid-best", "bo-once", "oracle", "autobyte")
 
 
-def _steady(sim, cache: dict, config, bandwidth: float, factor: float) -> float:
-    key = (config, bandwidth, factor)
+def _steady(sim, cache: dict, config, *conditions: float) -> float:
+    """The simulator's steady step time of `config` under `conditions` (bandwidth, compute factor
+    and, for scenarios with condition keys, competing flows and CPU share: Scenario.phases)."""
+    key = (config, *conditions)
     if key not in cache:
-        cache[key] = sim.steady_step_s(config, bandwidth, factor)
+        cache[key] = sim.steady_step_s(config, *conditions)
     return cache[key]
 
 
-def _trial_payoff(policy, records, sim, cache) -> tuple[int, int, int]:
+def _held_conditions(record, phases) -> tuple[float, ...]:
+    """A step's conditions as the simulator takes them: the step's own bandwidth and compute
+    factor, and the competing flows and CPU share of its phase where the scenario sets them."""
+    extra = next((tuple(p[4:]) for p in phases if p[0] <= record.start_s < p[1]), ())
+    return (record.bandwidth_bytes_per_s, record.compute_factor, *extra)
+
+
+def _trial_payoff(policy, records, sim, cache, phases) -> tuple[int, int, int]:
     """(trials that measured a gain, trials that did not, steps spent in the latter), from the
     simulator's true step times: each trial's steps after its transition against the incumbent's
     steady step time under the same conditions, medians of both."""
@@ -67,7 +76,7 @@ def _trial_payoff(policy, records, sim, cache) -> tuple[int, int, int]:
             continue
         trial_s = statistics.median(r.step_time_s for r in measured)
         incumbent_s = statistics.median(
-            _steady(sim, cache, held, r.bandwidth_bytes_per_s, r.compute_factor) for r in measured
+            _steady(sim, cache, held, *_held_conditions(r, phases)) for r in measured
         )
         if trial_s < incumbent_s:
             won += 1
@@ -91,19 +100,17 @@ def evaluate_one(path: str) -> dict[str, Any]:
     phases = scenario.phases(horizon)
     grid = default_grid()
     oracle_step = {}
-    for _start, _end, bandwidth, factor in phases:
-        if (bandwidth, factor) not in oracle_step:
-            oracle_step[(bandwidth, factor)] = min(
-                _steady(sim, cache, c, bandwidth, factor) for c in grid
-            )
+    for _start, _end, *conditions in phases:
+        if tuple(conditions) not in oracle_step:
+            oracle_step[tuple(conditions)] = min(_steady(sim, cache, c, *conditions) for c in grid)
     # steps from each change to within 5% of the oracle
     convergence = []
     index = 0
-    for start, end, bandwidth, factor in phases:
+    for start, end, *conditions in phases:
         while index < len(records) and records[index].start_s < start:
             index += 1
         first = index
-        target = 1.05 * oracle_step[(bandwidth, factor)]
+        target = 1.05 * oracle_step[tuple(conditions)]
         j = first
         while j < len(records) and records[j].start_s < end and records[j].step_time_s > target:
             j += 1
@@ -121,12 +128,10 @@ def evaluate_one(path: str) -> dict[str, Any]:
                 held = log[k][1]
             k += 1
         if record.step in trial_steps:
-            incumbent = _steady(
-                sim, cache, held, record.bandwidth_bytes_per_s, record.compute_factor
-            )
+            incumbent = _steady(sim, cache, held, *_held_conditions(record, phases))
             if record.step_time_s > 1.10 * incumbent:
                 slow += 1
-    won, lost, lost_steps = _trial_payoff(policy, records, sim, cache)
+    won, lost, lost_steps = _trial_payoff(policy, records, sim, cache, phases)
     stats = policy.tuner.stats if policy.tuner else {}
     elapsed_h = records[-1].end_s / 3600 if records else 0.0
 
