@@ -10,8 +10,8 @@ from autobyte.types import Config
 
 from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
-from autobyted.tuner.phases.exploring import unexplained_jump
 from autobyted.tuner.search import JobTuner, gain_calibration, trial_value
+from autobyted.tuner.verdict import unexplained_jump
 from tests.helpers.tuner import BEST, SHAPE, START, ScriptedJob, better, predictor_for, sample
 
 MIB = 1 << 20

@@ -16,10 +16,10 @@ from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.drift import robust_sigma
 from autobyted.tuner.evidence import JobEvidence
 from autobyted.tuner.features import JobShape, summarize
-from autobyted.tuner.grid import describe
+from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
-from autobyted.tuner.predictor import Predictor, Window
+from autobyted.tuner.predictor import Prediction, Predictor, Window
 from autobyted.tuner.sink import TunerSink
 
 
@@ -191,6 +191,25 @@ class TunerJob:
                 measured.samples[-1].wall_time_s,
             )
         )
+
+    def plan(
+        self, incumbent: MeasuredWindow, trials: Sequence[MeasuredWindow], sigma: float
+    ) -> tuple[tuple[Config, ...], Prediction]:
+        """The candidates around `incumbent` and their predictions from its window: the model,
+        corrected by this job's errors, combined with what earlier jobs measured here (`sigma`:
+        the job's noise; `trials`: what this search measured besides the incumbent)."""
+        starting = self.starting.config if self.starting is not None else incumbent.config
+        candidates = candidate_grid(self.shape, starting, around=incumbent.config)
+        context = summarize(incumbent.samples, self.shape)
+        prediction = self.evidence.with_known(
+            self.evidence.corrected(
+                self.predictor.predict(context, incumbent.config, candidates), incumbent.config
+            ),
+            incumbent,
+            [incumbent, *trials],
+            sigma,
+        )
+        return candidates, prediction
 
     def versus_incumbent(self, step_time_s: float) -> str:
         """'1.12x faster than 4MiB/16MiB': a step time against the search's incumbent."""

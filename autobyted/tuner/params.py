@@ -24,7 +24,7 @@ class TunerParams:
     - kappa 1: optimism of the bound of observe mode's recommendations and of the re-scoring while
       holding (one spread of the ensemble); trials are chosen by their value (verdict.trial_value).
     - context_prior_s 600: the prior mean lifetime of a context (one pseudo-change) in the
-      estimate of how long a search's winner will be held (tuner/phases/exploring.py, "when a trial pays"): until
+      estimate of how long a search's winner will be held (tuner/transitions.py, "when a trial pays"): until
       a job shows its own changes, a context is taken to last ten minutes, about three times what
       a full search takes (baseline + 4 trials + confirm + verify at 60/30 s windows), so that a
       job's own first minutes decide, and a prior an order of magnitude off moves the horizon by

@@ -2,8 +2,9 @@
 
 It keeps the job's bookkeeping (the newest step, the configuration and decision in effect, the
 decision it waits for the job to apply, the steps after a switch it discards) and hands every other
-sample to the phase in effect, which returns the phase the next sample goes to. The phases, one
-module each, are tuner.phases (its docstring is the map of the search):
+sample to the phase in effect, which returns what it asks for (tuner.actions);
+tuner.transitions acts on it and returns the phase the next sample goes to. The phases, one module
+each, are tuner.phases (its docstring is the map of the search):
 
     warm-up -> baseline -> exploring k/N -> (checking) -> (confirming) -> verifying -> holding
                   ^                                                                     |
@@ -26,11 +27,13 @@ from collections.abc import Sequence
 from autobyte.types import StepMetrics
 
 from autobyted.storage.records import TunerStatusRecord
+from autobyted.tuner import transitions
 from autobyted.tuner.features import JobShape
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.job import TunerJob
 from autobyted.tuner.params import TunerParams
-from autobyted.tuner.phases import Phase, baseline, paused, watching
+from autobyted.tuner.phases import Phase
+from autobyted.tuner.phases.baseline import WarmUp
 from autobyted.tuner.predictor import Predictor, Window
 from autobyted.tuner.sink import TunerSink
 from autobyted.tuner.verdict import TrialValue, gain_calibration, trial_value
@@ -65,7 +68,7 @@ class JobTuner:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         self.job = TunerJob(job, shape, predictor, sink, mode, params, known, first_segment)
-        self._phase: Phase = baseline.WarmUp(self.job)
+        self._phase: Phase = WarmUp(self.job)
         self._transition_steps_left = 0  # steps after a switch that measure the switch itself
 
     # ------------------------------------------------------------------ public
@@ -75,21 +78,11 @@ class JobTuner:
 
     def pause(self, why: str = "an operator decided") -> None:
         if not self.job.paused:
-            self._phase = paused.enter(self.job, why)
+            self._phase = transitions.pause(self.job, why)
 
     def resume(self) -> None:
-        job = self.job
-        if not job.paused:
-            return
-        job.paused = False
-        job.searched_once = False  # the operator's configuration is the new starting point
-        job.starting = None
-        self._phase = baseline.start(
-            job,
-            "resumed after an operator's pause",
-            new_segment=True,
-            steps=job.params.baseline_steps,
-        )
+        if self.job.paused:
+            self._phase = transitions.resume(self.job)
 
     @property
     def status(self) -> TunerStatusRecord:
@@ -146,13 +139,13 @@ class JobTuner:
                 m.step >= job.pending.apply_at_step + params.apply_timeout_steps
                 and m.wall_time_s - job.pending.issued_wall_s > params.apply_timeout_s
             ):
-                self._phase = watching.not_applied(job, job.pending)
+                self._phase = transitions.not_applied(job, job.pending)
                 return
             else:
                 return  # the job has not switched yet: these steps belong to the previous plan
         elif changed and m.decision_id not in job.own_decision_ids:
             # Someone else's decision took effect (an operator's, or one from before a restart).
-            self._phase = baseline.start(
+            self._phase = transitions.open_search(
                 job,
                 f"configuration changed to {describe(m.config)} by decision #{m.decision_id}",
                 new_segment=True,
@@ -162,4 +155,4 @@ class JobTuner:
         if self._transition_steps_left > 0:
             self._transition_steps_left -= 1
             return
-        self._phase = self._phase.on_sample(m)
+        self._phase = transitions.apply(job, self._phase.on_sample(m), self._phase)

@@ -1,7 +1,8 @@
 """The tuner's decision arithmetic, without state: whether one measured configuration beats another
 (the one rule that the tuner's search and `autobyte best` both judge by, so that they never name
-different winners), what a trial is worth (`trial_value`), how much of the predicted gains a search's
-trials delivered (`gain_calibration`), and the sequential and A-B-A tests on measured windows."""
+different winners), what a trial is worth (`trial_value`) and which trials pay (`paying`), how much
+of the predicted gains a search's trials delivered (`gain_calibration`), and the sequential and
+A-B-A tests on measured windows (`trial_beats_both`, `moved`, `unexplained_jump`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
+from autobyte.types import Config, describe_speedup
+
+from autobyted.tuner.drift import Alarm, context_jump, window_shift
+from autobyted.tuner.grid import describe
+from autobyted.tuner.measured import MeasuredWindow
 from autobyted.tuner.params import TunerParams
 
 MEDIAN_SE = (
@@ -105,7 +111,7 @@ def normal_cdf(z: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class TrialValue:
-    """What trying one candidate is expected to bring (tuner/phases/exploring.py's docstring: "when a trial pays")."""
+    """What trying one candidate is expected to bring (tuner/transitions.py's docstring: "when a trial pays")."""
 
     win_probability: float  # P(X < -log(1 + min_gain))
     value_steps: float  # expected steps saved over the horizon minus the trial's expected excess
@@ -124,7 +130,7 @@ def gain_calibration(
     b x prediction by Normal(0, error_sd) (a candidate's own error). Returns b's posterior mean,
     clipped at 0 (a model measured backwards says nothing of which way the untried go); 1 before
     any trial. Only the mean is used: the spread the untried are scored with already grows with
-    this search's residuals (next_trial in tuner/phases/exploring.py). The candidates a search
+    this search's residuals (next_trial in tuner/transitions.py). The candidates a search
     tries are those predicted fastest, so their errors share a sign (a model optimistic about this job, and the winner's
     curse of trying the most optimistic predictions first); the untried candidates' predicted
     gains shrink by the same slope, and a search whose first trials measured none of what was
@@ -168,3 +174,112 @@ def trial_value(
         - switch_steps
     )
     return TrialValue(p_win, value)
+
+
+Valued = tuple[
+    Config, float, TrialValue
+]  # (candidate, predicted mean log ratio, its trial's value)
+
+
+def paying(
+    scored: Sequence[tuple[Config, float, float]],
+    horizon_steps: float,
+    trial_steps: float,
+    cut_steps: float,
+    params: TunerParams,
+) -> tuple[list[Valued], Valued | None]:
+    """Of (candidate, mean, spread) predicted against a reference, the ones whose trial pays
+    (trial_value), best value first; and the best of all (for the reason when none pays)."""
+    valued = sorted(
+        (
+            (
+                c,
+                mu,
+                trial_value(
+                    mu,
+                    sd,
+                    horizon_steps,
+                    trial_steps,
+                    cut_steps,
+                    params.min_gain,
+                    params.clearly_worse,
+                ),
+            )
+            for c, mu, sd in scored
+        ),
+        key=lambda t: -t[2].value_steps,
+    )
+    pays = [t for t in valued if t[2].pays]
+    best = max(valued, key=lambda t: t[2].win_probability, default=None)
+    return pays, best
+
+
+def none_pays(best: Valued | None) -> str:
+    """Why a search ends without (further) trials."""
+    if best is None:
+        return "no candidate left to try"
+    config, mu, value = best
+    return (
+        f"no trial is likely to win more than it costs; the likeliest, {describe(config)}, "
+        f"predicted {describe_speedup(math.exp(-mu), 'the incumbent')}, "
+        f"{100 * value.win_probability:.0f}% likely to win"
+    )
+
+
+def trial_beats_both(
+    trial: MeasuredWindow,
+    before: MeasuredWindow,
+    after: MeasuredWindow,
+    sigma: float,
+    params: TunerParams,
+) -> bool:
+    """The incumbent measured before and after a trial: if the trial beats both measurements by
+    the switch margin, it beats the incumbent in any context in between; a context that moved
+    less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
+    return beats_both(
+        trial.log_median,
+        len(trial.samples),
+        before.log_median,
+        after.log_median,
+        min(len(before.samples), len(after.samples)),
+        sigma,
+        params,
+    )
+
+
+def moved(
+    before: MeasuredWindow, after: MeasuredWindow, sigma: float, params: TunerParams
+) -> Alarm | None:
+    """The same configuration measured twice: did its context (or its step time) move?"""
+    shift = window_shift(before.samples, after.samples)
+    if shift is not None:
+        return shift
+    move = step_time_move(
+        before.log_median,
+        len(before.samples),
+        after.log_median,
+        len(after.samples),
+        sigma,
+        params,
+    )
+    if move is not None:
+        return Alarm(
+            "step_time",
+            1 if move > 0 else -1,
+            move,
+            "step time rise" if move > 0 else "step time drop",
+        )
+    return None
+
+
+def unexplained_jump(
+    incumbent: MeasuredWindow, trials: Sequence[MeasuredWindow], trial: MeasuredWindow
+) -> Alarm | None:
+    """The trial's context jump against the incumbent (drift.context_jump), unless the trial's
+    context figures agree with those of another configuration measured in this search: then the
+    jump is what configurations do to the figures, not the context moving (a 64 KiB partition's
+    bandwidth estimate against a 4 MiB one's)."""
+    jump = context_jump(incumbent.samples, trial.samples)
+    if jump is None or any(context_jump(other.samples, trial.samples) is None for other in trials):
+        return None
+    return jump

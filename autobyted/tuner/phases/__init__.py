@@ -1,5 +1,5 @@
-"""The phases of one job's search (tuner.search.JobTuner dispatches every sample to the phase in
-effect; `Phase.on_sample` returns the phase the next sample goes to):
+"""The phases of one job's search. Each measures and judges; `Phase.on_sample` returns what it asks
+for (tuner.actions), and tuner.transitions acts on it (decisions, status, the next phase):
 
     warm-up -> baseline -> exploring k/N -> (checking) -> (confirming) -> verifying -> holding
     (baseline.py)          (exploring.py)   (checking.py)                  (verifying.py) (watching.py)
@@ -7,38 +7,39 @@ effect; `Phase.on_sample` returns the phase the next sample goes to):
                   +--------------------- re-tuning (baseline.py) <-- drift, rescore ------+
 
 - baseline.py: warm-up and baseline / re-tuning: a window of the configuration in effect gives the
-  context, the noise level and the incumbent's step time; planning the search from it; `abort`
-  when the context moved under a search.
-- exploring.py: which candidate's trial pays (`paying`), the next trial, a trial's window with its
-  sequential cut, the context check a suspicious trial gets, and the warm start.
+  context, the noise level and the incumbent's step time (the search is planned from it in
+  tuner.transitions); early in it, the warm start when an earlier job's winner wins here.
+- exploring.py: a trial's window with its sequential cut, and the context check a suspicious trial
+  gets.
 - checking.py: the incumbent measured again, after a suspicious trial (checking) or before switching
   to the search's winner (confirming): a sequential test with two looks.
-- verifying.py: the search's end (`finish`: the winner with hysteresis; confirm, switch, verify,
-  roll back) and `settle` (what the status says the search found).
+- verifying.py: the winner's window after the switch: kept, rolled back, or the search re-opened.
 - watching.py: holding / no headroom / observing: the drift detector and the periodic rescore watch
-  the held configuration; a decision the job never applied.
+  the held configuration.
 - paused.py: an operator decided or paused it; only a resume ends it.
 
 Each phase object owns only its own working state (its window, its trial, its decision); what a
-search measured is its `tuner.job.Search`, what the job measured is its `tuner.job.TunerJob`. The
-arithmetic of the decisions is tuner.verdict (no state), the evidence of earlier jobs and this job's
-predictor errors tuner.evidence. The phase modules refer to one another (a state machine's graph is
-a cycle): each imports its successors as modules and reaches them at call time.
+search measured is its `tuner.job.Search`, what the job measured is its `tuner.job.TunerJob`, both
+written by tuner.transitions. The arithmetic of the judgements is tuner.verdict (no state). Phase
+modules import none of one another: the graph is tuner.transitions.
 """
 
 from __future__ import annotations
 
 from autobyte.types import StepMetrics
 
+from autobyted.tuner.actions import Action
 from autobyted.tuner.job import TunerJob
 
 
 class Phase:
-    """A phase of one job's search: it owns its working state, and `on_sample` returns the phase
-    the next sample goes to (itself to stay)."""
+    """A phase of one job's search: it owns its working state, and `on_sample` returns what it
+    asks for (`actions.STAY` to go on)."""
+
+    name = ""  # the status a phase shows is set by tuner.transitions
 
     def __init__(self, job: TunerJob) -> None:
         self.job = job
 
-    def on_sample(self, m: StepMetrics) -> Phase:
+    def on_sample(self, m: StepMetrics) -> Action:
         raise NotImplementedError

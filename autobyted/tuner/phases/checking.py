@@ -2,66 +2,28 @@
 
 - checking: after a trial whose context jumped more than any configuration explains
   (tuner.phases.exploring): if the incumbent moved too, the search restarts in the new context
-  (baseline.abort); else the trial counts.
+  (actions.Abort); else the trial counts.
 - confirming: before switching to a search's winner that no check followed (an A-B-A design): if
   the incumbent moved, the context drifted while the trials ran (a ramp, a neighbour), and the
   search is repeated in the context as it is now.
 
 Both are a sequential test with two looks: after `min_trial_steps` steps it ends as soon as the
-trial beats both measurements of the incumbent (`beats_both`: then no move of the context explains
-the gain away), else at its full window. A check after the search's winner was measured that found
-the incumbent where it was is that winner's A-B-A, and no separate confirm follows.
+trial beats both measurements of the incumbent (verdict.trial_beats_both: then no move of the
+context explains the gain away), else at its full window. A check after the search's winner was
+measured that found the incumbent where it was is that winner's A-B-A, and no separate confirm
+follows.
 """
 
 from __future__ import annotations
 
 from autobyte.types import StepMetrics
 
-from autobyted.tuner.drift import Alarm, window_shift
+from autobyted.tuner.actions import STAY, Abort, Accept, Action, Finish
+from autobyted.tuner.drift import Alarm
 from autobyted.tuner.job import Search, TunerJob
 from autobyted.tuner.measured import MeasuredWindow
-from autobyted.tuner.phases import Phase, baseline, exploring, verifying
-from autobyted.tuner.verdict import beats_both, step_time_move
-
-
-def trial_beats_both(
-    job: TunerJob, trial: MeasuredWindow, before: MeasuredWindow, after: MeasuredWindow
-) -> bool:
-    """The incumbent measured before and after a trial: if the trial beats both measurements by
-    the switch margin, it beats the incumbent in any context in between; a context that moved
-    less than the gain cannot explain the gain away (a 10x better configuration on a noisy host)."""
-    return beats_both(
-        trial.log_median,
-        len(trial.samples),
-        before.log_median,
-        after.log_median,
-        min(len(before.samples), len(after.samples)),
-        job.sigma,
-        job.params,
-    )
-
-
-def moved(job: TunerJob, before: MeasuredWindow, after: MeasuredWindow) -> Alarm | None:
-    """The same configuration measured twice: did its context (or its step time) move?"""
-    shift = window_shift(before.samples, after.samples)
-    if shift is not None:
-        return shift
-    move = step_time_move(
-        before.log_median,
-        len(before.samples),
-        after.log_median,
-        len(after.samples),
-        job.sigma,
-        job.params,
-    )
-    if move is not None:
-        return Alarm(
-            "step_time",
-            1 if move > 0 else -1,
-            move,
-            "step time rise" if move > 0 else "step time drop",
-        )
-    return None
+from autobyted.tuner.phases import Phase
+from autobyted.tuner.verdict import moved, trial_beats_both
 
 
 class _Remeasure(Phase):
@@ -97,7 +59,8 @@ class _Remeasure(Phase):
         ):
             return None
         again = MeasuredWindow(before.config, list(self.window))
-        return again if trial_beats_both(self.job, self.trial, before, again) else None
+        beats = trial_beats_both(self.trial, before, again, self.job.sigma, self.job.params)
+        return again if beats else None
 
 
 class Checking(_Remeasure):
@@ -115,10 +78,10 @@ class Checking(_Remeasure):
         super().__init__(job, search, trial, decision_id)
         self.jump = jump
 
-    def on_sample(self, m: StepMetrics) -> Phase:
+    def on_sample(self, m: StepMetrics) -> Action:
         measured = self._measure(m)
         if measured is None:
-            return self
+            return STAY
         again, early = measured
         job, search, trial, jump = self.job, self.search, self.trial, self.jump
         incumbent = job.incumbent
@@ -127,33 +90,36 @@ class Checking(_Remeasure):
             # The trial beats the incumbent before and after it by the switch margin: the
             # comparison holds whatever the context did (not measured long enough to clear the
             # jump itself).
-            search.checked.append(trial)
-            return exploring.accept_trial(job, search, trial)
-        shift = moved(job, incumbent, again)
-        if shift is None or trial_beats_both(job, trial, incumbent, again):
+            return Accept(search, trial, checked=(trial,))
+        shift = moved(incumbent, again, job.sigma, job.params)
+        if shift is None or trial_beats_both(trial, incumbent, again, job.sigma, job.params):
             # Same context, or a move smaller than the trial's gain: the comparison holds either
             # way. Same context: every trial so far was measured between two equal measurements of
             # the incumbent (their A-B-A); a move: the suspect trial alone beat both.
-            search.checked.extend([*search.trials, trial] if shift is None else [trial])
-            search.cleared.add((jump.signal, jump.direction))
-            return exploring.accept_trial(job, search, trial)
-        return baseline.abort(job, search, shift, again)
+            return Accept(
+                search,
+                trial,
+                checked=(*search.trials, trial) if shift is None else (trial,),
+                cleared=(jump.signal, jump.direction),
+            )
+        return Abort(search, shift, again)
 
 
 class Confirming(_Remeasure):
     """Before switching to the search's winner (`trial` here): the incumbent where it was ->
-    switch (verifying.finish again, confirmed); moved -> re-tune, unless the winner beats both."""
+    switch (actions.Finish, confirmed); moved -> re-tune, unless the winner beats both."""
 
-    def on_sample(self, m: StepMetrics) -> Phase:
+    def on_sample(self, m: StepMetrics) -> Action:
         measured = self._measure(m)
         if measured is None:
-            return self
+            return STAY
         again, early = measured
         job, search, winner = self.job, self.search, self.trial
         incumbent = job.incumbent
         assert incumbent is not None
-        shift = None if early else moved(job, incumbent, again)
-        if shift is not None and not trial_beats_both(job, winner, incumbent, again):
-            return baseline.abort(job, search, shift, again)
-        search.confirmed = True
-        return verifying.finish(job, search, "")
+        shift = None if early else moved(incumbent, again, job.sigma, job.params)
+        if shift is not None and not trial_beats_both(
+            winner, incumbent, again, job.sigma, job.params
+        ):
+            return Abort(search, shift, again)
+        return Finish(search, confirmed=True)

@@ -4,24 +4,24 @@ drift.DriftDetector watches it; an alarm opens a new context segment and re-tune
 baseline, then the predictor's top candidates for the new context). A drift too gradual for the
 detector (a slow ramp) can still make another configuration clearly better: every `rescore_s` the
 predictor scores the candidates in the held configuration's current context (`Watching._rescore`).
-A decision the job never applied (`not_applied`) also ends here, holding what is in effect.
+A decision the job never applied (tuner.transitions' `not_applied`) also ends here, holding what
+is in effect.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 
-from autobyte.types import Config, StepMetrics, describe_speedup
+from autobyte.types import StepMetrics, describe_speedup
 
+from autobyted.tuner.actions import STAY, Action, Open
 from autobyted.tuner.drift import DriftDetector, window_shift
 from autobyted.tuner.features import summarize
 from autobyted.tuner.grid import describe
 from autobyted.tuner.job import TunerJob
-from autobyted.tuner.measured import MeasuredWindow, PendingDecision
-from autobyted.tuner.phases import Phase, baseline
+from autobyted.tuner.measured import MeasuredWindow
+from autobyted.tuner.phases import Phase
 
-log = logging.getLogger(__name__)
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
 
 
@@ -46,7 +46,7 @@ class Watching(Phase):
         self.reference = list(reference)
         self.next_rescore_wall_s = job.newest_wall_s + job.params.rescore_s
 
-    def on_sample(self, m: StepMetrics) -> Phase:
+    def on_sample(self, m: StepMetrics) -> Action:
         job, params = self.job, self.job.params
         if job.held is not None and m.config != job.held.config:
             job.held, self.detector, self.window = None, None, []  # not what we hold: start over
@@ -58,15 +58,14 @@ class Watching(Phase):
                     self.window,
                 )
                 self.window = []
-            return self
+            return STAY
         alarm = self.detector.update(m)
         if alarm is not None:
-            job.stats["retunes"] += 1
-            return baseline.start(
-                job,
+            return Open(
                 f"re-tuning after {alarm.reason}",
                 new_segment=True,
                 steps=params.rebaseline_steps,
+                retune=True,
             )
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
@@ -76,9 +75,9 @@ class Watching(Phase):
         ):
             self.next_rescore_wall_s = m.wall_time_s + params.rescore_s
             return self._rescore()
-        return self
+        return STAY
 
-    def _rescore(self) -> Phase:
+    def _rescore(self) -> Action:
         """Every `rescore_s` the predictor (corrected by this job's measured errors) scores the
         candidates in the held configuration's current context, and a candidate predicted clearly
         faster (mean gain above twice min_gain, raised by the fruitless back-off, and its
@@ -101,47 +100,15 @@ class Watching(Phase):
             ):
                 best = (candidate, float(mu))
         if best is None:
-            return self
-        job.stats["retunes"] += 1
+            return STAY
         # The context the prediction was made in, against the one the configuration was held on:
         # a change the drift detector has not yet confirmed (its blocks take seconds) is named as
         # the cause, as the detector would name it.
         moved = window_shift(self.reference, self.recent)
-        return baseline.start(
-            job,
+        return Open(
             f"re-tuning{f' after {moved.reason}' if moved else ''}: {describe(best[0])} "
             f"predicted {describe_speedup(math.exp(-best[1]), describe(held.config))} now",
             new_segment=True,
             steps=job.params.rebaseline_steps,
+            retune=True,
         )
-
-
-def hold(
-    job: TunerJob, held: MeasuredWindow, reference: list[StepMetrics], window_steps: int
-) -> Watching:
-    """Hold `held`, watched against `reference`; `window_steps` is the window a new reference
-    takes if the configuration in effect changes under it."""
-    phase = Watching(job, window_steps)
-    phase.watch(held, reference)
-    return phase
-
-
-def not_applied(job: TunerJob, pending: PendingDecision) -> Watching:
-    """A decision the job never applied (a rank that ignores the daemon): stop exploring, hold
-    what is in effect, and say so; drift can still re-open the search."""
-    job.pending = None
-    job.stats["not_applied"] += 1
-    log.warning(
-        "job %s did not apply decision #%d within %.0f s",
-        job.job,
-        pending.decision_id,
-        job.params.apply_timeout_s,
-    )
-    job.held = None
-    phase = Watching(job, job.window(job.params.rebaseline_steps, job.params.baseline_window_s))
-    job.set(
-        "holding",
-        f"holding {describe(job.config or Config())}: decision #{pending.decision_id} "
-        f"was not applied by the job within {job.params.apply_timeout_s:.0f} s",
-    )
-    return phase
