@@ -25,7 +25,7 @@ from autobyted.tuner.sink import TunerSink
 
 @dataclasses.dataclass
 class Search:
-    """One search, from its baseline to the configuration it settles on (tuner.phases.baseline
+    """One search, from its baseline to the configuration it settles on (tuner.transitions
     opens it): what its phases measured and concluded, which outlives any one phase."""
 
     retune_reason: str  # why it was opened ("" for the job's first search)
@@ -42,8 +42,56 @@ class Search:
         return f" ({self.retune_reason})" if self.retune_reason else ""
 
 
+@dataclasses.dataclass
+class Clock:
+    """What the job's newest sample says; JobTuner writes it (`tick`), everything else reads."""
+
+    newest_step: int = -1
+    newest_wall_s: float = 0.0
+    first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
+    step_s: float = 0.0  # recent step time (sizes windows in time)
+    config: Config | None = None  # in effect, from the newest sample
+    decision_in_effect: int | None = None
+
+    def tick(self, m: StepMetrics) -> bool:
+        """Take the sample in; True when the decision in effect changed with it."""
+        self.newest_step = m.step
+        self.newest_wall_s = m.wall_time_s
+        if self.first_wall_s is None:
+            self.first_wall_s = m.wall_time_s
+        self.step_s = m.step_time_s if not self.step_s else 0.9 * self.step_s + 0.1 * m.step_time_s
+        self.config = m.config
+        changed = self.decision_in_effect is not None and m.decision_id != self.decision_in_effect
+        self.decision_in_effect = m.decision_id
+        return changed
+
+
+class Noise:
+    """The job's step-time noise (log units): a robust spread of every measured window's
+    deviations from its own median, pooled over the recent windows (a 12-step window alone
+    misjudges it by +-30%). Written when a window is measured (`learn`) only."""
+
+    def __init__(self, sigma_floor: float) -> None:
+        self.sigma_floor = sigma_floor
+        self.sigma = sigma_floor
+        self.residuals: list[float] = []  # log step time minus its window's median, recent windows
+
+    def learn(self, samples: Sequence[StepMetrics]) -> None:
+        self.residuals, self.sigma = self.after(samples)
+
+    def after(self, samples: Sequence[StepMetrics]) -> tuple[list[float], float]:
+        """(residuals, sigma) as `learn` would leave them after `samples`; nothing changes."""
+        logs = [math.log(s.step_time_s) for s in samples]
+        center = statistics.median(logs)
+        residuals = [*self.residuals, *(x - center for x in logs)][-400:]
+        return residuals, max(self.sigma_floor, robust_sigma(residuals))
+
+
 class TunerJob:
-    """One job's state that lasts across phases, and the helpers every phase uses."""
+    """One job's state that lasts across phases, and the helpers every phase uses, by who writes
+    it: the clock (JobTuner, `clock`), the noise (a measured window, `noise`), the status (`set`,
+    from tuner.transitions only), and what the search remembers (the rest: tuner.transitions;
+    `held` also by the watching phase, whose it is)."""
 
     def __init__(
         self,
@@ -59,15 +107,11 @@ class TunerJob:
         self.evidence = JobEvidence(job, shape, known, first_segment)
         self.job, self.shape, self.predictor, self.sink = job, shape, predictor, sink
         self.mode, self.params = mode, params
-        self.phase = "warm-up"  # the name status shows (tuner.phases.Phase subclasses set it)
+        self.phase = "warm-up"  # the name status shows (tuner.transitions.STATES; set there only)
         self.detail = f"warm-up (first {params.warmup_steps} steps)"
         self.first_segment = self.segment = first_segment
-        self.config: Config | None = None  # in effect, from the newest sample
-        self.decision_in_effect: int | None = None
-        self.newest_step = -1
-        self.newest_wall_s = 0.0
-        self.first_wall_s: float | None = None  # the job's first sample (the horizon's clock)
-        self.step_s = 0.0  # recent step time (sizes windows in time)
+        self.clock = Clock()
+        self.noise = Noise(params.sigma_floor)
         self.own_decision_ids: set[int] = set()
         self.pending: PendingDecision | None = None
         self.paused = False
@@ -76,8 +120,6 @@ class TunerJob:
         self.starting: MeasuredWindow | None = None  # the job's first incumbent
         self.held: MeasuredWindow | None = None  # what a watching phase holds
         self.searched_once = False
-        self.sigma = params.sigma_floor
-        self.residuals: list[float] = []  # log step time minus its window's median, recent windows
         self.fruitless = 0  # re-tunes in a row that kept the configuration
         self.aborts = 0  # searches in a row that the context moved under
         self.candidates: tuple[Config, ...] = ()
@@ -135,7 +177,8 @@ class TunerJob:
         """Steps the winner of a search is expected to be held: the context's expected remaining
         lifetime (memoryless changes: the mean lifetime, from this job's own changes and
         `context_prior_s`), in steps of `step_s`."""
-        elapsed_s = max(0.0, self.newest_wall_s - (self.first_wall_s or self.newest_wall_s))
+        first_wall_s = self.clock.first_wall_s
+        elapsed_s = max(0.0, self.newest_wall_s - (first_wall_s or self.newest_wall_s))
         lifetime_s = (elapsed_s + self.params.context_prior_s) / (
             self.segment - self.first_segment + 1
         )
@@ -145,25 +188,44 @@ class TunerJob:
         """The drift and rescore bars, raised by re-tunes in a row that kept the configuration."""
         return self.params.fruitless_backoff ** min(self.fruitless, self.params.fruitless_max)
 
+    # What the newest sample says (written by JobTuner through `clock.tick` only).
+    @property
+    def config(self) -> Config | None:
+        return self.clock.config
+
+    @property
+    def decision_in_effect(self) -> int | None:
+        return self.clock.decision_in_effect
+
+    @property
+    def newest_step(self) -> int:
+        return self.clock.newest_step
+
+    @property
+    def newest_wall_s(self) -> float:
+        return self.clock.newest_wall_s
+
+    @property
+    def step_s(self) -> float:
+        return self.clock.step_s
+
+    @property
+    def sigma(self) -> float:
+        """The job's step-time noise (written by `learn_noise` only)."""
+        return self.noise.sigma
+
     def learn_noise(self, samples: Sequence[StepMetrics]) -> None:
-        """The job's step-time noise (log units): a robust spread of every measured window's
-        deviations from its own median, pooled over the recent windows (a 12-step window alone
-        misjudges it by +-30%)."""
-        self.residuals, self.sigma = self.noise_with(samples)
+        self.noise.learn(samples)
 
     def noise_with(self, samples: Sequence[StepMetrics]) -> tuple[list[float], float]:
-        """(residuals, sigma) as learn_noise would leave them after `samples`; nothing changes."""
-        logs = [math.log(s.step_time_s) for s in samples]
-        center = statistics.median(logs)
-        residuals = [*self.residuals, *(x - center for x in logs)][-400:]
-        return residuals, max(self.params.sigma_floor, robust_sigma(residuals))
+        return self.noise.after(samples)
 
     def decide(
         self, config: Config, reason: str, predicted_s: float | None, kind: str
     ) -> int | None:
         """Issue a decision a few steps ahead and wait for the job to apply it (the tuner skips
         samples while it is pending); None when the sink refused it (an operator's pause: the
-        caller enters tuner.phases.paused)."""
+        job is paused: tuner.transitions._switch)."""
         decision = self.sink.decide(
             config, self.newest_step + self.params.apply_lead_steps, reason, predicted_s, kind
         )

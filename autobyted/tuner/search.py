@@ -121,14 +121,7 @@ class JobTuner:
             return  # a resent or reordered sample
         if not (m.step_time_s > 0 and math.isfinite(m.step_time_s)):
             return  # not a measurement (the daemon's checks allow 0)
-        job.newest_step = m.step
-        job.newest_wall_s = m.wall_time_s
-        if job.first_wall_s is None:
-            job.first_wall_s = m.wall_time_s
-        job.step_s = m.step_time_s if not job.step_s else 0.9 * job.step_s + 0.1 * m.step_time_s
-        job.config = m.config
-        changed = job.decision_in_effect is not None and m.decision_id != job.decision_in_effect
-        job.decision_in_effect = m.decision_id
+        changed = job.clock.tick(m)
         if m.step < params.warmup_steps or job.paused:
             return
         if job.pending is not None:
