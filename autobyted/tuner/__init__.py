@@ -3,16 +3,22 @@
 Files, one concern each:
     features.py   what the predictor sees (below) and how a window of steps becomes a context
     predictor.py  the xgboost bootstrap ensemble, its training pairs, online retraining, file format
-    search.py     JobTuner: one job's search, thin: dispatches every sample to the phase in
-                  effect, applies what it decides, publishes its status
-    job.py        what a job's search keeps between phases: TunerJob (the job's measurements,
-                  decisions, noise, back-off) and Search (one search's trials and verdicts)
-    phases/       one module per phase, each owning its own state and returning the next phase:
-                  baseline.py (warm-up, baseline, re-tuning), exploring.py (trials),
-                  checking.py (checking, confirming), verifying.py (the search's end),
-                  watching.py (holding, watching), paused.py; phases/__init__.py is the map
-    verdict.py    the stateless decision arithmetic: what beats what, a trial's value, the gain
-                  calibration, when a trial pays
+    search.py     JobTuner: one job's search, thin: keeps the clock, dispatches every sample to
+                  the phase in effect and hands what it asks for to transitions.py
+    job.py        what a job's search keeps between phases: TunerJob (by who writes it: the
+                  clock, the noise, the status, what the search remembers) and Search (one
+                  search's trials and verdicts)
+    phases/       one module per phase, each owning its own state, measuring and judging, and
+                  returning what it asks for: baseline.py (warm-up, baseline, re-tuning),
+                  exploring.py (a trial), checking.py (checking, confirming), verifying.py (the
+                  winner after the switch), watching.py (holding, watching), paused.py;
+                  phases/__init__.py is the map. They import none of one another.
+    actions.py    what a phase asks for (Open, Accept, Check, Finish, RollBack, Abort, ...)
+    transitions.py the graph: acts on an action; the only place that issues decisions (a refused
+                  one pauses the job), names the status (STATES) and builds the next phase; which
+                  trial is next and how a search ends
+    verdict.py    the stateless decision arithmetic: what beats what, a trial's value and which
+                  trials pay, the gain calibration, the A-B-A and context-jump tests
     evidence.py   what earlier jobs of the shape measured and held, and the predictor's measured
                   errors on this job: both correct the candidates' scores
     measured.py   the records a search keeps: a measured window, a decision awaiting its apply
