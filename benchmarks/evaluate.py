@@ -666,7 +666,11 @@ def testbed_scenario(
             context = PolicyContext(candidates=default_grid(include_ddp=False), seed=scenario.seed)
         elif name == "oracle":
             policy = make_policy(name)
-            candidates = tuple(parse_config(lab) for lab in grid_labels)
+            # The oracle switches configurations live, which DDP cannot be (its buckets are built
+            # once): DDP's bucket sizes in a grid are grid-best's candidates, not the oracle's.
+            candidates = tuple(
+                parse_config(lab) for lab in grid_labels if lab.split(":")[0] != "ddp"
+            )
             context = PolicyContext(
                 candidates=candidates,
                 seed=scenario.seed,
