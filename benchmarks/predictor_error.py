@@ -1,6 +1,6 @@
 """The predictor's error where it matters: on real (testbed) windows left out of its training.
 
-    python -m benchmarks.predictor_error [--dataset benchmarks/calibration/real-windows.json] \\
+    python -m benchmarks.predictor_error [--dataset simulator/real-windows.json] \\
         [--real-share 0.25 0.5 0.75] [--out results/predictor-error.json]
 
 Folds: every model of the dataset left out in turn (its real blocks; none of the simulator's

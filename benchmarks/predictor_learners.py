@@ -1,6 +1,6 @@
 """Other learners than the shipped recipe, on the same left-out real windows as predictor_error.
 
-    python -m benchmarks.predictor_learners [--dataset benchmarks/calibration/real-windows.json] \\
+    python -m benchmarks.predictor_learners [--dataset simulator/real-windows.json] \\
         [--out results/predictor-learners.json]
 
 Every fold of `benchmarks/predictor_error.py` (a model left out, a condition left out) and its

@@ -4,7 +4,7 @@ the daemon stores), per (model, condition) block.
 
     python -m benchmarks.record_windows --models mlp,vgg,resnet,transformer \\
         --conditions quiet rate=10gbit rate=300mbit cpu1=0.5 --rounds 2 --steps 5 --warmup 2 \\
-        --out benchmarks/calibration/real-windows.json          # appends its blocks
+        --out simulator/real-windows.json          # appends its blocks
 
 A block runs, in one training process per rank on a fresh testbed with the condition applied
 (`benchmarks.bench_conditions`' conditions and models), the tuner's candidate grid for that model

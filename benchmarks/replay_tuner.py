@@ -1,7 +1,7 @@
 """The daemon's own tuner (JobTuner) replayed on real windows: what it tries and where it ends on
 every block of the real dataset, with a prior that never saw the block's model.
 
-Every block of `benchmarks/calibration/real-windows.json` is one condition held still (a model, a
+Every block of `simulator/real-windows.json` is one condition held still (a model, a
 rate, competing flows or a CPU quota on the 2-rank testbed) in which every candidate configuration
 was measured (rank 0's own StepMetrics, 10-20 steps each). A replay job starts in the scheduler's
 default configuration and runs `--steps` steps; each step is a recorded step of the configuration

@@ -1,5 +1,5 @@
 """Windows measured on real processes (the testbed), read from the dataset
-`benchmarks/calibration/real-windows.json` that `benchmarks/record_windows.py` records: one block
+`simulator/real-windows.json` that `benchmarks/record_windows.py` records: one block
 per (model, condition), every candidate configuration of the tuner's grid in every round, with rank
 0's own StepMetrics of every measured step (what its reporter streams and the daemon stores).
 
@@ -24,12 +24,8 @@ from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Window
 
 FORMAT = "autobyte real windows v1"
-DATASET_PATH = (
-    pathlib.Path(__file__).resolve().parent.parent
-    / "benchmarks"
-    / "calibration"
-    / "real-windows.json"
-)
+# beside the code that trains the prior from it (simulator/train_prior.py)
+DATASET_PATH = pathlib.Path(__file__).resolve().parent / "real-windows.json"
 _FIELDS = {f.name for f in dataclasses.fields(StepMetrics)} - {"config"}
 
 

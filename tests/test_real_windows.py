@@ -1,4 +1,4 @@
-"""The real-window dataset the prior is trained on (benchmarks/calibration/real-windows.json,
+"""The real-window dataset the prior is trained on (simulator/real-windows.json,
 recorded on the testbed by benchmarks/record_windows.py): it describes the jobs as a real client
 registers them, covers the tuner's whole grid, reads into finite contexts, and carries the share of
 the training weight the prior's script says."""
