@@ -317,6 +317,27 @@ def test_final_batches_finish_a_job_and_free_its_ranks(store):
     assert store.jobs(30)[0].state == "running"
 
 
+def test_a_tuner_decision_made_after_every_rank_finished_is_stored_expired(store):
+    """The tuner reads a job's last steps after its final batches arrived (which expired what was
+    pending then): what it decides from them no process will apply, so it is kept expired, never
+    pending; an operator's decision is refused (test above); a new run decides afresh."""
+    sessions = [store.register(reg(rank=r), 30).session_id for r in (0, 1)]
+    before = store.add_decision("j", Config(1 << 20, None), 40, "trial 1", source="tuner")
+    store.append_samples(
+        [SampleBatch("j", r, sessions[r], samples(1, 30), final=True) for r in (0, 1)]
+    )
+    late = store.add_decision("j", Config(4 << 20, None), 60, "trial 2", source="tuner")
+    assert late.state == "expired"
+    assert [(d.decision_id, d.state) for d in store.decisions("j")] == [
+        (before.decision_id, "expired"),
+        (late.decision_id, "expired"),
+    ]
+    store.register(reg(instance="run-2"), 30)  # a new run
+    assert (
+        store.add_decision("j", Config(None, None), 5, "run 2", source="tuner").state == "pending"
+    )
+
+
 @pytest.mark.parametrize("how", ["finished", "silent"])
 def test_a_new_run_expires_the_pending_decisions_of_the_old_one(store, how):
     """A new process on rank 0 starts a new run (steps count from 0 again): a decision

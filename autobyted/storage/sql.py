@@ -362,6 +362,11 @@ class SqlStorage(BaseStorage):
                 self._check_lease(session, tuner_lease(job), lease_holder)
             if source == "operator":
                 self._refuse_if_finished(session, job_row)
+            elif state == "pending" and self._finished_at(session, job_row) is not None:
+                # The tuner decided from the job's last steps after its last rank said goodbye
+                # (the goodbye expired what was pending then): no process will apply this one
+                # either. Kept, as the tuner's record, expired.
+                state = "expired"
             tuner = session.get(m.TunerState, job_row.id)
             if source == "operator":
                 tuner.paused = True
