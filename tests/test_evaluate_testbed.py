@@ -26,8 +26,8 @@ from benchmarks.testbed import NAME_PREFIX, list_namespaces
 REPO = Path(__file__).resolve().parents[1]
 
 # A tiny MLP (0.4M parameters), 6 s per run, 1gbit -> 200mbit at 3 s; grid-best and the oracle
-# (always run as references) have one grid configuration, so the whole evaluation is 4 testbed runs
-# (grid, observe, bo-once, oracle), ~40 s.
+# (always run as references) have one grid configuration, so the whole evaluation is 3 testbed runs
+# (grid, observe, oracle), ~30 s.
 SCENARIO = textwrap.dedent("""
     model = "{profile}"
     workers = 2
@@ -53,40 +53,26 @@ def test_online_policy_runs_on_testbed(tmp_path: Path) -> None:
     scenario.write_text(SCENARIO.format(profile=profile))
     out = tmp_path / "out"
     assert (
-        main(
-            [
-                str(scenario),
-                "--policy",
-                "bo-once",
-                "observe:1MiB,4MiB",
-                "--testbed",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
+        main([str(scenario), "--policy", "observe:1MiB,4MiB", "--testbed", "--out", str(out)]) == 0
     )
     with open(out / "results.csv", newline="") as table_file:
         rows = list(csv.DictReader(table_file))
-    assert [row["policy"] for row in rows] == ["bo-once", "observe:1MiB,4MiB"]
-    assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
-    result = json.loads((out / "results.json").read_text())["scenarios"][0]
-    online = result["online"]["bo-once"]
-    # the policy changed the configuration while the ranks trained, and rank 0 applied it
-    assert online["decisions"] and online["applied"] >= 1
-    # every run stopped at the scenario's duration (--max-seconds), not after a fixed step count
+    assert [row["policy"] for row in rows] == ["observe:1MiB,4MiB"]
+    # the run stopped at the scenario's duration (--max-seconds), not after a fixed step count
     # (a step here takes milliseconds: the bound leaves room for another test's load beside it)
     assert 5.0 < float(rows[0]["elapsed_s"]) < 10.0
+    result = json.loads((out / "results.json").read_text())["scenarios"][0]
     # observe: the configuration held, every step reported to a real autobyted whose tuner looked
-    # at the job (a status record exists) and whose recommendations were never applied
-    assert rows[1]["mode"] == "testbed" and int(rows[1]["steps"]) > 10
+    # at the job (a status record exists) and whose recommendations were never applied (a policy
+    # that applies its decisions while the ranks train: bo-once in the scaled scenario's test below)
+    assert rows[0]["mode"] == "testbed" and int(rows[0]["steps"]) > 10
     observed = result["online"]["observe:1MiB,4MiB"]
     assert observed["applied"] == 0 and observed["tuner"].get("mode") == "observe", observed[
         "tuner"
     ]
-    assert "sched:1MiB,4MiB held" in rows[1]["chose"]
+    assert "sched:1MiB,4MiB held" in rows[0]["chose"]
     # the host during every run (load, the CPU the hypervisor stole: a share of all CPU time)
-    for policy in ("bo-once", "observe:1MiB,4MiB", "oracle", "grid-best"):
+    for policy in ("observe:1MiB,4MiB", "oracle", "grid-best"):
         host = result["hosts"][policy]
         assert 0.0 <= host["steal_share"] < 1.0 and len(host["load_start"].split()) == 3, (
             policy,

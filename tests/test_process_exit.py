@@ -42,7 +42,7 @@ DDP_CODES = {
 }
 # Where the race to the interpreter's teardown was (an abort on most runs before the fix): many
 # runs of each, on both hot paths; each other path once a hot path.
-RACY = {"end": 4, "exit3": 2, "destroy_only": 2, "sigint_all": 2}
+RACY = {"end": 3, "exit3": 2, "destroy_only": 2, "sigint_all": 2}
 # The paths whose last update must have landed before the script's own atexit handlers run
 # (a DDP step() returns with its update applied), and the DDP run they equal.
 LANDED = {
