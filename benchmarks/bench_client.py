@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 
+from autobyte.transport import session
 from autobyte.transport.reporter import Reporter
 from autobyte.types import Config, StepMetrics
 
@@ -57,7 +58,7 @@ def _one_rank_optimizer():
 def time_on_step(address: str, calls: int) -> list[float]:
     reporter = Reporter(address, f"bench-{time.monotonic_ns()}", 0, 1, None, buffer_samples=10_000)
     optimizer = _one_rank_optimizer()
-    reporter.attach(optimizer)
+    session.attach(reporter, optimizer)  # as autobyte.init() attaches it: place, model, backend
     metrics = StepMetrics(
         step=0, wall_time_s=time.time(), step_time_s=0.05, config=Config(1 << 20, 4 << 20)
     )

@@ -127,7 +127,7 @@ def model_label(wire_lab: str, byte_scale: float) -> str:
     sizes = model_config(
         Config(config.partition_bytes, config.credit_bytes, config.tail_bytes), byte_scale
     )
-    return RunConfig(config.kind, *dataclasses.astuple(sizes)).label
+    return RunConfig(config.kind, sizes.partition_bytes, sizes.credit_bytes, sizes.tail_bytes).label
 
 
 @_with_clip
