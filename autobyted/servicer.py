@@ -36,6 +36,7 @@ from autobyted.observability import DaemonMetrics
 from autobyted.settings import Settings
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import DecisionRecord, TunerStatusRecord
+from autobyted.tuner.eligible import not_tuned
 
 log = logging.getLogger(__name__)
 RUNNING_WITHIN_S = 30.0
@@ -424,15 +425,10 @@ class QueryService(_Servicer, pb_grpc.QueryServicer):
                 known=False,
                 with_config=False,
             )
-        if job.tuning_disabled:
+        status = not_tuned(job.tuning_disabled, job.engine)
+        if status is not None:
             return tuner_status_to_proto(
-                TunerStatusRecord(
-                    mode="opted out",
-                    state="off",
-                    detail="off: the job opted out (autobyte.init(tune=False))",
-                ),
-                known=False,
-                with_config=False,
+                dataclasses.replace(status, updated_at_s=0.0), known=False, with_config=False
             )
         return tuner_status_to_proto(
             TunerStatusRecord(

@@ -131,6 +131,21 @@ def test_unknown_job_is_a_clear_error(thread_daemon):
             ["propose", "job", "--partition", "1MiB", "--credit", "4MiB", "--tail", "1e30"],
             "use none for no tail window",
         ),
+        (
+            [
+                "propose",
+                "job",
+                "--partition",
+                "1MiB",
+                "--credit",
+                "4MiB",
+                "--forward-prefetch",
+                "2",
+            ],
+            "not both",
+        ),
+        (["propose", "job", "--credit", "4MiB"], "give --partition and --credit"),
+        (["propose", "job", "--forward-prefetch", "9"], "0<=x<=8"),
         (["history", "job", "--rank", "-1"], "--rank"),  # item 8: a negative rank is refused
         (["status", "--no-such-flag"], "No such option"),
         (["frobnicate"], "No such command"),
@@ -145,6 +160,32 @@ def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
         and "None" not in result.stderr
         and "Traceback" not in result.stderr
     )
+
+
+def test_an_fsdp2_jobs_knobs_are_proposed_shown_and_kept_apart(thread_daemon):
+    """`propose` sets FSDP2's knobs on an FSDP2 job (autobyte.fsdp), refuses the scheduler's there
+    with the daemon's reason, and status and history show the knobs."""
+    client = Client(thread_daemon.address)
+    session = client.register(job="sharded", engine="fsdp2").session_id
+    client.stream([pb.MetricsBatch(job="sharded", rank=0, session_id=session, samples=[sample(1)])])
+    client.close()
+    address = ("--daemon", thread_daemon.address)
+    proposed = run_cli("propose", "sharded", "--forward-prefetch", "2", "--keep-gathered", *address)
+    assert proposed.returncode == 0, proposed.stderr
+    assert "forward_prefetch=2 backward_prefetch=as set reshard_after_forward=False" in (
+        proposed.stdout
+    )
+    refused = run_cli("propose", "sharded", "--partition", "1MiB", "--credit", "4MiB", *address)
+    assert refused.returncode == 1 and "this job runs fsdp2" in refused.stderr, refused.stderr
+    status = json.loads(run_cli("status", "--format", "json", *address).stdout)
+    (job,) = status["jobs"]
+    assert job["engine"] == "fsdp2" and job["tuner"]["detail"].startswith("off: no tuner for fsdp2")
+    history = run_cli("history", "sharded", "--format", "csv", *address)
+    assert history.returncode == 0, history.stderr
+    (row,) = csv.DictReader(io.StringIO(history.stdout))
+    assert (row["forward_prefetch"], row["reshard_after_forward"]) == ("2", "False")
+    table = run_cli("history", "sharded", *address)
+    assert "prefetch 2/= keep" in table.stdout, table.stdout
 
 
 def test_best_says_when_the_reference_ran_only_in_the_warm_up(thread_daemon):
@@ -323,8 +364,12 @@ def test_status_history_and_tune_show_the_tuner(db_url):
             "credit_bytes": 4 << 20,
             "tail_bytes": 8 << 20,
         }
-        rows = run_cli("history", "cli-job", *address, "--format", "csv").stdout.splitlines()
-        assert rows[0].endswith(",tail_bytes") and rows[-1].endswith(f",{8 << 20}"), rows
+        rows = list(
+            csv.DictReader(
+                io.StringIO(run_cli("history", "cli-job", *address, "--format", "csv").stdout)
+            )
+        )
+        assert rows[-1]["tail_bytes"] == str(8 << 20) and rows[0]["tail_bytes"] == "", rows
         assert "1MiB/4MiB tail 8MiB" in run_cli("history", "cli-job", *address).stdout
         paused = json.loads(run_cli("status", *address, "--format", "json").stdout)["jobs"][0][
             "tuner"

@@ -232,3 +232,92 @@ def test_bad_input_is_a_value_error_naming_it():
     assert "(True, 1)" in messages[5]
     assert "ShardConfig" in messages[6] and "at_step" in messages[7]
     assert "2 values for 4 groups" in messages[8]
+
+
+# ---------------------------------------------------------------- measured and steered by autobyted
+STREAMED_STEPS = 40
+PROPOSE_AFTER = 5  # rank 0 asks the daemon, as an operator would, after this step
+
+
+def _streamed(rank: int, world: int, address: str | None) -> dict:
+    """A job that autobyte.init() connects to a real autobyted (address None: plain FSDP2, the same
+    data); rank 0 proposes FSDP2's knobs through the daemon's Control service after step 5."""
+    import time
+
+    import autobyte
+    import autobyte.fsdp as abf
+    from autobyte.query import Client
+    from autobyte.types import Config
+
+    if address is not None:
+        autobyte.init(address, "fsdp-job", rank=rank, world_size=world, flush_interval_s=0.2)
+    model = _sharded(world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    job = abf.attach(model, opt) if address is not None else None
+    gen = torch.Generator().manual_seed(100 + rank)
+    configs, decisions, refused = [], [], ""
+    for step in range(STREAMED_STEPS):
+        if job is not None:  # what this step runs with
+            configs.append(job.config)
+            decisions.append(job.decision_id)
+        x = torch.randn(8, 24, generator=gen)
+        y = torch.randint(0, 3, (8,), generator=gen)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if job is None:
+            continue
+        time.sleep(0.05)  # the decision's way (daemon, watch stream, broadcast) takes many steps
+        if rank == 0 and step == PROPOSE_AFTER:
+            client = Client(address)
+            job_id = client.resolve("fsdp-job")
+            client.propose(job_id, Config(forward_prefetch=2, reshard_after_forward=False))
+            try:  # the scheduler's knobs are not this job's
+                client.propose(job_id, Config(4 << 20, 16 << 20))
+            except Exception as error:  # noqa: BLE001 - its message is the result
+                refused = str(error)
+    full = [p.full_tensor().flatten().tolist() for p in model.parameters()]
+    if job is not None:
+        autobyte.shutdown()
+        job.close()
+    return {"params": full, "configs": configs, "decisions": decisions, "refused": refused}
+
+
+@pytest.mark.timeout(240)
+def test_autobyted_records_the_steps_and_its_decision_moves_every_rank_at_one_step(tmp_path):
+    from autobyte.fsdp import ShardConfig
+    from autobyte.query import Client
+
+    from tests.helpers.daemon import ThreadDaemon
+
+    daemon = ThreadDaemon(f"sqlite:///{tmp_path / 'd.db'}", tuner="auto").start()
+    try:
+        steered = run_ranks(_streamed, 2, daemon.address)
+        client = Client(daemon.address)
+        (job,) = client.status().jobs
+        history = client.history("fsdp-job", steps=True, limit=10_000)
+    finally:
+        daemon.stop()
+    plain = run_ranks(_streamed, 2, None)
+    # math unchanged: plain FSDP2's parameters to the bit, on every rank
+    assert steered[0]["params"] == steered[1]["params"] == plain[0]["params"]
+    # the daemon knows the job as FSDP2's, and its tuner leaves the knobs to the operator
+    assert job.engine == "fsdp2" and job.state == "finished", job
+    assert job.tuner.detail.startswith("off: no tuner for fsdp2"), job.tuner
+    # the operator's decision, applied on both ranks at the same step, and reported back
+    (decision,) = history.decisions
+    assert decision.state == "applied" and decision.source == "operator", decision
+    wanted = ShardConfig(forward_prefetch=2, reshard_after_forward=False)
+    at = decision.applied_at_step
+    for rank in steered:
+        assert rank["configs"][at] == wanted and rank["configs"][at - 1] == ShardConfig()
+        assert rank["decisions"][at] == decision.decision_id
+    assert job.config.forward_prefetch == 2 and job.config.reshard_after_forward is False
+    # the scheduler's knobs were refused, naming the job's engine
+    assert "this job runs fsdp2" in steered[0]["refused"], steered[0]["refused"]
+    # every step of both ranks stored, with the configuration it ran with
+    stored = {(s.rank, s.step): s for s in history.steps}
+    assert len(stored) == 2 * STREAMED_STEPS
+    for (rank, step), s in stored.items():
+        assert s.config == (wanted.to_config() if step >= at else ShardConfig().to_config())
+        assert s.step_time_s > 0 and s.bytes_reduced > 0

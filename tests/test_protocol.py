@@ -38,6 +38,7 @@ from autobyte.records import (
 from autobyte.types import (
     MAX_CREDIT_BYTES,
     MAX_PARTITION_BYTES,
+    MAX_PREFETCH,
     MAX_TAIL_BYTES,
     MIN_CREDIT_BYTES,
     MIN_PARTITION_BYTES,
@@ -81,12 +82,19 @@ def test_stale_check_detects_an_edit(tmp_path, monkeypatch):
     assert gen.main(["--check"]) == 1
 
 
-configs = st.builds(
+scheduler_configs = st.builds(
     Config,
     st.one_of(st.none(), st.integers(MIN_PARTITION_BYTES, MAX_PARTITION_BYTES)),
     st.one_of(st.none(), st.integers(MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)),
     st.one_of(st.none(), st.integers(MIN_TAIL_BYTES, MAX_TAIL_BYTES)),
 )
+fsdp_configs = st.builds(
+    Config,
+    forward_prefetch=st.one_of(st.none(), st.integers(0, MAX_PREFETCH)),
+    backward_prefetch=st.one_of(st.none(), st.integers(1, MAX_PREFETCH)),
+    reshard_after_forward=st.one_of(st.none(), st.booleans()),
+)
+configs = st.one_of(scheduler_configs, fsdp_configs)
 floats = st.floats(0, 1e6, allow_nan=False)
 
 
@@ -95,7 +103,7 @@ def test_config_round_trip(config):
     assert config_from_proto(config_to_proto(config)) == config
 
 
-@given(configs)
+@given(scheduler_configs)
 def test_config_int_encoding_round_trip(config):
     """The one None <-> -1 encoding (order-channel frames, the native engine)."""
     encoded = config_to_ints(config)
@@ -339,3 +347,38 @@ def test_registration_from_request():
     )
     with pytest.raises(ValueError, match="partition_bytes"):
         registration_from_proto(pb.RegisterRequest(job="j", config=pb.Config(partition_bytes=1)))
+
+
+def test_a_job_registers_its_engine_and_configurations_of_its_engine_only():
+    """An old client's registration (no engine) is the scheduler's; FSDP2's knobs travel as
+    optional fields; a configuration never mixes the engines' knobs, on the wire or in code."""
+    assert registration_from_proto(pb.RegisterRequest(job="j")).engine == "scheduler"
+    fsdp = Config(forward_prefetch=0, backward_prefetch=2, reshard_after_forward=False)
+    request = pb.RegisterRequest(job="j", engine="fsdp2", config=config_to_proto(fsdp))
+    assert registration_from_proto(request).config == fsdp
+    assert config_to_proto(fsdp).HasField("reshard_after_forward")  # False is not "as set"
+    assert fsdp.short() == "prefetch 0/2 keep" and Config(backward_prefetch=1).short() == (
+        "prefetch =/1"
+    )
+    assert fsdp.to_dict() == {
+        "partition_bytes": None,
+        "credit_bytes": None,
+        "forward_prefetch": 0,
+        "backward_prefetch": 2,
+        "reshard_after_forward": False,
+    }
+    with pytest.raises(ValueError, match="this job runs fsdp2"):
+        registration_from_proto(
+            pb.RegisterRequest(job="j", engine="fsdp2", config=pb.Config(partition_bytes=4096))
+        )
+    with pytest.raises(ValueError, match="engine 'ddp' is not one of scheduler, fsdp2"):
+        registration_from_proto(pb.RegisterRequest(job="j", engine="ddp"))
+    with pytest.raises(ValueError, match="mixes the scheduler's"):
+        config_from_proto(pb.Config(credit_bytes=4096, forward_prefetch=1))
+    for bad in (-1, 9):
+        with pytest.raises(ValueError, match="forward_prefetch"):
+            config_from_proto(pb.Config(forward_prefetch=bad))
+    with pytest.raises(ValueError, match="backward_prefetch"):
+        Config(backward_prefetch=0)
+    with pytest.raises(ValueError, match="reshard_after_forward"):
+        Config(reshard_after_forward="yes")

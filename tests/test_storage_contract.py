@@ -8,7 +8,7 @@ import pytest
 from autobyte.types import Config, StepMetrics
 
 from autobyted.best import PARAMS, best, best_in_latest_context
-from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
+from autobyted.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from autobyted.storage.db import make_engine, migrate
 from autobyted.storage.records import Registration, SampleBatch
 from autobyted.storage.sql import SqlStorage
@@ -23,8 +23,10 @@ def store(request, tmp_path):
     engine.dispose()
 
 
-def reg(rank=0, instance="a", job="j", world=2):
-    return Registration(job=job, rank=rank, world_size=world, backend="gloo", instance_id=instance)
+def reg(rank=0, instance="a", job="j", world=2, engine="scheduler"):
+    return Registration(
+        job=job, rank=rank, world_size=world, backend="gloo", instance_id=instance, engine=engine
+    )
 
 
 def samples(first, last, **kw):
@@ -466,15 +468,26 @@ def test_two_writers_of_one_rank_never_store_a_sample_twice(pg_url):
             engine.dispose()
 
 
-def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store):
-    """Config.tail_bytes (migration 0005) in samples, the job, decisions, applied
-    configurations, the tuner's status and windows, and `best`; a configuration without it reads
-    back as it was written (NULL is no tail window)."""
+@pytest.mark.parametrize(
+    ("engine", "tail", "plain"),
+    [
+        ("scheduler", Config(1 << 20, 4 << 20, 8 << 20), Config(1 << 20, 4 << 20)),
+        (
+            "fsdp2",
+            Config(forward_prefetch=2, backward_prefetch=3, reshard_after_forward=False),
+            Config(),
+        ),
+    ],
+)
+def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(
+    store, engine, tail, plain
+):
+    """Config.tail_bytes (migration 0005) and FSDP2's knobs (0006) in samples, the job, decisions,
+    applied configurations, the tuner's status and windows, and `best`; a configuration without
+    them reads back as it was written (NULL is no tail window, FSDP2's as the user set it)."""
     from autobyted.storage.records import TunerStatusRecord, WindowRecord
 
-    tail = Config(1 << 20, 4 << 20, 8 << 20)
-    plain = Config(1 << 20, 4 << 20)
-    s0 = store.register(reg(), 30).session_id
+    s0 = store.register(reg(engine=engine), 30).session_id
     store.append_samples(
         [
             SampleBatch(
@@ -514,3 +527,21 @@ def test_a_tail_window_is_kept_in_every_record_that_holds_a_configuration(store)
     )
     assert best.found and best.config == tail  # 0.1 s against plain's 0.2 s, told apart
     assert {c.config for c in best.candidates} == {tail, plain}
+    assert store.jobs(30)[0].engine == engine == store.job_info("j").engine
+
+
+def test_a_job_takes_only_its_engines_configurations(store):
+    """A decision of the other engine's knobs is refused, naming the job's engine, and stores
+    nothing; a registration of the job under another engine is refused."""
+    store.register(reg(engine="fsdp2"), 30)
+    with pytest.raises(InvalidArgument, match="this job runs fsdp2"):
+        store.add_decision("j", Config(1 << 20, 4 << 20), 0, "operator")
+    with pytest.raises(InvalidArgument, match="this job runs fsdp2"):
+        store.add_decision("j", Config(tail_bytes=8 << 20), 0, "tuner", source="tuner")
+    assert store.decisions("j") == []
+    store.add_decision("j", Config(forward_prefetch=1), 0, "operator")
+    store.register(reg(job="s"), 30)
+    with pytest.raises(InvalidArgument, match="this job runs scheduler"):
+        store.add_decision("s", Config(backward_prefetch=2), 0, "operator")
+    with pytest.raises(FailedPrecondition, match="registered as a scheduler job, not fsdp2"):
+        store.register(reg(job="s", rank=1, instance="b", engine="fsdp2"), 30)

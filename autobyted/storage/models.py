@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from autobyte.sample_schema import SAMPLE_COLUMNS
+from autobyte.types import Config
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -25,12 +28,29 @@ class Base(DeclarativeBase):
     pass
 
 
+_COLUMN_KINDS = {"int64": BigInteger, "int32": Integer, "float": Float, "bool": Boolean}
+
+
+class ConfigColumns:
+    """A configuration's columns, one per Config field (autobyte/types.py), NULL where the field is
+    None, in every table that holds one (a job's configuration in effect, a decision's, an applied
+    one, the tuner's, a measured window's). Migrations: 0005 added tail_bytes, 0006 FSDP2's knobs."""
+
+
+for _field in dataclasses.fields(Config):
+    setattr(
+        ConfigColumns,
+        _field.name,
+        mapped_column(_COLUMN_KINDS[_field.metadata["column"]](), nullable=True),
+    )
+
+
 # Row ids of the tables that grow with every step or decision: 64-bit on every database. SQLite
 # keeps INTEGER (its rowid is 64-bit already, and only INTEGER PRIMARY KEY aliases it).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
-class Job(Base):
+class Job(ConfigColumns, Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -46,19 +66,16 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_seen_at: Mapped[float] = mapped_column(Float)
     max_step: Mapped[int] = mapped_column(BigInteger, default=-1)
-    # The configuration in effect, as last reported by rank 0 (NULL: none/unlimited). Its one source
+    # The configuration in effect (ConfigColumns), as last reported by rank 0. Its one source
     # is what rank 0's steps ran with: every sample carries it, and the ReportConfig a rank sends when
     # a decision took effect is built from that step's sample (autobyte/transport/control.py). Both
     # arrive here through one writer (storage/sql.py, _set_config): samples as they are stored, the
     # report at once (it also marks the decision applied).
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(
-        BigInteger, nullable=True
-    )  # 0005: the tail window
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
     # Rank 0 registered with autobyte.init(tune=False): the tuner leaves this job alone.
     tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # 0006: the engine the job runs (autobyte.types.ENGINES), from its registration.
+    engine: Mapped[str] = mapped_column(String(16), default="scheduler", server_default="scheduler")
 
 
 class Rank(Base):
@@ -79,9 +96,6 @@ class Rank(Base):
     dropped_total: Mapped[int] = mapped_column(BigInteger, default=0)
     # When this rank's process said it was shutting down (its last batch); NULL while it runs.
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-
-
-_COLUMN_KINDS = {"int64": BigInteger, "int32": Integer, "float": Float}
 
 
 class StepSample(Base):
@@ -107,18 +121,13 @@ class StepSample(Base):
     )
 
 
-class Decision(Base):
+class Decision(ConfigColumns, Base):
     __tablename__ = "decisions"
     # (job, id): a job's newest decision is one index probe (every daemon polls it, decisions.py).
     __table_args__ = (Index("ix_decisions_job_id_id", "job_id", "id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(
-        BigInteger, nullable=True
-    )  # 0005: the tail window
     apply_at_step: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     predicted_step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -130,7 +139,7 @@ class Decision(Base):
     source: Mapped[str] = mapped_column(String(16), default="operator", server_default="operator")
 
 
-class AppliedConfig(Base):
+class AppliedConfig(ConfigColumns, Base):
     """What a rank reported as actually in effect, and from which step."""
 
     __tablename__ = "configurations"
@@ -139,16 +148,11 @@ class AppliedConfig(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
     decision_id: Mapped[int] = mapped_column(BigInteger)
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(
-        BigInteger, nullable=True
-    )  # 0005: the tail window
     applied_at_step: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[float] = mapped_column(Float)
 
 
-class TunerState(Base):
+class TunerState(ConfigColumns, Base):
     """What the tuner is doing for a job (one row per job it has looked at), shown by `status`.
     `paused` is the operator's: set by a proposal or `autobyte tune --pause`, cleared by --resume."""
 
@@ -158,11 +162,6 @@ class TunerState(Base):
     mode: Mapped[str] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(32))
     detail: Mapped[str] = mapped_column(Text)
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(
-        BigInteger, nullable=True
-    )  # 0005: the tail window
     baseline_step_time_s: Mapped[float] = mapped_column(Float)
     measured_step_time_s: Mapped[float] = mapped_column(Float)
     predicted_step_time_s: Mapped[float] = mapped_column(Float)
@@ -172,7 +171,7 @@ class TunerState(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
-class TunerWindow(Base):
+class TunerWindow(ConfigColumns, Base):
     """One measured window of one configuration in one context of a job: the predictor's training
     data (pairs of windows of the same job and context segment). `context` is JSON (features.py)."""
 
@@ -182,11 +181,6 @@ class TunerWindow(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     segment: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
-    partition_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    credit_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    tail_bytes: Mapped[int | None] = mapped_column(
-        BigInteger, nullable=True
-    )  # 0005: the tail window
     step_time_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer)
     context: Mapped[str] = mapped_column(Text)

@@ -67,6 +67,7 @@ class JobInfo:
     created_at_s: float
     last_seen_s: float
     finished_at_s: float | None = None  # every rank said goodbye (their last, at this time)
+    engine: str = "scheduler"  # autobyte.types.ENGINES
 
 
 @dataclasses.dataclass(frozen=True)

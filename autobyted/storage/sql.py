@@ -15,7 +15,7 @@ from autobyte.types import Config
 from sqlalchemy.engine import Engine
 
 from autobyted.contexts import StepPoint
-from autobyted.errors import AlreadyExists, FailedPrecondition, NotFound
+from autobyted.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from autobyted.storage import models as m
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.db import SessionScope
@@ -167,6 +167,7 @@ class SqlStorage(BaseStorage):
                             **_config_columns(r.config),
                             dropped_total=0,
                             tuning_disabled=r.tuning_disabled,
+                            engine=r.engine,
                         )
                     )
         except AlreadyExists:
@@ -179,6 +180,11 @@ class SqlStorage(BaseStorage):
                 raise FailedPrecondition(
                     f"job {r.job!r} is registered with world size {job.world_size}, not {r.world_size}; "
                     "use a new job id for a differently sized run"
+                )
+            if job.engine != r.engine:
+                raise FailedPrecondition(
+                    f"job {r.job!r} is registered as a {job.engine} job, not {r.engine}; use a new "
+                    "job id (AUTOBYTE_JOB) for this run"
                 )
             if fp.digest and job.model_digest and fp.digest != job.model_digest:
                 raise FailedPrecondition(
@@ -358,6 +364,10 @@ class SqlStorage(BaseStorage):
         with self._scope() as session:
             # One decision of a job at a time, on every daemon: its ids are committed in order.
             job_row = self._job(session, job, lock=True)
+            try:
+                config.for_engine(job_row.engine)
+            except ValueError as error:
+                raise InvalidArgument(f"job {job!r}: {error}") from None
             if lease_holder is not None:
                 self._check_lease(session, tuner_lease(job), lease_holder)
             if source == "operator":
@@ -605,6 +615,7 @@ class SqlStorage(BaseStorage):
                         last_decision=_decision(last, job.name) if last else None,
                         tuner=_tuner_status(tuner) if tuner is not None and tuner.mode else None,
                         tuning_disabled=job.tuning_disabled,
+                        engine=job.engine,
                     )
                 )
         return out
@@ -706,6 +717,7 @@ class SqlStorage(BaseStorage):
                     row.model_digest,
                 ),
                 tuning_disabled=row.tuning_disabled,
+                engine=row.engine,
                 created_at_s=row.created_at,
                 last_seen_s=row.last_seen_at,
                 finished_at_s=self._finished_at(session, row),

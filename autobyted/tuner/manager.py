@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from autobyted.errors import FailedPrecondition, NotFound
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
+from autobyted.tuner.eligible import not_tuned
 from autobyted.tuner.features import Context, JobShape
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
@@ -438,13 +439,8 @@ class TunerManager:
             previous = self.storage.tuner_status(job)
             if previous is not None and previous.state == "finished":
                 return None  # said so when its last rank ended (cycle); a new run registers afresh
-        if info.tuning_disabled:
-            status = TunerStatusRecord(
-                mode="opted out",
-                state="off",
-                detail="off: the job opted out (autobyte.init(tune=False))",
-                updated_at_s=time.time(),
-            )
+        status = not_tuned(info.tuning_disabled, info.engine)
+        if status is not None:
             previous = self.storage.tuner_status(job)
             if previous is None or (previous.state, previous.mode) != (status.state, status.mode):
                 self.storage.save_tuner_status(job, status)

@@ -19,8 +19,10 @@ from autobyte.query import Client, DaemonError
 from autobyte.records import DecisionRecord, JobRecord, TunerStatusRecord
 from autobyte.types import (
     BYTE_UNITS_HELP,
+    FSDP_FIELDS,
     MAX_CREDIT_BYTES,
     MAX_PARTITION_BYTES,
+    MAX_PREFETCH,
     MAX_TAIL_BYTES,
     MIN_CREDIT_BYTES,
     MIN_PARTITION_BYTES,
@@ -299,6 +301,7 @@ def status(client, fmt) -> None:
                 "job": j.job,
                 "state": j.state,
                 "world_size": j.world_size,
+                "engine": j.engine,
                 "steps": j.steps,
                 "config": j.config.to_dict(),
                 "ranks": list(j.ranks),
@@ -393,6 +396,7 @@ HISTORY_CSV_COLUMNS = [
     "predicted_step_time_s",
     "measured_step_time_s",
     "tail_bytes",
+    *FSDP_FIELDS,
 ]
 
 
@@ -774,14 +778,15 @@ def best(client, job, fmt) -> None:
     "--partition",
     "partition",
     type=ByteSize("partition"),
-    required=True,
-    help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP})",
+    default=None,
+    help=f"partition size, e.g. 4MiB, or none ({BYTE_UNITS_HELP}); a scheduler job's proposal "
+    "names it and --credit",
 )
 @click.option(
     "--credit",
     "credit",
     type=ByteSize("credit"),
-    required=True,
+    default=None,
     help="credit window, e.g. 16MiB, or unlimited (units as for --partition)",
 )
 @click.option(
@@ -793,15 +798,74 @@ def best(client, job, fmt) -> None:
     "at a time (default none)",
 )
 @click.option(
+    "--forward-prefetch",
+    type=click.IntRange(0, MAX_PREFETCH),
+    default=None,
+    help="an FSDP2 job (autobyte.fsdp): how many groups each group's all-gather issues ahead in "
+    "forward (0: FSDP2's implicit prefetch; default: as the job set it)",
+)
+@click.option(
+    "--backward-prefetch",
+    type=click.IntRange(1, MAX_PREFETCH),
+    default=None,
+    help="an FSDP2 job: how many groups each prefetches in backward (1: FSDP2's default)",
+)
+@click.option(
+    "--reshard/--keep-gathered",
+    "reshard",
+    default=None,
+    help="an FSDP2 job: the groups below the root free their gathered parameters after forward "
+    "(another all-gather in backward) or keep them (memory)",
+)
+@click.option(
     "--at-step",
     type=click.IntRange(0),
     default=0,
     help="step at which every rank switches (0: the next step; a step already passed: the next too)",
 )
 @click.option("--reason", default="operator request", show_default=True)
-def propose(client, job, partition, credit, tail, at_step, reason) -> None:
-    """Ask JOB to switch to a configuration (stored as a decision)."""
-    config = Config(partition, credit, tail)
+def propose(
+    client,
+    job,
+    partition,
+    credit,
+    tail,
+    forward_prefetch,
+    backward_prefetch,
+    reshard,
+    at_step,
+    reason,
+) -> None:
+    """Ask JOB to switch to a configuration (stored as a decision): a scheduler job's --partition
+    and --credit (and --tail), or an FSDP2 job's --forward-prefetch, --backward-prefetch and
+    --reshard/--keep-gathered."""
+    ctx = click.get_current_context()
+    given = {
+        name
+        for name in ("partition", "credit", "tail")
+        if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
+    fsdp = (forward_prefetch, backward_prefetch, reshard) != (None, None, None)
+    if fsdp and given:
+        raise CommandError(
+            "a proposal sets one engine's knobs: --partition/--credit/--tail (a scheduler job) or "
+            "--forward-prefetch/--backward-prefetch/--reshard (an FSDP2 job), not both",
+            EXIT_USAGE,
+        )
+    if not fsdp and not {"partition", "credit"} <= given:
+        raise CommandError(
+            "give --partition and --credit (a scheduler job, e.g. --partition 4MiB --credit "
+            "16MiB), or FSDP2's --forward-prefetch/--backward-prefetch/--reshard",
+            EXIT_USAGE,
+        )
+    config = Config(
+        partition,
+        credit,
+        tail,
+        forward_prefetch=forward_prefetch,
+        backward_prefetch=backward_prefetch,
+        reshard_after_forward=reshard,
+    )
     job = client.resolve(job)
     d = client.propose(job, config, at_step=at_step, reason=reason)
     click.echo(

@@ -17,7 +17,7 @@ from autobyte.records import (
     Registration,
     TunerStatusRecord,
 )
-from autobyte.types import Config, StepMetrics
+from autobyte.types import ENGINES, Config, StepMetrics
 
 # StepMetrics' fields that map one to one onto the message's (every sample goes through here: the
 # daemon converts tens of thousands a second, so this is computed once).
@@ -73,8 +73,21 @@ def fingerprint_from_proto(message: pb.ModelFingerprint) -> Fingerprint:
     )
 
 
+def engine_from_proto(engine: str) -> str:
+    """A registration's engine; empty (a client before engines) is the scheduler. ValueError names
+    an unknown one."""
+    engine = engine or "scheduler"
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
+    return engine
+
+
 def registration_from_proto(request: pb.RegisterRequest) -> Registration:
-    """Raises ValueError on a bad configuration; the other checks are the daemon's."""
+    """Raises ValueError on a bad configuration, an unknown engine or a configuration of another
+    engine's knobs; the other checks are the daemon's."""
+    engine = engine_from_proto(request.engine)
+    config = config_from_proto(request.config)
+    config.for_engine(engine)
     return Registration(
         job=request.job,
         rank=request.rank,
@@ -84,8 +97,9 @@ def registration_from_proto(request: pb.RegisterRequest) -> Registration:
         hostname=request.hostname,
         pid=request.pid,
         fingerprint=fingerprint_from_proto(request.model),
-        config=config_from_proto(request.config),
+        config=config,
         tuning_disabled=request.tuning_disabled,
+        engine=engine,
     )
 
 
@@ -193,6 +207,7 @@ def job_status_to_proto(job: JobRecord, tuner: pb.TunerStatus) -> pb.JobStatus:
         last_seen_s=job.last_seen_s,
         dropped_total=job.dropped_total,
         has_last_decision=job.last_decision is not None,
+        engine=job.engine,
     )
     message.tuner.CopyFrom(tuner)
     if job.last_decision is not None:
@@ -217,6 +232,7 @@ def job_status_from_proto(message: pb.JobStatus) -> JobRecord:
         if message.has_last_decision
         else None,
         tuner=tuner_status_from_proto(message.tuner),
+        engine=message.engine or "scheduler",
     )
 
 

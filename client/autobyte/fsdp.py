@@ -39,8 +39,10 @@ optimizer).
 
 Measured per step (`ShardedJob.last_step`, `add_step_callback`): the step's wall time (boundary to
 boundary), the root's forward, the rest (backward and the optimizer step), and on CUDA the peak
-memory. Not yet: each group's all-gather and reduce-scatter waits (FSDP2 exposes no hooks for
-them), streaming to autobyted (the protocol has no fields for these knobs yet).
+memory. With `autobyte.init()` every rank streams these steps to autobyted as an FSDP2 job, and the
+daemon's decisions (autobyte.types.Config's FSDP2 fields) arrive through rank 0's `propose`
+(`_Reported`). Not yet: each group's all-gather and reduce-scatter waits (FSDP2 exposes no hooks
+for them).
 """
 
 from __future__ import annotations
@@ -56,21 +58,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autobyte import hooks
+from autobyte.types import Config, StepMetrics, check_depth
+
 logger = logging.getLogger(__name__)
 
-MAX_PREFETCH = (
-    8  # each prefetched group holds its gathered parameters: deeper is memory for nothing
-)
 _NONE = -1  # a field left None, on the wire
-
-
-def _check_depth(name: str, value: Any, lowest: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_PREFETCH:
-        raise ValueError(
-            f"{name} must be None or an int in [{lowest}, {MAX_PREFETCH}], got {value!r}"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +75,8 @@ class ShardConfig:
     reshard_after_forward: bool | tuple[bool | None, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_depth("forward_prefetch", self.forward_prefetch, 0)
-        _check_depth("backward_prefetch", self.backward_prefetch, 1)
+        check_depth("forward_prefetch", self.forward_prefetch, 0)
+        check_depth("backward_prefetch", self.backward_prefetch, 1)
         reshard = self.reshard_after_forward
         if isinstance(reshard, list):
             object.__setattr__(self, "reshard_after_forward", tuple(reshard))
@@ -117,6 +110,24 @@ class ShardConfig:
             *(_NONE if (v := self.reshard_of(i)) is None else int(v) for i in range(groups)),
         ]
 
+    def to_config(self) -> Config:
+        """As autobyted holds it (autobyte.types.Config's FSDP2 fields): one reshard setting for
+        every group, so a per-group tuple whose values differ reads as None (as the user set it)."""
+        reshard = self.reshard_after_forward
+        if isinstance(reshard, tuple):
+            reshard = reshard[0] if len(set(reshard)) == 1 else None
+        return Config(
+            forward_prefetch=self.forward_prefetch,
+            backward_prefetch=self.backward_prefetch,
+            reshard_after_forward=reshard,
+        )
+
+    @classmethod
+    def from_config(cls, config: Config) -> ShardConfig:
+        """A daemon's configuration; ValueError for one of the scheduler's knobs."""
+        config.for_engine("fsdp2")
+        return cls(config.forward_prefetch, config.backward_prefetch, config.reshard_after_forward)
+
     @classmethod
     def decode(cls, values: Sequence[int]) -> ShardConfig:
         forward, backward, per_group, *each = (None if v == _NONE else int(v) for v in values)
@@ -134,6 +145,7 @@ class ShardStep:
     rest_s: float  # backward and the optimizer step
     peak_memory_bytes: int  # 0: not measurable here (CPU)
     config: ShardConfig
+    decision_id: int = 0  # autobyted's decision that set `config` (0: none)
 
 
 @dataclasses.dataclass
@@ -191,18 +203,22 @@ class ShardedJob:
             for m in self.groups
         }
         ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self._leader = 0 if ranks is None else ranks[0]
         # proposals travel on gloo whatever the data backend (a few ints a step, off the data path)
         self._channel = dist.new_group(ranks, backend="gloo")
         self._lock = threading.Lock()
-        self._proposal: tuple[ShardConfig, int] | None = None  # rank 0's (config, at_step)
+        # rank 0's (config, at_step, decision_id): decision_id is autobyted's (0: the script's own)
+        self._proposal: tuple[ShardConfig, int, int] | None = None
         self._sent = 0  # proposals rank 0 has sent (a new one is told apart by its number)
         self._received = 0
         self._incoming: tuple[Any, torch.Tensor] | None = None  # the broadcast in flight
-        self._pending: tuple[ShardConfig, int] | None = None  # received, waiting for its step
+        # received, waiting for its step: (config, at_step, decision_id)
+        self._pending: tuple[ShardConfig, int, int] | None = None
         self.config = ShardConfig()
+        self.decision_id = 0  # autobyted's decision that set self.config (0: none)
         self.step = 0  # steps completed
         self._order: list[Any] | None = None  # groups in first-forward order, after step 0
         self._seen: list[Any] = []
@@ -223,11 +239,18 @@ class ShardedJob:
         self._closed = False
         if config is not None and self.rank == 0:
             self.propose(config)
+        # autobyte.init() streams this job's steps to autobyted and applies its decisions (at once
+        # if init() ran before, else when it runs): the session hears of it as of a scheduler.
+        self.report = _Reported(self)
+        hooks.scheduler_created(self.report)
 
     # ------------------------------------------------------------------ public
-    def propose(self, config: ShardConfig, at_step: int | None = None) -> None:
+    def propose(
+        self, config: ShardConfig, at_step: int | None = None, *, decision_id: int = 0
+    ) -> None:
         """Ask for `config` on every rank from the next step boundary (or from step `at_step`);
-        rank 0's proposal is the one that takes effect; a newer one replaces a pending one."""
+        rank 0's proposal is the one that takes effect; a newer one replaces a pending one.
+        `decision_id` is autobyted's, when the proposal is its decision (the steps carry it)."""
         if not isinstance(config, ShardConfig):
             raise ValueError(f"config must be an autobyte.fsdp.ShardConfig, got {config!r}")
         if at_step is not None and (
@@ -241,7 +264,7 @@ class ShardedJob:
                 "(one per group that fully_shard made below the root, in forward order)"
             )
         with self._lock:
-            self._proposal = (config, at_step or 0)
+            self._proposal = (config, at_step or 0, decision_id)
 
     def add_step_callback(self, fn: Callable[[ShardStep], Any]) -> None:
         """fn(ShardStep) on the training thread after each step (exceptions logged, swallowed)."""
@@ -307,6 +330,7 @@ class ShardedJob:
             now - forward_end,
             peak,
             self.config,
+            self.decision_id,
         )
         self.step += 1
         self._t_start, self._forward_s, self._t_forward_end = now, 0.0, None
@@ -331,19 +355,27 @@ class ShardedJob:
             number = int(payload[0])
             if number > self._received:
                 self._received = number
-                self._pending = (ShardConfig.decode(payload[2:].tolist()), int(payload[1]))
+                self._pending = (
+                    ShardConfig.decode(payload[3:].tolist()),
+                    int(payload[1]),
+                    int(payload[2]),
+                )
         if self._pending is not None and self.step >= self._pending[1]:
-            config, _ = self._pending
+            config, _, decision_id = self._pending
             self._pending = None
             self._apply(config)
-        payload = torch.zeros(5 + len(self.groups), dtype=torch.int64)
+            self.decision_id = decision_id
+        # [proposal number, at_step, decision id, the configuration (ShardConfig.encode)]
+        payload = torch.zeros(6 + len(self.groups), dtype=torch.int64)
         if self.rank == 0:
             with self._lock:
                 proposal, self._proposal = self._proposal, None
             if proposal is not None:
                 self._sent += 1
-                config, at_step = proposal
-                payload[:] = torch.tensor([self._sent, at_step, *config.encode(len(self.groups))])
+                config, at_step, decision_id = proposal
+                payload[:] = torch.tensor(
+                    [self._sent, at_step, decision_id, *config.encode(len(self.groups))]
+                )
             else:
                 payload[0] = self._sent
         if self.world > 1:
@@ -375,6 +407,50 @@ class ShardedJob:
                 reshard = self._original[id(module)].reshard
             module.set_reshard_after_forward(reshard, recurse=False)
         self.config = config
+
+
+class _Reported:
+    """A sharded job as autobyte's session streams and steers it (autobyte/transport/): what a
+    ScheduledOptimizer offers the reporter, for FSDP2. Its steps become StepMetrics (the step,
+    forward and the rest as backward_s; bytes_reduced is the parameters' bytes, partitions the
+    groups); autobyted's decisions set FSDP2's knobs (autobyte.types.Config) through `propose`."""
+
+    engine_name = "fsdp2"
+
+    def __init__(self, job: ShardedJob) -> None:
+        self._job = job
+        self.model = job.model
+        self.process_group = job.group
+        self._bytes = sum(p.numel() * p.element_size() for p in job.model.parameters())
+        self._partitions = len(job.groups) + 1
+
+    @property
+    def config(self) -> Config:
+        return self._job.config.to_config()
+
+    def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
+        self._job.add_step_callback(lambda step: fn(self._metrics(step)))
+
+    def _metrics(self, step: ShardStep) -> StepMetrics:
+        return StepMetrics(
+            step=step.step,
+            wall_time_s=time.time(),
+            step_time_s=step.step_time_s,
+            forward_s=step.forward_s,
+            backward_s=step.rest_s,
+            bytes_reduced=self._bytes,
+            partitions=self._partitions,
+            config=step.config.to_config(),
+            decision_id=step.decision_id,
+        )
+
+    def apply_decision(self, config: Config, decision_id: int, at_step: int) -> None:
+        """autobyted's decision (autobyte/transport/control.py); ValueError for the scheduler's
+        knobs, changing nothing."""
+        self._job.propose(ShardConfig.from_config(config), at_step, decision_id=decision_id)
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Every step is measured at its boundary: nothing runs on after it."""
 
 
 class _Done:

@@ -1,5 +1,6 @@
-"""Who wants to hear of each new ScheduledOptimizer: parts of autobyte (the transport) register a
-hook here, and the scheduler calls them, without importing any of them (torch-free)."""
+"""Who wants to hear of each new ScheduledOptimizer (or FSDP2 job, autobyte.fsdp): parts of
+autobyte (the transport) register a hook here, and the scheduler calls them, without importing any
+of them (torch-free)."""
 
 from __future__ import annotations
 

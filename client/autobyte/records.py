@@ -31,6 +31,7 @@ class Registration:
     hostname: str = ""
     pid: int = 0
     tuning_disabled: bool = False
+    engine: str = "scheduler"  # autobyte.types.ENGINES: whose Config fields the job's configs set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,7 @@ class JobRecord:
     last_decision: DecisionRecord | None
     tuner: TunerStatusRecord | None = None
     tuning_disabled: bool = False
+    engine: str = "scheduler"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,18 +41,47 @@ _NONE_MEANS = {
 }
 
 
+# FSDP2's knobs (autobyte.fsdp): the deepest prefetch a configuration may ask for (each prefetched
+# group holds its gathered parameters: deeper is memory for nothing).
+MAX_PREFETCH = 8
+
+
+def check_depth(name: str, value: object, lowest: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= MAX_PREFETCH:
+        raise ValueError(
+            f"{name} must be None or an int in [{lowest}, {MAX_PREFETCH}], got {value!r}"
+        )
+
+
+SCHEDULER_FIELDS = ("partition_bytes", "credit_bytes", "tail_bytes")
+FSDP_FIELDS = ("forward_prefetch", "backward_prefetch", "reshard_after_forward")
+# Which engine a job runs (its registration says so): autobyte's scheduler (ScheduledOptimizer and
+# the integrations built on it) or FSDP2 (autobyte.fsdp). Each has its own Config fields.
+ENGINES = {"scheduler": SCHEDULER_FIELDS, "fsdp2": FSDP_FIELDS}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A scheduler configuration. None means no partitioning / unlimited credit / no tail window.
+    """A job's communication configuration. Its fields are of one engine (`ENGINES`): a config never
+    mixes them. None leaves a knob as the job has it without autobyte.
 
-    tail_bytes is the *tail window*: while a step's gradients not yet produced are at
-    most tail_bytes (the end of the backward pass, where the layers the next forward needs first
-    are produced), rank 0 issues a partition only when nothing is in flight, so the first layers'
-    partitions queue behind at most one collective instead of a full credit window. It changes
-    only when collectives start, never which elements they sum: the math is the same in every mode.
+    The scheduler's (autobyte.ScheduledOptimizer): partition_bytes, credit_bytes and tail_bytes;
+    None means no partitioning / unlimited credit / no tail window. tail_bytes is the *tail window*:
+    while a step's gradients not yet produced are at most tail_bytes (the end of the backward pass,
+    where the layers the next forward needs first are produced), rank 0 issues a partition only when
+    nothing is in flight, so the first layers' partitions queue behind at most one collective
+    instead of a full credit window. It changes only when collectives start, never which elements
+    they sum: the math is the same in every mode.
+
+    FSDP2's (autobyte.fsdp, where ShardConfig says what each does): forward_prefetch (0-8: the
+    groups each group's all-gather issues ahead in forward; 0 is FSDP2's implicit prefetch),
+    backward_prefetch (1-8; 1 is FSDP2's default) and reshard_after_forward (whether every group
+    below the root frees its gathered parameters after forward); None keeps the user's own setting.
     """
 
-    # Stored as nullable 64-bit columns beside every record that holds a configuration
+    # Stored as nullable columns beside every record that holds a configuration
     # (autobyte/sample_schema.py reads the kind from here).
     partition_bytes: int | None = dataclasses.field(
         default=None, metadata={"unit": "bytes", "column": "int64"}
@@ -63,6 +92,15 @@ class Config:
     tail_bytes: int | None = dataclasses.field(
         default=None, metadata={"unit": "bytes", "column": "int64"}
     )
+    forward_prefetch: int | None = dataclasses.field(
+        default=None, metadata={"unit": "groups", "column": "int32"}
+    )
+    backward_prefetch: int | None = dataclasses.field(
+        default=None, metadata={"unit": "groups", "column": "int32"}
+    )
+    reshard_after_forward: bool | None = dataclasses.field(
+        default=None, metadata={"unit": "bool", "column": "bool"}
+    )
 
     def __post_init__(self) -> None:
         _check_bytes(
@@ -70,26 +108,76 @@ class Config:
         )
         _check_bytes("credit_bytes", self.credit_bytes, MIN_CREDIT_BYTES, MAX_CREDIT_BYTES)
         _check_bytes("tail_bytes", self.tail_bytes, MIN_TAIL_BYTES, MAX_TAIL_BYTES)
+        check_depth("forward_prefetch", self.forward_prefetch, 0)
+        check_depth("backward_prefetch", self.backward_prefetch, 1)
+        reshard = self.reshard_after_forward
+        if not isinstance(reshard, bool) and reshard in (0, 1):  # a stored 0/1 reads back as int
+            object.__setattr__(self, "reshard_after_forward", bool(reshard))
+        elif reshard is not None and not isinstance(reshard, bool):
+            raise ValueError(f"reshard_after_forward must be a bool or None, got {reshard!r}")
+        if all(self._sets(names) for names in ENGINES.values()):
+            given = ", ".join(
+                f"{f.name}={getattr(self, f.name)!r}"
+                for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None
+            )
+            raise ValueError(
+                f"a configuration sets knobs of one engine: {given} mixes the "
+                f"scheduler's ({', '.join(SCHEDULER_FIELDS)}) with FSDP2's ({', '.join(FSDP_FIELDS)})"
+            )
 
-    def to_dict(self) -> dict[str, int | None]:
-        """The JSON shape the CLI documents; tail_bytes appears only when set (older readers and
-        every configuration without a tail window read exactly as before)."""
+    def _sets(self, names: tuple[str, ...]) -> bool:
+        return any(getattr(self, name) is not None for name in names)
+
+    @property
+    def engine(self) -> str | None:
+        """The engine whose knobs this configuration sets (`ENGINES`); None for Config() (each
+        engine as the job has it without autobyte: for the scheduler no partitioning and unlimited
+        credit)."""
+        return next((engine for engine, names in ENGINES.items() if self._sets(names)), None)
+
+    def to_dict(self) -> dict[str, int | bool | None]:
+        """The JSON shape the CLI documents; tail_bytes and FSDP2's knobs appear only when set
+        (older readers and every configuration without them read exactly as before)."""
         shape = {"partition_bytes": self.partition_bytes, "credit_bytes": self.credit_bytes}
-        if self.tail_bytes is not None:
-            shape["tail_bytes"] = self.tail_bytes
+        for name in ("tail_bytes", *FSDP_FIELDS):
+            if getattr(self, name) is not None:
+                shape[name] = getattr(self, name)
         return shape
 
     def short(self) -> str:
-        """'4MiB/16MiB' (partition/credit; none / inf), with ' tail 8MiB' when a tail window is set:
-        the one short form of a configuration (status, decisions, `autobyte best`, plots)."""
+        """'4MiB/16MiB' (partition/credit; none / inf), with ' tail 8MiB' when a tail window is set;
+        an FSDP2 configuration 'prefetch 2/1 reshard' (forward/backward depth, '=' where the user's
+        own is kept; 'keep' for reshard_after_forward=False): the one short form of a
+        configuration (status, decisions, `autobyte best`, plots)."""
+        if self.engine == "fsdp2":
+            depth = "/".join(
+                "=" if v is None else str(v)
+                for v in (self.forward_prefetch, self.backward_prefetch)
+            )
+            reshard = {None: "", True: " reshard", False: " keep"}[self.reshard_after_forward]
+            return f"prefetch {depth}{reshard}"
         text = (
             f"{format_bytes(self.partition_bytes, 'none')}/{format_bytes(self.credit_bytes, 'inf')}"
         )
         return text if self.tail_bytes is None else f"{text} tail {format_bytes(self.tail_bytes)}"
 
     def describe(self) -> str:
+        if self.engine == "fsdp2":
+            return " ".join(
+                f"{name}={'as set' if getattr(self, name) is None else getattr(self, name)}"
+                for name in FSDP_FIELDS
+            )
         text = f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
         return text if self.tail_bytes is None else f"{text} tail={format_bytes(self.tail_bytes)}"
+
+    def for_engine(self, engine: str) -> None:
+        """ValueError unless this configuration's knobs are `engine`'s (Config() is every engine's)."""
+        if self.engine not in (None, engine):
+            raise ValueError(
+                f"{self.describe()} sets {self.engine}'s knobs; this job runs {engine} "
+                f"(its knobs: {', '.join(ENGINES[engine])})"
+            )
 
 
 # The one integer encoding of a configuration (rank 0's order-channel frames, the native engine's

@@ -8,14 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Config(_message.Message):
-    __slots__ = ("partition_bytes", "credit_bytes", "tail_bytes")
+    __slots__ = ("partition_bytes", "credit_bytes", "tail_bytes", "forward_prefetch", "backward_prefetch", "reshard_after_forward")
     PARTITION_BYTES_FIELD_NUMBER: _ClassVar[int]
     CREDIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    RESHARD_AFTER_FORWARD_FIELD_NUMBER: _ClassVar[int]
     partition_bytes: int
     credit_bytes: int
     tail_bytes: int
-    def __init__(self, partition_bytes: _Optional[int] = ..., credit_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+    forward_prefetch: int
+    backward_prefetch: int
+    reshard_after_forward: bool
+    def __init__(self, partition_bytes: _Optional[int] = ..., credit_bytes: _Optional[int] = ..., tail_bytes: _Optional[int] = ..., forward_prefetch: _Optional[int] = ..., backward_prefetch: _Optional[int] = ..., reshard_after_forward: _Optional[bool] = ...) -> None: ...
 
 class ModelFingerprint(_message.Message):
     __slots__ = ("parameter_count", "parameter_bytes", "tensor_count", "largest_tensor_bytes", "median_tensor_bytes", "digest")
@@ -92,7 +98,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "tuning_disabled")
+    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "engine", "tuning_disabled")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +112,7 @@ class RegisterRequest(_message.Message):
     DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_LEADER_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     TUNING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
@@ -120,8 +127,9 @@ class RegisterRequest(_message.Message):
     data_parallel_rank: int
     data_parallel_size: int
     data_parallel_leader: int
+    engine: str
     tuning_disabled: bool
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., tuning_disabled: _Optional[bool] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., engine: _Optional[str] = ..., tuning_disabled: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "last_acked_seq")
@@ -220,7 +228,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job", "state", "world_size", "steps", "config", "ranks", "backend", "recent_step_time_s", "recent_steps_per_s", "last_decision", "has_last_decision", "last_seen_s", "dropped_total", "tuner")
+    __slots__ = ("job", "state", "world_size", "steps", "config", "ranks", "backend", "recent_step_time_s", "recent_steps_per_s", "last_decision", "has_last_decision", "last_seen_s", "dropped_total", "engine", "tuner")
     JOB_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +242,7 @@ class JobStatus(_message.Message):
     HAS_LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     TUNER_FIELD_NUMBER: _ClassVar[int]
     job: str
     state: str
@@ -248,8 +257,9 @@ class JobStatus(_message.Message):
     has_last_decision: bool
     last_seen_s: float
     dropped_total: int
+    engine: str
     tuner: TunerStatus
-    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., world_size: _Optional[int] = ..., steps: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., ranks: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., recent_step_time_s: _Optional[float] = ..., recent_steps_per_s: _Optional[float] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., has_last_decision: _Optional[bool] = ..., last_seen_s: _Optional[float] = ..., dropped_total: _Optional[int] = ..., tuner: _Optional[_Union[TunerStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., state: _Optional[str] = ..., world_size: _Optional[int] = ..., steps: _Optional[int] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., ranks: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ..., recent_step_time_s: _Optional[float] = ..., recent_steps_per_s: _Optional[float] = ..., last_decision: _Optional[_Union[Decision, _Mapping]] = ..., has_last_decision: _Optional[bool] = ..., last_seen_s: _Optional[float] = ..., dropped_total: _Optional[int] = ..., engine: _Optional[str] = ..., tuner: _Optional[_Union[TunerStatus, _Mapping]] = ...) -> None: ...
 
 class TunerStatus(_message.Message):
     __slots__ = ("mode", "state", "detail", "config", "baseline_step_time_s", "measured_step_time_s", "predicted_step_time_s", "paused", "trials_done", "trials_planned", "updated_at_s", "known")

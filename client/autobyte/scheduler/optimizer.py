@@ -335,6 +335,20 @@ class ScheduledOptimizer:
             at_step or 0,
         )
 
+    engine_name = "scheduler"  # autobyte.types.ENGINES: the Config fields its configurations set
+
+    def apply_decision(self, config: Config, decision_id: int, at_step: int) -> Config:
+        """A daemon's decision (autobyte/transport/control.py) as `reconfigure` takes it; a
+        configuration of another engine's knobs is a ValueError and changes nothing."""
+        config.for_engine(self.engine_name)
+        return self.reconfigure(
+            config.partition_bytes,
+            config.credit_bytes,
+            tail_bytes=config.tail_bytes,
+            decision_id=decision_id,
+            at_step=at_step,
+        )
+
     def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
         """Call fn(StepMetrics) on the training thread for each completed step (keep it cheap).
 

@@ -51,7 +51,9 @@ class Control:
 
     def __init__(self, link: ControlLink) -> None:
         self._link = link
-        self._optimizer = None  # the ScheduledOptimizer the decisions go to (attach)
+        # What the decisions go to (attach): a ScheduledOptimizer, or an FSDP2 job's report
+        # (autobyte.fsdp); either takes them through apply_decision(config, decision_id, at_step).
+        self._optimizer = None
         # Decisions: the control thread hands them to the scheduler; the step callback sees them land.
         self._last_update_id = 0
         self._decision_id = 0
@@ -59,7 +61,7 @@ class Control:
         self._watch_stream = None
 
     def attach(self, optimizer) -> None:
-        """Hand the daemon's decisions to `optimizer` (its reconfigure) from now on."""
+        """Hand the daemon's decisions to `optimizer` (its apply_decision) from now on."""
         self._optimizer = optimizer
 
     def on_step(self, metrics: StepMetrics) -> None:
@@ -80,13 +82,7 @@ class Control:
         """Hand a decision to the scheduler (control thread); it takes effect at the step boundary
         it names, or the next one if that has passed. Rank 0 decides for every rank."""
         try:
-            self._optimizer.reconfigure(
-                partition_bytes=config.partition_bytes,
-                credit_bytes=config.credit_bytes,
-                tail_bytes=config.tail_bytes,
-                decision_id=decision_id,
-                at_step=apply_at_step,
-            )
+            self._optimizer.apply_decision(config, decision_id, apply_at_step)
         except Exception as error:  # noqa: BLE001 - keep the last good configuration
             log.warning("decision %d (%s) not applied: %s", decision_id, config.describe(), error)
 

@@ -126,6 +126,7 @@ class Reporter:
         self._optimizer = None
         self._fingerprint: pb.ModelFingerprint | None = None
         self._backend = "unknown"
+        self._engine = "scheduler"
         self._initial_config = Config()
         self.connected = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -149,6 +150,7 @@ class Reporter:
         self.rank, self.world_size = self.place.rank, self.place.world_size
         self._fingerprint = fingerprint
         self._backend = backend
+        self._engine = optimizer.engine_name  # autobyte.types.ENGINES
         self._initial_config = optimizer.config
         optimizer.add_step_callback(self.on_step)
         self.endpoints.start_at(self.place.rank)
@@ -226,6 +228,7 @@ class Reporter:
                 rank=self.rank,
                 world_size=self.world_size,
                 backend=self._backend,
+                engine=self._engine,
                 model=self._fingerprint,
                 config=config_to_proto(self._initial_config),
                 client_version=__version__,
