@@ -184,8 +184,12 @@ def test_an_fsdp2_jobs_knobs_are_proposed_shown_and_kept_apart(thread_daemon):
     assert history.returncode == 0, history.stderr
     (row,) = csv.DictReader(io.StringIO(history.stdout))
     assert (row["forward_prefetch"], row["reshard_after_forward"]) == ("2", "False")
-    table = run_cli("history", "sharded", *address)
+    table = run_cli("history", "sharded", "--steps", *address)
     assert "prefetch 2/= keep" in table.stdout, table.stdout
+    # its steps ran as the script set FSDP2 up: that reads so, not as the scheduler's none/inf
+    assert "prefetch =/=" in table.stdout and "none/inf" not in table.stdout, table.stdout
+    status_table = run_cli("status", *address).stdout
+    assert "prefetch =/=" in status_table and "none/inf" not in status_table, status_table
 
 
 def test_best_says_when_the_reference_ran_only_in_the_warm_up(thread_daemon):

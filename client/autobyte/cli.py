@@ -349,7 +349,7 @@ def status_table(jobs: Sequence[JobRecord]) -> str:
             j.state,
             f"{len(j.ranks)}/{j.world_size}",
             str(j.steps),
-            j.config.short(),
+            j.config.short(j.engine),
             f"{steps_per_s(j):.2f}",
             f"#{j.last_decision.decision_id} {j.last_decision.state}" if j.last_decision else "-",
         ]
@@ -490,8 +490,12 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
             click.echo(decision_table(response.decisions))
         if with_steps:
             click.echo("")
+            # how a step's Config() reads: an FSDP2 job's is its script's own settings
+            engine = Config.engine_of(
+                [*(m.config for m in response.steps), *(d.config for d in response.decisions)]
+            )
             if len({m.rank for m in response.steps}) > 1:
-                click.echo(folded_steps(response.steps))
+                click.echo(folded_steps(response.steps, engine))
                 return
             rows = [
                 [
@@ -500,7 +504,7 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
                     _when(s["wall_time_s"]),
                     f"{s['step_time_s'] * 1e3:.1f}",
                     f"{s['exposed_comm_s'] * 1e3:.1f}",
-                    m.config.short(),
+                    m.config.short(engine),
                 ]
                 for s, m in zip(steps, response.steps)
             ]
@@ -511,7 +515,7 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
             )
 
 
-def folded_steps(records: Sequence) -> str:
+def folded_steps(records: Sequence, engine: str = "scheduler") -> str:
     """One row per step of a job with several ranks: how many ranks reported it, the slowest
     rank's step time, the spread of the exposed communication, and the rank whose compute
     (forward + backward) was longest, by how much over the ranks' median: a rank whose compute
@@ -540,7 +544,7 @@ def folded_steps(records: Sequence) -> str:
                 f"{max(r.step_time_s for r in ranks) * 1e3:.1f}",
                 f"{min(exposed):.1f}-{max(exposed):.1f}",
                 lag,
-                ranks[0].config.short(),
+                ranks[0].config.short(engine),
             ]
         )
     return table(["STEP", "RANKS", "TIME", "STEP_MS", "EXPOSED_MS", "SLOWEST", "PART/CREDIT"], rows)
@@ -734,8 +738,9 @@ def best(client, job, fmt) -> None:
     if not r.found:
         click.echo(f"{job}: no best configuration yet ({r.evidence})")
         return
-    reference = r.reference.short()
-    click.echo(f"{job}: {r.config.describe()}")
+    engine = Config.engine_of([r.config, r.reference, *(c.config for c in r.candidates)])
+    reference = r.reference.short(engine)
+    click.echo(f"{job}: {r.config.describe(engine)}")
     click.echo(
         textwrap.fill(f"in {r.context}", WIDTH, initial_indent="  ", subsequent_indent="    ")
     )
@@ -748,17 +753,25 @@ def best(client, job, fmt) -> None:
     click.echo(
         f"  median step time {r.median_step_time_s * 1e3:.1f} ms over {r.samples} steps, {gain}"
     )
+    # Config(): the scheduler's no-scheduling baseline; an FSDP2 job as its script set it
+    baseline = "the job as its script set it" if engine == "fsdp2" else "no-scheduling baseline"
+    as_short = Config().short(engine)
     if r.baseline_step_time_s:
         click.echo(
-            f"  no-scheduling baseline (none/inf) {r.baseline_step_time_s * 1e3:.1f} ms in this context"
+            f"  {baseline} ({as_short}) {r.baseline_step_time_s * 1e3:.1f} ms in this context"
         )
     else:
-        click.echo("  no-scheduling baseline: not measured in this context (none/inf)")
+        click.echo(f"  {baseline}: not measured in this context ({as_short})")
     click.echo(
         f"  compared in this context ({len(r.candidates)}); SPEED-UP = x faster than {reference}:"
     )
     rows = [
-        [c.config.short(), f"{c.median_step_time_s * 1e3:.1f}", str(c.samples), f"{c.speedup:.2f}x"]
+        [
+            c.config.short(engine),
+            f"{c.median_step_time_s * 1e3:.1f}",
+            str(c.samples),
+            f"{c.speedup:.2f}x",
+        ]
         for c in r.candidates
     ]
     click.echo(

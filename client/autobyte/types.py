@@ -145,12 +145,13 @@ class Config:
                 shape[name] = getattr(self, name)
         return shape
 
-    def short(self) -> str:
+    def short(self, engine: str | None = None) -> str:
         """'4MiB/16MiB' (partition/credit; none / inf), with ' tail 8MiB' when a tail window is set;
         an FSDP2 configuration 'prefetch 2/1 reshard' (forward/backward depth, '=' where the user's
         own is kept; 'keep' for reshard_after_forward=False): the one short form of a
-        configuration (status, decisions, `autobyte best`, plots)."""
-        if self.engine == "fsdp2":
+        configuration (status, decisions, `autobyte best`, plots). `engine`: the job's, which
+        decides how Config() reads (an FSDP2 job's is 'prefetch =/=', as its script set it)."""
+        if (self.engine or engine) == "fsdp2":
             depth = "/".join(
                 "=" if v is None else str(v)
                 for v in (self.forward_prefetch, self.backward_prefetch)
@@ -162,14 +163,21 @@ class Config:
         )
         return text if self.tail_bytes is None else f"{text} tail {format_bytes(self.tail_bytes)}"
 
-    def describe(self) -> str:
-        if self.engine == "fsdp2":
+    def describe(self, engine: str | None = None) -> str:
+        """The long form; `engine` as for short()."""
+        if (self.engine or engine) == "fsdp2":
             return " ".join(
                 f"{name}={'as set' if getattr(self, name) is None else getattr(self, name)}"
                 for name in FSDP_FIELDS
             )
         text = f"partition={format_bytes(self.partition_bytes, 'none')} credit={format_bytes(self.credit_bytes, 'unlimited')}"
         return text if self.tail_bytes is None else f"{text} tail={format_bytes(self.tail_bytes)}"
+
+    @staticmethod
+    def engine_of(configs: Iterable[Config]) -> str:
+        """The engine a job's configurations set (all of one job's are one engine's): the first
+        that sets any knob says it; the scheduler's when none does."""
+        return next((c.engine for c in configs if c.engine is not None), "scheduler")
 
     def for_engine(self, engine: str) -> None:
         """ValueError unless this configuration's knobs are `engine`'s (Config() is every engine's)."""
