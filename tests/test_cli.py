@@ -162,7 +162,7 @@ def test_usage_errors_have_their_own_exit_code(thread_daemon, args, message):
     )
 
 
-def test_an_fsdp2_jobs_knobs_are_proposed_shown_and_kept_apart(thread_daemon):
+def test_an_fsdp2_jobs_knobs_are_proposed_shown_and_kept_apart(thread_daemon, tmp_path):
     """`propose` sets FSDP2's knobs on an FSDP2 job (autobyte.fsdp), refuses the scheduler's there
     with the daemon's reason, and status and history show the knobs."""
     client = Client(thread_daemon.address)
@@ -190,6 +190,8 @@ def test_an_fsdp2_jobs_knobs_are_proposed_shown_and_kept_apart(thread_daemon):
     assert "prefetch =/=" in table.stdout and "none/inf" not in table.stdout, table.stdout
     status_table = run_cli("status", *address).stdout
     assert "prefetch =/=" in status_table and "none/inf" not in status_table, status_table
+    drawn = run_cli("plot", "sharded", "--out", str(tmp_path / "sharded.png"), *address)
+    assert drawn.returncode == 0 and (tmp_path / "sharded.png").stat().st_size > 0, drawn.stderr
 
 
 def test_best_says_when_the_reference_ran_only_in_the_warm_up(thread_daemon):

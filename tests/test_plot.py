@@ -83,9 +83,7 @@ def test_crowded_decisions_never_overlap_and_missing_figures_say_not_measured(tm
     from autobyte.plot import DecisionMark, StepPoint, draw_job, step_times_text
 
     steps = [
-        StepPoint(
-            rank, i, 1.7e9 + i * 0.1, 0.1 + 0.01 * (i % 7), 64 << 10, 64 << 10, 2e8, 0.3, i // 10
-        )
+        StepPoint(rank, i, 1.7e9 + i * 0.1, 0.1 + 0.01 * (i % 7), "64KiB/64KiB", 2e8, 0.3, i // 10)
         for i in range(300)
         for rank in (0, 1)
     ]
@@ -96,8 +94,7 @@ def test_crowded_decisions_never_overlap_and_missing_figures_say_not_measured(tm
             "rolled_back" if d % 3 else "applied",
             f"trial {d}/20: something",
             "tuner",
-            1 << 20,
-            4 << 20,
+            "1MiB/4MiB",
             0.09,
             None if d % 2 else 0.1,
         )
@@ -124,8 +121,7 @@ def test_an_8_rank_job_is_folded_to_rank_0_the_lagging_rank_and_a_band(tmp_path)
             step,
             1000.0 + step,
             (1.2 if rank == 6 else 1.0) + 0.01 * rank,
-            1 << 20,
-            4 << 20,
+            "1MiB/4MiB",
             1e8,
             0.1,
             0,

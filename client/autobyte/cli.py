@@ -491,9 +491,7 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
         if with_steps:
             click.echo("")
             # how a step's Config() reads: an FSDP2 job's is its script's own settings
-            engine = Config.engine_of(
-                [*(m.config for m in response.steps), *(d.config for d in response.decisions)]
-            )
+            engine = engine_of_history(response)
             if len({m.rank for m in response.steps}) > 1:
                 click.echo(folded_steps(response.steps, engine))
                 return
@@ -513,6 +511,14 @@ def history(client, job, since, with_steps, rank, limit, fmt) -> None:
                 if rows
                 else "no steps recorded"
             )
+
+
+def engine_of_history(response) -> str:
+    """The engine a job's History answer shows (a step's Config() reads by it: an FSDP2 job's is
+    its script's own settings, not the scheduler's none/inf)."""
+    return Config.engine_of(
+        [*(m.config for m in response.steps), *(d.config for d in response.decisions)]
+    )
 
 
 def folded_steps(records: Sequence, engine: str = "scheduler") -> str:
@@ -624,14 +630,14 @@ def plot(client, job, out_path, since, limit) -> None:
         ) from None
     job = client.resolve(job)
     response = client.history(job, since_s=since, steps=True, limit=limit)
+    engine = engine_of_history(response)
     steps = [
         job_plot.StepPoint(
             s.rank,
             s.step,
             s.wall_time_s,
             s.step_time_s,
-            s.config.partition_bytes,
-            s.config.credit_bytes,
+            s.config.short(engine),
             s.bandwidth_bytes_per_s,
             s.host_load,
             s.decision_id,
@@ -641,17 +647,16 @@ def plot(client, job, out_path, since, limit) -> None:
     ]
     decisions = [
         job_plot.DecisionMark(
-            d["decision_id"],
-            d["created_at_s"],
-            d["state"],
-            d["reason"],
-            d["source"],
-            d["config"]["partition_bytes"],
-            d["config"]["credit_bytes"],
-            d["predicted_step_time_s"],
-            d["measured_step_time_s"],
+            d.decision_id,
+            d.created_at_s,
+            d.state,
+            d.reason,
+            d.source,
+            d.config.short(engine),
+            d.predicted_step_time_s,
+            d.measured_step_time_s,
         )
-        for d in map(decision_dict, response.decisions)
+        for d in response.decisions
     ]
     path = out_path or f"{job}.png"
     try:

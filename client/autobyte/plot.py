@@ -8,8 +8,6 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from autobyte.types import format_bytes
-
 WIDTH_PX, HEIGHT_PX, DPI = 1200, 600, 100
 PLOT_EXTRA = "plot"  # setup.cfg's extra that brings matplotlib
 # The configurations' band colours (pale, so that the step-time lines stay readable on them).
@@ -34,8 +32,7 @@ class StepPoint(NamedTuple):
     step: int
     wall_time_s: float
     step_time_s: float
-    partition_bytes: int | None
-    credit_bytes: int | None
+    config: str  # the configuration it ran with, short (Config.short with the job's engine)
     bandwidth_bytes_per_s: float
     host_load: float
     decision_id: int
@@ -48,18 +45,13 @@ class DecisionMark(NamedTuple):
     state: str
     reason: str
     source: str
-    partition_bytes: int | None
-    credit_bytes: int | None
+    config: str  # the configuration decided, short
     predicted_step_time_s: float | None
     measured_step_time_s: float | None
 
 
 class PlotUnavailable(RuntimeError):
     """matplotlib is not installed: the message says which extra brings it."""
-
-
-def config_label(partition_bytes: int | None, credit_bytes: int | None) -> str:
-    return f"{format_bytes(partition_bytes, 'none')}/{format_bytes(credit_bytes, 'inf')}"
 
 
 def short_reason(reason: str, limit: int = 28) -> str:
@@ -112,7 +104,7 @@ def _stints(points: Sequence[StepPoint]) -> list[tuple[float, float, str]]:
     """(start, end, configuration) of each run of consecutive steps under one configuration."""
     stints: list[list] = []
     for point in points:
-        label = config_label(point.partition_bytes, point.credit_bytes)
+        label = point.config
         if stints and stints[-1][2] == label:
             stints[-1][1] = point.wall_time_s
         else:
