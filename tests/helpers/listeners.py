@@ -86,6 +86,10 @@ def http2_404_server() -> Iterator[str]:
         yield f"127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
+        # wakes the accept() (closing a listening socket alone does not, on Linux: the join waited
+        # its whole 5 s)
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         thread.join(5)
 
