@@ -50,7 +50,7 @@ namespace py = pybind11;
 namespace {
 
 // Bumped whenever the Python <-> C++ interface changes: a stale build is refused, not misused.
-constexpr int kInterfaceVersion = 3;
+constexpr int kInterfaceVersion = 4;
 
 // Configurations cross the Python <-> C++ boundary as int64 with any negative value meaning None
 // (no partitioning / unlimited credit / no tail window): autobyte.types.config_to_ints / NO_LIMIT_BYTES.
@@ -104,12 +104,14 @@ struct Plan {
   int64_t left = 0;
   int64_t unready = 0;  // elements whose gradient of this step is not yet ready
   int64_t tail = 0;     // the tail window in elements (0: none): autobyte.types.Config.tail_bytes
+  bool drain = false;   // a read waits for the whole step: autobyte/scheduler/dispatch.py, drain()
 };
 
 struct Ready {
   int64_t step, start, length;
   double t_ready;
   int32_t part;
+  int32_t runs = 1;  // partitions merged into this slice (a drained step's contiguous run)
 };
 struct ReadyOrder {  // std::priority_queue pops the "largest": lowest step, then highest offset
   bool operator()(const Ready& a, const Ready& b) const {
@@ -124,7 +126,7 @@ struct Issue {
 };
 
 struct DispatchEvent {
-  enum Kind { Grad, Credit, Boundary, Stop } kind;
+  enum Kind { Grad, Credit, Boundary, Drain, Stop } kind;
   int64_t step = 0, a = 0, b = 0, c = 0, d = 0;  // Grad: a=param; Credit: a=nbytes; Boundary: a,b,c,d=pb,cb,id,tb
 };
 
@@ -553,6 +555,11 @@ struct State : std::enable_shared_from_this<State> {
           case DispatchEvent::Credit:
             inflight -= ev.a;
             break;
+          case DispatchEvent::Drain: {
+            auto it = plans.find(ev.step);
+            if (it != plans.end()) it->second.drain = true;
+            break;
+          }
           case DispatchEvent::Boundary: {
             plans[ev.step] = new_plan(ev.a, ev.d);
             if ((ev.a != pb || ev.b != cb || ev.c != decision_id || ev.d != tb) && followers) {
@@ -579,13 +586,36 @@ struct State : std::enable_shared_from_this<State> {
         return;
       }
       int64_t window = in_tail ? 1 : credit;  // in the tail: only while nothing is in flight
-      if (!heap.empty() && (is_unlimited(window) || inflight < window)) {
+      // A step a read waits for in full, all of its gradients produced: what is left of it goes
+      // out at once, one collective per contiguous run (never a row-sparse weight's slice).
+      auto draining = [&](const Ready& r) {
+        const Plan& plan = plans[r.step];
+        return plan.drain && plan.unready == 0;
+      };
+      auto open = [&] {
+        return !heap.empty() && (is_unlimited(window) || inflight < window || draining(heap.front()));
+      };
+      if (open()) {
         batch.clear();
-        while (!heap.empty() && (is_unlimited(window) || inflight < window)) {
+        while (open()) {
           std::pop_heap(heap.begin(), heap.end(), order);
-          batch.push_back(heap.back());
+          Ready r = heap.back();
           heap.pop_back();
-          inflight += batch.back().length * elem;
+          r.runs = 1;
+          if (!sparse.count(r.start)) {
+            while (!heap.empty() && draining(heap.front()) && heap.front().step == r.step &&
+                   heap.front().start + heap.front().length == r.start && !sparse.count(heap.front().start)) {
+              std::pop_heap(heap.begin(), heap.end(), order);
+              const Ready& below = heap.back();
+              r.start = below.start;
+              r.length += below.length;
+              r.t_ready = std::min(r.t_ready, below.t_ready);
+              r.runs += 1;
+              heap.pop_back();
+            }
+          }
+          batch.push_back(r);
+          inflight += r.length * elem;
         }
         if (followers) {
           int64_t c0 = cpu_ns();
@@ -594,8 +624,10 @@ struct State : std::enable_shared_from_this<State> {
         }
         for (auto& r : batch) {
           Plan& plan = plans[r.step];
-          backend += issue(r.step, r.start, r.length, r.t_ready, plan.tpl->views[r.part]);
-          if (--plan.left == 0) plans.erase(r.step);
+          backend += issue(r.step, r.start, r.length, r.t_ready,
+                           r.runs == 1 ? plan.tpl->views[r.part] : flat.narrow(0, r.start, r.length));
+          plan.left -= r.runs;
+          if (plan.left == 0) plans.erase(r.step);
         }
       }
       sched_ns += cpu_ns() - t0 - backend;
@@ -848,6 +880,17 @@ class Engine {
     s_->cv.notify_one();
   }
 
+  // Rank 0: a read waits for every gradient of `step` (autobyte/scheduler/dispatch.py, drain()).
+  void drain(int64_t step) {
+    {
+      std::lock_guard<std::mutex> g(s_->m);
+      DispatchEvent ev{DispatchEvent::Drain};
+      ev.step = step;
+      s_->events.push_back(ev);
+    }
+    s_->cv.notify_one();
+  }
+
   // A Python object was queued for the update thread: it takes it when it reaches this marker.
   void post_marker() {
     {
@@ -1081,6 +1124,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("rank"), py::arg("trace") = false, py::arg("sparse_starts") = std::vector<int64_t>{},
            py::arg("sparse_rows") = std::vector<int64_t>{}, py::arg("sparse_cols") = std::vector<int64_t>{})
       .def("start_leader", &Engine::start_leader)
+      .def("drain", &Engine::drain)
       .def("start_follower", &Engine::start_follower)
       .def("grad_ready", &Engine::grad_ready)
       .def("step_boundary", &Engine::step_boundary)

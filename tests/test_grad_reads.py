@@ -8,6 +8,7 @@ ring sums each element in an order set by where it falls in the buffer)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -107,10 +108,17 @@ def _same(a: dict, b: dict) -> bool:
     return all(a[key] == b[key] for key in keys)
 
 
+@functools.cache
+def _reference(world: int, *args: str, fn=None) -> list:
+    """A DDP run of the loop (`fn`, default _loop), once per test process: both hot paths' tests
+    compare with it (the same seeds give the same bits every run)."""
+    return run_ranks(fn or _loop, world, *args)
+
+
 @pytest.mark.parametrize("loop", ["reads", "amp"])
 @pytest.mark.parametrize("hot_path", ["native", "python"])
 def test_gradients_read_between_backward_and_step_are_ddps_to_the_bit_at_2_ranks(hot_path, loop):
-    ddp = run_ranks(_loop, 2, "ddp", loop)
+    ddp = _reference(2, "ddp", loop)
     sched = run_ranks_on(hot_path, _loop, 2, "sched", loop)
     assert ddp[0]["norm"][0] > 0.05  # the clip clips
     assert all(ddp[0]["unused_none"]) and ddp[0]["after_zero_grad"]
@@ -124,6 +132,55 @@ def test_gradients_read_between_backward_and_step_are_ddps_to_the_bit_at_2_ranks
         )
 
 
+def _clipped(rank: int, world: int, mode: str) -> dict:
+    """A loop that clips every step, its first layer's gradient (the last one backward produces)
+    16 partitions of 4 KiB behind a credit window of one: the scheduler's collectives per step."""
+    import autobyte
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 8))
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if mode == "ddp":
+        wrapped, opt = nn.parallel.DistributedDataParallel(model), base
+    else:
+        wrapped = model
+        opt = autobyte.ScheduledOptimizer(
+            model, base, partition_bytes=4 << 10, credit_bytes=4 << 10
+        )
+    gen = torch.Generator().manual_seed(40 + rank)
+    collectives = []
+    for _ in range(5):
+        x, y = torch.randn(16, 64, generator=gen), torch.randn(16, 8, generator=gen)
+        F.mse_loss(wrapped(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        opt.step()
+        opt.zero_grad()
+        if mode != "ddp":
+            opt.synchronize()  # its updates landed: the step's measurements are complete
+            collectives.append(opt.last_step_metrics().partitions)
+    if mode != "ddp":
+        opt.close()
+    state = {k: v.flatten().tolist() for k, v in model.state_dict().items()}
+    return {"state": state, "collectives": collectives}
+
+
+@pytest.mark.parametrize("hot_path", ["native", "python"])
+def test_a_loop_that_reads_sends_the_rest_of_each_step_as_few_collectives_with_ddps_bits(
+    hot_path,
+):
+    """What is left of a step when a read waits for all of it goes out as one collective per
+    contiguous run (Dispatcher.drain): after the first read, the first layer's 16 partitions are
+    one all-reduce, not 16 behind the credit window; the parameters stay DDP's to the bit."""
+    ddp = _reference(2, "ddp", fn=_clipped)
+    sched = run_ranks_on(hot_path, _clipped, 2, "sched")
+    partitions = 19  # 18,700 elements (4 flags) of 1,024
+    for rank in (0, 1):
+        assert sched[rank]["state"] == ddp[rank]["state"], rank
+        assert sched[rank]["collectives"] == sched[0]["collectives"]
+    # from the second step on the read is known before backward: the tail is one run
+    assert all(n <= partitions // 2 for n in sched[0]["collectives"][1:]), sched[0]["collectives"]
+
+
 def test_gradients_read_after_a_compiled_backward_are_ddps_to_the_bit():
     ddp = run_ranks(_loop, 2, "ddp", "compile")
     sched = run_ranks(_loop, 2, "sched", "compile")
@@ -134,8 +191,8 @@ def test_gradients_read_after_a_compiled_backward_are_ddps_to_the_bit():
 
 @pytest.mark.parametrize("hot_path", ["native", "python"])
 def test_gradients_read_at_4_ranks_are_identical_on_every_rank_and_within_ddps_spread(hot_path):
-    ddp = run_ranks(_loop, 4, "ddp", "reads")
-    ddp_small = run_ranks(_loop, 4, "ddp-small", "reads")
+    ddp = _reference(4, "ddp", "reads")
+    ddp_small = _reference(4, "ddp-small", "reads")
     sched = run_ranks_on(hot_path, _loop, 4, "sched", "reads")
     for rank in range(1, 4):
         assert sched[rank]["state"] == sched[0]["state"], rank

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 MODULE = "autobyte._native"
-INTERFACE_VERSION = 3  # must equal native/engine.cpp's kInterfaceVersion
+INTERFACE_VERSION = 4  # must equal native/engine.cpp's kInterfaceVersion
 ENV_SWITCH = "AUTOBYTE_NATIVE"  # "0": always the Python path
 REBUILD = (
     "rebuild it: `autobyte check-build --build` compiles it against this torch (a C++ "

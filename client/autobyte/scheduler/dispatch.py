@@ -5,7 +5,9 @@ Rank 0 (`leader_loop`) pops the highest-priority ready partition (earliest forwa
 first) while in-flight bytes < `credit_bytes` (None = unlimited) -- or, in the tail window
 (`Config.tail_bytes`: the newest step has at most that much gradient left to produce), only while
 nothing is in flight -- publishes the decisions on the
-decision channel *before* issuing them, and issues an async all-reduce for each. A follower
+decision channel *before* issuing them, and issues an async all-reduce for each. A step that a read
+waits for in full (`drain`) sends what is left of it, once all its gradients are produced, as one
+collective per contiguous run, outside the credit window. A follower
 (`follower_loop`) issues rank 0's triples strictly in log order, each once every parameter the slice
 overlaps has produced its gradient of that step locally; `receiver_loop` feeds it from the channel.
 """
@@ -30,6 +32,7 @@ from autobyte.scheduler.device import DeviceSync
 from autobyte.scheduler.events import (
     CreditBack,
     DecisionsReceived,
+    Drain,
     GradReady,
     Issue,
     SliceReduced,
@@ -58,6 +61,13 @@ class DispatchStats:
         self.sched_ns = 0
         self.backend_ns = 0
         self.backend_wall_ns = 0
+
+
+def _draining(plans: dict, entry: tuple) -> bool:
+    """The ready slice `entry` (step, -start, length, t_ready) belongs to a step a read waits for
+    in full, and every gradient of that step is produced (Dispatcher.drain)."""
+    plan = plans[entry[0]]
+    return plan.drain and plan.unready == 0
 
 
 class Dispatcher:
@@ -112,6 +122,14 @@ class Dispatcher:
     def step_boundary(self, step: int, config: Config, decision_id: int) -> None:
         """Rank 0's step(): the plan of `step` uses `config`."""
         self.queue.put(StepBoundary(step, config, decision_id))
+
+    def drain(self, step: int) -> None:
+        """Rank 0: a read waits for every gradient of `step` (the loop reads between backward and
+        step: a clip, a norm logged). Once the step's gradients are all produced, nothing of it
+        can overlap anything: its slices still queued go out at once, each contiguous run of them
+        as one collective (a row-sparse weight's apart), not one per partition behind the credit
+        window: the per-collective cost is paid once per run, as DDP pays it once per bucket."""
+        self.queue.put(Drain(step))
 
     def stop(self, bound_s: float | None = None) -> None:
         """close(): the dispatch threads end (a follower's when rank 0's stop message arrives);
@@ -248,6 +266,7 @@ class Dispatcher:
         push, pop = heapq.heappush, heapq.heappop
         inflight = 0
         elem = layout.elem
+        sparse = self.sparse or None  # row-sparse weights' slices: never part of a merged run
         get, get_nowait = self.queue.get, self.queue.get_nowait
         perf = time.perf_counter
         empty = queue.Empty
@@ -269,6 +288,10 @@ class Dispatcher:
                             push(heap, (event.step, -start, length, perf()))
                 elif kind is CreditBack:
                     inflight -= event.nbytes
+                elif kind is Drain:
+                    plan = plans.get(event.step)
+                    if plan is not None:
+                        plan.drain = True
                 elif kind is StepBoundary:
                     step, new_config, new_id = event
                     plans[step] = layout.plan(new_config.partition_bytes, new_config.tail_bytes)
@@ -286,18 +309,27 @@ class Dispatcher:
                 except empty:
                     break
             window = 1 if in_tail else credit
-            if heap and (window is None or inflight < window):
+            if heap and (window is None or inflight < window or _draining(plans, heap[0])):
                 batch = []
-                while heap and (window is None or inflight < window):
+                while heap and (window is None or inflight < window or _draining(plans, heap[0])):
                     step, neg_start, length, t_ready = pop(heap)
-                    batch.append((step, -neg_start, length, t_ready))
+                    start, runs = -neg_start, 1
+                    if sparse is None or start not in sparse:
+                        while heap and _draining(plans, heap[0]) and heap[0][0] == step:
+                            _, below, n, t = heap[0]
+                            if -below + n != start or (sparse is not None and -below in sparse):
+                                break
+                            pop(heap)
+                            start, length, runs = -below, length + n, runs + 1
+                            t_ready = min(t_ready, t)
+                    batch.append((step, start, length, t_ready, runs))
                     inflight += length * elem
                 if followers:
-                    backend_ns += channel.send_order([(s, a, n) for s, a, n, _ in batch])
-                for step, start, length, t_ready in batch:
+                    backend_ns += channel.send_order([(s, a, n) for s, a, n, _, _ in batch])
+                for step, start, length, t_ready, runs in batch:
                     backend_ns += self._issue(step, start, length, t_ready)
                     plan = plans[step]
-                    plan.left -= 1
+                    plan.left -= runs
                     if plan.left == 0:
                         del plans[step]
             stats.sched_ns += cpu_ns() - t0 - backend_ns

@@ -30,6 +30,14 @@ class StepBoundary(NamedTuple):
     decision_id: int
 
 
+class Drain(NamedTuple):
+    """Rank 0: a read of step `step`'s gradients waits for all of them (the loop reads between
+    backward and step): once the step's gradients are all produced, what is left of it goes out
+    as one collective per contiguous run (`Dispatcher.drain`)."""
+
+    step: int
+
+
 class Issue(NamedTuple):
     """One collective of rank 0's decision log: reduce flat[start:start+length] of `step`.
     `first`/`last` are the layout positions of the parameters the slice overlaps (followers)."""

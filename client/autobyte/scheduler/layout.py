@@ -21,7 +21,7 @@ import torch
 class Plan:
     """The partitions of one step (rank 0) and how many parameters each still waits for."""
 
-    __slots__ = ("left", "param_parts", "parts", "remaining", "tail", "unready")
+    __slots__ = ("drain", "left", "param_parts", "parts", "remaining", "tail", "unready")
 
     def __init__(
         self,
@@ -36,6 +36,7 @@ class Plan:
         self.left = len(parts)  # partitions not yet issued
         self.unready = total  # elements of the buffer whose gradient of this step is not yet ready
         self.tail = 0  # the tail window in elements (0: none); see Config.tail_bytes
+        self.drain = False  # a read waits for the whole step (Dispatcher.drain)
 
 
 class Layout:

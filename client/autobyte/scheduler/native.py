@@ -144,6 +144,9 @@ class NativeDispatcher:
     def step_boundary(self, step: int, config: Config, decision_id: int) -> None:
         self.engine.step_boundary(step, *config_to_ints(config), decision_id)
 
+    def drain(self, step: int) -> None:
+        self.engine.drain(step)  # as Dispatcher.drain
+
     def stop(self, bound_s: float | None = None) -> None:
         self.closed = True
         if not self.engine.stop(min(self.timeout_s, 60.0) if bound_s is None else bound_s):

@@ -398,6 +398,8 @@ class ScheduledOptimizer:
                 if due != self._steps.current():
                     self._steps.log_config(s + 1, config, decision_id)
             self._engine.dispatcher.step_boundary(s + 1, config, decision_id)
+            if self._cycle.read_synced == s:  # a loop that reads its gradients reads them again
+                self._engine.dispatcher.drain(s + 1)
         progress.produced_count = 0
         self._cycle.index = s + 1
         for opt in self._optimizers:
@@ -933,6 +935,8 @@ class ScheduledOptimizer:
         """The first read of step s's gradients: send those not produced, wait for every slice."""
         if self._cycle.read_synced == s:
             return
+        if self._groups.is_leader:
+            self._engine.dispatcher.drain(s)  # the rest of the step as few collectives as can be
         if self._progress.produced_count != self._managed.n:
             self._flush_unused(s)
         self._progress.wait_step_reduced(s)
