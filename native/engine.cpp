@@ -586,8 +586,9 @@ struct State : std::enable_shared_from_this<State> {
         return;
       }
       int64_t window = in_tail ? 1 : credit;  // in the tail: only while nothing is in flight
-      // A step a read waits for in full, all of its gradients produced: what is left of it goes
-      // out at once, one collective per contiguous run (never a row-sparse weight's slice).
+      // A step a read waits for in full: each contiguous run of its ready partitions is one
+      // collective (never a row-sparse weight's slice), and once all of its gradients are
+      // produced what is left of it goes out at once.
       auto draining = [&](const Ready& r) {
         const Plan& plan = plans[r.step];
         return plan.drain && plan.unready == 0;
@@ -602,8 +603,8 @@ struct State : std::enable_shared_from_this<State> {
           Ready r = heap.back();
           heap.pop_back();
           r.runs = 1;
-          if (!sparse.count(r.start)) {
-            while (!heap.empty() && draining(heap.front()) && heap.front().step == r.step &&
+          if (plans[r.step].drain && !sparse.count(r.start)) {
+            while (!heap.empty() && heap.front().step == r.step &&
                    heap.front().start + heap.front().length == r.start && !sparse.count(heap.front().start)) {
               std::pop_heap(heap.begin(), heap.end(), order);
               const Ready& below = heap.back();

@@ -6,8 +6,8 @@ first) while in-flight bytes < `credit_bytes` (None = unlimited) -- or, in the t
 (`Config.tail_bytes`: the newest step has at most that much gradient left to produce), only while
 nothing is in flight -- publishes the decisions on the
 decision channel *before* issuing them, and issues an async all-reduce for each. A step that a read
-waits for in full (`drain`) sends what is left of it, once all its gradients are produced, as one
-collective per contiguous run, outside the credit window. A follower
+waits for in full (`drain`) sends each contiguous run of its ready partitions as one collective, and
+what is left of it once all its gradients are produced at once, outside the credit window. A follower
 (`follower_loop`) issues rank 0's triples strictly in log order, each once every parameter the slice
 overlaps has produced its gradient of that step locally; `receiver_loop` feeds it from the channel.
 """
@@ -65,7 +65,7 @@ class DispatchStats:
 
 def _draining(plans: dict, entry: tuple) -> bool:
     """The ready slice `entry` (step, -start, length, t_ready) belongs to a step a read waits for
-    in full, and every gradient of that step is produced (Dispatcher.drain)."""
+    in full, and every gradient of that step is produced: it goes out now (Dispatcher.drain)."""
     plan = plans[entry[0]]
     return plan.drain and plan.unready == 0
 
@@ -125,10 +125,11 @@ class Dispatcher:
 
     def drain(self, step: int) -> None:
         """Rank 0: a read waits for every gradient of `step` (the loop reads between backward and
-        step: a clip, a norm logged). Once the step's gradients are all produced, nothing of it
-        can overlap anything: its slices still queued go out at once, each contiguous run of them
-        as one collective (a row-sparse weight's apart), not one per partition behind the credit
-        window: the per-collective cost is paid once per run, as DDP pays it once per bucket."""
+        step: a clip, a norm logged), so no order among its partitions lets the next forward start
+        sooner; only the count of collectives costs. Each contiguous run of its ready partitions
+        goes out as one collective when the credit window opens (a row-sparse weight's apart), and
+        once the step's gradients are all produced, what is left of it goes out at once: the
+        per-collective cost is paid once per run, as DDP pays it once per bucket."""
         self.queue.put(Drain(step))
 
     def stop(self, bound_s: float | None = None) -> None:
@@ -314,8 +315,8 @@ class Dispatcher:
                 while heap and (window is None or inflight < window or _draining(plans, heap[0])):
                     step, neg_start, length, t_ready = pop(heap)
                     start, runs = -neg_start, 1
-                    if sparse is None or start not in sparse:
-                        while heap and _draining(plans, heap[0]) and heap[0][0] == step:
+                    if plans[step].drain and (sparse is None or start not in sparse):
+                        while heap and heap[0][0] == step:
                             _, below, n, t = heap[0]
                             if -below + n != start or (sparse is not None and -below in sparse):
                                 break

@@ -32,8 +32,8 @@ class StepBoundary(NamedTuple):
 
 class Drain(NamedTuple):
     """Rank 0: a read of step `step`'s gradients waits for all of them (the loop reads between
-    backward and step): once the step's gradients are all produced, what is left of it goes out
-    as one collective per contiguous run (`Dispatcher.drain`)."""
+    backward and step): its ready partitions go out as one collective per contiguous run
+    (`Dispatcher.drain`)."""
 
     step: int
 
