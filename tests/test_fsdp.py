@@ -234,6 +234,57 @@ def test_bad_input_is_a_value_error_naming_it():
     assert "2 values for 4 groups" in messages[8]
 
 
+def _budgeted(rank: int, world: int) -> dict:
+    import autobyte.fsdp as abf
+    from autobyte.types import Config
+
+    model = _sharded(world)
+    out: dict = {"refused": []}
+    try:
+        abf.attach(model, memory_budget_bytes=5_000)
+    except ValueError as exc:
+        out["refused"].append(str(exc))
+    job = abf.attach(model, memory_budget_bytes=7_500)
+    configs = {
+        "as built": abf.ShardConfig(),
+        "prefetch 2 ahead": abf.ShardConfig(forward_prefetch=2),
+        "keep gathered": abf.ShardConfig(reshard_after_forward=False),
+        "prefetch 3 behind": abf.ShardConfig(backward_prefetch=3),
+        "keep the first": abf.ShardConfig(reshard_after_forward=(False, True, True, True)),
+    }
+    out["bytes"] = {name: job.gathered_bytes(config) for name, config in configs.items()}
+    job.propose(configs["prefetch 2 ahead"])  # within the budget
+    for bad in (
+        lambda: job.propose(configs["keep gathered"]),
+        lambda: job.report.apply_decision(Config(backward_prefetch=3), 7, 0),  # a daemon's
+    ):
+        try:
+            bad()
+        except ValueError as exc:
+            out["refused"].append(str(exc))
+    job.close()
+    return out
+
+
+def test_a_configuration_over_the_memory_budget_is_refused_before_it_runs():
+    """Four blocks of 600 fp32 parameters (2,400 bytes gathered each) and a root of 75 (300): what
+    each configuration holds gathered at once, from the groups' sizes; over the budget, refused at
+    attach, at propose and for a daemon's decision (which is then not applied)."""
+    got = run_ranks(_budgeted, 2)[0]
+    assert got["bytes"] == {
+        "as built": 300 + 2 * 2_400,  # backward: the group and the one FSDP2 prefetches
+        "prefetch 2 ahead": 300 + 3 * 2_400,
+        "keep gathered": 300 + 4 * 2_400,  # the last forward holds every group
+        "prefetch 3 behind": 300 + 4 * 2_400,
+        "keep the first": 300 + 3 * 2_400,  # the first group's, held to the end of backward
+    }, got["bytes"]
+    assert len(got["refused"]) == 3, got["refused"]
+    assert "the job as built would hold 5,100 bytes" in got["refused"][0]
+    assert "memory_budget_bytes=5,000" in got["refused"][0]
+    assert "reshard_after_forward=False would hold 9,900 bytes" in got["refused"][1]
+    assert "backward_prefetch=3" in got["refused"][2] and "7,500" in got["refused"][2]
+
+
 # ---------------------------------------------------------------- measured and steered by autobyted
 STREAMED_STEPS = 40
 PROPOSE_AFTER = 5  # rank 0 asks the daemon, as an operator would, after this step

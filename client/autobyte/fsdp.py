@@ -163,6 +163,18 @@ def _fsdp_module_type() -> type:
     return FSDPModule
 
 
+def _gathered_bytes(module: Any) -> int:
+    """Bytes of the group's own parameters when gathered (unsharded, in the mixed-precision policy's
+    parameter dtype where one is set)."""
+    total = 0
+    for group in module._get_fsdp_state()._fsdp_param_groups:
+        for param in group.fsdp_params:
+            # FSDP2 sets param_dtype at its lazy init (the first forward); the policy says it before
+            dtype = getattr(param, "param_dtype", None) or group.mp_policy.param_dtype
+            total += param._orig_size.numel() * (dtype or param.sharded_param.dtype).itemsize
+    return total
+
+
 def _reshards_after_forward(module: Any) -> bool:
     # FSDP2 has no public getter: a group that reshards after forward has post-forward mesh info.
     state = module._get_fsdp_state()
@@ -179,6 +191,7 @@ class ShardedJob:
         optimizer: torch.optim.Optimizer | None = None,
         config: ShardConfig | None = None,
         group: dist.ProcessGroup | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         fsdp_module = _fsdp_module_type()
         if not isinstance(model, fsdp_module):
@@ -192,6 +205,14 @@ class ShardedJob:
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {optimizer!r}")
         if not dist.is_initialized():
             raise ValueError("autobyte.fsdp.attach needs torch.distributed to be initialized")
+        if memory_budget_bytes is not None and (
+            isinstance(memory_budget_bytes, bool)
+            or not isinstance(memory_budget_bytes, int)
+            or memory_budget_bytes <= 0
+        ):
+            raise ValueError(
+                f"memory_budget_bytes must be a positive int (bytes), got {memory_budget_bytes!r}"
+            )
         self.model = model
         self.groups = [m for m in model.modules() if isinstance(m, fsdp_module) and m is not model]
         self._original = {
@@ -202,6 +223,10 @@ class ShardedJob:
             )
             for m in self.groups
         }
+        self._order: list[Any] | None = None  # groups in first-forward order, after step 0
+        self._bytes = {id(m): _gathered_bytes(m) for m in (model, *self.groups)}
+        self.memory_budget_bytes = memory_budget_bytes
+        self._check_budget(ShardConfig(), "the job as built")
         ranks = None if group is None else dist.get_process_group_ranks(group)
         self.group = group
         self.rank = dist.get_rank(group)
@@ -220,7 +245,6 @@ class ShardedJob:
         self.config = ShardConfig()
         self.decision_id = 0  # autobyted's decision that set self.config (0: none)
         self.step = 0  # steps completed
-        self._order: list[Any] | None = None  # groups in first-forward order, after step 0
         self._seen: list[Any] = []
         self._callbacks: list[Callable[[ShardStep], Any]] = []
         self.last_step: ShardStep | None = None
@@ -263,8 +287,55 @@ class ShardedJob:
                 f"reshard_after_forward has {len(reshard)} values for {len(self.groups)} groups "
                 "(one per group that fully_shard made below the root, in forward order)"
             )
+        self._check_budget(config, config.describe())
         with self._lock:
             self._proposal = (config, at_step or 0, decision_id)
+
+    def gathered_bytes(self, config: ShardConfig) -> int:
+        """The most bytes of gathered (unsharded) parameters the job holds at once under `config`,
+        predicted from the groups' sizes in forward order (module order before the first step
+        ends): while group i runs forward, the groups its and the earlier groups' forward prefetch
+        reached, and every earlier group that keeps its parameters after forward; while group i
+        runs backward, the groups the backward prefetch of it and of the later groups reached, and
+        every earlier group still kept; the root's own parameters throughout. A field left None
+        counts as the user set it (their prefetch lists by length; FSDP2's implicit backward
+        prefetch is 1)."""
+        order = self._ordered()
+        n = len(order)
+        size = [self._bytes[id(m)] for m in order]
+        ahead, behind, keep = [], [], []
+        for i, module in enumerate(order):
+            original = self._original[id(module)]
+            forward, backward = config.forward_prefetch, config.backward_prefetch
+            ahead.append(len(original.forward) if forward is None else forward)
+            behind.append(max(1, len(original.backward)) if backward is None else backward)
+            reshard = config.reshard_of(i)
+            keep.append(not (original.reshard if reshard is None else reshard))
+        peak, reach, low = 0, -1, n
+        for i in range(n):  # forward
+            reach = max(reach, i + ahead[i])
+            held = sum(size[j] for j in range(i) if keep[j]) + sum(size[i : min(n, reach + 1)])
+            peak = max(peak, held)
+        for i in reversed(range(n)):  # backward
+            low = max(0, min(low, i - behind[i]))
+            held = sum(size[j] for j in range(low) if keep[j]) + sum(size[low : i + 1])
+            peak = max(peak, held)
+        return self._bytes[id(self.model)] + peak
+
+    def _check_budget(self, config: ShardConfig, what: str) -> None:
+        """ValueError where `config` is predicted to hold more than the memory budget: a
+        configuration over it is never applied (the daemon's decision is then not applied, and
+        says why in the rank's log)."""
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return
+        need = self.gathered_bytes(config)
+        if need > budget:
+            raise ValueError(
+                f"{what} would hold {need:,} bytes of gathered parameters at once (predicted from "
+                f"the groups' sizes), over memory_budget_bytes={budget:,}; prefetch fewer groups "
+                "or reshard more of them after forward, or raise the budget"
+            )
 
     def add_step_callback(self, fn: Callable[[ShardStep], Any]) -> None:
         """fn(ShardStep) on the training thread after each step (exceptions logged, swallowed)."""
@@ -464,8 +535,11 @@ def attach(
     *,
     config: ShardConfig | None = None,
     group: dist.ProcessGroup | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> ShardedJob:
     """Measure an FSDP2 model's steps and apply `ShardConfig`s on every rank at the same step
     (the module docstring). Call it on every rank, after every `fully_shard` call; `config`, if
-    given, is rank 0's first proposal."""
-    return ShardedJob(model, optimizer, config, group)
+    given, is rank 0's first proposal. `memory_budget_bytes`: the most bytes of gathered
+    parameters the job may hold at once (`ShardedJob.gathered_bytes`); a proposal predicted over
+    it is refused (ValueError), a daemon's decision over it is not applied."""
+    return ShardedJob(model, optimizer, config, group, memory_budget_bytes)
