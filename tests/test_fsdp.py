@@ -219,6 +219,8 @@ def _refuses(rank: int, world: int) -> list[str]:
         except ValueError as exc:
             messages.append(str(exc))
     job.close()
+    # rank 0 hosts the store: it stays until every rank has made the job's proposal group
+    torch.distributed.barrier()
     return messages
 
 
@@ -263,6 +265,7 @@ def _budgeted(rank: int, world: int) -> dict:
         except ValueError as exc:
             out["refused"].append(str(exc))
     job.close()
+    torch.distributed.barrier()  # as in _refuses
     return out
 
 
