@@ -290,6 +290,29 @@ def test_a_configuration_over_the_memory_budget_is_refused_before_it_runs():
 
 # ---------------------------------------------------------------- measured and steered by autobyted
 STREAMED_STEPS = 40
+
+
+def _streamed_job(rank: int, world: int, address: str | None, name: str) -> tuple:
+    """The model, its AdamW, the attached job (None without a daemon) and this rank's data."""
+    import autobyte
+    import autobyte.fsdp as abf
+
+    if address is not None:
+        autobyte.init(address, name, rank=rank, world_size=world, flush_interval_s=0.1)
+    model = _sharded(world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    job = abf.attach(model, opt) if address is not None else None
+    return model, opt, job, torch.Generator().manual_seed(100 + rank)
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator) -> None:
+    x = torch.randn(8, 24, generator=gen)
+    y = torch.randint(0, 3, (8,), generator=gen)
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
 PROPOSE_AFTER = 5  # rank 0 asks the daemon, as an operator would, after this step
 
 
@@ -299,26 +322,16 @@ def _streamed(rank: int, world: int, address: str | None) -> dict:
     import time
 
     import autobyte
-    import autobyte.fsdp as abf
     from autobyte.query import Client
     from autobyte.types import Config
 
-    if address is not None:
-        autobyte.init(address, "fsdp-job", rank=rank, world_size=world, flush_interval_s=0.2)
-    model = _sharded(world)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    job = abf.attach(model, opt) if address is not None else None
-    gen = torch.Generator().manual_seed(100 + rank)
+    model, opt, job, gen = _streamed_job(rank, world, address, "fsdp-job")
     configs, decisions, refused = [], [], ""
     for step in range(STREAMED_STEPS):
         if job is not None:  # what this step runs with
             configs.append(job.config)
             decisions.append(job.decision_id)
-        x = torch.randn(8, 24, generator=gen)
-        y = torch.randint(0, 3, (8,), generator=gen)
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+        _train_step(model, opt, gen)
         if job is None:
             continue
         time.sleep(0.05)  # the decision's way (daemon, watch stream, broadcast) takes many steps
@@ -344,7 +357,8 @@ def test_autobyted_records_the_steps_and_its_decision_moves_every_rank_at_one_st
 
     from tests.helpers.daemon import ThreadDaemon
 
-    daemon = ThreadDaemon(f"sqlite:///{tmp_path / 'd.db'}", tuner="auto").start()
+    # the tuner off: the operator's decision is the only one (the tuner's own test is below)
+    daemon = ThreadDaemon(f"sqlite:///{tmp_path / 'd.db'}", tuner="off").start()
     try:
         steered = run_ranks(_streamed, 2, daemon.address)
         client = Client(daemon.address)
@@ -355,9 +369,8 @@ def test_autobyted_records_the_steps_and_its_decision_moves_every_rank_at_one_st
     plain = run_ranks(_streamed, 2, None)
     # math unchanged: plain FSDP2's parameters to the bit, on every rank
     assert steered[0]["params"] == steered[1]["params"] == plain[0]["params"]
-    # the daemon knows the job as FSDP2's, and its tuner leaves the knobs to the operator
+    # the daemon knows the job as FSDP2's
     assert job.engine == "fsdp2" and job.state == "finished", job
-    assert job.tuner.detail.startswith("off: no tuner for fsdp2"), job.tuner
     # the operator's decision, applied on both ranks at the same step, and reported back
     (decision,) = history.decisions
     assert decision.state == "applied" and decision.source == "operator", decision
@@ -375,3 +388,62 @@ def test_autobyted_records_the_steps_and_its_decision_moves_every_rank_at_one_st
     for (rank, step), s in stored.items():
         assert s.config == (wanted.to_config() if step >= at else ShardConfig().to_config())
         assert s.step_time_s > 0 and s.bytes_reduced > 0
+
+
+TUNED_STEPS = 240
+
+
+def _tuned(rank: int, world: int, address: str | None) -> dict:
+    """An FSDP2 job tuned by a real autobyted's tuner (address None: plain FSDP2, the same data).
+    Its steps take longer without forward prefetch (a sleep stands for the all-gathers FSDP2's
+    implicit prefetch leaves exposed on an accelerator): the tuner has a measurable win to find."""
+    import time
+
+    import autobyte
+
+    model, opt, job, gen = _streamed_job(rank, world, address, "fsdp-tuned")
+    configs, decisions = [], []
+    for _ in range(TUNED_STEPS):
+        if job is not None:
+            configs.append(job.config)
+            decisions.append(job.decision_id)
+            time.sleep(0.01 if job.config.forward_prefetch else 0.03)
+        _train_step(model, opt, gen)
+    full = [p.full_tensor().flatten().tolist() for p in model.parameters()]
+    if job is not None:
+        autobyte.shutdown()
+        job.close()
+    return {"params": full, "configs": configs, "decisions": decisions}
+
+
+@pytest.mark.timeout(240)
+def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(tmp_path):
+    """The daemon's tuner (autobyted.tuner.sharded) measures FSDP2's knobs on a real 2-rank job,
+    switches to forward prefetch (the measured win), every rank at the same step, math unchanged."""
+    from autobyte.query import Client
+
+    from tests.helpers.daemon import ThreadDaemon
+
+    daemon = ThreadDaemon(f"sqlite:///{tmp_path / 'd.db'}", tuner="auto").start()
+    try:
+        tuned = run_ranks(_tuned, 2, daemon.address)
+        client = Client(daemon.address)
+        history = client.history("fsdp-tuned", steps=True, limit=10_000)
+    finally:
+        daemon.stop()
+    plain = run_ranks(_tuned, 2, None)
+    assert tuned[0]["params"] == tuned[1]["params"] == plain[0]["params"]
+    # every rank ran the same configuration under the same decision at every step
+    assert tuned[0]["configs"] == tuned[1]["configs"]
+    assert tuned[0]["decisions"] == tuned[1]["decisions"]
+    decisions = {d.decision_id: d for d in history.decisions}
+    assert decisions and all(d.source == "tuner" for d in decisions.values()), decisions
+    trials = [d for d in decisions.values() if "trial" in d.reason]
+    assert trials and trials[0].config.forward_prefetch == 1, trials
+    switches = [d for d in decisions.values() if d.reason.startswith("switch")]
+    assert switches and switches[0].config.forward_prefetch, [d.reason for d in decisions.values()]
+    assert switches[0].state == "applied", switches[0]
+    at = switches[0].applied_at_step
+    for rank in tuned:
+        assert rank["decisions"][at] == switches[0].decision_id
+        assert rank["configs"][at].forward_prefetch == switches[0].config.forward_prefetch

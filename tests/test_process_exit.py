@@ -71,6 +71,16 @@ def _states_equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _differences(a: dict, b: dict) -> str:
+    """Which tensors differ, by how much at most (a missed update moves every element by about
+    the learning rate; a different reduction order by an ulp)."""
+    return ", ".join(
+        f"{k}: max |diff| {(a[k] - b[k]).abs().max().item():.3g}"
+        for k in a
+        if k in b and not torch.equal(a[k], b[k])
+    )
+
+
 @pytest.mark.parametrize("hot_path", ["native", "python"])
 def test_every_ending_exits_like_ddp_with_no_abort_and_the_updates_landed(tmp_path, hot_path):
     racy = [f"{mode}*{n}" for mode, n in RACY.items()]
@@ -113,7 +123,11 @@ def test_every_ending_exits_like_ddp_with_no_abort_and_the_updates_landed(tmp_pa
             continue
         for rank in (0, 1):
             state = torch.load(tmp_path / f"r{job}-{rank}.pt")
-            assert _states_equal(state, reference[LANDED[mode]]), f"job {job} ({mode}) rank {rank}"
+            expected = reference[LANDED[mode]]
+            assert _states_equal(state, expected), (
+                f"job {job} ({mode}) rank {rank}: {_differences(state, expected)}\n"
+                f"{ranks[rank]['stderr_tail']}"
+            )
         checked += 1
     assert checked >= RACY["end"]
 

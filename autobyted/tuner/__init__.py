@@ -27,7 +27,10 @@ Files, one concern each:
     drift.py      CUSUM drift detection on the held configuration's steps
     manager.py    the daemon's side: reads samples from storage, runs every job's search on one
                   worker thread, retrains the predictor on another, writes decisions and state
-    prior.model   the simulator-trained prior (simulator/train_prior.py regenerates it)
+    prior.model   the simulator-trained prior (simulator/train_prior.py regenerates it)    sharded.py    ShardTuner: an FSDP2 job's search over FSDP2's knobs (prefetch depths,
+                  resharding), measured, without the predictor; the manager runs it in place
+                  of JobTuner for jobs whose engine is fsdp2
+    eligible.py   which jobs are tuned at all
 
 The prediction target
 ---------------------

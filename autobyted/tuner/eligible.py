@@ -7,10 +7,13 @@ import time
 
 from autobyted.storage.records import TunerStatusRecord
 
+TUNED_ENGINES = ("scheduler", "fsdp2")
+
 
 def not_tuned(tuning_disabled: bool, engine: str) -> TunerStatusRecord | None:
     """Why the tuner leaves a job alone (None: it tunes it): the job opted out, or it runs an engine
-    the tuner has no candidates for yet (FSDP2: an operator's `autobyte propose` sets its knobs)."""
+    the tuner has no search for (the scheduler's: tuner.search.JobTuner; FSDP2's:
+    tuner.sharded.ShardTuner)."""
     if tuning_disabled:
         return TunerStatusRecord(
             mode="opted out",
@@ -18,11 +21,11 @@ def not_tuned(tuning_disabled: bool, engine: str) -> TunerStatusRecord | None:
             detail="off: the job opted out (autobyte.init(tune=False))",
             updated_at_s=time.time(),
         )
-    if engine != "scheduler":
+    if engine not in TUNED_ENGINES:
         return TunerStatusRecord(
             mode="not tuned",
             state="off",
-            detail=f"off: no tuner for {engine}'s knobs yet (`autobyte propose` sets them)",
+            detail=f"off: no tuner for {engine}'s knobs (`autobyte propose` sets them)",
             updated_at_s=time.time(),
         )
     return None

@@ -33,13 +33,20 @@ from collections.abc import Callable, Iterable
 
 from autobyted.errors import FailedPrecondition, NotFound
 from autobyted.storage.base import BaseStorage
-from autobyted.storage.records import DecisionRecord, TunerStatusRecord, WindowRecord, tuner_lease
+from autobyted.storage.records import (
+    DecisionRecord,
+    JobInfo,
+    TunerStatusRecord,
+    WindowRecord,
+    tuner_lease,
+)
 from autobyted.tuner.eligible import not_tuned
 from autobyted.tuner.features import Context, JobShape
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.ranks import RankMerger
 from autobyted.tuner.search import JobTuner, TunerSink
+from autobyted.tuner.sharded import ShardTuner
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +116,7 @@ class StorageSink(TunerSink):
 
 @dataclasses.dataclass
 class _JobState:
-    tuner: JobTuner
+    tuner: JobTuner | ShardTuner
     sink: StorageSink
     ranks: RankMerger
     last_row: int = 0
@@ -445,8 +452,12 @@ class TunerManager:
             if previous is None or (previous.state, previous.mode) != (status.state, status.mode):
                 self.storage.save_tuner_status(job, status)
             return None
-        assert self.predictor is not None
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
+        tuner: JobTuner | ShardTuner
+        if info.engine == "fsdp2":  # measured, no predictor (tuner.sharded)
+            tuner = ShardTuner(job, sink, self.mode, self.params)
+            return self._track(job, info, tuner, sink)
+        assert self.predictor is not None
         shape = JobShape.from_info(info)
         # What earlier jobs of this shape measured (the search uses it where the context matches).
         known = [w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape == shape]
@@ -460,6 +471,11 @@ class TunerManager:
             known=known,
             first_segment=self.storage.next_window_segment(job),
         )
+        return self._track(job, info, tuner, sink)
+
+    def _track(
+        self, job: str, info: JobInfo, tuner: JobTuner | ShardTuner, sink: StorageSink
+    ) -> _JobState:
         # A job that registered while this tuner runs and that no tuner has looked at yet is read
         # from its first sample; one that was running before (a daemon restart, a job the tuner let
         # go as idle, a job taken over from another daemon) from its newest: it is measured afresh,

@@ -86,8 +86,12 @@ class ScriptedJob:
         noise: float = 0.01,
         applies: bool = True,
         batch: int = 10,
+        refuses: Callable[[Config], bool] = lambda config: False,
     ) -> None:
+        """`applies` False: the job ignores every decision; `refuses(config)`: the ranks refuse
+        that decision (an FSDP2 job's memory budget) and run on as they were."""
         self.landscape, self.config, self.applies, self.batch = landscape, start, applies, batch
+        self.refuses = refuses
         self.rng = random.Random(seed)
         self.noise = noise
         self.step = 0
@@ -103,7 +107,8 @@ class ScriptedJob:
             ]
             if pending and self.applies and self.step >= pending[-1].apply_at_step:
                 self.handled = pending[-1].decision_id
-                self.config, self.decision_id = pending[-1].config, pending[-1].decision_id
+                if not self.refuses(pending[-1].config):
+                    self.config, self.decision_id = pending[-1].config, pending[-1].decision_id
             step_s, bandwidth, *load = self.landscape(self.config, self.step)
             buffer.append(
                 sample(

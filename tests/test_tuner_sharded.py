@@ -1,0 +1,134 @@
+"""The FSDP2 job's tuner (autobyted.tuner.sharded) on scripted jobs: it finds the fastest of FSDP2's
+knobs by measuring one knob at a time, never runs a configuration the ranks refuse (their memory
+budget), holds, re-tunes when the job's step time moves, and leaves a job with no headroom alone."""
+
+from __future__ import annotations
+
+from autobyte.types import Config
+
+from autobyted.tuner.memory_sink import MemorySink
+from autobyted.tuner.params import TunerParams
+from autobyted.tuner.sharded import ShardTuner, neighbours
+from tests.helpers.tuner import ScriptedJob
+
+DEFAULTS = Config()  # the job as its script built it
+
+
+def landscape(fast_forward=0.25, keep=0.15, base_s=0.1, keep_hurts_after=None):
+    """An FSDP2 job whose all-gathers are exposed without forward prefetch (prefetching 1 or more
+    groups saves `fast_forward`) and whose backward all-gathers cost `keep` (kept parameters save
+    them; after step `keep_hurts_after` keeping them costs that much instead: memory pressure)."""
+
+    def step_time(config: Config, step: int) -> tuple[float, float]:
+        t = base_s
+        if not config.forward_prefetch:
+            t *= 1 + fast_forward
+        kept = config.reshard_after_forward is False
+        if kept:
+            hurts = keep_hurts_after is not None and step >= keep_hurts_after
+            t *= 1 + keep if hurts else 1 - keep
+        return t, 1e8
+
+    return step_time
+
+
+def make(mode="auto", params=TunerParams()):
+    sink = MemorySink("fsdp-job")
+    return ShardTuner("fsdp-job", sink, mode, params), sink
+
+
+def test_neighbours_move_one_knob_one_step_from_the_users_own_settings():
+    assert neighbours(DEFAULTS) == [
+        Config(forward_prefetch=1),
+        Config(backward_prefetch=2),
+        Config(reshard_after_forward=False),
+    ]
+    assert neighbours(
+        Config(forward_prefetch=3, backward_prefetch=1, reshard_after_forward=False)
+    ) == [
+        Config(forward_prefetch=3, backward_prefetch=2, reshard_after_forward=False),
+        Config(forward_prefetch=2, backward_prefetch=1, reshard_after_forward=False),
+        Config(forward_prefetch=3, backward_prefetch=1, reshard_after_forward=True),
+    ]
+
+
+def test_finds_the_fastest_knobs_one_at_a_time_and_holds_them():
+    tuner, sink = make()
+    job = ScriptedJob(landscape(), start=DEFAULTS)
+    job.run(tuner, sink, 600)
+    # forward prefetch and kept parameters, each a measured win: (1 + 0.25) / (1 - 0.15) = 1.47x
+    assert job.config.forward_prefetch and job.config.reshard_after_forward is False, job.config
+    assert tuner.phase == "holding", tuner.detail
+    assert "1.47x faster than" in tuner.detail, tuner.detail
+    switches = [d for d in sink.decisions if d.kind == "switch"]
+    assert switches and switches[0].config == Config(forward_prefetch=1)
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert all(d.measured_step_time_s is not None for d in trials)
+    assert len(trials) <= 3 * TunerParams().max_trials
+    status = tuner.status
+    assert status.config == job.config and abs(status.baseline_step_time_s - 0.125) < 0.005
+    assert abs(status.measured_step_time_s - 0.1 * 0.85) < 0.004
+
+
+def test_a_configuration_the_ranks_refuse_never_runs_and_the_search_goes_on():
+    # keeping the gathered parameters is over the job's memory budget: its ranks refuse it
+    tuner, sink = make()
+    job = ScriptedJob(
+        landscape(), start=DEFAULTS, refuses=lambda c: c.reshard_after_forward is False
+    )
+    job.run(tuner, sink, 900)
+    assert all(c.reshard_after_forward is not False for c in job.configs)
+    assert job.config.forward_prefetch and tuner.phase == "holding", tuner.detail
+    assert tuner.stats["not_applied"] >= 1
+    assert all(c.reshard_after_forward is False for c in tuner.refused)
+    # a refused candidate is asked for once per job, never again
+    asked = [d.config for d in sink.decisions if d.kind == "trial"]
+    assert len(asked) == len(set(asked))
+
+
+def test_no_headroom_when_no_knob_beats_the_job_as_built():
+    tuner, sink = make()
+    job = ScriptedJob(landscape(fast_forward=0.0, keep=0.0), start=DEFAULTS)
+    job.run(tuner, sink, 300)
+    assert tuner.phase == "no headroom" and job.config == DEFAULTS, tuner.detail
+    assert "3 neighbour(s) of prefetch" in tuner.detail, tuner.detail
+    assert not [d for d in sink.decisions if d.kind == "switch"]
+
+
+def test_a_moved_step_time_re_tunes_from_the_held_configuration():
+    # kept parameters win at first, then cost 15% (memory pressure from step 400 on)
+    tuner, sink = make()
+    job = ScriptedJob(landscape(keep_hurts_after=400), start=DEFAULTS)
+    job.run(tuner, sink, 400)
+    assert job.config.reshard_after_forward is False and tuner.phase == "holding"
+    job.run(tuner, sink, 500)
+    assert "re-tuning" in [s.state for s in sink.statuses]
+    assert job.config.reshard_after_forward is True and job.config.forward_prefetch, job.config
+    assert tuner.phase in ("holding", "no headroom"), tuner.detail
+
+
+def test_an_operators_decision_opens_a_search_from_it():
+    tuner, sink = make()
+    job = ScriptedJob(landscape(fast_forward=0.0, keep=0.0), start=DEFAULTS)
+    job.run(tuner, sink, 300)
+    assert tuner.phase == "no headroom"
+    sink.decide(Config(forward_prefetch=3), job.step, "operator", None, "operator")
+    job.run(tuner, sink, 30)
+    retuned = [s.detail for s in sink.statuses if s.state == "re-tuning"]
+    assert retuned and "changed to prefetch 3/= by decision #" in retuned[-1], retuned
+    assert tuner.phase == "exploring" and "against prefetch 3/=" in tuner.detail, tuner.detail
+
+
+def test_observe_mode_and_a_pause_issue_nothing():
+    tuner, sink = make("observe")
+    job = ScriptedJob(landscape(), start=DEFAULTS)
+    job.run(tuner, sink, 200)
+    assert tuner.phase == "observing" and not sink.decisions
+    tuner, sink = make()
+    tuner.pause("an operator paused it")
+    job = ScriptedJob(landscape(), start=DEFAULTS)
+    job.run(tuner, sink, 200)
+    assert tuner.phase == "paused" and not sink.decisions
+    tuner.resume()
+    job.run(tuner, sink, 400)
+    assert job.config.forward_prefetch, tuner.detail
