@@ -61,6 +61,17 @@ DDP_GRID = ("5MiB", "50MiB", "100MiB")
 # the scaled model's bytes and the scaled links; the row says what they came to in model bytes
 SCHED_DEFAULT = "sched:auto"
 SCHED_GRID = ("sched:1MiB,4MiB", "sched:4MiB,16MiB", "sched:16MiB,64MiB", "sched:none,none")
+# --fsdp: FSDP2 with per-block groups (benchmarks/fsdp_replica.py), as fully_shard leaves it and at
+# a grid of its knobs (forward prefetch, backward prefetch, reshard|keep after forward)
+FSDP_DEFAULT = "fsdp"
+FSDP_GRID = (
+    "fsdp:1,1,reshard",
+    "fsdp:2,1,reshard",
+    "fsdp:1,2,reshard",
+    "fsdp:=,=,keep",
+    "fsdp:1,1,keep",
+    "fsdp:2,2,keep",
+)
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
 RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
 HOST_BUSY_LIMIT = 0.85  # the machine's busy cores (every process's) above this share: CPU-limited
@@ -106,8 +117,8 @@ def wire_label(label: str, byte_scale: float) -> str:
 
 def model_config(config: Any, byte_scale: float) -> Any:
     """A scheduler configuration the scaled wire ran, in the model's bytes (DDP unchanged)."""
-    if byte_scale == 1.0 or not isinstance(config, Config):
-        return config
+    if byte_scale == 1.0 or not isinstance(config, Config) or config.engine == "fsdp2":
+        return config  # FSDP2's knobs are counts, not bytes
     return Config(
         *(None if b is None else round(b * byte_scale) for b in dataclasses.astuple(config))
     )
@@ -150,6 +161,12 @@ def block_labels(
     sched = [SCHED_DEFAULT] + [label for label in sched_grid if label != SCHED_DEFAULT]
     clipped = [f"ddp:{DDP_DEFAULT_BUCKET}{CLIP}", f"{SCHED_DEFAULT}{CLIP}"] if clip else []
     return ["compute", "comm", *ddp, *sched, *clipped]
+
+
+def fsdp_labels(grid: Sequence[str]) -> list[str]:
+    """An FSDP2 block: the compute probe, FSDP2's communication probe (`agrs`), FSDP2's defaults
+    and the grid."""
+    return ["compute", "agrs", FSDP_DEFAULT, *(g for g in grid if g != FSDP_DEFAULT)]
 
 
 def balanced_rate_gbit(profile: Any, ranks: int) -> float:
@@ -362,12 +379,20 @@ def run_block(
     by_config = {row["config"]: row for row in rows}
     compute, comm = (
         by_config.get("compute", {}).get("step_s"),
-        by_config.get("comm", {}).get("step_s"),
+        by_config.get("comm", by_config.get("agrs", {})).get("step_s"),
     )
+    fsdp = FSDP_DEFAULT in by_config
     bound = max(compute, comm) if compute and comm else None
     unclipped = [row for row in rows if not row["config"].endswith(CLIP)]
-    ddp_rows = [row for row in unclipped if row["config"].startswith("ddp") and row["step_s"]]
-    ddp_default = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}", {}).get("step_s")
+    # an FSDP2 block's reference is FSDP2's defaults and its grid, where DDP's are in the columns
+    ddp_rows = [
+        row
+        for row in unclipped
+        if row["config"].startswith("fsdp" if fsdp else "ddp") and row["step_s"]
+    ]
+    ddp_default = by_config.get(FSDP_DEFAULT if fsdp else f"ddp:{DDP_DEFAULT_BUCKET}", {}).get(
+        "step_s"
+    )
     ddp_clip = by_config.get(f"ddp:{DDP_DEFAULT_BUCKET}{CLIP}", {}).get("step_s")
     ddp_best = min((row["step_s"] for row in ddp_rows), default=None)
     sched_grid = [
@@ -424,6 +449,7 @@ def run_block(
         "ddp_best_config": min(ddp_rows, key=lambda row: row["step_s"])["config"]
         if ddp_rows
         else None,
+        "engine": "fsdp2" if fsdp else "ddp",
         "profile_compute_s": scenario.profile.compute_s,
         "bound_s": bound,
         "compute_s": compute,
@@ -431,6 +457,83 @@ def run_block(
         "host": host,
         "rows": rows,
     }
+
+
+def run_tuned_block(
+    scenario: Scenario, ranks: int, rate_gbit: float, steps: int, timeout_s: float = 1800.0
+) -> dict[str, Any]:
+    """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
+    own process in the testbed's hub namespace, `--tuner auto`), on the same testbed as the static
+    block; the steps, what the tuner decided and where it ended."""
+    import tempfile
+
+    from benchmarks.autobyte_policy import HubDaemon
+    from benchmarks.testbed import Testbed
+
+    wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
+    workload = scenario.testbed_workload(ranks)
+    command = worker_cli.command(
+        *workload.worker_args(),
+        optimizer="sgd",
+        lr=0.001,
+        configs=["fsdp:daemon"],
+        rounds=1,
+        steps=steps,
+        warmup=0,
+    )
+    watch = HostWatch()
+    with (
+        tempfile.TemporaryDirectory(prefix="abfsdp-") as tmp,
+        Testbed(world_size=ranks, rate=wire_rate_bps) as bed,
+    ):
+        hub = HubDaemon(bed, pathlib.Path(tmp), job=f"fsdp-{ranks}w", tuner="auto").start()
+        try:
+            result = bed.run(command, timeout_s=timeout_s, cwd=str(REPO), env=hub.env)
+        finally:
+            tuned = hub.stop()
+    host = watch.report()
+    (row,) = summarise(
+        ["fsdp:daemon"], ["fsdp:daemon"], [r.results for r in result.ranks], os.cpu_count() or 1
+    )
+    (only,) = result.ranks[0].results  # one segment
+    times = only["step_times_s"]
+    tail = times[-max(1, len(times) // 4) :]
+    return {
+        "ranks": ranks,
+        "rate_gbit": rate_gbit,
+        "steps": len(times),
+        "step_times_s": times,
+        "mean_s": statistics.fmean(times),
+        "last_quarter_median_s": statistics.median(tail),
+        "row": row,
+        "tuner": tuned,
+        "host": host,
+    }
+
+
+def format_tuned(tuned: dict[str, Any], static: dict[str, Any] | None) -> str:
+    """The live-tuned run beside its static block's FSDP2 defaults and best static setting."""
+    t = tuned["tuner"]
+    kinds: dict[str, int] = {}
+    for d in t["decisions"]:
+        kind = d["reason"].split(":")[0].split(" ")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ref = ""
+    if static and static.get("ddp_default_s") and static.get("ddp_best_s"):
+        held, mean = tuned["last_quarter_median_s"], tuned["mean_s"]
+        ref = (
+            f"; held x FSDP2 defaults {static['ddp_default_s'] / held:.2f}, x best static "
+            f"({static['ddp_best_config']}) {static['ddp_best_s'] / held:.2f}; whole run (its "
+            f"trials included) x defaults {static['ddp_default_s'] / mean:.2f}, x best static "
+            f"{static['ddp_best_s'] / mean:.2f} (sequential runs on the same testbed, not paired)"
+        )
+    flags = ",".join(tuned["row"]["cpu_limited"]) or "-"
+    return (
+        f"autobyte (live, {tuned['ranks']} ranks, {tuned['steps']} steps): last quarter median "
+        f"{_ms(tuned['last_quarter_median_s'])} ms, mean {_ms(tuned['mean_s'])} ms{ref}; "
+        f"decisions {dict(sorted(kinds.items()))}; tuner: {t.get('detail', '')}; flag {flags}; "
+        f"host {HostWatch.describe(tuned['host'])}"
+    )
 
 
 def check_compute(
@@ -452,6 +555,11 @@ def check_compute(
 def _ddps(block: dict[str, Any]) -> str:
     if not block.get("ddp_best_config"):
         return ""
+    if block.get("engine") == "fsdp2":
+        return (
+            f"; FSDP2 defaults {_ms(block['ddp_default_s'])} ms, best static "
+            f"({block['ddp_best_config']}) {_ms(block['ddp_best_s'])} ms"
+        )
     return (
         f"; DDP default (25MiB) {_ms(block['ddp_default_s'])} ms, DDP best "
         f"({block['ddp_best_config']}) {_ms(block['ddp_best_s'])} ms"
@@ -479,6 +587,7 @@ def _auto_vs_grid(block: dict[str, Any]) -> str:
 
 
 def format_block(block: dict[str, Any], scale: str) -> str:
+    ref = "/FSDP" if block.get("engine") == "fsdp2" else "/DDP"
     lines = [
         scale,
         (
@@ -487,7 +596,8 @@ def format_block(block: dict[str, Any], scale: str) -> str:
             f"{block.get('conditions', 'none')}; step: {block.get('step_stat', 'median')} of a "
             f"configuration's steps; profile compute "
             f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
-            f"all-reduce {_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
+            f"{'all-gather + reduce-scatter' if block.get('engine') == 'fsdp2' else 'all-reduce'} "
+            f"{_ms(block['comm_s'])} ms, bound {_ms(block['bound_s'])} ms; host "
             f"{HostWatch.describe(block['host'])} (load {block['host'].get('load_start')} -> "
             f"{block['host'].get('load_end')})" + _ddps(block)
         ),
@@ -523,7 +633,13 @@ def format_block(block: dict[str, Any], scale: str) -> str:
     lines.append(
         "auto=P/C: the scheduler's default, the sizes it derived (model bytes); "
         f"{_auto_vs_grid(block)}"
-        "/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; exposed: the "
+        + (
+            "/FSDP, /FSDPbest: FSDP2's step (as fully_shard leaves it, best of the grid) / this "
+            "step; fsdp:F,B,R: forward prefetch F groups, backward B, reshard|keep after forward; "
+            if ref == "/FSDP"
+            else "/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; "
+        )
+        + "exposed: the "
         "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
         "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
         f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
@@ -545,7 +661,18 @@ def format_block(block: dict[str, Any], scale: str) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    return "\n\n".join(format_block(block, report["scale"]) for block in report["blocks"])
+    tables = [format_block(block, report["scale"]) for block in report["blocks"]]
+    for tuned in report.get("tuned", []):
+        static = next(
+            (
+                b
+                for b in report["blocks"]
+                if b["ranks"] == tuned["ranks"] and b["rate_gbit"] == tuned["rate_gbit"]
+            ),
+            None,
+        )
+        tables.append(format_tuned(tuned, static))
+    return "\n\n".join(tables)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -575,6 +702,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also run DDP's default and the scheduler's default with clip_grad_norm_ "
         "between backward and step (the loop of most transformer scripts)",
+    )
+    parser.add_argument(
+        "--fsdp",
+        nargs="?",
+        const=";".join(FSDP_GRID),
+        default=None,
+        help="FSDP2 instead of DDP and the scheduler: its defaults and this ';'-separated grid "
+        f"of fsdp:F,B,R labels (default {';'.join(FSDP_GRID)})",
+    )
+    parser.add_argument(
+        "--fsdp-tuned",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="with --fsdp: also one run of STEPS steps tuned live by a real autobyted at each "
+        "rank count and rate",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
@@ -610,6 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = describe_scale(
         scenario.profile, scenario.byte_scale, scenario.device_flops_per_s, scenario.compute_scale
     )
+    tuned: list[dict[str, Any]] = []
     if args.check_compute:
         block = check_compute(scenario, args.rounds, args.steps, args.warmup, args.timeout_s)
         blocks = [block]
@@ -636,10 +780,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rates = {n: parse_rates(args.rates, scenario.profile, n, default_rate) for n in ranks}
         except ValueError as error:
             raise SystemExit(f"bench_emulated: {error}") from None
-        labels = block_labels(
-            [s for s in args.ddp_grid.split(",") if s],
-            [s for s in args.sched_grid.split(";") if s],
-            clip=args.clip,
+        labels = (
+            fsdp_labels([s for s in args.fsdp.split(";") if s])
+            if args.fsdp is not None
+            else block_labels(
+                [s for s in args.ddp_grid.split(",") if s],
+                [s for s in args.sched_grid.split(";") if s],
+                clip=args.clip,
+            )
         )
         blocks = [
             run_block(
@@ -649,18 +797,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rate in rates[n]
         ]
         ok = True
+        tuned = [
+            run_tuned_block(scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned)
+            for b in blocks
+            if args.fsdp is not None and args.fsdp_tuned
+        ]
     report = {
         "scenario": scenario.path,
         "scale": scale,
         "byte_scale": scenario.byte_scale,
         "emulated": True,
         "blocks": blocks,
+        "tuned": tuned,
     }
-    print(format_report(report))
-    if args.out:
+    if args.out:  # before the tables: a run's measurements outlive a mistake in printing them
         path = pathlib.Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_report(report))
     return 0 if ok else 1
 
 

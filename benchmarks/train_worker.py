@@ -13,6 +13,8 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
     ...+clip         a ddp or sched configuration whose loop calls `clip_grad_norm_(
                      model.parameters(), CLIP_MAX_NORM)` between backward and step, as transformer
                      loops do (the same replica as the label without it)
+    fsdp[:F,B,R]     the model under FSDP2 (per-block groups) with its knobs set so
+    fsdp:daemon      (benchmarks/fsdp_replica.py); `agrs`: FSDP2's communication probe
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -110,6 +112,7 @@ class RunConfig:
     tail_bytes: int | None = None  # sched:P,C,T: the tail window; absent = none
     auto: bool = False  # sched:auto: the configuration the scheduler derives at construction
     clip: bool = False  # +clip: clip_grad_norm_ between backward and step
+    shard: str = ""  # fsdp:F,B,R: the FSDP2 knobs ("daemon": autobyted's; "": FSDP2's own)
 
     @classmethod
     def parse(cls, label: str) -> RunConfig:
@@ -125,8 +128,15 @@ class RunConfig:
 
     @classmethod
     def _parse(cls, text: str, label: str) -> RunConfig:
-        if text in ("ddp", "compute", "comm"):
+        if text in ("ddp", "compute", "comm", "fsdp", "agrs"):
             return cls(text)
+        if text.startswith("fsdp:"):
+            spec = text.partition(":")[2]
+            if spec != "daemon":
+                from benchmarks.fsdp_replica import shard_config
+
+                shard_config(spec)  # ValueError naming a bad one
+            return cls("fsdp", shard=spec)
         kind, _, rest = text.partition(":")
         if kind == "ddp":
             from autobyte.types import parse_bytes
@@ -173,6 +183,8 @@ class RunConfig:
                 if self.partition_bytes == LAT_PROBE_BYTES
                 else f"{self.kind}:{format_bytes(self.partition_bytes, 'none')}"
             )
+        if self.kind == "fsdp" and self.shard:
+            return f"fsdp:{self.shard}"
         if self.kind not in SCHED_KINDS:
             return self.kind
         if self.auto:
@@ -276,6 +288,12 @@ class Trainer:
             self.replicas[kind] = (sched_model, sched, metrics)
         if "sched" in self.replicas:
             self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
+        self.fsdp: Any = None  # benchmarks.fsdp_replica.ShardedReplica, built at first use
+        self._fsdp_config: Any = None
+        if any(RunConfig.parse(label).shard == "daemon" for label in args.configs or []):
+            import autobyte
+
+            autobyte.init()  # before attach: the FSDP2 job streams to autobyted
         # An emulated model's device (benchmarks/emulated.py: one per process, every replica's).
         self.device = getattr(self.workload.model, "device", None)
 
@@ -346,6 +364,12 @@ class Trainer:
         if config.kind == "comm":
             self._collectives(self.comm_buffers)
             return
+        if config.kind in ("fsdp", "agrs"):
+            if config.kind == "agrs":
+                self._sharded().probe()
+            else:
+                self._sharded().step(inputs, targets, self.workload.loss_fn)
+            return
         if config.kind in ("ddp", "compute"):
             model, opt = self._ddp(config.partition_bytes if config.kind == "ddp" else None)
             opt.zero_grad(set_to_none=True)
@@ -364,6 +388,15 @@ class Trainer:
         if config.clip:  # a read of .grad: waits for this step's reductions (DDP's wait)
             torch.nn.utils.clip_grad_norm_(self.sched_model.parameters(), CLIP_MAX_NORM)
         self.sched.step()
+
+    def _sharded(self) -> Any:
+        if self.fsdp is None:
+            from benchmarks.fsdp_replica import ShardedReplica
+
+            model_args = json.loads(self.args.model_args) if self.args.model_args else {}
+            torch.manual_seed(self.args.seed)
+            self.fsdp = ShardedReplica(build(self.args.model, **model_args).model, self._optimizer)
+        return self.fsdp
 
     def _collectives(self, buffers: list[torch.Tensor]) -> None:
         """All-reduce every buffer, issued back to back; records the span per collective."""
@@ -440,11 +473,15 @@ class Trainer:
                 credit_bytes=sizes.credit_bytes,
                 tail_bytes=sizes.tail_bytes,
             )
+        if config.kind == "fsdp":
+            self._fsdp_config = self._sharded().use(config.shard)
         for _ in range(segment.warmup):
             self._step(config)
             self.global_step += 1
         if scheduled:
             self.sched.synchronize()
+        if config.kind == "fsdp":
+            self.fsdp.check(self._fsdp_config)
         dist.barrier()
         sched_first = self.sched.step_index if scheduled else 0
         dispatch_before = self.sched.dispatch_stats() if scheduled else None
@@ -552,6 +589,8 @@ class Trainer:
         for _, sched, _ in self.replicas.values():
             sched.synchronize()
             sched.close()
+        if self.fsdp is not None:
+            self.fsdp.job.close()
 
 
 @dataclasses.dataclass(frozen=True)

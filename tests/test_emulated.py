@@ -118,12 +118,13 @@ def test_bad_emulated_settings_name_the_key(tmp_path, line, message):
         load_scenario(path)
 
 
-def _tiny_scenario(tmp_path, workers: int, conditions: str = ""):
-    TINY.save(tmp_path / "tiny.profile.json")
+def _tiny_scenario(tmp_path, workers: int, conditions: str = "", profile=None):
+    profile = profile or TINY
+    profile.save(tmp_path / f"{profile.name}.profile.json")
     path = tmp_path / "tiny.toml"
     path.write_text(
         textwrap.dedent(f"""
-        model = "tiny.profile.json"
+        model = "{profile.name}.profile.json"
         workers = {workers}
         duration_steps = 10
         [bandwidth]
@@ -349,3 +350,55 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
     assert digests[0, "ddp:32KiB+clip"] != digests[0, "ddp"]  # the clip changed them
     start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
     assert _param_digest(start) not in digests.values()
+
+
+# Two transformer blocks (h.0, h.1) between an embedding and a final norm: FSDP2 rows group them
+TINY_GPT = ModelProfile(
+    "tiny-gpt",
+    (
+        LayerProfile("wte", 0.0005, 0.0010, (16384,)),
+        LayerProfile("h.0.attn", 0.0010, 0.0015, (12288, 4096)),
+        LayerProfile("h.0.mlp", 0.0010, 0.0015, (16384, 4096)),
+        LayerProfile("h.1.attn", 0.0010, 0.0015, (12288, 4096)),
+        LayerProfile("h.1.mlp", 0.0010, 0.0015, (16384, 4096)),
+        LayerProfile("ln_f", 0.0005, 0.0005, (4096, 4096)),
+    ),
+    batch_size=4,
+    source="recorded",
+)
+
+
+def test_fsdp2_labels_name_its_knobs_and_a_bad_one_is_refused():
+    from benchmarks.fsdp_replica import block_of, shard_config
+
+    assert RunConfig.parse("fsdp").label == "fsdp"
+    assert RunConfig.parse("FSDP:1,2,keep").label == "fsdp:1,2,keep"
+    assert RunConfig.parse("fsdp:daemon").shard == "daemon"
+    config = shard_config("2,=,keep")
+    assert (config.forward_prefetch, config.backward_prefetch) == (2, None)
+    assert config.reshard_after_forward is False
+    for bad in ("fsdp:1,2", "fsdp:1,2,maybe", "fsdp:x,1,keep"):
+        with pytest.raises(ValueError, match="bad FSDP2 configuration"):
+            RunConfig.parse(bad)
+    assert block_of("h.3.attn.c_attn") == "h.3" and block_of("wte") is None
+    assert bench_emulated.wire_run_label("fsdp:1,1,keep", 128) == "fsdp:1,1,keep"
+
+
+@needs_netns
+def test_fsdp2_rows_run_its_defaults_a_grid_and_the_bound_on_the_testbed(tmp_path):
+    """Per-block FSDP2 groups on emulated ranks: each configuration is in effect on every rank
+    after its warm-up (the worker checks, else the run fails), the bound's communication is the
+    all-gather + reduce-scatter probe, and the columns are against FSDP2's defaults."""
+    scenario = _tiny_scenario(tmp_path, 2, profile=TINY_GPT)
+    labels = bench_emulated.fsdp_labels(["fsdp:1,1,keep", "fsdp:2,2,reshard"])
+    block = bench_emulated.run_block(
+        scenario, 2, 0.5, labels, rounds=1, steps=2, warmup=3, timeout_s=240
+    )
+    rows = {row["config"]: row for row in block["rows"]}
+    assert list(rows) == ["compute", "agrs", "fsdp", "fsdp:1,1,keep", "fsdp:2,2,reshard"]
+    assert all(row["step_s"] > 0 for row in rows.values())
+    assert block["engine"] == "fsdp2" and block["comm_s"] == rows["agrs"]["step_s"]
+    assert block["ddp_default_s"] == rows["fsdp"]["step_s"]  # the /FSDP column's reference
+    assert rows["fsdp"]["speedup_vs_ddp_default"] == pytest.approx(1.0)
+    text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny-gpt")
+    assert "/FSDP" in text and "all-gather + reduce-scatter" in text
