@@ -407,7 +407,7 @@ def _tuned(rank: int, world: int, address: str | None) -> dict:
         if job is not None:
             configs.append(job.config)
             decisions.append(job.decision_id)
-            time.sleep(0.01 if job.config.forward_prefetch else 0.03)
+            time.sleep(0.005 if job.config.forward_prefetch else 0.06)
         _train_step(model, opt, gen)
     full = [p.full_tensor().flatten().tolist() for p in model.parameters()]
     if job is not None:

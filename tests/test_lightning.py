@@ -416,3 +416,90 @@ def test_the_strategy_is_registered_by_name():
     from lightning.pytorch.strategies import StrategyRegistry
 
     assert StrategyRegistry["autobyte"]["strategy"] is AutobyteStrategy
+
+
+def _fit_sharded(rank, world, address):
+    """Lightning's ModelParallelStrategy (FSDP2 in configure_model) and autobyte's drop-in of the
+    same name streaming to a real autobyted: the parameters after the same steps."""
+    import lightning as L
+    import torch
+    from autobyte.lightning import ModelParallelStrategy
+    from lightning.pytorch.strategies import ModelParallelStrategy as Plain
+    from torch import nn
+
+    _lightning_env(rank, world)
+    torch.set_num_threads(1)
+
+    class Sharded(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.blocks = nn.ModuleList([nn.Linear(24, 24) for _ in range(3)])
+            self.head = nn.Linear(24, 3)
+
+        def configure_model(self):
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self, mesh=mesh)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = torch.relu(block(x))
+            return self.head(x)
+
+        def training_step(self, batch, _index):
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(64, 24, generator=g), torch.randint(0, 3, (64,), generator=g)
+    )
+    out = {}
+    for name, strategy in (
+        ("plain", Plain(data_parallel_size=world, tensor_parallel_size=1)),
+        (
+            "autobyte",
+            ModelParallelStrategy(
+                data_parallel_size=world, tensor_parallel_size=1, daemon=address, job="lit-fsdp"
+            ),
+        ),
+    ):
+        module = Sharded()
+        trainer = L.Trainer(
+            strategy=strategy,
+            accelerator="cpu",
+            devices=world,
+            max_steps=6,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+        out[name] = [p.full_tensor().flatten().tolist() for p in module.parameters()]
+    out["sharded_after_fit"] = strategy.sharded
+    return out
+
+
+def test_the_fsdp2_drop_in_streams_an_fsdp2_job_with_lightnings_bits(thread_daemon):
+    results = run_ranks(_fit_sharded, 2, thread_daemon.address, timeout_s=240)
+    for r in results:
+        assert r["autobyte"] == r["plain"] == results[0]["plain"]  # to the bit, every rank
+        assert r["sharded_after_fit"] is None  # teardown detached it
+    client = Client(thread_daemon.address)
+    try:
+        (job,) = client.query.Status(pb.StatusRequest(), timeout=5).jobs
+        assert job.job == "lit-fsdp" and job.engine == "fsdp2" and sorted(job.ranks) == [0, 1]
+        history = client.query.History(pb.HistoryRequest(job="lit-fsdp", limit=1000), timeout=5)
+        assert {(s.rank, s.step) for s in history.steps} == {
+            (r, s) for r in (0, 1) for s in range(6)
+        }
+    finally:
+        client.close()

@@ -182,6 +182,18 @@ def _reshards_after_forward(module: Any) -> bool:
     return any(g.post_forward_mesh_info is not None for g in groups)
 
 
+def check_memory_budget(memory_budget_bytes: Any) -> None:
+    """ValueError unless `memory_budget_bytes` is None or a positive int."""
+    if memory_budget_bytes is not None and (
+        isinstance(memory_budget_bytes, bool)
+        or not isinstance(memory_budget_bytes, int)
+        or memory_budget_bytes <= 0
+    ):
+        raise ValueError(
+            f"memory_budget_bytes must be a positive int (bytes), got {memory_budget_bytes!r}"
+        )
+
+
 class ShardedJob:
     """What `attach` returns: the measured steps and rank 0's proposals of an FSDP2 model."""
 
@@ -205,14 +217,7 @@ class ShardedJob:
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {optimizer!r}")
         if not dist.is_initialized():
             raise ValueError("autobyte.fsdp.attach needs torch.distributed to be initialized")
-        if memory_budget_bytes is not None and (
-            isinstance(memory_budget_bytes, bool)
-            or not isinstance(memory_budget_bytes, int)
-            or memory_budget_bytes <= 0
-        ):
-            raise ValueError(
-                f"memory_budget_bytes must be a positive int (bytes), got {memory_budget_bytes!r}"
-            )
+        check_memory_budget(memory_budget_bytes)
         self.model = model
         self.groups = [m for m in model.modules() if isinstance(m, fsdp_module) and m is not model]
         self._original = {

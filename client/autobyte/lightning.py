@@ -41,6 +41,10 @@ scheduler"). The parameters are DDPStrategy's, bit for bit. How the Trainer's se
 
 Limits (each raises with what to do): one optimizer (manual optimization with one optimizer works).
 
+FSDP2 (`ModelParallelStrategy`, below): Lightning's strategy of that name, whose LightningModule
+calls `fully_shard` in `configure_model`, by one import; autobyte measures the sharded module and
+sets FSDP2's knobs (`autobyte.fsdp`), the arithmetic stays Lightning's.
+
 `lightning` is an optional extra (`pip install 'autobyte[lightning]'`), never a dependency of the core.
 """
 
@@ -60,6 +64,7 @@ try:
     from lightning.fabric.utilities.optimizer import _optimizer_to_device
     from lightning.pytorch.core.optimizer import LightningOptimizer
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+    from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallel
     from lightning.pytorch.trainer import call
     from lightning.pytorch.trainer.states import TrainerFn
     from lightning.pytorch.utilities import GradClipAlgorithmType
@@ -76,7 +81,7 @@ from autobyte.types import Config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AutobyteStrategy"]
+__all__ = ["AutobyteStrategy", "ModelParallelStrategy"]
 
 STRATEGY_NAME = "autobyte"
 
@@ -135,15 +140,7 @@ class AutobyteStrategy(DDPStrategy):
             and 0 < timeout_s < float("inf")
         ):
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        for name, value in (("job", job), ("daemon", daemon), ("token", token)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if daemon is not None:
-            from autobyte.channel import daemon_addresses
-
-            daemon_addresses(
-                daemon
-            )  # ValueError for a malformed address, before any process starts
+        daemon_args = _daemon_args(job, daemon, token, tune)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -154,9 +151,7 @@ class AutobyteStrategy(DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
-        self._daemon_args = (
-            (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
-        )
+        self._daemon_args = daemon_args
         self._timeout_s = float(timeout_s)
         self._native = bool(native)
         if not isinstance(broadcast_buffers, bool):
@@ -196,12 +191,7 @@ class AutobyteStrategy(DDPStrategy):
                 f"{len(self.optimizers)}: put the parameter groups into one optimizer "
                 "(per-group learning rates are kept)"
             )
-        if self._daemon_args is not None:
-            import autobyte
-
-            daemon, job, token, tune = self._daemon_args
-            autobyte.init(daemon, job, token, tune=tune)
-            self._session_started = True
+        self._session_started = _start_session(self._daemon_args)
         optimizer = _unwrap(self.optimizers[0])
         scaler = getattr(self.precision_plugin, "scaler", None)
         self._scheduled = ScheduledOptimizer(
@@ -226,11 +216,7 @@ class AutobyteStrategy(DDPStrategy):
 
     def teardown(self) -> None:
         self._close_scheduler()
-        if self._session_started:
-            import autobyte
-
-            autobyte.shutdown()
-            self._session_started = False
+        self._session_started = _end_session(self._session_started)
         super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
@@ -364,6 +350,98 @@ class AutobyteStrategy(DDPStrategy):
             strategy_registry.register(
                 STRATEGY_NAME, cls, description="DDP's data parallelism with autobyte's scheduler"
             )
+
+
+class ModelParallelStrategy(_LightningModelParallel):
+    """Lightning's `ModelParallelStrategy` (FSDP2: the LightningModule's `configure_model` calls
+    `fully_shard` on its blocks and on itself), measured and tuned by autobyte: at `fit` the
+    sharded module is attached (`autobyte.fsdp.attach`, with the optimizer's `step()` as the step
+    boundary), so that with `job=`/`daemon=` (or a script's own `autobyte.init()`) its steps stream
+    to autobyted as an FSDP2 job and the daemon's configurations (prefetch depths, resharding after
+    forward) apply on every rank at the same step. The arithmetic is Lightning's: FSDP2's knobs
+    change when collectives run, never what they compute.
+
+        from autobyte.lightning import ModelParallelStrategy  # was: from lightning.pytorch.strategies
+
+    Args: Lightning's (`data_parallel_size`, `tensor_parallel_size`, `process_group_backend`, ...),
+    and `job`, `daemon`, `token`, `tune` as `AutobyteStrategy`'s; `memory_budget_bytes` as
+    `autobyte.fsdp.attach`'s (a configuration predicted to gather more is never applied)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        job: str | None = None,
+        daemon: str | None = None,
+        token: str | None = None,
+        tune: bool = True,
+        memory_budget_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._daemon_args = _daemon_args(job, daemon, token, tune)
+        from autobyte.fsdp import check_memory_budget
+
+        check_memory_budget(memory_budget_bytes)
+        super().__init__(*args, **kwargs)
+        self._memory_budget_bytes = memory_budget_bytes
+        self._sharded: Any = None
+        self._session_started = False
+
+    @property
+    def sharded(self) -> Any:
+        """The running fit's `autobyte.fsdp.ShardedJob` (None outside `fit`)."""
+        return self._sharded
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        super().setup(trainer)  # configure_model (fully_shard), the optimizers
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        import autobyte.fsdp
+
+        self._session_started = _start_session(self._daemon_args)
+        optimizer = _unwrap(self.optimizers[0]) if len(self.optimizers) == 1 else None
+        self._sharded = autobyte.fsdp.attach(
+            self.lightning_module, optimizer, memory_budget_bytes=self._memory_budget_bytes
+        )
+
+    def teardown(self) -> None:
+        sharded, self._sharded = self._sharded, None
+        if sharded is not None:
+            sharded.close()
+        self._session_started = _end_session(self._session_started)
+        super().teardown()
+
+
+def _daemon_args(
+    job: str | None, daemon: str | None, token: str | None, tune: bool
+) -> tuple[str | None, str | None, str | None, bool] | None:
+    """What `autobyte.init` gets at setup (None: the strategy starts no session); ValueError for a
+    bad value, before any process starts."""
+    for name, value in (("job", job), ("daemon", daemon), ("token", token)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    if daemon is not None:
+        from autobyte.channel import daemon_addresses
+
+        daemon_addresses(daemon)  # ValueError for a malformed address
+    return (daemon, job, token, bool(tune)) if job is not None or daemon is not None else None
+
+
+def _start_session(args: tuple[str | None, str | None, str | None, bool] | None) -> bool:
+    if args is None:
+        return False
+    import autobyte
+
+    daemon, job, token, tune = args
+    autobyte.init(daemon, job, token, tune=tune)
+    return True
+
+
+def _end_session(started: bool) -> bool:
+    if started:
+        import autobyte
+
+        autobyte.shutdown()
+    return False
 
 
 def _unwrap(optimizer: Any) -> Any:
