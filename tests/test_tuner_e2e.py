@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
     """The job starts with a clearly bad configuration: 4 KiB partitions of a 66k-parameter MLP, i.e.
     ~65 tiny all-reduces per step, each ~1 ms over loopback gloo. Any fused configuration is several
-    times faster, a margin no load on this machine hides."""
+    times faster when the machine is quiet, and at least 1.5x under the suite's load."""
     port = free_port()
     daemon = start_daemon_process(db_url, port, "--tuner", "auto")
     try:
@@ -98,7 +98,11 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
     ]
     last = [steps[i].step_time_s for i in range(2800, 3000) if i in steps]
     assert len(bad) >= 20 and len(last) >= 150
-    assert statistics.median(last) < 0.5 * statistics.median(bad)
+    # a fused configuration runs 2-3x faster on a quiet machine; under the suite's parallel load
+    # CI measured 1.73-1.97x (the bad configuration's steps come from the job's first seconds, the
+    # last ones from its end, under whatever else ran then): 1.5x is still far beyond the noise
+    # of either median, and a job left at 4 KiB runs at 1x
+    assert statistics.median(last) < statistics.median(bad) / 1.5
     # the client's host-load sampler (autobyte.hostload) reaches storage once its first second is over
     import sqlite3
 
