@@ -76,7 +76,7 @@ def _train(rank: int, world: int, attached: bool, mixed: bool = False) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     job = abf.attach(model, opt) if attached else None
     gen = torch.Generator().manual_seed(100 + rank)
-    norms, states, configs = [], [], []
+    norms, states, configs, traffic = [], [], [], []
     for step in range(STEPS):
         micro = 2 if step % 3 == 2 else 1  # accumulation without communication, then a sync
         for i in range(micro):
@@ -91,6 +91,17 @@ def _train(rank: int, world: int, attached: bool, mixed: bool = False) -> dict:
         states.append(_state_of(model))
         if job is not None:
             configs.append(job.config)
+            done = job.last_step
+            traffic.append(
+                (
+                    micro,
+                    [done.config.reshard_of(i) for i in range(len(model.blocks))],
+                    done.all_gathers,
+                    done.gathered_peak_bytes,
+                    job.gathered_bytes(done.config),
+                    0 < done.comm_s < done.step_time_s,
+                )
+            )
             if step in PROPOSALS:
                 job.propose(abf.ShardConfig(**PROPOSALS[step]))
     # as Python floats (exact for float32): tensors in the result queue would travel as shared
@@ -111,6 +122,7 @@ def _train(rank: int, world: int, attached: bool, mixed: bool = False) -> dict:
         "states": states,
         "configs": configs,
         "order": order,
+        "traffic": traffic,
     }
 
 
@@ -144,6 +156,19 @@ def test_live_changes_apply_on_every_rank_at_one_step_and_change_no_bit(world, m
     assert states[9] == plain[0]["states"][9] == (0, 0, every)  # as the user built it
     # the plain job never changed: the knobs were really moved in the tuned one
     assert set(plain[0]["states"]) == {(0, 0, every)}
+    # measured on every rank: a group gathers once per forward, twice where it reshards after
+    # forward (the root keeps its parameters); the gathered bytes held at once are the prediction
+    # the memory budget is checked against, under every configuration
+    for rank in range(world):
+        for step, (micro, reshard, gathers, peak, predicted, timed) in enumerate(
+            tuned[rank]["traffic"]
+        ):
+            expected = {
+                f"blocks.{i}": micro * (1 if r is False else 2) for i, r in enumerate(reshard)
+            }
+            assert gathers == {"": micro, **expected}, (rank, step, gathers)
+            assert peak == predicted, (rank, step, peak, predicted)
+            assert timed, (rank, step)
 
 
 def _checkpointed(rank: int, world: int, path: str) -> dict:
@@ -388,6 +413,8 @@ def test_autobyted_records_the_steps_and_its_decision_moves_every_rank_at_one_st
     for (rank, step), s in stored.items():
         assert s.config == (wanted.to_config() if step >= at else ShardConfig().to_config())
         assert s.step_time_s > 0 and s.bytes_reduced > 0
+        # the time in the step's all-gathers and reduce-scatters (autobyte.fsdp._Traffic)
+        assert 0 < s.exposed_comm_s < s.step_time_s, s
 
 
 TUNED_STEPS = 240

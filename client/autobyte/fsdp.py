@@ -38,11 +38,18 @@ each forward of the root module (a loop that accumulates over several forwards s
 optimizer).
 
 Measured per step (`ShardedJob.last_step`, `add_step_callback`): the step's wall time (boundary to
-boundary), the root's forward, the rest (backward and the optimizer step), and on CUDA the peak
-memory. With `autobyte.init()` every rank streams these steps to autobyted as an FSDP2 job, and the
-daemon's decisions (autobyte.types.Config's FSDP2 fields) arrive through rank 0's `propose`
-(`_Reported`). Not yet: each group's all-gather and reduce-scatter waits (FSDP2 exposes no hooks
-for them).
+boundary), the root's forward, the rest (backward and the optimizer step), on CUDA the allocator's
+peak memory, and per group (`_Traffic`): the time the training thread spent in its all-gathers
+(issuing one and waiting for it) and in its reduce-scatter, how many all-gathers it ran, and the
+most bytes of gathered parameters held at once (the quantity the memory budget bounds). With
+`autobyte.init()` every rank streams these steps to autobyted as an FSDP2 job, and the daemon's
+decisions (autobyte.types.Config's FSDP2 fields) arrive through rank 0's `propose` (`_Reported`).
+
+FSDP2 has no hooks for its collectives: `_Traffic` wraps four methods of each of the job's
+FSDPParamGroup objects (per instance, removed at `close`). On CPU (gloo) FSDP2 runs each
+collective on the training thread, so these times are the waits themselves; on CUDA the
+collectives run on their own streams and the times are only what the thread spent issuing and
+ordering them (the waits there are on streams, and not measured yet).
 """
 
 from __future__ import annotations
@@ -146,6 +153,16 @@ class ShardStep:
     peak_memory_bytes: int  # 0: not measurable here (CPU)
     config: ShardConfig
     decision_id: int = 0  # autobyted's decision that set `config` (0: none)
+    # per group, by module name ("" the root), as `_Traffic` measures them on the training thread
+    all_gather_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    all_gathers: dict[str, int] = dataclasses.field(default_factory=dict)
+    reduce_scatter_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    gathered_peak_bytes: int = 0  # the most bytes of gathered parameters held at once
+
+    @property
+    def comm_s(self) -> float:
+        """The time the training thread spent in the step's collectives."""
+        return sum(self.all_gather_s.values()) + sum(self.reduce_scatter_s.values())
 
 
 @dataclasses.dataclass
@@ -166,12 +183,16 @@ def _fsdp_module_type() -> type:
 def _gathered_bytes(module: Any) -> int:
     """Bytes of the group's own parameters when gathered (unsharded, in the mixed-precision policy's
     parameter dtype where one is set)."""
+    return sum(_gathered_bytes_of(g) for g in module._get_fsdp_state()._fsdp_param_groups)
+
+
+def _gathered_bytes_of(group: Any) -> int:
+    """Bytes of one FSDPParamGroup's parameters when gathered."""
     total = 0
-    for group in module._get_fsdp_state()._fsdp_param_groups:
-        for param in group.fsdp_params:
-            # FSDP2 sets param_dtype at its lazy init (the first forward); the policy says it before
-            dtype = getattr(param, "param_dtype", None) or group.mp_policy.param_dtype
-            total += param._orig_size.numel() * (dtype or param.sharded_param.dtype).itemsize
+    for param in group.fsdp_params:
+        # FSDP2 sets param_dtype at its lazy init (the first forward); the policy says it before
+        dtype = getattr(param, "param_dtype", None) or group.mp_policy.param_dtype
+        total += param._orig_size.numel() * (dtype or param.sharded_param.dtype).itemsize
     return total
 
 
@@ -192,6 +213,78 @@ def check_memory_budget(memory_budget_bytes: Any) -> None:
         raise ValueError(
             f"memory_budget_bytes must be a positive int (bytes), got {memory_budget_bytes!r}"
         )
+
+
+class _Traffic:
+    """Each group's communication as the training thread meets it (the module docstring): the
+    time in its all-gathers (`unshard`, which issues one, and `wait_for_unshard`) and its
+    reduce-scatter (`post_backward`), the all-gathers issued, and the gathered bytes held, a group
+    counting from the all-gather it issues until `reshard` frees its gathered parameters."""
+
+    def __init__(self, modules: dict[str, Any]) -> None:
+        self.all_gather_s: dict[str, float] = {}
+        self.all_gathers: dict[str, int] = {}
+        self.reduce_scatter_s: dict[str, float] = {}
+        self.held = 0
+        self.peak = 0
+        self._wrapped: list[Any] = []
+        for name, module in modules.items():
+            for group in module._get_fsdp_state()._fsdp_param_groups:
+                self._wrap(name, group, _gathered_bytes_of(group))
+
+    def _wrap(self, name: str, group: Any, size: int) -> None:
+        state = {"held": False}
+
+        def update() -> None:
+            held = group._all_gather_result is not None or group.is_unsharded
+            if held != state["held"]:
+                state["held"] = held
+                self.held += size if held else -size
+                self.peak = max(self.peak, self.held)
+
+        def timed(method: Callable[..., Any], into: str) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                issued = group._all_gather_result is None and not group.is_unsharded
+                t0 = time.perf_counter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    spent = getattr(self, into)  # this step's (take() starts a new one)
+                    spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+                    if method.__name__ == "unshard" and issued and group._all_gather_result:
+                        self.all_gathers[name] = self.all_gathers.get(name, 0) + 1
+                    update()
+
+            return call
+
+        def tracked(method: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    update()
+
+            return call
+
+        group.unshard = timed(group.unshard, "all_gather_s")
+        group.wait_for_unshard = timed(group.wait_for_unshard, "all_gather_s")
+        group.post_backward = timed(group.post_backward, "reduce_scatter_s")
+        group.reshard = tracked(group.reshard)
+        update()
+        self._wrapped.append(group)
+
+    def take(self) -> tuple[dict[str, float], dict[str, int], dict[str, float], int]:
+        """This step's measurements; the next step's start from what is held now."""
+        taken = (self.all_gather_s, self.all_gathers, self.reduce_scatter_s, self.peak)
+        self.all_gather_s, self.all_gathers, self.reduce_scatter_s = {}, {}, {}
+        self.peak = self.held
+        return taken
+
+    def remove(self) -> None:
+        for group in self._wrapped:
+            for method in ("unshard", "wait_for_unshard", "post_backward", "reshard"):
+                vars(group).pop(method, None)  # the class's own again
+        self._wrapped = []
 
 
 class ShardedJob:
@@ -256,6 +349,8 @@ class ShardedJob:
         self._t_start = time.perf_counter()
         self._t_forward_end: float | None = None
         self._forward_s = 0.0
+        names = {id(m): n for n, m in model.named_modules()}
+        self._traffic = _Traffic({names[id(m)]: m for m in (model, *self.groups)})
         self._handles = [m.register_forward_pre_hook(self._group_forward) for m in self.groups]
         self._handles.append(model.register_forward_pre_hook(self._root_forward_begins))
         self._handles.append(model.register_forward_hook(self._root_forward_ends))
@@ -366,6 +461,7 @@ class ShardedJob:
         self._closed = True
         for handle in self._handles:
             handle.remove()
+        self._traffic.remove()
         if self._incoming is not None:
             self._incoming[0].wait()
             self._incoming = None
@@ -399,6 +495,7 @@ class ShardedJob:
         if self._cuda:
             peak = int(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
+        all_gather_s, all_gathers, reduce_scatter_s, gathered_peak = self._traffic.take()
         measured = ShardStep(
             self.step,
             now - self._t_start,
@@ -407,6 +504,10 @@ class ShardedJob:
             peak,
             self.config,
             self.decision_id,
+            all_gather_s,
+            all_gathers,
+            reduce_scatter_s,
+            gathered_peak,
         )
         self.step += 1
         self._t_start, self._forward_s, self._t_forward_end = now, 0.0, None
@@ -488,7 +589,7 @@ class ShardedJob:
 class _Reported:
     """A sharded job as autobyte's session streams and steers it (autobyte/transport/): what a
     ScheduledOptimizer offers the reporter, for FSDP2. Its steps become StepMetrics (the step,
-    forward and the rest as backward_s; bytes_reduced is the parameters' bytes, partitions the
+    forward and the rest as backward_s, the time in collectives as exposed_comm_s; bytes_reduced is the parameters' bytes, partitions the
     groups); autobyted's decisions set FSDP2's knobs (autobyte.types.Config) through `propose`."""
 
     engine_name = "fsdp2"
@@ -514,6 +615,7 @@ class _Reported:
             step_time_s=step.step_time_s,
             forward_s=step.forward_s,
             backward_s=step.rest_s,
+            exposed_comm_s=step.comm_s,
             bytes_reduced=self._bytes,
             partitions=self._partitions,
             config=step.config.to_config(),
