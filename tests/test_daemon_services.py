@@ -353,3 +353,28 @@ def test_status_json_shape(client, thread_daemon):
         "history", "job", "--daemon", thread_daemon.address, "--format", "csv", "--steps"
     ).stdout.splitlines()
     assert csv_out[0].startswith("kind,step,rank") and len(csv_out) == 6
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"memory_budget_bytes": 0}, "memory_budget_bytes must be positive"),
+        ({"over_budget": [pb.Config(forward_prefetch=2)]}, "without a memory_budget_bytes"),
+        (
+            {"memory_budget_bytes": 9000, "over_budget": [pb.Config(partition_bytes=1 << 20)]},
+            "this job runs fsdp2",
+        ),
+        (
+            {"memory_budget_bytes": 9000, "over_budget": [pb.Config(forward_prefetch=1)] * 257},
+            "more than 256",
+        ),
+    ],
+)
+def test_a_bad_memory_budget_is_refused_and_registers_nothing(client, thread_daemon, fields, says):
+    job = f"mem-{time.monotonic_ns()}"
+    with pytest.raises(grpc.RpcError) as info:
+        client.register(job=job, engine="fsdp2", **fields)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in info.value.details(), info.value.details()
+    with pytest.raises(Exception, match="no job|not found|unknown"):  # nothing was stored
+        storage_of(thread_daemon).job_info(job)

@@ -317,7 +317,9 @@ def test_a_configuration_over_the_memory_budget_is_refused_before_it_runs():
 STREAMED_STEPS = 40
 
 
-def _streamed_job(rank: int, world: int, address: str | None, name: str) -> tuple:
+def _streamed_job(
+    rank: int, world: int, address: str | None, name: str, budget: int | None = None
+) -> tuple:
     """The model, its AdamW, the attached job (None without a daemon) and this rank's data."""
     import autobyte
     import autobyte.fsdp as abf
@@ -326,7 +328,7 @@ def _streamed_job(rank: int, world: int, address: str | None, name: str) -> tupl
         autobyte.init(address, name, rank=rank, world_size=world, flush_interval_s=0.1)
     model = _sharded(world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    job = abf.attach(model, opt) if address is not None else None
+    job = abf.attach(model, opt, memory_budget_bytes=budget) if address is not None else None
     return model, opt, job, torch.Generator().manual_seed(100 + rank)
 
 
@@ -428,7 +430,8 @@ def _tuned(rank: int, world: int, address: str | None) -> dict:
 
     import autobyte
 
-    model, opt, job, gen = _streamed_job(rank, world, address, "fsdp-tuned")
+    # within 7,500 bytes (_budgeted): FSDP2's defaults, prefetching 1-2 groups, not keeping them
+    model, opt, job, gen = _streamed_job(rank, world, address, "fsdp-tuned", 7_500)
     configs, decisions = [], []
     for _ in range(TUNED_STEPS):
         if job is not None:
@@ -446,8 +449,10 @@ def _tuned(rank: int, world: int, address: str | None) -> dict:
 @pytest.mark.timeout(240)
 def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(tmp_path):
     """The daemon's tuner (autobyted.tuner.sharded) measures FSDP2's knobs on a real 2-rank job,
-    switches to forward prefetch (the measured win), every rank at the same step, math unchanged."""
-    from autobyte.query import Client
+    switches to forward prefetch (the measured win), every rank at the same step, math unchanged;
+    keeping the gathered parameters, over the job's memory budget, is never asked for."""
+    from autobyte.query import Client, DaemonError
+    from autobyte.types import Config
 
     from tests.helpers.daemon import ThreadDaemon
 
@@ -456,6 +461,8 @@ def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(t
         tuned = run_ranks(_tuned, 2, daemon.address)
         client = Client(daemon.address)
         history = client.history("fsdp-tuned", steps=True, limit=10_000)
+        with pytest.raises(DaemonError, match="over the job's memory budget of 7,500 bytes"):
+            client.propose(client.resolve("fsdp-tuned"), Config(reshard_after_forward=False))
     finally:
         daemon.stop()
     plain = run_ranks(_tuned, 2, None)
@@ -467,6 +474,9 @@ def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(t
     assert decisions and all(d.source == "tuner" for d in decisions.values()), decisions
     trials = [d for d in decisions.values() if "trial" in d.reason]
     assert trials and trials[0].config.forward_prefetch == 1, trials
+    # the registration named the over-budget configurations: none was decided, and the trials say so
+    assert all(d.config.reshard_after_forward is not False for d in decisions.values())
+    assert any("over the memory budget of 7,500 bytes not tried" in d.reason for d in trials)
     switches = [d for d in decisions.values() if d.reason.startswith("switch")]
     assert switches and switches[0].config.forward_prefetch, [d.reason for d in decisions.values()]
     assert switches[0].state == "applied", switches[0]

@@ -10,7 +10,7 @@ from autobyte.types import Config, StepMetrics
 from autobyted.best import PARAMS, best, best_in_latest_context
 from autobyted.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from autobyted.storage.db import make_engine, migrate
-from autobyted.storage.records import Registration, SampleBatch
+from autobyted.storage.records import MemoryLimits, Registration, SampleBatch
 from autobyted.storage.sql import SqlStorage
 from tests.helpers.databases import DATABASES, database_url
 
@@ -545,3 +545,30 @@ def test_a_job_takes_only_its_engines_configurations(store):
         store.add_decision("s", Config(backward_prefetch=2), 0, "operator")
     with pytest.raises(FailedPrecondition, match="registered as a scheduler job, not fsdp2"):
         store.register(reg(job="s", rank=1, instance="b", engine="fsdp2"), 30)
+
+
+def test_an_fsdp2_jobs_memory_budget_is_kept_and_no_decision_over_it_is_stored(store):
+    """Rank 0's registration carries the budget and the configurations over it (migration 0007):
+    the job keeps them, a decision of one is refused naming the budget and stores nothing, and
+    rank 0's next registration replaces them (another rank's does not)."""
+    keep = Config(reshard_after_forward=False)
+    deeper = Config(forward_prefetch=3)
+    limits = MemoryLimits(7_500, frozenset({keep, deeper}))
+    store.register(dataclasses.replace(reg(engine="fsdp2"), memory=limits), 30)
+    assert store.job_info("j").memory == limits
+    for over in (keep, deeper):
+        with pytest.raises(FailedPrecondition, match="memory budget of 7,500 bytes"):
+            store.add_decision("j", over, 0, "operator")
+    assert store.decisions("j") == []
+    store.add_decision("j", Config(forward_prefetch=1), 0, "operator")
+    # rank 1 says nothing of memory: rank 0's word stands
+    store.register(reg(rank=1, instance="b", engine="fsdp2"), 30)
+    assert store.job_info("j").memory == limits
+    store.register(
+        dataclasses.replace(reg(engine="fsdp2"), memory=MemoryLimits(9_000, frozenset({deeper}))),
+        30,
+    )
+    assert store.job_info("j").memory == MemoryLimits(9_000, frozenset({deeper}))
+    store.add_decision("j", keep, 0, "operator")
+    store.register(reg(job="free", engine="fsdp2"), 30)
+    assert store.job_info("free").memory is None

@@ -4,6 +4,7 @@ budget), holds, re-tunes when the job's step time moves, and leaves a job with n
 
 from __future__ import annotations
 
+from autobyte.records import MemoryLimits
 from autobyte.types import Config
 
 from autobyted.tuner.memory_sink import MemorySink
@@ -32,9 +33,9 @@ def landscape(fast_forward=0.25, keep=0.15, base_s=0.1, keep_hurts_after=None):
     return step_time
 
 
-def make(mode="auto", params=TunerParams()):
+def make(mode="auto", params=TunerParams(), memory=None):
     sink = MemorySink("fsdp-job")
-    return ShardTuner("fsdp-job", sink, mode, params), sink
+    return ShardTuner("fsdp-job", sink, mode, params, memory), sink
 
 
 def test_neighbours_move_one_knob_one_step_from_the_users_own_settings():
@@ -84,6 +85,27 @@ def test_a_configuration_the_ranks_refuse_never_runs_and_the_search_goes_on():
     # a refused candidate is asked for once per job, never again
     asked = [d.config for d in sink.decisions if d.kind == "trial"]
     assert len(asked) == len(set(asked))
+
+
+def test_a_configuration_the_registration_names_over_the_budget_is_never_asked_for():
+    # the job's registration named every configuration that keeps the gathered parameters as over
+    # its budget: the search never decides one, costs no apply timeout, and says what it left out
+    over = frozenset(
+        Config(forward_prefetch=f, backward_prefetch=b, reshard_after_forward=False)
+        for f in (None, 0, 1, 2, 3)
+        for b in (None, 1, 2, 3)
+    )
+    tuner, sink = make(memory=MemoryLimits(7_500, over))
+    refused = []
+    job = ScriptedJob(
+        landscape(), start=DEFAULTS, refuses=lambda c: c in over and not refused.append(c)
+    )
+    job.run(tuner, sink, 600)
+    assert not refused and tuner.stats["not_applied"] == 0
+    assert all(d.config not in over for d in sink.decisions)
+    assert job.config.forward_prefetch and tuner.phase in ("holding", "no headroom"), tuner.detail
+    trials = [d.reason for d in sink.decisions if d.kind == "trial"]
+    assert any("1 neighbour over the memory budget of 7,500 bytes not tried" in r for r in trials)
 
 
 def test_no_headroom_when_no_knob_beats_the_job_as_built():

@@ -76,6 +76,10 @@ class Job(ConfigColumns, Base):
     tuning_disabled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # 0006: the engine the job runs (autobyte.types.ENGINES), from its registration.
     engine: Mapped[str] = mapped_column(String(16), default="scheduler", server_default="scheduler")
+    # 0007: an FSDP2 job's memory budget and the configurations over it (autobyte.records
+    # MemoryLimits, from rank 0's registration; NULL: no budget).
+    memory_budget_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    over_budget: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Rank(Base):

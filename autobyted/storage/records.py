@@ -11,6 +11,7 @@ from autobyte.records import (
     Fingerprint,
     HistoryStep,
     JobRecord,
+    MemoryLimits,
     Registration,
     TunerStatusRecord,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "JobInfo",
     "JobRecord",
     "LeaseRecord",
+    "MemoryLimits",
     "ModelRecord",
     "RegisterResult",
     "Registration",
@@ -68,6 +70,7 @@ class JobInfo:
     last_seen_s: float
     finished_at_s: float | None = None  # every rank said goodbye (their last, at this time)
     engine: str = "scheduler"  # autobyte.types.ENGINES
+    memory: MemoryLimits | None = None  # an FSDP2 job's budget (rank 0's registration)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from autobyted.storage.records import (
     JobInfo,
     JobRecord,
     LeaseRecord,
+    MemoryLimits,
     ModelRecord,
     RegisterResult,
     Registration,
@@ -45,6 +46,13 @@ _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 def _config(row) -> Config:
     """The configuration a row holds in its columns named as Config's fields."""
     return Config(*(getattr(row, name) for name in _CONFIG_FIELDS))
+
+
+def _memory_columns(memory: MemoryLimits | None) -> dict:
+    """The job's memory columns for a registration's limits (both NULL without a budget)."""
+    if memory is None:
+        return {"memory_budget_bytes": None, "over_budget": None}
+    return {"memory_budget_bytes": memory.budget_bytes, "over_budget": memory.over_budget_json()}
 
 
 def _config_columns(config: Config) -> dict[str, int | None]:
@@ -168,6 +176,7 @@ class SqlStorage(BaseStorage):
                             dropped_total=0,
                             tuning_disabled=r.tuning_disabled,
                             engine=r.engine,
+                            **_memory_columns(r.memory),
                         )
                     )
         except AlreadyExists:
@@ -193,6 +202,8 @@ class SqlStorage(BaseStorage):
                 )
             if r.rank == 0:  # rank 0 decides for the job, as it does for the configuration
                 job.tuning_disabled = r.tuning_disabled
+                for name, value in _memory_columns(r.memory).items():
+                    setattr(job, name, value)
             rank = session.scalars(
                 sa.select(m.Rank)
                 .where(m.Rank.job_id == job.id, m.Rank.rank == r.rank)
@@ -368,6 +379,9 @@ class SqlStorage(BaseStorage):
                 config.for_engine(job_row.engine)
             except ValueError as error:
                 raise InvalidArgument(f"job {job!r}: {error}") from None
+            memory = MemoryLimits.stored(job_row.memory_budget_bytes, job_row.over_budget)
+            if memory is not None and not memory.allows(config):
+                raise FailedPrecondition(f"job {job!r}: {memory.refusal(config)}")
             if lease_holder is not None:
                 self._check_lease(session, tuner_lease(job), lease_holder)
             if source == "operator":
@@ -718,6 +732,7 @@ class SqlStorage(BaseStorage):
                 ),
                 tuning_disabled=row.tuning_disabled,
                 engine=row.engine,
+                memory=MemoryLimits.stored(row.memory_budget_bytes, row.over_budget),
                 created_at_s=row.created_at,
                 last_seen_s=row.last_seen_at,
                 finished_at_s=self._finished_at(session, row),

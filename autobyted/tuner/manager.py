@@ -455,7 +455,7 @@ class TunerManager:
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
         tuner: JobTuner | ShardTuner
         if info.engine == "fsdp2":  # measured, no predictor (tuner.sharded)
-            tuner = ShardTuner(job, sink, self.mode, self.params)
+            tuner = ShardTuner(job, sink, self.mode, self.params, info.memory)
             return self._track(job, info, tuner, sink)
         assert self.predictor is not None
         shape = JobShape.from_info(info)

@@ -30,9 +30,12 @@ way a person tuning FSDP2 by hand does, with the tuner's paired arithmetic (tune
   opens a new search from the configuration in effect.
 
 Memory: the job knows its budget and predicts each configuration's gathered bytes
-(autobyte.fsdp.ShardedJob.gathered_bytes); a decision over it is refused on the ranks and never
-runs. The search sees that as a decision not applied within the apply timeout: the candidate is
-marked refused for the rest of the job and the round goes on with the next one.
+(autobyte.fsdp.ShardedJob.gathered_bytes). Its registration names every configuration predicted
+over the budget (autobyte.records.MemoryLimits, stored on the job): the search never tries one,
+and says how many neighbours it left out. Should a decision still be over it (a registration
+that named no budget, or an order the ranks learned after registering), the ranks refuse it and it
+never runs; the search sees a decision not applied within the apply timeout, marks the candidate
+refused for the rest of the job and goes on with the next one.
 
 Nothing here does I/O: decisions and status go to the `TunerSink`, as JobTuner's do.
 """
@@ -44,6 +47,7 @@ import logging
 import math
 from collections.abc import Sequence
 
+from autobyte.records import MemoryLimits
 from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 
 from autobyted.storage.records import TunerStatusRecord
@@ -88,11 +92,17 @@ class ShardTuner:
     as it does a JobTuner, and reads the same properties."""
 
     def __init__(
-        self, job: str, sink: TunerSink, mode: str = "auto", params: TunerParams = TunerParams()
+        self,
+        job: str,
+        sink: TunerSink,
+        mode: str = "auto",
+        params: TunerParams = TunerParams(),
+        memory: MemoryLimits | None = None,
     ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
         self.job, self.sink, self.mode, self.params = job, sink, mode, params
+        self.memory = memory  # the job's budget: configurations over it are never tried
         self.clock = Clock()
         self.noise = Noise(params.sigma_floor)
         self.own_decision_ids: set[int] = set()
@@ -112,6 +122,7 @@ class ShardTuner:
         self._queue: list[Config] = []
         self._trials: list[MeasuredWindow] = []  # this round's
         self._round = 0
+        self._over_budget = 0  # the round's neighbours left out for the memory budget
         self._switched = False  # this search moved the configuration
         self._fruitless = 0  # searches in a row that kept the configuration
         self._reason = ""
@@ -234,11 +245,10 @@ class ShardTuner:
         self._tried.add(incumbent.config)
         self._round += 1
         self._trials = []
-        self._queue = [
-            c
-            for c in neighbours(incumbent.config)
-            if c not in self._tried and c not in self.refused
-        ][: self.params.max_trials]
+        untried = [c for c in neighbours(incumbent.config) if c not in self._tried]
+        allowed = [c for c in untried if self.memory is None or self.memory.allows(c)]
+        self._over_budget = len(untried) - len(allowed)
+        self._queue = [c for c in allowed if c not in self.refused][: self.params.max_trials]
         if not self._queue or self._round > MAX_ROUNDS:
             self._queue = []
             self._hold(incumbent)
@@ -256,7 +266,7 @@ class ShardTuner:
             config,
             "trial",
             f"trial: {_short(config)}, one knob from {_short(incumbent.config)} "
-            f"(round {self._round}, measured, not predicted)",
+            f"(round {self._round}, measured, not predicted{self._budget_note()})",
         ):
             return
         self._want = self._steps(self.params.trial_steps, self.params.trial_window_s)
@@ -369,7 +379,7 @@ class ShardTuner:
             self._set(
                 "no headroom",
                 f"no headroom: {tried} neighbour(s) of {_short(measured.config)} measured, "
-                f"none faster beyond the switch margin{self._reason_note()}",
+                f"none faster beyond the switch margin{self._reason_note()}{self._budget_note()}",
             )
 
     def _watched(self, measured: MeasuredWindow) -> None:
@@ -391,6 +401,15 @@ class ShardTuner:
         self._open(reason)
         self.incumbent = measured
         self._round_from(measured)
+
+    def _budget_note(self) -> str:
+        if not self._over_budget or self.memory is None:
+            return ""
+        n = self._over_budget
+        return (
+            f"; {n} neighbour{'s' if n > 1 else ''} over the memory budget of "
+            f"{self.memory.budget_bytes:,} bytes not tried"
+        )
 
     def _reason_note(self) -> str:
         return f" ({self._reason})" if self._reason else ""

@@ -8,12 +8,14 @@ from collections.abc import Iterable
 
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.records import (
+    MAX_OVER_BUDGET,
     BestRecord,
     CandidateRecord,
     DecisionRecord,
     Fingerprint,
     HistoryStep,
     JobRecord,
+    MemoryLimits,
     Registration,
     TunerStatusRecord,
 )
@@ -100,7 +102,32 @@ def registration_from_proto(request: pb.RegisterRequest) -> Registration:
         config=config,
         tuning_disabled=request.tuning_disabled,
         engine=engine,
+        memory=memory_from_proto(request),
     )
+
+
+def memory_from_proto(request: pb.RegisterRequest) -> MemoryLimits | None:
+    """ValueError for a bad budget, too many configurations or one of the scheduler's knobs."""
+    if not request.HasField("memory_budget_bytes"):
+        if request.over_budget:
+            raise ValueError("over_budget is given without a memory_budget_bytes")
+        return None
+    if len(request.over_budget) > MAX_OVER_BUDGET:  # before converting them
+        raise ValueError(f"over_budget names more than {MAX_OVER_BUDGET} configurations")
+    return MemoryLimits(
+        request.memory_budget_bytes,
+        frozenset(config_from_proto(c) for c in request.over_budget),
+    )
+
+
+def memory_to_proto(memory: MemoryLimits | None) -> dict:
+    """RegisterRequest's memory fields, as keyword arguments (none without a budget)."""
+    if memory is None:
+        return {}
+    return {
+        "memory_budget_bytes": memory.budget_bytes,
+        "over_budget": [config_to_proto(c) for c in sorted(memory.over_budget, key=str)],
+    }
 
 
 _DECISION_OPTIONAL = ("predicted_step_time_s", "measured_step_time_s", "applied_at_step")

@@ -66,6 +66,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autobyte import hooks
+from autobyte.records import MemoryLimits
 from autobyte.types import Config, StepMetrics, check_depth
 
 logger = logging.getLogger(__name__)
@@ -422,6 +423,22 @@ class ShardedJob:
             peak = max(peak, held)
         return self._bytes[id(self.model)] + peak
 
+    def over_budget(self) -> frozenset[ShardConfig]:
+        """Every setting of the knobs autobyted may decide (forward prefetch as set or 0-3,
+        backward as set or 1-3, resharding as set, on or off for every group: 60 points) that is
+        predicted over the memory budget (empty without one). Forward order is the first step's
+        once it has run, the modules' order before."""
+        if self.memory_budget_bytes is None:
+            return frozenset()
+        return frozenset(
+            config
+            for forward in (None, *range(4))
+            for backward in (None, *range(1, 4))
+            for reshard in (None, True, False)
+            if self.gathered_bytes(config := ShardConfig(forward, backward, reshard))
+            > self.memory_budget_bytes
+        )
+
     def _check_budget(self, config: ShardConfig, what: str) -> None:
         """ValueError where `config` is predicted to hold more than the memory budget: a
         configuration over it is never applied (the daemon's decision is then not applied, and
@@ -604,6 +621,14 @@ class _Reported:
     @property
     def config(self) -> Config:
         return self._job.config.to_config()
+
+    def memory_limits(self) -> MemoryLimits | None:
+        """The budget and the configurations over it, for the job's registration (autobyted
+        never decides one of them); None without a budget."""
+        budget = self._job.memory_budget_bytes
+        if budget is None:
+            return None
+        return MemoryLimits(budget, frozenset(c.to_config() for c in self._job.over_budget()))
 
     def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
         self._job.add_step_callback(lambda step: fn(self._metrics(step)))

@@ -5,6 +5,7 @@ messages and back; the daemon's storage returns them (autobyted.storage.records 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from autobyte.types import Config, StepMetrics
 
@@ -32,6 +33,64 @@ class Registration:
     pid: int = 0
     tuning_disabled: bool = False
     engine: str = "scheduler"  # autobyte.types.ENGINES: whose Config fields the job's configs set
+    memory: MemoryLimits | None = None  # an FSDP2 job's budget (autobyte.fsdp), where it set one
+
+
+MAX_OVER_BUDGET = 256  # configurations a registration may name over its budget (the proto's limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryLimits:
+    """An FSDP2 job's memory budget and the configurations its ranks predict over it
+    (autobyte.fsdp.ShardedJob.over_budget): the daemon never decides one."""
+
+    budget_bytes: int
+    over_budget: frozenset[Config] = frozenset()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget_bytes, bool) or not isinstance(self.budget_bytes, int):
+            raise ValueError(f"memory_budget_bytes must be an int, got {self.budget_bytes!r}")
+        if self.budget_bytes <= 0:
+            raise ValueError(f"memory_budget_bytes must be positive, got {self.budget_bytes}")
+        if len(self.over_budget) > MAX_OVER_BUDGET:
+            raise ValueError(
+                f"over_budget names {len(self.over_budget)} configurations; at most "
+                f"{MAX_OVER_BUDGET} (FSDP2's knobs have 60 points)"
+            )
+        for config in self.over_budget:
+            config.for_engine("fsdp2")
+
+    def over_budget_json(self) -> str:
+        """The configurations as stored (a JSON list of their set fields, in a stable order)."""
+        return json.dumps(
+            sorted(
+                (
+                    {k: v for k, v in dataclasses.asdict(c).items() if v is not None}
+                    for c in self.over_budget
+                ),
+                key=lambda d: json.dumps(d, sort_keys=True),
+            ),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def stored(cls, budget_bytes: int | None, over_budget_json: str | None) -> MemoryLimits | None:
+        """What `over_budget_json` stored (None: no budget)."""
+        if budget_bytes is None:
+            return None
+        configs = json.loads(over_budget_json or "[]")
+        return cls(budget_bytes, frozenset(Config(**c) for c in configs))
+
+    def allows(self, config: Config) -> bool:
+        return config not in self.over_budget
+
+    def refusal(self, config: Config) -> str:
+        """Why `config` is never decided (for people)."""
+        return (
+            f"{config.describe()} is predicted over the job's memory budget of "
+            f"{self.budget_bytes:,} bytes of gathered parameters (autobyte.fsdp's "
+            "memory_budget_bytes); choose fewer prefetched or kept groups"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,10 +22,11 @@ import grpc
 
 from autobyte import __version__
 from autobyte.channel import RETRY_AFTER_KEY, auth_metadata
-from autobyte.convert import config_to_proto, metrics_to_proto
+from autobyte.convert import config_to_proto, memory_to_proto, metrics_to_proto
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.records import MemoryLimits
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
 from autobyte.transport.endpoints import DaemonEndpoints
 from autobyte.transport.place import RankPlace
@@ -221,6 +222,12 @@ class Reporter:
         self.control.cancel_watch()
         return True
 
+    def _memory_limits(self) -> MemoryLimits | None:
+        """An FSDP2 job's budget (autobyte.fsdp), computed at each registration: after the first
+        step its forward order is known. A scheduler job has none."""
+        limits = getattr(self._optimizer, "memory_limits", None)
+        return None if limits is None else limits()
+
     def _register(self, stub) -> tuple[str, int]:
         response = stub.Register(
             pb.RegisterRequest(
@@ -239,6 +246,7 @@ class Reporter:
                 data_parallel_size=self.place.dp_size,
                 data_parallel_leader=self.place.dp_leader,
                 tuning_disabled=not self.tune,
+                **memory_to_proto(self._memory_limits()),
             ),
             timeout=RPC_TIMEOUT_S,
             metadata=self._metadata,
