@@ -30,7 +30,7 @@ from autobyte.transport import session
 from autobyte.transport.reporter import Reporter
 from autobyte.types import Config, StepMetrics
 
-from benchmarks.host import free_port
+from benchmarks.testbed.host import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loopback
+from benchmarks.testbed import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ddp_clip", "sched_noclip", "sched_clip", "sched_ctor")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loopback
+from benchmarks.testbed import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("eager_ddp", "compiled_ddp", "eager_sched", "compiled_sched")
@@ -47,7 +47,7 @@ def worker(args: argparse.Namespace) -> None:
     from autobyte import ScheduledOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from benchmarks.models import build
+    from benchmarks.testbed.models import build
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")

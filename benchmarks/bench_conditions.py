@@ -50,10 +50,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import optimum, worker_cli
-from benchmarks.host import load_average
-from benchmarks.testbed import Testbed, Trace, parse_rate
-from benchmarks.train_worker import LAT_PROBE_BYTES, RunConfig, lat_collectives
+from benchmarks import optimum
+from benchmarks.testbed import Testbed, Trace, parse_rate, worker_cli
+from benchmarks.testbed.host import load_average
+from benchmarks.testbed.train_worker import LAT_PROBE_BYTES, RunConfig, lat_collectives
 
 REPO = Path(__file__).resolve().parents[1]
 

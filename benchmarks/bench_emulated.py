@@ -5,7 +5,7 @@
     python -m benchmarks.bench_emulated SCENARIO --check-compute     # the host is not the limit
     python -m benchmarks.bench_emulated --report results/emulated-resnet50.json
 
-The scenario (a `[testbed] mode = "emulated"` file, benchmarks/scenario.py) gives the profile, its
+The scenario (a `[testbed] mode = "emulated"` file, benchmarks/harness/scenario.py) gives the profile, its
 device throughput and byte scale and the rate (its bandwidth at t=0, in the model's bytes; `--rates`
 overrides it: Gbit/s, or `1x` for the rate at which a ring all-reduce of all gradients takes the
 profile's compute at that rank count, `0.5x`, `2x` half and twice that). Its conditions ([straggler],
@@ -32,14 +32,13 @@ its reductions, as DDP does at the end of backward); their /DDP is against DDP +
 equal the profile's compute within 2% with the CPU not the limit (exit 1 otherwise), and beside it
 the scheduler with nothing to reduce (what its own threads add: reported, not judged).
 
-Only the arithmetic is emulated (benchmarks/emulated.py): every table says so and states the scale.
+Only the arithmetic is emulated (benchmarks/testbed/emulated.py): every table says so and states the scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -48,20 +47,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autobyte.types import Config
-
-from benchmarks import worker_cli
-from benchmarks.host import HostWatch
-from benchmarks.scenario import GBIT, Scenario, load_scenario
+from benchmarks.harness.scenario import GBIT, Scenario, load_scenario
+from benchmarks.testbed import worker_cli
+from benchmarks.testbed.host import HostWatch
+from benchmarks.testbed.wire import (
+    CLIP,
+    DDP_DEFAULT_BUCKET,
+    wire_label,
+)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-DDP_DEFAULT_BUCKET = "25MiB"  # torch's bucket_cap_mb default, in the model's bytes
 DDP_GRID = ("5MiB", "50MiB", "100MiB")
 # ScheduledOptimizer's default: sizes derived from the job (autobyte.scheduler.start), here from
 # the scaled model's bytes and the scaled links; the row says what they came to in model bytes
 SCHED_DEFAULT = "sched:auto"
 SCHED_GRID = ("sched:1MiB,4MiB", "sched:4MiB,16MiB", "sched:16MiB,64MiB", "sched:none,none")
-# --fsdp: FSDP2 with per-block groups (benchmarks/fsdp_replica.py), as fully_shard leaves it and at
+# --fsdp: FSDP2 with per-block groups (benchmarks/testbed/fsdp_replica.py), as fully_shard leaves it and at
 # a grid of its knobs (forward prefetch, backward prefetch, reshard|keep after forward)
 FSDP_DEFAULT = "fsdp"
 FSDP_GRID = (
@@ -75,79 +76,6 @@ FSDP_GRID = (
 COMPUTE_TOLERANCE = 0.02  # the emulated step against the profile's compute, communication off
 RUNQUEUE_LIMIT = 0.05  # the training thread waiting for a CPU this share of the step: CPU-limited
 HOST_BUSY_LIMIT = 0.85  # the machine's busy cores (every process's) above this share: CPU-limited
-
-
-def wire_bytes(model_bytes: int | None, byte_scale: float) -> int | None:
-    """A size in the model's bytes on the scaled wire: divided, whole floats, at least 4 KiB."""
-    if model_bytes is None:
-        return None
-    return max(4 << 10, int(model_bytes / byte_scale) // 4 * 4)
-
-
-CLIP = "+clip"  # a label's loop clips between backward and step (benchmarks/train_worker.py)
-
-
-def _with_clip(to_label: Any) -> Any:
-    """A label function that carries a +clip modifier through unchanged."""
-
-    @functools.wraps(to_label)
-    def convert(label: str, byte_scale: float) -> str:
-        base, plus, modifier = label.partition("+")
-        return to_label(base, byte_scale) + (plus + modifier)
-
-    return convert
-
-
-@_with_clip
-def wire_label(label: str, byte_scale: float) -> str:
-    """A configuration label in the model's bytes as the worker runs it on the scaled model."""
-    from benchmarks.train_worker import SCHED_KINDS, RunConfig
-
-    config = RunConfig.parse(label)
-    if config.kind == "ddp":
-        size = wire_bytes(config.partition_bytes, byte_scale)
-        return "ddp" if size is None else f"ddp:{size}"
-    if config.kind not in SCHED_KINDS or config.auto:
-        return config.label
-    sizes = [wire_bytes(b, byte_scale) for b in (config.partition_bytes, config.credit_bytes)]
-    if config.tail_bytes is not None:
-        sizes.append(wire_bytes(config.tail_bytes, byte_scale))
-    return f"{config.kind}:" + ",".join(str(size or "none") for size in sizes)
-
-
-def model_config(config: Any, byte_scale: float) -> Any:
-    """A scheduler configuration the scaled wire ran, in the model's bytes (DDP unchanged)."""
-    if byte_scale == 1.0 or not isinstance(config, Config) or config.engine == "fsdp2":
-        return config  # FSDP2's knobs are counts, not bytes
-    return Config(
-        *(None if b is None else round(b * byte_scale) for b in dataclasses.astuple(config))
-    )
-
-
-@_with_clip
-def model_label(wire_lab: str, byte_scale: float) -> str:
-    """A worker's configuration label (ddp[:B], sched:P,C[,T] on the scaled wire) in the model's
-    bytes; DDP's reads "ddp" (its bucket is DDP's default, scaled)."""
-    from benchmarks.train_worker import RunConfig
-
-    if byte_scale == 1.0:
-        return wire_lab
-    config = RunConfig.parse(wire_lab)
-    if config.kind == "ddp":
-        return "ddp"
-    sizes = model_config(
-        Config(config.partition_bytes, config.credit_bytes, config.tail_bytes), byte_scale
-    )
-    return RunConfig(config.kind, sizes.partition_bytes, sizes.credit_bytes, sizes.tail_bytes).label
-
-
-@_with_clip
-def wire_run_label(model_lab: str, byte_scale: float) -> str:
-    """What the worker runs for a label in the model's bytes: "ddp" is DDP's default bucket
-    (25 MiB of the model's bytes), scaled as every size."""
-    if byte_scale != 1.0 and model_lab.strip().lower() == "ddp":
-        model_lab = f"ddp:{DDP_DEFAULT_BUCKET}"
-    return wire_label(model_lab, byte_scale)
 
 
 def block_labels(
@@ -275,7 +203,7 @@ def summarise(
     step_stat: str = "median",
 ) -> list[dict[str, Any]]:
     """One row per configuration from every rank's `result` events (see the module docstring)."""
-    from benchmarks.train_worker import RunConfig
+    from benchmarks.testbed.train_worker import RunConfig
 
     rows = []
     for label, wire_lab in zip(labels, wire):
@@ -341,7 +269,7 @@ def summarise(
 
 
 def _worker_label(wire_lab: str) -> str:
-    from benchmarks.train_worker import RunConfig
+    from benchmarks.testbed.train_worker import RunConfig
 
     return RunConfig.parse(wire_lab).label
 
@@ -467,7 +395,7 @@ def run_tuned_block(
     block; the steps, what the tuner decided and where it ended."""
     import tempfile
 
-    from benchmarks.autobyte_policy import HubDaemon
+    from benchmarks.harness.autobyte_policy import HubDaemon
     from benchmarks.testbed import Testbed
 
     wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
@@ -748,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bench_emulated: {error}") from None
     if not scenario.emulated:
         raise SystemExit(f'bench_emulated: {args.scenario} has no [testbed] mode = "emulated"')
-    from benchmarks.emulated import describe_scale
+    from benchmarks.testbed.emulated import describe_scale
 
     scale = describe_scale(
         scenario.profile, scenario.byte_scale, scenario.device_flops_per_s, scenario.compute_scale

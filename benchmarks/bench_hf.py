@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import loopback
+from benchmarks.testbed import loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("loop_ddp", "trainer_ddp", "loop", "trainer")

@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 
-from benchmarks.host import free_port
+from benchmarks.testbed.host import free_port
 
 BIN = pathlib.Path(sys.executable).parent
 

@@ -1,6 +1,6 @@
 """True labels on the testbed: inject a change into a real 2-rank gloo run, count correct labels.
 
-Each injection is one run of `benchmarks.train_worker` (the real scheduler, 2 ranks in network
+Each injection is one run of `benchmarks.testbed.train_worker` (the real scheduler, 2 ranks in network
 namespaces, one configuration held, as the tuner holds it) with one change at a step:
 
     bandwidth   the links' rate 2 Gbit/s -> 300 Mbit/s (tc)            expected "bandwidth drop"
@@ -34,8 +34,7 @@ from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.drift import DriftDetector
 from autobyted.tuner.ranks import RankMerger
-from benchmarks import worker_cli
-from benchmarks.testbed import CpuShareChange, FlowChange, RateChange, Testbed, Trace
+from benchmarks.testbed import CpuShareChange, FlowChange, RateChange, Testbed, Trace, worker_cli
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 10  # the tuner's warm-up (TunerParams.warmup_steps)

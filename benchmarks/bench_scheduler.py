@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import worker_cli
-from benchmarks.host import load_average
-from benchmarks.testbed import Testbed, format_rate, parse_rate
+from benchmarks.testbed import Testbed, format_rate, parse_rate, worker_cli
+from benchmarks.testbed.host import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,7 +70,7 @@ def config_labels(
 
 def _twin(label: str) -> str:
     """The measured label of a grid entry (train_worker spells sizes its own way)."""
-    from benchmarks.train_worker import RunConfig
+    from benchmarks.testbed.train_worker import RunConfig
 
     return RunConfig.parse(label).label
 
@@ -247,7 +246,7 @@ def measure_dispatch(bed: Testbed, args: argparse.Namespace) -> dict[str, Any]:
         steps=10,
     )
     rows = summarise(results)
-    from benchmarks.train_worker import RunConfig, lat_collectives
+    from benchmarks.testbed.train_worker import RunConfig, lat_collectives
 
     bare = [
         rows[label]["median_step_s"] / lat_collectives(RunConfig.parse(label).partition_bytes)

@@ -1,4 +1,4 @@
-"""Measurements of the tuner that are not the evaluation table (that is benchmarks/eval_tuner.py):
+"""Measurements of the tuner that are not the evaluation table (that is benchmarks/harness/eval_tuner.py):
 
     python -m benchmarks.bench_tuner predictor            # step-time error: held-out configs, left-out models
     python -m benchmarks.bench_tuner predictor --testbed  # ... and on real testbed measurements (root)
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks import worker_cli
+from benchmarks.testbed import worker_cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The testbed MLP the tuner's testbed studies train (the quick start's model).
@@ -267,10 +267,10 @@ def _first_search(policy, records) -> tuple[int, int]:
 
 
 def warmstart_sim(args) -> None:
-    from benchmarks.autobyte_policy import AutobytePolicy
-    from benchmarks.evaluate import _run_until_done, lower_bound_run, policy_context
-    from benchmarks.gen_scenarios import scenario_text
-    from benchmarks.scenario import load_scenario
+    from benchmarks.harness.autobyte_policy import AutobytePolicy
+    from benchmarks.harness.evaluate import _run_until_done, lower_bound_run, policy_context
+    from benchmarks.harness.gen_scenarios import scenario_text
+    from benchmarks.harness.scenario import load_scenario
     from simulator import train_prior
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="warmstart-"))
@@ -347,7 +347,7 @@ def warmstart_testbed(args) -> None:
     second starts with a predictor retrained on the first one's windows."""
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
-    from benchmarks.autobyte_policy import HubDaemon
+    from benchmarks.harness.autobyte_policy import HubDaemon
     from benchmarks.testbed import Testbed
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="warmstart-tb-"))
@@ -400,9 +400,9 @@ def warmstart_testbed(args) -> None:
 def cpu_sim(args) -> None:
     """CPU of the tuner's own work (JobTuner.observe, incl. scoring with the predictor) per call that
     issued a decision and per sample, over simulated runs of checked-in scenarios."""
-    from benchmarks.autobyte_policy import AutobytePolicy
-    from benchmarks.evaluate import _run_until_done, lower_bound_run, policy_context
-    from benchmarks.scenario import load_scenario
+    from benchmarks.harness.autobyte_policy import AutobytePolicy
+    from benchmarks.harness.evaluate import _run_until_done, lower_bound_run, policy_context
+    from benchmarks.harness.scenario import load_scenario
 
     per_decision, per_sample = [], []
     for path in args.scenarios:
@@ -570,7 +570,7 @@ def daemon_cpu(args) -> None:
 
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
-    from benchmarks.host import free_port
+    from benchmarks.testbed.host import free_port
 
     print(
         f"load {load()}; {args.jobs} jobs x {args.steps_per_s} steps/s for {args.seconds:.0f} s per mode"
@@ -631,7 +631,7 @@ def drift_loopback(args) -> None:
     from autobyted.storage.db import make_engine
     from autobyted.storage.sql import SqlStorage
     from autobyted.tuner.drift import DriftDetector
-    from benchmarks.host import free_port
+    from benchmarks.testbed.host import free_port
 
     print(f"load {load()}")
     print(

@@ -11,7 +11,7 @@ Measured-runs format (JSON; written by hand, by benchmarks/bench_scheduler.py, o
       "link": {"latency_s": 0, "collective_overhead_s": 0.0004, "launch_s": 0.0001,
                "bandwidth_mbit": 3000},          # optional; bandwidth_mbit for unshaped runs
       "runs": [
-        {"model": "mlp", "model_args": {}, "batch_size": 128,   # a benchmarks.models workload
+        {"model": "mlp", "model_args": {}, "batch_size": 128,   # a benchmarks.testbed.models workload
          "profile": "path/to/profile.json",                  # ...or a recorded profile instead
          "workers": 2, "rate_mbit": 1000,                    # link rate (null: link.bandwidth_mbit)
          "config": "ddp" | "sched:4MiB,16MiB",
@@ -152,7 +152,7 @@ def _loopback_worker(rank: int, world: int, port: int, plan: dict[str, Any], out
     import torch.distributed as dist
     from torch import nn
 
-    from benchmarks.models import build
+    from benchmarks.testbed.models import build
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ the testbed) the simulator predicts every configuration's settled step time, in 
   the wire time at that goodput). This checks the simulator's mechanics (overlap, partitioning,
   credit, priority) given what the condition did to the link and the CPU.
 - **model**: from the model's *quiet* block and the condition's description only, through the
-  condition model the scenario keys use (`benchmarks/scenario.py`): a CPU quota of S cores ->
+  condition model the scenario keys use (`benchmarks/harness/scenario.py`): a CPU quota of S cores ->
   cpu share S; N busy processes beside R ranks on this 2-core machine -> share 2/(R+N) (pinned,
   one core per rank: 1/(1+N) on the busy rank's core); K
   competing flows -> the job keeps 1/(1+K) of the link and every collective pays K times the
@@ -280,7 +280,7 @@ def shared_constants(
 
 def quota(block: dict[str, Any]) -> dict[str, Any]:
     """LinkModel fields for a cgroup CPU quota in the block's condition (the testbed's period)."""
-    from benchmarks.conditions import DEFAULT_PERIOD_US
+    from benchmarks.testbed.conditions import DEFAULT_PERIOD_US
 
     ranks = [rank for rank, _ in block["condition_spec"].get("cpu", [])]
     if not ranks:
@@ -767,7 +767,7 @@ def scenario_text(
         "flow_message_extra_s": [list(p) for p in constants["flow_message_extra_s"]],
     }
     if any(p["quota_workers"] for p in phases):
-        from benchmarks.conditions import DEFAULT_PERIOD_US
+        from benchmarks.testbed.conditions import DEFAULT_PERIOD_US
 
         link["quota_period_s"] = DEFAULT_PERIOD_US * 1e-6
         link["quota_workers"] = max(p["quota_workers"] for p in phases)

@@ -581,7 +581,7 @@ def _overhead_models(
     device: torch.device, quick: bool
 ) -> list[tuple[str, Callable, Callable, Callable]]:
     """(name, make_model, make_batch, loss) of the GPT-2-small-sized model and a ResNet-50."""
-    from benchmarks.models import ResNet
+    from benchmarks.testbed.models import ResNet
 
     if quick:
         gpt = (

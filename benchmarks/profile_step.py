@@ -12,7 +12,7 @@ For a scheduled step it records the training thread's marks (forward, backward, 
 wait of the forward for parameters (the instance's `wait_params`, wrapped here), the update
 thread's `_apply` spans, every partition's ready / issue / done (the native engine's trace,
 AUTOBYTE_TRACE_PARTITIONS=1; off by default in the library) and every thread's CPU time
-(/proc/self/task/*/schedstat), and derives with `benchmarks.step_breakdown`:
+(/proc/self/task/*/schedstat), and derives with `benchmarks.testbed.step_breakdown`:
 
 - training thread: forward compute, forward wait, backward, step() call (vs the compute probe);
 - link (rank 0): busy (some collective in flight), idle between transfers inside the step, the
@@ -43,9 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.step_breakdown import (
+from benchmarks.testbed.step_breakdown import (
     StepMarks,
-    ThreadTimes,
     Transfer,
     Wait,
     first_partitions,
@@ -55,6 +54,7 @@ from benchmarks.step_breakdown import (
     median_of,
     merge_ranks,
     rank_pace,
+    thread_times,
     time_by_kind,
     training_steps,
 )
@@ -67,25 +67,6 @@ PROBES = ("ddp", "compute", "comm", "lat:64KiB", "lat:1MiB")  # lat: back-to-bac
 def emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
-
-
-def thread_times() -> dict[int, ThreadTimes]:
-    """Every thread of this process (Python names where Python made it, else the OS name)."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out = {}
-    for tid_text in os.listdir("/proc/self/task"):
-        tid = int(tid_text)
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                cpu_ns, runqueue_ns = (int(x) for x in f.read().split()[:2])
-            name = names.get(tid)
-            if name is None:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    name = f.read().strip()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out[tid] = ThreadTimes(name, cpu_ns, runqueue_ns)
-    return out
 
 
 def set_thread_nice(nice: int) -> None:
@@ -106,12 +87,12 @@ def set_thread_nice(nice: int) -> None:
 
 
 class Profiler:
-    """One rank: a DDP replica and a scheduler replica (benchmarks.train_worker.Trainer)."""
+    """One rank: a DDP replica and a scheduler replica (benchmarks.testbed.train_worker.Trainer)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         import torch.distributed as dist
 
-        from benchmarks import train_worker
+        from benchmarks.testbed import train_worker
 
         self.dist = dist
         self.args = args

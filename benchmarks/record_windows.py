@@ -38,8 +38,8 @@ from benchmarks.bench_conditions import (
     model_spec,
     worker_command,
 )
-from benchmarks.host import load_average
-from benchmarks.train_worker import RunConfig
+from benchmarks.testbed.host import load_average
+from benchmarks.testbed.train_worker import RunConfig
 from simulator.real_windows import DATASET_PATH as DEFAULT_OUT
 from simulator.real_windows import FORMAT, load_dataset
 
@@ -51,7 +51,7 @@ def model_shape(builder: str, model_args: dict[str, Any], world_size: int) -> di
     from autobyte.transport.session import model_fingerprint
 
     from autobyted.tuner.features import JobShape
-    from benchmarks.models import build
+    from benchmarks.testbed.models import build
 
     fingerprint = fingerprint_from_proto(
         model_fingerprint(build(builder, **model_args).model.parameters())

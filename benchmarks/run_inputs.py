@@ -1,4 +1,4 @@
-"""What the simulator needs of a measured run's workload (a benchmarks.models model): its recorded
+"""What the simulator needs of a measured run's workload (a benchmarks.testbed.models model): its recorded
 per-layer profile and the gradient bytes and all-reduces of train_worker's DDP-bucketed probe.
 Shared by benchmarks.calibrate and benchmarks.calibrate_map."""
 
@@ -23,7 +23,7 @@ def profile_for_run(
     if key not in cache:
         import torch
 
-        from benchmarks.models import build
+        from benchmarks.testbed.models import build
 
         torch.manual_seed(0)
         workload = build(run["model"], **run.get("model_args", {}))
@@ -45,8 +45,8 @@ def bench_buckets(model: str, model_args: dict[str, Any]) -> tuple[int, int]:
     """(gradient bytes, all-reduces) of train_worker's `comm` probe: DDP-sized 25 MiB buckets."""
     import torch
 
-    from benchmarks.models import build
-    from benchmarks.train_worker import DDP_BUCKET_BYTES
+    from benchmarks.testbed.models import build
+    from benchmarks.testbed.train_worker import DDP_BUCKET_BYTES
 
     torch.manual_seed(0)
     params = list(build(model, **model_args).model.parameters())

@@ -29,8 +29,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the testbed) lives in the checkout, not in the package
-from benchmarks import worker_cli
-from benchmarks.host import free_port
+from benchmarks.testbed import worker_cli
+from benchmarks.testbed.host import free_port
 
 JOB = "quickstart"
 TRAIN_S = float(os.environ.get("QUICKSTART_SECONDS", "120"))
@@ -73,7 +73,7 @@ def wait_until_serving(address: str, daemon: subprocess.Popen, timeout_s: float 
 
 
 def testbed_demo(work: pathlib.Path) -> bool:
-    from benchmarks.autobyte_policy import HubDaemon
+    from benchmarks.harness.autobyte_policy import HubDaemon
     from benchmarks.testbed import Testbed, Trace
 
     trace = Trace.from_times([(0, "2gbit"), (DROP_AT_S, "300mbit")])

@@ -13,7 +13,7 @@ and configuration; it never reads the scenario's true `bandwidth_bytes_per_s` or
   measures both);
 - queueing delay is 0 and host load 0.0 = unknown: the simulator models neither.
 
-The daemon's prior (simulator/train_prior.py) and the `autobyte` policy of benchmarks.evaluate
+The daemon's prior (simulator/train_prior.py) and the `autobyte` policy of benchmarks.harness.evaluate
 both see the simulator through this adapter.
 """
 

@@ -1,4 +1,4 @@
-"""The `autobyte` policy of benchmarks.evaluate: the daemon's tuner on simulated steps, seeing only
+"""The `autobyte` policy of benchmarks.harness.evaluate: the daemon's tuner on simulated steps, seeing only
 what a rank reports."""
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def test_the_tuner_cannot_see_the_scenarios_true_bandwidth_or_compute_factor():
 
 
 def test_the_policy_tunes_a_simulated_job(tmp_path):
-    from benchmarks.evaluate import simulate_scenario
-    from benchmarks.scenario import load_scenario
+    from benchmarks.harness.evaluate import simulate_scenario
+    from benchmarks.harness.scenario import load_scenario
 
     path = tmp_path / "small.toml"
     path.write_text(

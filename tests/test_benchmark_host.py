@@ -1,10 +1,10 @@
-"""benchmarks.host: the CPU time a hypervisor stole during a run, read from /proc/stat."""
+"""benchmarks.testbed.host: the CPU time a hypervisor stole during a run, read from /proc/stat."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.host import HostWatch, cpu_jiffies
+from benchmarks.testbed.host import HostWatch, cpu_jiffies
 
 
 def test_cpu_jiffies_reads_all_time_and_steal_from_proc_stat(tmp_path: Path) -> None:

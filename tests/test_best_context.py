@@ -148,7 +148,7 @@ def test_the_holding_line_and_its_switch_decision_show_the_same_figure():
     import re
 
     from autobyted.tuner.search import JobTuner
-    from benchmarks.autobyte_policy import MemorySink
+    from benchmarks.harness.autobyte_policy import MemorySink
     from tests.helpers.tuner import BEST, SHAPE, ScriptedJob, better, predictor_for
 
     sink = MemorySink("job")

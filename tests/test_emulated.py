@@ -1,4 +1,4 @@
-"""The emulated accelerator (benchmarks/emulated.py): profile sizes, gradients in backward order,
+"""The emulated accelerator (benchmarks/testbed/emulated.py): profile sizes, gradients in backward order,
 the device's accounting, emulated-mode scenarios, and real emulated ranks on the testbed."""
 
 from __future__ import annotations
@@ -13,10 +13,16 @@ import time
 import pytest
 import torch
 
-from benchmarks import bench_emulated, worker_cli
-from benchmarks.emulated import EmulatedModel, build_emulated, gradient_fill, scaled_elements
-from benchmarks.scenario import GBIT, load_scenario
-from benchmarks.train_worker import RunConfig, _param_digest
+from benchmarks import bench_emulated
+from benchmarks.harness.scenario import GBIT, load_scenario
+from benchmarks.testbed import wire, worker_cli
+from benchmarks.testbed.emulated import (
+    EmulatedModel,
+    build_emulated,
+    gradient_fill,
+    scaled_elements,
+)
+from benchmarks.testbed.train_worker import RunConfig, _param_digest
 from simulator.profiles import LayerProfile, ModelProfile, load_profile
 from tests.helpers.paths import ROOT
 
@@ -90,11 +96,11 @@ def test_emulated_scenarios_select_the_mode_profile_scale_and_ranks(ranks, byte_
     first = scenario.testbed_trace(10.0).changes[0]
     assert first.rate_bps == pytest.approx(scenario.bandwidth.at(0.0) * 8 / byte_scale, rel=0.01)
     assert (
-        bench_emulated.wire_label("sched:4MiB,16MiB", byte_scale)
+        wire.wire_label("sched:4MiB,16MiB", byte_scale)
         == f"sched:{(4 << 20) // byte_scale},{(16 << 20) // byte_scale}"
     )
-    assert bench_emulated.wire_label("ddp:25MiB", byte_scale) == f"ddp:{(25 << 20) // byte_scale}"
-    assert bench_emulated.wire_label("py:none,64KiB", byte_scale) == "py:none,4096"  # the floor
+    assert wire.wire_label("ddp:25MiB", byte_scale) == f"ddp:{(25 << 20) // byte_scale}"
+    assert wire.wire_label("py:none,64KiB", byte_scale) == "py:none,4096"  # the floor
 
 
 @pytest.mark.parametrize(
@@ -179,7 +185,7 @@ def test_the_simulator_comparison_scores_a_block_against_its_own_predictions():
     """A block whose measurements are the scenario's simulator's own steps (and whose probes are its
     compute and bare all-reduce) scores no error and tau 1 both ways; a grid measured in reverse order
     scores tau -1."""
-    from benchmarks import sim_vs_emulated
+    from benchmarks.studies import sim_vs_emulated
 
     scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml")
     labels = ["ddp:25MiB", "ddp:5MiB", "sched:4MiB,16MiB", "sched:1MiB,4MiB", "sched:none,none"]
@@ -293,7 +299,7 @@ def test_the_compute_check_runs_one_rank_without_communication(tmp_path):
 def test_sizes_cross_the_byte_scale_both_ways():
     """What evaluate --testbed and bench_emulated hand the ranks (the model's sizes / the scale)
     and read back from them (x the scale); DDP's default bucket is the model's 25 MiB, scaled."""
-    from benchmarks.bench_emulated import model_label, wire_run_label
+    from benchmarks.testbed.wire import model_label, wire_run_label
 
     assert wire_run_label("sched:16MiB,64MiB", 128) == "sched:131072,524288"
     assert model_label("sched:131072,524288", 128) == "sched:16MiB,64MiB"
@@ -310,7 +316,7 @@ def test_sizes_cross_the_byte_scale_both_ways():
 
 @pytest.mark.parametrize("label", ["comm+clip", "sched:auto+clip2", "lat+clip"])
 def test_a_modifier_other_than_clip_on_a_training_loop_is_refused(label):
-    from benchmarks.train_worker import RunConfig
+    from benchmarks.testbed.train_worker import RunConfig
 
     with pytest.raises(ValueError, match="the only modifier is \\+clip"):
         RunConfig.parse(label)
@@ -369,7 +375,7 @@ TINY_GPT = ModelProfile(
 
 
 def test_fsdp2_labels_name_its_knobs_and_a_bad_one_is_refused():
-    from benchmarks.fsdp_replica import block_of, shard_config
+    from benchmarks.testbed.fsdp_replica import block_of, shard_config
 
     assert RunConfig.parse("fsdp").label == "fsdp"
     assert RunConfig.parse("FSDP:1,2,keep").label == "fsdp:1,2,keep"
@@ -381,7 +387,7 @@ def test_fsdp2_labels_name_its_knobs_and_a_bad_one_is_refused():
         with pytest.raises(ValueError, match="bad FSDP2 configuration"):
             RunConfig.parse(bad)
     assert block_of("h.3.attn.c_attn") == "h.3" and block_of("wte") is None
-    assert bench_emulated.wire_run_label("fsdp:1,1,keep", 128) == "fsdp:1,1,keep"
+    assert wire.wire_run_label("fsdp:1,1,keep", 128) == "fsdp:1,1,keep"
 
 
 @needs_netns

@@ -1,7 +1,7 @@
-"""`benchmarks.eval_tuner` on a scenario with condition keys (a competing flow): its phases carry
+"""`benchmarks.harness.eval_tuner` on a scenario with condition keys (a competing flow): its phases carry
 the flows and the CPU share beside the rate, and the oracle and the trials are judged under them."""
 
-from benchmarks.eval_tuner import evaluate_one
+from benchmarks.harness.eval_tuner import evaluate_one
 from tests.helpers.paths import ROOT
 
 

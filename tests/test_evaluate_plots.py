@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from benchmarks import evaluate
-from benchmarks.scenario import load_scenario
+from benchmarks.harness import evaluate
+from benchmarks.harness.scenario import load_scenario
 
 
 def test_rolling_throughput_is_flat_for_evenly_spaced_steps():

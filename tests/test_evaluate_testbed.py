@@ -20,7 +20,7 @@ if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None
         allow_module_level=True,
     )
 
-from benchmarks.evaluate import main
+from benchmarks.harness.evaluate import main
 from benchmarks.testbed import NAME_PREFIX, list_namespaces
 
 REPO = Path(__file__).resolve().parents[1]

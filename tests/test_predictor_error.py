@@ -83,7 +83,7 @@ def test_the_no_change_baseline_scores_the_measured_spread_and_has_no_order():
 def test_the_stretch_factor_recovers_how_much_larger_the_measured_effects_are():
     import numpy as np
 
-    from benchmarks.predictor_learners import fit_stretch
+    from benchmarks.studies.predictor_learners import fit_stretch
 
     predicted = np.array([0.1, -0.2, 0.05, 0.3])
     assert fit_stretch(predicted, 0.4 * predicted, np.ones(4)) == pytest.approx(0.4)
@@ -96,7 +96,7 @@ def test_the_stretch_factor_recovers_how_much_larger_the_measured_effects_are():
 
 def test_the_lookup_learns_each_configurations_median_ratio_and_predicts_from_any_reference():
     from autobyted.tuner.predictor import Window
-    from benchmarks.predictor_learners import config_lookup, lookup_predictor
+    from benchmarks.studies.predictor_learners import config_lookup, lookup_predictor
 
     # a is 20% faster than the default in two rounds, 40% in a third (median: 0.8); b only measured once
     rows = [
@@ -121,7 +121,7 @@ def test_the_lookup_learns_each_configurations_median_ratio_and_predicts_from_an
 
 def test_the_in_job_split_keeps_the_default_and_tests_only_what_the_job_did_not_measure():
     from autobyted.tuner.predictor import Window
-    from benchmarks.predictor_learners import in_job_split
+    from benchmarks.studies.predictor_learners import in_job_split
 
     configs = [DEFAULT, A, B, Config(1 << 20, None), Config(None, None)]
     windows = [Window("b", r, c, None, 1.0 + i, 10) for r in (0, 1) for i, c in enumerate(configs)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from autobyte.types import Config
 
-from benchmarks.policies import (
+from benchmarks.harness.policies import (
     BayesOptOncePolicy,
     GaussianProcess,
     PolicyContext,
@@ -398,7 +398,7 @@ def test_competing_flows_and_a_cpu_quota_slow_the_simulated_job(resnet):
 
 
 def test_scenario_condition_keys(tmp_path):
-    from benchmarks.scenario import load_scenario
+    from benchmarks.harness.scenario import load_scenario
 
     scenario = tmp_path / "conditions.toml"
     scenario.write_text(
@@ -440,7 +440,7 @@ def test_scenario_condition_keys(tmp_path):
     ]
     assert max(by_phase[0]) < min(by_phase[1]) < min(by_phase[2])  # flow, then also half a core
     policy = make_policy("oracle")
-    from benchmarks.evaluate import policy_context
+    from benchmarks.harness.evaluate import policy_context
 
     policy.prepare(policy_context(loaded, sim, 30))
     assert len(policy.phase_configs) == 4

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from benchmarks import evaluate
-from benchmarks.scenario import load_scenario
+from benchmarks.harness import evaluate
+from benchmarks.harness.scenario import load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "benchmarks" / "scenarios").glob("*.toml"))
@@ -187,7 +187,7 @@ def test_map_calibration_reports_rankings_and_writes_scenarios(tmp_path):
     assert scenario.cpu_share is not None and scenario.link.quota_period_s > 0
     assert [p[-1] for p in scenario.phases(scenario.duration_s)] == [1.0, 0.5, 1.0, 0.5]
     sim = scenario.make_simulator()
-    from benchmarks.policies import make_policy
+    from benchmarks.harness.policies import make_policy
 
     oracle = make_policy("oracle")
     oracle.prepare(evaluate.policy_context(scenario, sim, scenario.duration_s))

@@ -1,8 +1,8 @@
-"""The step breakdown's derivations (benchmarks/step_breakdown.py) on hand-made timelines."""
+"""The step breakdown's derivations (benchmarks/testbed/step_breakdown.py) on hand-made timelines."""
 
 import pytest
 
-from benchmarks.step_breakdown import (
+from benchmarks.testbed.step_breakdown import (
     StepMarks,
     ThreadTimes,
     Transfer,

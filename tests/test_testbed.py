@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import worker_cli
 from benchmarks.testbed import (
     NAME_PREFIX,
     Testbed,
@@ -25,6 +24,7 @@ from benchmarks.testbed import (
     list_namespaces,
     parse_rate,
     parse_size,
+    worker_cli,
 )
 
 
@@ -97,7 +97,7 @@ def test_the_worker_command_is_built_and_checked_in_one_place() -> None:
         abba=False,
         max_seconds=None,
     )
-    assert command[:3] == [sys.executable, "-m", "benchmarks.train_worker"]
+    assert command[:3] == [sys.executable, "-m", "benchmarks.testbed.train_worker"]
     assert command[3:] == [
         "--lr",
         "0.5",
@@ -400,7 +400,7 @@ SLEEPER = (
 
 
 def _cgroup_dirs(bed_name: str) -> list[str]:
-    from benchmarks.conditions import cpu_controller
+    from benchmarks.testbed.conditions import cpu_controller
 
     found = cpu_controller()
     return (
@@ -411,7 +411,7 @@ def _cgroup_dirs(bed_name: str) -> list[str]:
 @pytest.mark.alone  # asserts on a measurement another test's load would distort
 @needs_netns
 def test_cpu_share_trace_limits_one_rank_and_is_lifted() -> None:
-    from benchmarks.conditions import cpu_controller
+    from benchmarks.testbed.conditions import cpu_controller
 
     if cpu_controller() is None:
         pytest.fail("no writable cgroup cpu controller: the busy-worker condition cannot run here")

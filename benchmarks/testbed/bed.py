@@ -13,7 +13,7 @@ towards the rank), so a rank's link is full duplex at the configured rate. Rates
 qdisc change`` keeping the burst fixed: lowering tbf's burst while traffic flows froze the link for
 good on this kernel, and there is no netem here.
 
-Besides the rate, a trace (or a direct call) sets *conditions* on ranks (`benchmarks.conditions`):
+Besides the rate, a trace (or a direct call) sets *conditions* on ranks (`benchmarks.testbed.conditions`):
 
 - ``set_cpu_share(0.5, ranks=[1])``: a cgroup CPU quota on rank 1's process (every thread of it):
   a busy worker node, confined to that rank;
@@ -59,8 +59,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
-from benchmarks import conditions
-from benchmarks.conditions import ConditionError, ConditionProcess, CpuCgroups, kill_group
+from benchmarks.testbed import conditions
+from benchmarks.testbed.conditions import ConditionError, ConditionProcess, CpuCgroups, kill_group
 from benchmarks.testbed.lifecycle import _SEQ, _register, _unregister
 from benchmarks.testbed.namespaces import (
     NAME_PREFIX,

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from benchmarks import conditions
+from benchmarks.testbed import conditions
 
 NAME_PREFIX = "abtb"
 

@@ -14,7 +14,7 @@ RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME from the environment). A configuration i
                      model.parameters(), CLIP_MAX_NORM)` between backward and step, as transformer
                      loops do (the same replica as the label without it)
     fsdp[:F,B,R]     the model under FSDP2 (per-block groups) with its knobs set so
-    fsdp:daemon      (benchmarks/fsdp_replica.py); `agrs`: FSDP2's communication probe
+    fsdp:daemon      (benchmarks/testbed/fsdp_replica.py); `agrs`: FSDP2's communication probe
     compute          forward + backward + update, no gradient sync (DDP under no_sync)
     comm             all-reduce of all gradients in DDP-sized buckets, no compute
     lat[:SIZE]       all-reduces of SIZE (default 4 KiB) issued back to back, as the scheduler
@@ -35,7 +35,7 @@ The plan comes from either
 
 With AUTOBYTE_DAEMON (and AUTOBYTE_JOB, AUTOBYTE_TOKEN) in the environment, every rank streams its
 scheduler's metrics to that autobyted and rank 0 applies the daemon's decisions (the real client,
-`autobyte.init()`): the `autobyte` policy of `benchmarks.evaluate --testbed`.
+`autobyte.init()`): the `autobyte` policy of `benchmarks.harness.evaluate --testbed`.
 
 With `--control FILE` (scheduler configurations only) rank 0 reads new lines of FILE before every
 step: each a JSON object {"partition_bytes": int|null, "credit_bytes": int|null} (an omitted key
@@ -53,7 +53,7 @@ time as `busy_share`, and CPU seconds per step of its training, update, dispatch
 -- backend: the threads Python did not make, gloo's among them -- with the time they were runnable
 but waiting for a CPU, `runqueue_s_per_step`, the training thread's apart, and the cores the whole
 machine kept busy, every process's, `machine_busy_cores`), so that a run where the host's CPU was
-the limit can be told apart. With `--model emulated` (benchmarks/emulated.py) it also carries the emulated
+the limit can be told apart. With `--model emulated` (benchmarks/testbed/emulated.py) it also carries the emulated
 device's accounting (`device`).
 
 Output (stdout, one JSON object per line; rank 0 also prints `step` events for step-based traces):
@@ -83,8 +83,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchmarks import worker_cli
-from benchmarks.models import build
+from benchmarks.testbed import worker_cli
+from benchmarks.testbed.models import build
 
 DDP_BUCKET_BYTES = 25 << 20
 LAT_PROBE_BYTES = 4 << 10
@@ -133,7 +133,7 @@ class RunConfig:
         if text.startswith("fsdp:"):
             spec = text.partition(":")[2]
             if spec != "daemon":
-                from benchmarks.fsdp_replica import shard_config
+                from benchmarks.testbed.fsdp_replica import shard_config
 
                 shard_config(spec)  # ValueError naming a bad one
             return cls("fsdp", shard=spec)
@@ -288,13 +288,13 @@ class Trainer:
             self.replicas[kind] = (sched_model, sched, metrics)
         if "sched" in self.replicas:
             self.sched_model, self.sched, self.sched_metrics = self.replicas["sched"]
-        self.fsdp: Any = None  # benchmarks.fsdp_replica.ShardedReplica, built at first use
+        self.fsdp: Any = None  # benchmarks.testbed.fsdp_replica.ShardedReplica, built at first use
         self._fsdp_config: Any = None
         if any(RunConfig.parse(label).shard == "daemon" for label in args.configs or []):
             import autobyte
 
             autobyte.init()  # before attach: the FSDP2 job streams to autobyted
-        # An emulated model's device (benchmarks/emulated.py: one per process, every replica's).
+        # An emulated model's device (benchmarks/testbed/emulated.py: one per process, every replica's).
         self.device = getattr(self.workload.model, "device", None)
 
     def _with_host_load(self, metrics: list[Any]) -> Any:
@@ -391,7 +391,7 @@ class Trainer:
 
     def _sharded(self) -> Any:
         if self.fsdp is None:
-            from benchmarks.fsdp_replica import ShardedReplica
+            from benchmarks.testbed.fsdp_replica import ShardedReplica
 
             model_args = json.loads(self.args.model_args) if self.args.model_args else {}
             torch.manual_seed(self.args.seed)
@@ -600,13 +600,13 @@ class _CpuSnapshot:
     wall_s: float
     process_cpu_s: float
     machine_busy_s: float  # every process's (other ranks', other users'): /proc/stat
-    threads: dict[int, Any]  # benchmarks.profile_step.thread_times()
+    threads: dict[int, Any]  # benchmarks.testbed.step_breakdown.thread_times()
     device: dict[str, float] | None
 
     @classmethod
     def take(cls, device: Any) -> _CpuSnapshot:
-        from benchmarks.profile_partition import machine_busy_s
-        from benchmarks.profile_step import thread_times
+        from benchmarks.testbed.host import machine_busy_s
+        from benchmarks.testbed.step_breakdown import thread_times
 
         return cls(
             time.perf_counter(),
@@ -617,7 +617,7 @@ class _CpuSnapshot:
         )
 
     def since(self, before: _CpuSnapshot, steps: int) -> dict[str, Any]:
-        from benchmarks.step_breakdown import time_by_kind
+        from benchmarks.testbed.step_breakdown import time_by_kind
 
         wall = self.wall_s - before.wall_s
         runqueue = time_by_kind(before.threads, self.threads, steps, "runqueue_ns")

@@ -1,4 +1,4 @@
-"""The command line of the testbed's rank program (benchmarks/train_worker.py): its parser, and the
+"""The command line of the testbed's rank program (benchmarks/testbed/train_worker.py): its parser, and the
 one builder of the command that runs it (`command`), for every harness that launches ranks. No
 torch here: a harness builds commands without importing the rank program."""
 
@@ -29,13 +29,13 @@ def command(*args: str, **options: Any) -> list[str]:
         else:
             argv += [flag, str(value)]
     parser().parse_args(argv)  # SystemExit naming a bad option or value
-    return [sys.executable, "-m", "benchmarks.train_worker", *argv]
+    return [sys.executable, "-m", "benchmarks.testbed.train_worker", *argv]
 
 
 def parser() -> argparse.ArgumentParser:
-    """The rank program's command line (benchmarks/train_worker.py's docstring says what runs)."""
+    """The rank program's command line (benchmarks/testbed/train_worker.py's docstring says what runs)."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.train_worker",
+        prog="python -m benchmarks.testbed.train_worker",
         description="One training rank for the testbed: runs a plan of (configuration, steps) "
         "segments, prints JSON.",
     )

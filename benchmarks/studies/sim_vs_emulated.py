@@ -1,11 +1,11 @@
 """The simulator against the emulated-accelerator testbed: the same profile, ranks, rate and grid.
 
-    python -m benchmarks.sim_vs_emulated results/emulated-resnet50.json [more.json ...]
-    python -m benchmarks.sim_vs_emulated results/*.json --out results/sim-vs-emulated.json
+    python -m benchmarks.studies.sim_vs_emulated results/emulated-resnet50.json [more.json ...]
+    python -m benchmarks.studies.sim_vs_emulated results/*.json --out results/sim-vs-emulated.json
 
 Reads what `benchmarks.bench_emulated --out` wrote. For every (profile, ranks, rate, conditions)
 block it simulates each measured configuration (DDP's bucket caps and the scheduler's grid; not the
-two probes) with the block's scenario (benchmarks/scenario.py) scaled to the block's rate, and
+two probes) with the block's scenario (benchmarks/harness/scenario.py) scaled to the block's rate, and
 reports per block the median |error| of the step time and Kendall's tau between the measured and
 the simulated step times over the grid. Two simulators:
 
@@ -42,15 +42,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.bench_emulated import rate_changes, scenario_at_rate
+from benchmarks.harness.scenario import Scenario, load_scenario
 from benchmarks.predictor_error import kendall
-from benchmarks.scenario import Scenario, load_scenario
 from simulator.engine import DDPConfig, LinkModel, RunConfig, Simulator
 
 ERROR_GOAL = 0.05
 TAU_GOAL = 0.7
 TRACE_HORIZON_S = 30.0
 VARIANTS = ("scenario", "probes", "gloo")
-GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "optimum-map.report.json"
+GLOO_LINK = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "optimum-map.report.json"
 GLOO_LINK_KEYS = ("collective_overhead_s", "launch_s")
 GLOO_BY_SIZE_KEYS = (
     "message_extra_s",
@@ -62,7 +62,7 @@ def simulator_config(label: str) -> RunConfig:
     """A grid label of bench_emulated (model bytes: ddp:25MiB, sched:4MiB,16MiB) as the simulator's."""
     from autobyte.types import Config
 
-    from benchmarks.train_worker import RunConfig as WorkerConfig
+    from benchmarks.testbed.train_worker import RunConfig as WorkerConfig
 
     parsed = WorkerConfig.parse(label)
     if parsed.kind == "ddp":
@@ -196,7 +196,7 @@ def _tau(value: float | None) -> str:
 def format_comparison(blocks: Sequence[dict[str, Any]]) -> str:
     lines = [
         (
-            "EMULATED arithmetic on the testbed vs the simulator (benchmarks/sim_vs_emulated.py); "
+            "EMULATED arithmetic on the testbed vs the simulator (benchmarks/studies/sim_vs_emulated.py); "
             f"goals: median |error| <= {ERROR_GOAL:.0%}, tau >= {TAU_GOAL}"
         ),
         (

@@ -5,8 +5,8 @@ shaped link and competes with gloo's connections there the way a neighbour's job
 congestion control (the kernel's, BBR on this machine) shares the tbf rate, and the flow's
 backlog sits in the same tbf queue as the ranks' all-reduces.
 
-    python -m benchmarks.traffic sink --bind 10.217.0.254 --port 5201
-    python -m benchmarks.traffic source --to 10.217.0.254 --port 5201 --flows 2
+    python -m benchmarks.testbed.traffic sink --bind 10.217.0.254 --port 5201
+    python -m benchmarks.testbed.traffic source --to 10.217.0.254 --port 5201 --flows 2
 
 Both are deliberately light on this 2-core machine: the source calls `sendall` on one 4 MiB
 memoryview (no per-call allocation), the sink splices into /dev/null (no copy to user space);

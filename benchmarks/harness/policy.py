@@ -1,4 +1,4 @@
-"""The interface every configuration policy implements (see benchmarks.policies for the contract),
+"""The interface every configuration policy implements (see benchmarks.harness.policies for the contract),
 and what a policy may know before a run: the policies and the `autobyte` policy both build on it.
 """
 

@@ -11,6 +11,13 @@ from typing import Any
 from devtools.ports import free_port  # noqa: F401  (the one copy; re-exported for the benchmarks)
 
 
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat: everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages, as a report records them ("0.52 0.61 0.70")."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -13,7 +13,7 @@ run exactly as they do for a real model. The optimizer's update is real host wor
 tensors (the profile's `optimizer_s` is not waited).
 
 The scale: `byte_scale` divides every tensor's element count (and the testbed divides the link's
-rate by it, `benchmarks.scenario.Scenario.testbed_trace`), so that a model of 100 MB crosses 2-core
+rate by it, `benchmarks.harness.scenario.Scenario.testbed_trace`), so that a model of 100 MB crosses 2-core
 veth links in the time a real cluster's link takes, and the host's per-collective costs keep a GPU
 cluster's proportion to the step; the device's throughput (`device_flops_per_s` x `compute_scale`)
 sets the step's compute. Every table from this mode states both.
@@ -25,7 +25,7 @@ apart (its docstring): a wait runs on the device from max(its launch, the previo
 oversleeps and overlappable host work do not add up, while a host that is really held up (a forward
 blocked on a parameter's update, a rank without a CPU) delays the device, as it would a GPU's.
 
-    workload = build_emulated("resnet50", compute_scale=50, byte_scale=16)   # benchmarks.models.build
+    workload = build_emulated("resnet50", compute_scale=50, byte_scale=16)   # benchmarks.testbed.models.build
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.models import Workload
+from benchmarks.testbed.workload import Workload
 from simulator.profiles import (
     BYTES_PER_PARAM,
     DEFAULT_DEVICE_FLOPS_PER_S,
@@ -247,7 +247,7 @@ def build_emulated(
     compute_scale: float = 1.0,
     byte_scale: float = 1.0,
 ) -> Workload:
-    """The emulated model of a profile as a benchmark workload (`benchmarks.models.build("emulated",
+    """The emulated model of a profile as a benchmark workload (`benchmarks.testbed.models.build("emulated",
     profile=..., compute_scale=..., byte_scale=...)`)."""
     if byte_scale < 1:
         raise ValueError(

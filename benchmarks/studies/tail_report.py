@@ -8,7 +8,7 @@ taken round by round in the same processes (median over rounds), so drift hits b
 the simulator's prediction of every scheduler configuration (the checked-in testbed link
 calibration and the model's profile) and its rank agreement (Kendall tau) with the measurement.
 
-    python -m benchmarks.tail_report results/i20b/goals.json [more.json ...]
+    python -m benchmarks.studies.tail_report results/i20b/goals.json [more.json ...]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from benchmarks.calibrate_map import (
     DENSE,  # profile_step: embedding tables sent whole
     kendall_tau,
 )
-from benchmarks.train_worker import RunConfig
+from benchmarks.testbed.train_worker import RunConfig
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PROFILES = REPO / "benchmarks" / "calibration" / "profiles"
 TESTBED_CALIBRATION = REPO / "benchmarks" / "calibration" / "testbed.json"
 

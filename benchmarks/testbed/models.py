@@ -12,31 +12,17 @@ The shapes of VGG, ResNet-50 and BERT-base are their public layer shapes; `width
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-Batch = tuple[Any, torch.Tensor]
+from benchmarks.testbed.workload import Batch, Workload
 
-
-@dataclasses.dataclass
-class Workload:
-    name: str
-    model: nn.Module
-    make_batch: Callable[[int, torch.Generator], Batch]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    default_batch_size: int
-
-    @property
-    def parameter_count(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
-    def gradient_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+# The workload's shape lives in its own module: the emulated builder (benchmarks/testbed/emulated.py)
+# returns one too, and this module's registry builds it.
+__all__ = ["BUILDERS", "Batch", "Workload", "build"]
 
 
 def _classification_batch(
@@ -326,9 +312,9 @@ def tiny_gpt(
 
 
 def emulated(**overrides: Any) -> Workload:
-    """A profile's layers on an emulated accelerator (benchmarks/emulated.py): timed waits, real
+    """A profile's layers on an emulated accelerator (benchmarks/testbed/emulated.py): timed waits, real
     gradients of the profile's sizes."""
-    from benchmarks.emulated import build_emulated
+    from benchmarks.testbed.emulated import build_emulated
 
     return build_emulated(**overrides)
 

@@ -1,9 +1,9 @@
 """The tuner's evaluation in the simulator: the issue's numbers per scenario and over all of them.
 
-    python -m benchmarks.eval_tuner benchmarks/scenarios/*.toml results/scenarios-gen/*.toml \
+    python -m benchmarks.harness.eval_tuner benchmarks/scenarios/*.toml results/scenarios-gen/*.toml \
         --out results/eval-tuner [--jobs 2]
 
-Per scenario it runs ddp, grid-best, bo-once, oracle and autobyte (benchmarks/autobyte_policy.py:
+Per scenario it runs ddp, grid-best, bo-once, oracle and autobyte (benchmarks/harness/autobyte_policy.py:
 the daemon's tuner, starting from the shipped prior, retraining online on its own windows) and
 reports, from the simulator's true step times:
 - autobyte / oracle, / bo-once, / ddp, / grid-best throughput;
@@ -33,8 +33,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.evaluate import simulate_scenario
-from benchmarks.scenario import load_scenario
+from benchmarks.harness.evaluate import simulate_scenario
+from benchmarks.harness.scenario import load_scenario
 
 POLICIES = ("ddp", "grid-best", "bo-once", "oracle", "autobyte")
 
@@ -87,7 +87,7 @@ def _trial_payoff(policy, records, sim, cache, phases) -> tuple[int, int, int]:
 
 
 def evaluate_one(path: str) -> dict[str, Any]:
-    from benchmarks.policies import default_grid
+    from benchmarks.harness.policies import default_grid
 
     scenario = load_scenario(path)
     keep: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """Simulator speed benchmark: wall time of 1,000 simulated ResNet-50 steps (target: under 1 s).
 
-    python -m benchmarks.sim_speed [--steps 1000] [--workers 8]
+    python -m benchmarks.studies.sim_speed [--steps 1000] [--workers 8]
 
 Measures three cases per configuration: a constant bandwidth (the step schedule is cached after the
 first step), a bandwidth that changes every 0.5 s (cache hits within each segment, exact

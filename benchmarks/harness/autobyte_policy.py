@@ -7,7 +7,7 @@ registration info), never the scenario's true bandwidth or compute factor.
 Samples reach the tuner in batches every `flush_interval_s` of simulated time (the client batches
 its samples for 1 s), and a decision takes effect at the first step at or after its apply_at_step
 that the policy has not yet started: as in the real system, the tuner acts on a delayed view.
-The policy's score (steps/s) is computed by benchmarks.evaluate from the simulator's true times.
+The policy's score (steps/s) is computed by benchmarks.harness.evaluate from the simulator's true times.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from autobyted.tuner.memory_sink import MemorySink
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.search import JobTuner, describe
-from benchmarks.policy import Policy, PolicyContext
+from benchmarks.harness.policy import Policy, PolicyContext
 from simulator.adapter import SCHEDULER_DEFAULT, T0, MetricsAdapter, job_shape
 from simulator.engine import DDPConfig, RunConfig, SimulatedStep
 
@@ -255,7 +255,7 @@ class HubDaemon:
 
         from autobyted.storage.db import make_engine
         from autobyted.storage.sql import SqlStorage
-        from benchmarks.bench_emulated import model_config
+        from benchmarks.testbed.wire import model_config
 
         cpu_s = None
         if self.proc is not None and self.proc.poll() is None:

@@ -1,6 +1,6 @@
 """Evaluate policies on scenarios, side by side: simulator by default, namespace testbed with --testbed.
 
-    python -m benchmarks.evaluate benchmarks/scenarios/*.toml --policy ddp grid-best bo-once oracle \
+    python -m benchmarks.harness.evaluate benchmarks/scenarios/*.toml --policy ddp grid-best bo-once oracle \
         --out results/
 
 Writes a table to stdout, results.csv and results.json to --out, and one PNG per scenario
@@ -25,17 +25,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks import worker_cli
-from benchmarks.host import HostWatch
-from benchmarks.policies import (
+from benchmarks.harness.policies import (
     AUTOBYTE_AUTO,
     AUTOBYTE_WARM,
     default_grid,
     make_policy,
     start_config,
 )
-from benchmarks.policy import Policy, PolicyContext, RunSummary
-from benchmarks.scenario import GBIT, Scenario, load_scenario
+from benchmarks.harness.policy import Policy, PolicyContext, RunSummary
+from benchmarks.harness.scenario import GBIT, Scenario, load_scenario
+from benchmarks.testbed import worker_cli
+from benchmarks.testbed.host import HostWatch
 from simulator.engine import RunConfig, SimulatedStep, Simulator, lower_bound_step_s
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def simulate_scenario(
     scenario: Scenario, policy_names: Sequence[str], keep: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Every policy on the scenario's simulator. `keep`, if given, receives per policy the policy
-    object and its step records (benchmarks/eval_tuner.py reads the tuner's side from them)."""
+    object and its step records (benchmarks/harness/eval_tuner.py reads the tuner's side from them)."""
     sim = scenario.make_simulator()
     lower = lower_bound_run(scenario, sim)
     horizon = scenario.duration_s if scenario.duration_s is not None else lower.elapsed_s * 4
@@ -217,7 +217,7 @@ def _testbed_label(config: RunConfig) -> str:
 
     if isinstance(config, DDPConfig):
         return "ddp"
-    from benchmarks.train_worker import RunConfig as WorkerConfig
+    from benchmarks.testbed.train_worker import RunConfig as WorkerConfig
 
     return WorkerConfig(
         "sched", config.partition_bytes, config.credit_bytes, config.tail_bytes
@@ -234,7 +234,7 @@ class TestbedSeries:
     applied: int = 0  # reconfigure events the worker reported
     tuner: dict[str, Any] | None = None  # the daemon's view (autobyte policy)
     host: dict[str, Any] | None = (
-        None  # load and CPU steal during the run (benchmarks.host.HostWatch)
+        None  # load and CPU steal during the run (benchmarks.testbed.host.HostWatch)
     )
 
     @property
@@ -270,7 +270,7 @@ class _OnlineDriver:
             self.errors.append(str(event.get("error")))
         if kind != "step":
             return
-        from benchmarks.bench_emulated import model_label
+        from benchmarks.testbed.wire import model_label
         from simulator.engine import DDPConfig, parse_config
 
         step_s = float(event["step_time_s"])
@@ -301,7 +301,7 @@ class _OnlineDriver:
         self.decisions.append(
             {"after_step": record.step, "t_s": self.elapsed, "config": _testbed_label(change)}
         )
-        from benchmarks.bench_emulated import wire_bytes
+        from benchmarks.testbed.wire import wire_bytes
 
         scale = self.scenario.byte_scale  # the ranks run the model's sizes divided by it
         with open(self.control, "a") as handle:
@@ -334,7 +334,7 @@ def _run_on_testbed(
     import tempfile
 
     from benchmarks import testbed as harness
-    from benchmarks.bench_emulated import model_label, wire_run_label
+    from benchmarks.testbed.wire import model_label, wire_run_label
 
     watch = HostWatch()
     options = scenario.testbed
@@ -365,7 +365,7 @@ def _run_on_testbed(
         with harness.Testbed(world_size=workers, rate=trace.changes[0].rate_bps) as bed:
             hub = None
             if daemon:
-                from benchmarks.autobyte_policy import HubDaemon
+                from benchmarks.harness.autobyte_policy import HubDaemon
 
                 hub = HubDaemon(
                     bed,
@@ -380,7 +380,7 @@ def _run_on_testbed(
                     trace=trace,
                     on_event=driver.on_event if driver else None,
                     timeout_s=float(options.get("timeout_s", 900)),
-                    cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+                    cwd=str(pathlib.Path(__file__).resolve().parents[2]),
                     env=hub.env if hub else None,
                 )
             finally:
@@ -537,7 +537,7 @@ def testbed_scenario(
     `cache`: results of earlier commands are reused and new ones stored (one policy per command
     for long traces); `references=False` runs only the named policies (no oracle / grid-best).
     """
-    from benchmarks.policies import BayesOptOncePolicy
+    from benchmarks.harness.policies import BayesOptOncePolicy
     from simulator.engine import parse_config
 
     options = scenario.testbed
@@ -911,7 +911,7 @@ def write_outputs(
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.evaluate", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.harness.evaluate", description=__doc__.split("\n")[0]
     )
     parser.add_argument("scenarios", nargs="+", help="scenario TOML files")
     parser.add_argument(
@@ -963,7 +963,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         scenarios = [load_scenario(path) for path in args.scenarios]
     except ValueError as exc:
-        print(f"python -m benchmarks.evaluate: error: {exc}", file=sys.stderr)
+        print(f"python -m benchmarks.harness.evaluate: error: {exc}", file=sys.stderr)
         return 2
     results = []
     for scenario in scenarios:

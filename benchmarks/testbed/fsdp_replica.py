@@ -1,4 +1,4 @@
-"""An FSDP2 replica for the testbed's worker (benchmarks/train_worker.py): the emulated model's layers
+"""An FSDP2 replica for the testbed's worker (benchmarks/testbed/train_worker.py): the emulated model's layers
 grouped into blocks (a transformer's `h.N`), each block `fully_shard`ed and the root too, with
 `autobyte.fsdp.attach` measuring it and setting FSDP2's knobs at segment boundaries.
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import statistics
+import threading
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -306,6 +308,25 @@ class ThreadTimes(NamedTuple):
     name: str
     cpu_ns: int  # on a CPU
     runqueue_ns: int  # runnable but waiting for a CPU (competing with other threads/processes)
+
+
+def thread_times() -> dict[int, ThreadTimes]:
+    """Every thread of this process (Python names where Python made it, else the OS name)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid_text in os.listdir("/proc/self/task"):
+        tid = int(tid_text)
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu_ns, runqueue_ns = (int(x) for x in f.read().split()[:2])
+            name = names.get(tid)
+            if name is None:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[tid] = ThreadTimes(name, cpu_ns, runqueue_ns)
+    return out
 
 
 def time_by_kind(

@@ -1,6 +1,6 @@
 """Every policy of one testbed trace, phase by phase, and how fast a tuned run reached the oracle.
 
-Reads the runs `benchmarks.evaluate --testbed --testbed-cache DIR` stored for a scenario (one JSON
+Reads the runs `benchmarks.harness.evaluate --testbed --testbed-cache DIR` stored for a scenario (one JSON
 per policy or fixed configuration: every rank-0 step's time and configuration) and prints, per run,
 steps/s over the whole trace and in each of the scenario's phases (its bandwidth, CPU and traffic
 changes), each also against the oracle's run of the same phase, and for every run that did not
@@ -9,7 +9,7 @@ start where the oracle did (a poor start, `autobyte:P,C`) the steps it took to c
 step times is within that of the oracle's median step time in the same phase. The goal: a job
 started in a poor configuration within 3% of the oracle in at most 150 steps.
 
-    python -m benchmarks.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
+    python -m benchmarks.studies.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
 
 With several caches (one per round of the same trace, each run of a round measured on the same host
 within the same half hour) it prints the rounds side by side instead: every run's steps/s per round,
@@ -18,7 +18,7 @@ the median over rounds and the rounds it was at least as fast. A ratio inside on
 the host did to every run that day (hosts and days differ by 19-37% here); one round's ratio still
 spreads by several per cent, which is why the issue's goals are read over rounds.
 
-    python -m benchmarks.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
+    python -m benchmarks.studies.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.scenario import load_scenario
+from benchmarks.harness.scenario import load_scenario
 
 
 def _phase_of(time_s: float, bounds: Sequence[tuple[float, float]]) -> int | None:
@@ -125,7 +125,7 @@ def report(
     runs = load_runs(scenario.name, cache)
     if not runs:
         raise ValueError(
-            f"{cache}: no cached runs of {scenario.name} (run benchmarks.evaluate --testbed "
+            f"{cache}: no cached runs of {scenario.name} (run benchmarks.harness.evaluate --testbed "
             f"--testbed-cache {cache} first)"
         )
     oracle = runs.get("policy-oracle")
@@ -269,7 +269,7 @@ def format_rounds(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.phase_report", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.studies.phase_report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("scenario", help="the scenario file the runs were measured on")
     parser.add_argument(

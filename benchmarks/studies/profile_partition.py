@@ -1,6 +1,6 @@
 """Profile of one extra partition: where its end-to-end cost goes, piece by piece.
 
-    python -m benchmarks.profile_partition [--where loopback,testbed] [--rate 10gbit]
+    python -m benchmarks.studies.profile_partition [--where loopback,testbed] [--rate 10gbit]
         [--sizes 16KiB,64KiB] [--count 300] [--out results/profile_partition.json]
 
 Two gloo ranks (on loopback, or in the namespace testbed at --rate) measure, per partition size:
@@ -38,16 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import load_average
+from benchmarks.testbed.host import load_average, machine_busy_s
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def machine_busy_s() -> float:
-    """Busy CPU seconds of the whole machine so far (/proc/stat: everything but idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -155,7 +148,7 @@ def _trace(args: argparse.Namespace, rank: int) -> None:
     import torch
     from autobyte import ScheduledOptimizer
 
-    from benchmarks.models import build
+    from benchmarks.testbed.models import build
 
     os.environ["AUTOBYTE_TRACE_PARTITIONS"] = "1"
     for partition in (None, 16 << 10):
@@ -218,7 +211,7 @@ def _worker_command(args: argparse.Namespace) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "benchmarks.profile_partition",
+        "benchmarks.studies.profile_partition",
         "--worker",
         "--sizes",
         args.sizes,
@@ -326,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "command": " ".join(
             [
-                "python -m benchmarks.profile_partition",
+                "python -m benchmarks.studies.profile_partition",
                 *(argv if argv is not None else sys.argv[1:]),
             ]
         ),

@@ -1,6 +1,6 @@
 """Other learners than the shipped recipe, on the same left-out real windows as predictor_error.
 
-    python -m benchmarks.predictor_learners [--dataset simulator/real-windows.json] \\
+    python -m benchmarks.studies.predictor_learners [--dataset simulator/real-windows.json] \\
         [--out results/predictor-learners.json]
 
 Every fold of `benchmarks/predictor_error.py` (a model left out, a condition left out) and its
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from simulator.real_windows import DATASET_PATH
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.predictor_learners", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.studies.predictor_learners", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dataset", default=str(DATASET_PATH))
     parser.add_argument("--out", default="")

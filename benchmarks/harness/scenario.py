@@ -20,8 +20,8 @@ flows, cpu share) instead of (start, end, bandwidth, compute), and `testbed_trac
 scenario into a testbed trace (conditions on rank 1, the other ranks' links at `bandwidth`; the
 CPU quota on the last `quota_workers` ranks when [link] quota_period_s > 0).
 
-The testbed trains the [testbed] table's `model` (a workload of benchmarks/models.py), or with
-`mode = "emulated"` the scenario's own profile on an emulated accelerator (benchmarks/emulated.py):
+The testbed trains the [testbed] table's `model` (a workload of benchmarks/testbed/models.py), or with
+`mode = "emulated"` the scenario's own profile on an emulated accelerator (benchmarks/testbed/emulated.py):
 the top-level model, batch_size, device_flops_per_s and compute_scale, with every tensor's size and
 every link's rate divided by [testbed] `byte_scale` (default 1), on `workers` ranks (`max_workers`
 caps them; 2 by default for real models, which take a core each). `testbed_workload()` is what a
@@ -69,7 +69,7 @@ TESTBED_MODES = ("real", "emulated")
 
 @dataclasses.dataclass(frozen=True)
 class TestbedWorkload:
-    """What each testbed rank trains: benchmarks.train_worker's --model, --model-args, --batch-size."""
+    """What each testbed rank trains: benchmarks.testbed.train_worker's --model, --model-args, --batch-size."""
 
     __test__ = False  # not a pytest test class
     model: str

@@ -8,7 +8,7 @@ Every policy implements one interface, the same one the autobyte tuner will plug
 
 `record` is a `simulator.SimulatedStep` (the testbed adapter produces the same record from the
 harness's per-step metrics). A returned configuration takes effect at the next step, as the real
-scheduler applies a reconfiguration at a step boundary. `autobyte` (benchmarks/autobyte_policy.py)
+scheduler applies a reconfiguration at a step boundary. `autobyte` (benchmarks/harness/autobyte_policy.py)
 runs the daemon's own tuner behind this interface, seeing only what a rank reports.
 """
 
@@ -23,7 +23,7 @@ from autobyte.types import Config, parse_bytes
 from scipy.linalg import cho_factor, cho_solve
 from scipy.stats import norm
 
-from benchmarks.policy import Policy, PolicyContext
+from benchmarks.harness.policy import Policy, PolicyContext
 from simulator.engine import DDP, RunConfig, SimulatedStep, describe_config
 
 MIB = 1 << 20
@@ -318,7 +318,9 @@ def make_policy(spec: str) -> Policy:
             "one real autobyted"
         )
     if spec == "autobyte" or spec.startswith("autobyte:"):
-        from benchmarks.autobyte_policy import AutobytePolicy  # xgboost: only when asked for
+        from benchmarks.harness.autobyte_policy import (
+            AutobytePolicy,  # xgboost: only when asked for
+        )
 
         if spec == "autobyte":
             return AutobytePolicy()

@@ -11,7 +11,7 @@ module holds the mechanics and their cleanup:
   default period is 10 ms, so a throttled rank stalls for at most a few ms at a time, as it would
   when time-sharing a core with a neighbour, instead of 50 ms with the kernel's 100 ms default.
 - `ConditionProcess`: a process the testbed started for a condition (a busy loop, a traffic source
-  or sink; see `benchmarks.traffic`), in a namespace of its own testbed, in its own process group.
+  or sink; see `benchmarks.testbed.traffic`), in a namespace of its own testbed, in its own process group.
   Its CPU time is read from /proc before it is stopped, so the condition's own cost is reported.
 
 Cleanup: `CpuCgroups.close()` moves any task left to the controller's root and removes the
