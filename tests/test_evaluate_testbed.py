@@ -87,7 +87,7 @@ SCALED = textwrap.dedent("""
     model = "gpt2"
     compute_scale = 2000
     workers = 2
-    duration_s = 6
+    duration_s = 8
     [bandwidth]
     kind = "step"
     levels = [17, 4]
@@ -96,7 +96,7 @@ SCALED = textwrap.dedent("""
     mode = "emulated"
     byte_scale = 64
     grid = ["sched:16MiB,64MiB", "sched:64MiB,256MiB"]
-    bo_trial_steps = 3
+    bo_trial_steps = 2
     bo_settle_steps = 1
     timeout_s = 90
 """)
