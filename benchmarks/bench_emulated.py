@@ -50,6 +50,7 @@ from typing import Any
 from benchmarks.harness.scenario import GBIT, Scenario, load_scenario
 from benchmarks.testbed import worker_cli
 from benchmarks.testbed.host import HostWatch
+from benchmarks.testbed.train_worker import RunConfig
 from benchmarks.testbed.wire import (
     CLIP,
     DDP_DEFAULT_BUCKET,
@@ -388,59 +389,100 @@ def run_block(
 
 
 def run_tuned_block(
-    scenario: Scenario, ranks: int, rate_gbit: float, steps: int, timeout_s: float = 1800.0
+    scenario: Scenario,
+    ranks: int,
+    rate_gbit: float,
+    steps: int,
+    label: str = "fsdp:daemon",
+    timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
-    own process in the testbed's hub namespace, `--tuner auto`), on the same testbed as the static
-    block; the steps, what the tuner decided and where it ended."""
+    own process in the testbed's hub namespace, `--tuner auto`), on a testbed like the static
+    block's, under the scenario's trace from its start; the steps, what the tuner decided and where
+    it ended. With another `label` (fsdp, fsdp:F,B,R), that configuration held for the same steps
+    under the same trace, no daemon: the static setting the tuned run is compared with, step for
+    step of the trace."""
     import tempfile
 
     from benchmarks.harness.autobyte_policy import HubDaemon
     from benchmarks.testbed import Testbed
 
     wire_rate_bps = int(rate_gbit * GBIT * 8 / scenario.byte_scale)
+    at_rate = scenario_at_rate(scenario, rate_gbit)
+    trace = block_trace(at_rate, timeout_s)
     workload = scenario.testbed_workload(ranks)
     command = worker_cli.command(
         *workload.worker_args(),
         optimizer="sgd",
         lr=0.001,
-        configs=["fsdp:daemon"],
+        configs=[label],
         rounds=1,
         steps=steps,
         warmup=0,
     )
     watch = HostWatch()
+    tuned = None
     with (
         tempfile.TemporaryDirectory(prefix="abfsdp-") as tmp,
         Testbed(world_size=ranks, rate=wire_rate_bps) as bed,
     ):
-        hub = HubDaemon(bed, pathlib.Path(tmp), job=f"fsdp-{ranks}w", tuner="auto").start()
+        hub, env = None, None
+        if label == "fsdp:daemon":
+            hub = HubDaemon(bed, pathlib.Path(tmp), job=f"fsdp-{ranks}w", tuner="auto").start()
+            env = hub.env
         try:
-            result = bed.run(command, timeout_s=timeout_s, cwd=str(REPO), env=hub.env)
+            result = bed.run(command, trace=trace, timeout_s=timeout_s, cwd=str(REPO), env=env)
         finally:
-            tuned = hub.stop()
+            if hub is not None:
+                tuned = hub.stop()
     host = watch.report()
-    (row,) = summarise(
-        ["fsdp:daemon"], ["fsdp:daemon"], [r.results for r in result.ranks], os.cpu_count() or 1
-    )
+    (row,) = summarise([label], [label], [r.results for r in result.ranks], os.cpu_count() or 1)
     (only,) = result.ranks[0].results  # one segment
     times = only["step_times_s"]
     tail = times[-max(1, len(times) // 4) :]
     return {
+        "label": label,
         "ranks": ranks,
         "rate_gbit": rate_gbit,
+        "conditions": describe_conditions(at_rate) if trace is not None else "none",
         "steps": len(times),
         "step_times_s": times,
         "mean_s": statistics.fmean(times),
         "last_quarter_median_s": statistics.median(tail),
+        "by_rate": mean_by_rate(times, at_rate) if rate_changes(at_rate) else {},
         "row": row,
         "tuner": tuned,
         "host": host,
     }
 
 
-def format_tuned(tuned: dict[str, Any], static: dict[str, Any] | None) -> str:
-    """The live-tuned run beside its static block's FSDP2 defaults and best static setting."""
+def mean_by_rate(step_times_s: Sequence[float], scenario: Scenario) -> dict[str, float]:
+    """The mean step per link rate (Gbit/s in the model's bytes, as text) of a run that starts at
+    the trace's start: each step counted at the rate when it began."""
+    link = scenario.link_bandwidth or scenario.bandwidth
+    groups: dict[str, list[float]] = {}
+    start = 0.0
+    for step_s in step_times_s:
+        groups.setdefault(f"{link.at(start) / GBIT:g}", []).append(step_s)
+        start += step_s
+    return {rate: statistics.fmean(times) for rate, times in sorted(groups.items())}
+
+
+def format_tuned(
+    tuned: dict[str, Any], static: dict[str, Any] | None, beside: Sequence[dict[str, Any]] = ()
+) -> str:
+    """The live-tuned run beside its static block's FSDP2 defaults and best static setting, and
+    beside the static settings held for the same steps under the same trace (`beside`)."""
+    flags = ",".join(tuned["row"]["cpu_limited"]) or "-"
+    by_rate = "".join(
+        f"; at {rate} Gbit/s {_ms(mean)} ms" for rate, mean in tuned.get("by_rate", {}).items()
+    )
+    if tuned.get("label", "fsdp:daemon") != "fsdp:daemon":
+        return (
+            f"{tuned['label']} held ({tuned['ranks']} ranks, {tuned['steps']} steps, conditions "
+            f"{tuned.get('conditions', 'none')}): mean {_ms(tuned['mean_s'])} ms{by_rate}; flag "
+            f"{flags}; host {HostWatch.describe(tuned['host'])}"
+        )
     t = tuned["tuner"]
     kinds: dict[str, int] = {}
     for d in t["decisions"]:
@@ -455,12 +497,16 @@ def format_tuned(tuned: dict[str, Any], static: dict[str, Any] | None) -> str:
             f"trials included) x defaults {static['ddp_default_s'] / mean:.2f}, x best static "
             f"{static['ddp_best_s'] / mean:.2f} (sequential runs on the same testbed, not paired)"
         )
-    flags = ",".join(tuned["row"]["cpu_limited"]) or "-"
+    held_runs = "".join(
+        f"; whole run x {b['label']} held under the same trace {b['mean_s'] / tuned['mean_s']:.3f}"
+        for b in beside
+    )
     return (
-        f"autobyte (live, {tuned['ranks']} ranks, {tuned['steps']} steps): last quarter median "
-        f"{_ms(tuned['last_quarter_median_s'])} ms, mean {_ms(tuned['mean_s'])} ms{ref}; "
-        f"decisions {dict(sorted(kinds.items()))}; tuner: {t.get('detail', '')}; flag {flags}; "
-        f"host {HostWatch.describe(tuned['host'])}"
+        f"autobyte (live, {tuned['ranks']} ranks, {tuned['steps']} steps, conditions "
+        f"{tuned.get('conditions', 'none')}): last quarter median "
+        f"{_ms(tuned['last_quarter_median_s'])} ms, mean {_ms(tuned['mean_s'])} ms{by_rate}{ref}"
+        f"{held_runs}; decisions {dict(sorted(kinds.items()))}; tuner: {t.get('detail', '')}; "
+        f"flag {flags}; host {HostWatch.describe(tuned['host'])}"
     )
 
 
@@ -590,7 +636,11 @@ def format_block(block: dict[str, Any], scale: str) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     tables = [format_block(block, report["scale"]) for block in report["blocks"]]
-    for tuned in report.get("tuned", []):
+    runs = report.get("tuned", [])
+    for tuned in runs:
+        same = [
+            r for r in runs if (r["ranks"], r["rate_gbit"]) == (tuned["ranks"], tuned["rate_gbit"])
+        ]
         static = next(
             (
                 b
@@ -599,7 +649,8 @@ def format_report(report: dict[str, Any]) -> str:
             ),
             None,
         )
-        tables.append(format_tuned(tuned, static))
+        beside = [r for r in same if r.get("label", "fsdp:daemon") != "fsdp:daemon"]
+        tables.append(format_tuned(tuned, static, beside))
     return "\n\n".join(tables)
 
 
@@ -645,7 +696,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         metavar="STEPS",
         help="with --fsdp: also one run of STEPS steps tuned live by a real autobyted at each "
-        "rank count and rate",
+        "rank count and rate (under the scenario's trace from its start)",
+    )
+    parser.add_argument(
+        "--fsdp-held",
+        default="",
+        metavar="LABELS",
+        help="with --fsdp-tuned: also these ';'-separated FSDP2 labels (fsdp, fsdp:F,B,R), each "
+        "held for the same STEPS under the same trace: the tuned run's whole-run reference",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
@@ -717,6 +775,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 clip=args.clip,
             )
         )
+        held = [s for s in args.fsdp_held.split(";") if s]
+        for label in held:
+            try:
+                ok_label = RunConfig.parse(label).kind == "fsdp" and label != "fsdp:daemon"
+            except ValueError:
+                ok_label = False
+            if not ok_label:
+                raise SystemExit(f"bench_emulated: --fsdp-held {label!r} is not fsdp or fsdp:F,B,R")
         blocks = [
             run_block(
                 scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s
@@ -726,9 +792,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         ok = True
         tuned = [
-            run_tuned_block(scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned)
+            run_tuned_block(scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned, label)
             for b in blocks
             if args.fsdp is not None and args.fsdp_tuned
+            for label in ("fsdp:daemon", *held)
         ]
     report = {
         "scenario": scenario.path,

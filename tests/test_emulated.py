@@ -391,6 +391,18 @@ def test_fsdp2_labels_name_its_knobs_and_a_bad_one_is_refused():
 
 
 @needs_netns
+def test_a_long_run_under_a_changing_rate_reports_its_mean_step_per_rate():
+    """bench_emulated --fsdp-tuned/--fsdp-held under the swing trace: each step counted at the rate
+    when it began (the run starts at the trace's start)."""
+    swing = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-4w-swing.toml")
+    assert bench_emulated.rate_changes(swing)
+    # 26.4 Gbit/s for the first 60 s (30 steps of 2 s), then 6.6 (5 of 4 s, 2 of 1 s), then 26.4
+    times = [2.0] * 30 + [4.0] * 5 + [1.0] * 2 + [40.0] + [3.0]  # the 40 s step ends at 122 s
+    assert bench_emulated.mean_by_rate(times, swing) == pytest.approx(
+        {"26.4": (2.0 * 30 + 3.0) / 31, "6.6": (4.0 * 5 + 1.0 * 2 + 40.0) / 8}
+    )
+
+
 def test_fsdp2_rows_run_its_defaults_a_grid_and_the_bound_on_the_testbed(tmp_path):
     """Per-block FSDP2 groups on emulated ranks: each configuration is in effect on every rank
     after its warm-up (the worker checks, else the run fails), the bound's communication is the
