@@ -394,6 +394,7 @@ def run_tuned_block(
     rate_gbit: float,
     steps: int,
     label: str = "fsdp:daemon",
+    warmup: int = 0,
     timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
@@ -401,7 +402,9 @@ def run_tuned_block(
     block's, under the scenario's trace from its start; the steps, what the tuner decided and where
     it ended. With another `label` (fsdp, fsdp:F,B,R), that configuration held for the same steps
     under the same trace, no daemon: the static setting the tuned run is compared with, step for
-    step of the trace."""
+    step of the trace. `warmup` steps run before the measured ones (a held setting takes effect
+    at the second boundary; the tuned run gets as many, so both measure the same span of the
+    trace)."""
     import tempfile
 
     from benchmarks.harness.autobyte_policy import HubDaemon
@@ -418,7 +421,7 @@ def run_tuned_block(
         configs=[label],
         rounds=1,
         steps=steps,
-        warmup=0,
+        warmup=warmup,
     )
     watch = HostWatch()
     tuned = None
@@ -654,6 +657,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n\n".join(tables)
 
 
+def _save(report: dict[str, Any], out: str) -> None:
+    """The results so far as JSON at `out` (nothing without one)."""
+    if out:
+        path = pathlib.Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("scenario", nargs="?", help="an emulated-mode scenario file")
@@ -739,10 +750,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = describe_scale(
         scenario.profile, scenario.byte_scale, scenario.device_flops_per_s, scenario.compute_scale
     )
+    blocks: list[dict[str, Any]] = []
     tuned: list[dict[str, Any]] = []
+    report = {
+        "scenario": scenario.path,
+        "scale": scale,
+        "byte_scale": scenario.byte_scale,
+        "emulated": True,
+        "blocks": blocks,
+        "tuned": tuned,
+    }
     if args.check_compute:
         block = check_compute(scenario, args.rounds, args.steps, args.warmup, args.timeout_s)
-        blocks = [block]
+        blocks.append(block)
         # The verdict is the compute probe's (communication off); the scheduler's row beside it
         # shows what its own threads add with nothing to reduce.
         ok = all(
@@ -783,32 +803,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ok_label = False
             if not ok_label:
                 raise SystemExit(f"bench_emulated: --fsdp-held {label!r} is not fsdp or fsdp:F,B,R")
-        blocks = [
-            run_block(
-                scenario, n, rate, labels, args.rounds, args.steps, args.warmup, args.timeout_s
-            )
-            for n in ranks
-            for rate in rates[n]
-        ]
+        for n in ranks:
+            for rate in rates[n]:
+                blocks.append(
+                    run_block(
+                        scenario,
+                        n,
+                        rate,
+                        labels,
+                        args.rounds,
+                        args.steps,
+                        args.warmup,
+                        args.timeout_s,
+                    )
+                )
+                _save(report, args.out)  # each block as it ends: a later failure loses nothing
         ok = True
-        tuned = [
-            run_tuned_block(scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned, label)
-            for b in blocks
-            if args.fsdp is not None and args.fsdp_tuned
-            for label in ("fsdp:daemon", *held)
-        ]
-    report = {
-        "scenario": scenario.path,
-        "scale": scale,
-        "byte_scale": scenario.byte_scale,
-        "emulated": True,
-        "blocks": blocks,
-        "tuned": tuned,
-    }
-    if args.out:  # before the tables: a run's measurements outlive a mistake in printing them
-        path = pathlib.Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        for b in list(blocks) if args.fsdp is not None and args.fsdp_tuned else []:
+            for label in ("fsdp:daemon", *held):
+                tuned.append(
+                    run_tuned_block(
+                        scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned, label, args.warmup
+                    )
+                )
+                _save(report, args.out)
+    _save(report, args.out)  # before the tables: they outlive a mistake in printing them
     print(format_report(report))
     return 0 if ok else 1
 
