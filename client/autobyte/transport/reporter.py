@@ -226,7 +226,13 @@ class Reporter:
         """An FSDP2 job's budget (autobyte.fsdp), computed at each registration: after the first
         step its forward order is known. A scheduler job has none."""
         limits = getattr(self._optimizer, "memory_limits", None)
-        return None if limits is None else limits()
+        if limits is None:
+            return None
+        try:
+            return limits()
+        except Exception:  # the registration goes on without them: the ranks still check
+            log.warning("autobyte: cannot tell autobyted the memory budget", exc_info=True)
+            return None
 
     def _register(self, stub) -> tuple[str, int]:
         response = stub.Register(
