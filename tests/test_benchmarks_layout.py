@@ -8,13 +8,12 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PARTS = ("testbed", "harness", "studies")  # the rest: the benchmarks the docs cite ("top")
+PARTS = ("testbed", "harness")  # the rest: the benchmarks the docs cite ("top")
 # what each part may import (besides itself)
 ALLOWED = {
     "testbed": {"testbed"},
     "harness": {"testbed", "harness"},
     "top": {"testbed", "harness", "top"},
-    "studies": {"testbed", "harness", "top", "studies"},
 }
 
 

@@ -185,7 +185,7 @@ def test_the_simulator_comparison_scores_a_block_against_its_own_predictions():
     """A block whose measurements are the scenario's simulator's own steps (and whose probes are its
     compute and bare all-reduce) scores no error and tau 1 both ways; a grid measured in reverse order
     scores tau -1."""
-    from benchmarks.studies import sim_vs_emulated
+    from benchmarks import sim_vs_emulated
 
     scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-resnet50-2w.toml")
     labels = ["ddp:25MiB", "ddp:5MiB", "sched:4MiB,16MiB", "sched:1MiB,4MiB", "sched:none,none"]

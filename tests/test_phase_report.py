@@ -1,4 +1,4 @@
-"""benchmarks/studies/phase_report.py: a trace's runs phase by phase, and a poor start's steps to the oracle."""
+"""benchmarks/phase_report.py: a trace's runs phase by phase, and a poor start's steps to the oracle."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.studies.phase_report import (
+from benchmarks.phase_report import (
     format_report,
     format_rounds,
     main,

@@ -1,11 +1,11 @@
-"""benchmarks/studies/tail_report.py: a tail-window configuration is paired with its twin round by round,
+"""benchmarks/tail_report.py: a tail-window configuration is paired with its twin round by round,
 and the block's figures are taken against the probes measured beside them."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.studies.tail_report import block_report, paired_ratio, per_round, twin
+from benchmarks.tail_report import block_report, paired_ratio, per_round, twin
 
 
 def _result(config: str, round_: int, step_s: float) -> dict:

@@ -1,11 +1,11 @@
-"""benchmarks/studies/trial_report.py: which of a testbed run's trials measured a gain, against the
+"""benchmarks/trial_report.py: which of a testbed run's trials measured a gain, against the
 incumbent measured nearest the search."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.studies.trial_report import format_report, trials
+from benchmarks.trial_report import format_report, trials
 
 
 def run(segments):

@@ -220,5 +220,5 @@ class NativeUpdater(Updater):
 
 def trace_requested() -> bool:
     """AUTOBYTE_TRACE_PARTITIONS=1: the engine keeps per-partition timestamps
-    (benchmarks/studies/profile_partition.py reads them with `take_trace()`)."""
+    (benchmarks/profile_step.py reads them with `take_trace()`)."""
     return os.environ.get("AUTOBYTE_TRACE_PARTITIONS", "0") == "1"

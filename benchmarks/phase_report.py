@@ -9,7 +9,7 @@ start where the oracle did (a poor start, `autobyte:P,C`) the steps it took to c
 step times is within that of the oracle's median step time in the same phase. The goal: a job
 started in a poor configuration within 3% of the oracle in at most 150 steps.
 
-    python -m benchmarks.studies.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
+    python -m benchmarks.phase_report benchmarks/scenarios/testbed-resnet-2w-mixed.toml results/tb-cache-resnet
 
 With several caches (one per round of the same trace, each run of a round measured on the same host
 within the same half hour) it prints the rounds side by side instead: every run's steps/s per round,
@@ -18,7 +18,7 @@ the median over rounds and the rounds it was at least as fast. A ratio inside on
 the host did to every run that day (hosts and days differ by 19-37% here); one round's ratio still
 spreads by several per cent, which is why the issue's goals are read over rounds.
 
-    python -m benchmarks.studies.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
+    python -m benchmarks.phase_report SCENARIO results/tb-cache-round1 results/tb-cache-round2 ...
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def format_rounds(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.phase_report", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.phase_report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("scenario", help="the scenario file the runs were measured on")
     parser.add_argument(

@@ -2,7 +2,7 @@
 `benchmarks.harness.evaluate --testbed --testbed-cache DIR`: every step's time and configuration, and the
 daemon's decisions).
 
-    python -m benchmarks.studies.trial_report results/tb-cache-long/testbed-mlp-2w-long--policy-autobyte.json
+    python -m benchmarks.trial_report results/tb-cache-long/testbed-mlp-2w-long--policy-autobyte.json
 
 A trial is a decision whose reason starts with "trial"; it runs from the step it applied at to the
 step the next decision applied at. It measured a gain when its median step time (after its first
@@ -136,7 +136,7 @@ def format_report(rows: Sequence[dict[str, Any]], total_steps: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.studies.trial_report", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.trial_report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("run", help="a cached autobyte testbed run (evaluate --testbed-cache DIR)")
     parser.add_argument("--settle", type=int, default=2)

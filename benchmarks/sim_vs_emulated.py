@@ -1,7 +1,7 @@
 """The simulator against the emulated-accelerator testbed: the same profile, ranks, rate and grid.
 
-    python -m benchmarks.studies.sim_vs_emulated results/emulated-resnet50.json [more.json ...]
-    python -m benchmarks.studies.sim_vs_emulated results/*.json --out results/sim-vs-emulated.json
+    python -m benchmarks.sim_vs_emulated results/emulated-resnet50.json [more.json ...]
+    python -m benchmarks.sim_vs_emulated results/*.json --out results/sim-vs-emulated.json
 
 Reads what `benchmarks.bench_emulated --out` wrote. For every (profile, ranks, rate, conditions)
 block it simulates each measured configuration (DDP's bucket caps and the scheduler's grid; not the
@@ -50,7 +50,7 @@ ERROR_GOAL = 0.05
 TAU_GOAL = 0.7
 TRACE_HORIZON_S = 30.0
 VARIANTS = ("scenario", "probes", "gloo")
-GLOO_LINK = pathlib.Path(__file__).resolve().parents[1] / "calibration" / "optimum-map.report.json"
+GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "optimum-map.report.json"
 GLOO_LINK_KEYS = ("collective_overhead_s", "launch_s")
 GLOO_BY_SIZE_KEYS = (
     "message_extra_s",
@@ -196,7 +196,7 @@ def _tau(value: float | None) -> str:
 def format_comparison(blocks: Sequence[dict[str, Any]]) -> str:
     lines = [
         (
-            "EMULATED arithmetic on the testbed vs the simulator (benchmarks/studies/sim_vs_emulated.py); "
+            "EMULATED arithmetic on the testbed vs the simulator (benchmarks/sim_vs_emulated.py); "
             f"goals: median |error| <= {ERROR_GOAL:.0%}, tau >= {TAU_GOAL}"
         ),
         (

@@ -8,7 +8,7 @@ taken round by round in the same processes (median over rounds), so drift hits b
 the simulator's prediction of every scheduler configuration (the checked-in testbed link
 calibration and the model's profile) and its rank agreement (Kendall tau) with the measurement.
 
-    python -m benchmarks.studies.tail_report results/i20b/goals.json [more.json ...]
+    python -m benchmarks.tail_report results/i20b/goals.json [more.json ...]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from benchmarks.calibrate_map import (
 )
 from benchmarks.testbed.train_worker import RunConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 PROFILES = REPO / "benchmarks" / "calibration" / "profiles"
 TESTBED_CALIBRATION = REPO / "benchmarks" / "calibration" / "testbed.json"
 
