@@ -256,6 +256,11 @@ def summarise(
                 "rounds": len(rank0),
                 "hot_path": rank0[0].get("hot_path") if rank0 else None,
                 "exposed_comm_s": exposed,
+                # FSDP2 rows: the training thread's time in all-gathers / reduce-scatters a step
+                **{
+                    key: _median([r[key] for r in rank0 if r.get(key) is not None])
+                    for key in ("all_gather_s", "reduce_scatter_s")
+                },
                 "device_busy_s": device_busy,
                 "device_idle_s": device_idle,
                 "busy_share": busy,
@@ -612,12 +617,14 @@ def format_block(block: dict[str, Any], scale: str) -> str:
         f"{_auto_vs_grid(block)}"
         + (
             "/FSDP, /FSDPbest: FSDP2's step (as fully_shard leaves it, best of the grid) / this "
-            "step; fsdp:F,B,R: forward prefetch F groups, backward B, reshard|keep after forward; "
+            "step; fsdp:F,B,R: forward prefetch F groups, backward B, reshard|keep after forward, "
+            "all-gathers asynchronous (autobyte.fsdp's on CPU; ,sync: holding the thread, as "
+            "FSDP2's own on gloo); exposed: the training thread's time in collectives; "
             if ref == "/FSDP"
             else "/DDP, /DDPbest: DDP's step (default bucket, best of the grid) / this step; "
+            "exposed: the scheduler's median forward wait; "
         )
-        + "exposed: the "
-        "scheduler's median forward wait; gloo ms: CPU per step of the threads Python did not "
+        + "gloo ms: CPU per step of the threads Python did not "
         "make (gloo's), busiest rank; runq: the training thread runnable but without a CPU, per "
         f"step, worst rank; host: cores the machine kept busy (every process's, of {os.cpu_count()}); "
         "flag: the CPU was the limit (runq > 5% of the step, host > 85%): not for goals"

@@ -383,7 +383,10 @@ def test_fsdp2_labels_name_its_knobs_and_a_bad_one_is_refused():
     config = shard_config("2,=,keep")
     assert (config.forward_prefetch, config.backward_prefetch) == (2, None)
     assert config.reshard_after_forward is False
-    for bad in ("fsdp:1,2", "fsdp:1,2,maybe", "fsdp:x,1,keep"):
+    # `,sync`: the same knobs, FSDP2's own all-gathers (the replica's switch, not the config's)
+    assert shard_config("2,=,keep,sync") == config
+    assert RunConfig.parse("fsdp:2,=,keep,sync").label == "fsdp:2,=,keep,sync"
+    for bad in ("fsdp:1,2", "fsdp:1,2,maybe", "fsdp:x,1,keep", "fsdp:1,1,keep,async"):
         with pytest.raises(ValueError, match="bad FSDP2 configuration"):
             RunConfig.parse(bad)
     assert block_of("h.3.attn.c_attn") == "h.3" and block_of("wte") is None
@@ -408,13 +411,18 @@ def test_fsdp2_rows_run_its_defaults_a_grid_and_the_bound_on_the_testbed(tmp_pat
     after its warm-up (the worker checks, else the run fails), the bound's communication is the
     all-gather + reduce-scatter probe, and the columns are against FSDP2's defaults."""
     scenario = _tiny_scenario(tmp_path, 2, profile=TINY_GPT)
-    labels = bench_emulated.fsdp_labels(["fsdp:1,1,keep", "fsdp:2,2,reshard"])
+    labels = bench_emulated.fsdp_labels(["fsdp:1,1,keep", "fsdp:2,2,reshard,sync"])
     block = bench_emulated.run_block(
         scenario, 2, 0.5, labels, rounds=1, steps=2, warmup=3, timeout_s=240
     )
     rows = {row["config"]: row for row in block["rows"]}
-    assert list(rows) == ["compute", "agrs", "fsdp", "fsdp:1,1,keep", "fsdp:2,2,reshard"]
+    assert list(rows) == ["compute", "agrs", "fsdp", "fsdp:1,1,keep", "fsdp:2,2,reshard,sync"]
     assert all(row["step_s"] > 0 for row in rows.values())
+    # each FSDP2 row: the training thread's time in its all-gathers and reduce-scatters, measured
+    for label in ("fsdp", "fsdp:1,1,keep", "fsdp:2,2,reshard,sync"):
+        row = rows[label]
+        assert row["all_gather_s"] > 0 and row["reduce_scatter_s"] > 0, row
+        assert 0 < row["exposed_comm_s"] < row["step_s"], row
     assert block["engine"] == "fsdp2" and block["comm_s"] == rows["agrs"]["step_s"]
     assert block["ddp_default_s"] == rows["fsdp"]["step_s"]  # the /FSDP column's reference
     assert rows["fsdp"]["speedup_vs_ddp_default"] == pytest.approx(1.0)

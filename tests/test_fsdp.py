@@ -233,25 +233,44 @@ def _refuses(rank: int, world: int) -> list[str]:
         except ValueError as exc:
             messages.append(str(exc))
     model = _sharded(world)
+    # a user's own all-gather on one group: attach keeps it
+    fsdp_own = type(model.blocks[1]._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm)
+    model.blocks[1].set_custom_all_gather(type("UserGather", (fsdp_own,), {})())
     job = abf.attach(model)
+
+    def gathers() -> list[str]:
+        return [
+            type(g._all_gather_comm).__name__
+            for m in (*model.blocks, model)
+            for g in m._get_fsdp_state()._fsdp_param_groups
+        ]
+
+    seen = {"attached": (job.async_gathers, gathers())}
     for bad in (
         lambda: job.propose("forward_prefetch=2"),
         lambda: job.propose(abf.ShardConfig(), -1),
         lambda: job.propose(abf.ShardConfig(reshard_after_forward=[True, False])),
+        lambda: job.set_async_gathers(1),
+        lambda: abf.attach(model, async_gathers="yes"),
     ):
         try:
             bad()
         except ValueError as exc:
             messages.append(str(exc))
+    job.set_async_gathers(False)
+    seen["off"] = (job.async_gathers, gathers())
+    job.set_async_gathers(True)
     job.close()
+    seen["closed"] = (job.async_gathers, gathers())
     # rank 0 hosts the store: it stays until every rank has made the job's proposal group
     torch.distributed.barrier()
-    return messages
+    return {"messages": messages, "gathers": seen}
 
 
 def test_bad_input_is_a_value_error_naming_it():
-    messages = run_ranks(_refuses, 2)[0]
-    assert len(messages) == 9, messages
+    result = run_ranks(_refuses, 2)[0]
+    messages = result["messages"]
+    assert len(messages) == 11, messages
     assert "call fully_shard(model)" in messages[0] and "Net" in messages[0]
     assert "forward_prefetch" in messages[1] and "-1" in messages[1]
     assert "backward_prefetch" in messages[2] and "0" in messages[2]
@@ -259,6 +278,14 @@ def test_bad_input_is_a_value_error_naming_it():
     assert "(True, 1)" in messages[5]
     assert "ShardConfig" in messages[6] and "at_step" in messages[7]
     assert "2 values for 4 groups" in messages[8]
+    assert "set_async_gathers" in messages[9] and "1" in messages[9]
+    assert "async_gathers" in messages[10] and "'yes'" in messages[10]
+    # on CPU attach issues FSDP2's all-gathers asynchronously, except a user's own (blocks.1's),
+    # and close gives every group back what it had
+    own, user, mine = "DefaultAllGather", "UserGather", "_AsyncAllGather"
+    assert result["gathers"]["attached"] == (True, [mine, user, mine, mine, mine])
+    assert result["gathers"]["off"] == (False, [own, user, own, own, own])
+    assert result["gathers"]["closed"] == (False, [own, user, own, own, own])
 
 
 def _budgeted(rank: int, world: int) -> dict:

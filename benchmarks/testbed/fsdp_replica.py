@@ -4,9 +4,14 @@ grouped into blocks (a transformer's `h.N`), each block `fully_shard`ed and the 
 
 Labels (the worker's configurations):
 
-    fsdp             FSDP2 as `fully_shard` leaves it (implicit prefetch, resharding after forward)
+    fsdp             FSDP2 as `fully_shard` leaves it (implicit prefetch, resharding after forward,
+                     its all-gathers holding the training thread, as gloo's do)
     fsdp:F,B,R       forward prefetch F groups, backward prefetch B, R = reshard | keep (the
-                     gathered parameters kept after forward); `=` leaves a knob as FSDP2 set it
+                     gathered parameters kept after forward); `=` leaves a knob as FSDP2 set it;
+                     all-gathers asynchronous, as `autobyte.fsdp.attach` sets them on CPU (so
+                     `fsdp:=,=,=` is FSDP2's knobs with the all-gathers off the thread, as a GPU's
+                     all-gather stream has them)
+    fsdp:F,B,R,sync  the same knobs, the all-gathers issued as FSDP2 does (holding the thread)
     fsdp:daemon      autobyted's tuner sets the knobs (AUTOBYTE_DAEMON in the environment)
     agrs             the bound's communication probe: one all-gather and one reduce-scatter of
                      every group's parameters (FSDP2's least traffic a step: parameters kept after
@@ -25,13 +30,15 @@ RESHARD = {"reshard": True, "keep": False, "=": None}
 
 
 def shard_config(spec: str) -> Any:
-    """`F,B,R` (the label's part after `fsdp:`) as an autobyte.fsdp.ShardConfig; ValueError naming
-    it otherwise."""
+    """`F,B,R[,sync]` (the label's part after `fsdp:`) as an autobyte.fsdp.ShardConfig; ValueError
+    naming it otherwise."""
     from autobyte.fsdp import ShardConfig
 
     parts = [p.strip() for p in spec.split(",")]
+    if parts[3:] == ["sync"]:
+        parts = parts[:3]
     if len(parts) != 3 or parts[2] not in RESHARD:
-        raise ValueError(f"bad FSDP2 configuration {spec!r}: expected F,B,reshard|keep|=")
+        raise ValueError(f"bad FSDP2 configuration {spec!r}: expected F,B,reshard|keep|=[,sync]")
     try:
         forward, backward = (None if p == "=" else int(p) for p in parts[:2])
     except ValueError:
@@ -101,11 +108,18 @@ class ShardedReplica:
         fully_shard(self.model, mesh=mesh)
         self.optimizer = optimizer(self.model.parameters())
         self.job = abf.attach(self.model, self.optimizer)
+        self.steps: list[Any] = []  # every step's autobyte.fsdp.ShardStep, as measured on this rank
+        self.job.add_step_callback(self.steps.append)
         self._probe: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def use(self, spec: str) -> Any:
         """Rank 0 proposes the label's configuration (every rank applies it at one boundary a
-        step or two later: the segment's warm-up); returns it. `daemon`: nothing is proposed."""
+        step or two later: the segment's warm-up); returns it. `daemon`: nothing is proposed.
+        `fsdp` (spec "", FSDP2 as is) and `fsdp:F,B,R,sync` issue the all-gathers as FSDP2 does
+        (on gloo they hold the training thread); every other label runs them asynchronously, as
+        `attach` sets them on CPU (`ShardedJob.set_async_gathers`). Every rank calls it at the same point, between
+        steps."""
+        self.job.set_async_gathers(spec != "" and not spec.endswith(",sync"))
         if spec == "daemon":
             return None
         config = shard_config(spec) if spec else _defaults()

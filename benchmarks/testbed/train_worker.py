@@ -484,6 +484,7 @@ class Trainer:
             self.fsdp.check(self._fsdp_config)
         dist.barrier()
         sched_first = self.sched.step_index if scheduled else 0
+        shard_first = len(self.fsdp.steps) if config.kind == "fsdp" else 0
         dispatch_before = self.sched.dispatch_stats() if scheduled else None
         self.collective_spans.clear()
         if config.kind == "ddp":
@@ -531,6 +532,9 @@ class Trainer:
             self.sched_metrics.clear()
             dispatch = _dispatch_delta(dispatch_before, self.sched.dispatch_stats())
         exposed = [m.get("exposed_comm_s", 0.0) for m in metrics]
+        sharded = self.fsdp.steps[shard_first:] if config.kind == "fsdp" else []
+        if sharded:  # FSDP2: the training thread's time in the step's collectives
+            exposed = [s.comm_s for s in sharded]
         result = {
             "event": "result",
             "rank": self.rank,
@@ -553,6 +557,13 @@ class Trainer:
             "first_step": self.global_step - len(step_times),
             "cpu": cpu["cpu"],
         }
+        if sharded:  # FSDP2: the step's all-gathers and reduce-scatters apart (medians of sums)
+            result["all_gather_s"] = statistics.median(
+                sum(s.all_gather_s.values()) for s in sharded
+            )
+            result["reduce_scatter_s"] = statistics.median(
+                sum(s.reduce_scatter_s.values()) for s in sharded
+            )
         if "device" in cpu:
             result["device"] = cpu["device"]
         if self.args.param_digest and config.kind in ("ddp", *SCHED_KINDS):

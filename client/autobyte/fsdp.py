@@ -21,6 +21,11 @@ group's parameters are gathered again in backward, moves):
   bool for every group, or a tuple of one per group in forward order (None: that group as the
   user set it). The root keeps what FSDP2 chose for it.
 
+On CPU (gloo) each collective holds the thread that issued it until it finishes, so FSDP2's
+prefetch overlaps nothing there; `attach` issues the all-gathers asynchronously where the
+parameters are on CPU (`ShardedJob.set_async_gathers`: the same collectives on the same buffers),
+so that a prefetched all-gather runs while the thread computes, as on a GPU's all-gather stream.
+
 A field left None keeps what the user set before `attach` (their own prefetch lists, their own
 `reshard_after_forward` per group): `ShardConfig()` is the job exactly as the user built it.
 
@@ -216,6 +221,40 @@ def check_memory_budget(memory_budget_bytes: Any) -> None:
         )
 
 
+class _AsyncAllGather:
+    """FSDP2's all-gather (the same collective on the same buffers), always issued asynchronously:
+    `wait_for_unshard` then waits on the returned work (FSDP2's copy-out does so for any work it is
+    given). Installed on a group whose collectives hold the training thread until they finish
+    (gloo), so that an all-gather issued ahead (prefetch) runs while the thread computes, as it
+    does on a GPU's all-gather stream."""
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> Any:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> Any:
+        # all_gather_single where this torch has it (it deprecates all_gather_into_tensor)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return gather(output_tensor, input_tensor, group=group, async_op=True)
+
+
+def _holds_the_thread(group: Any) -> bool:
+    """Whether a param group's all-gathers block the calling thread until they finish: on CPU
+    (gloo) they do; on CUDA they run on FSDP2's all-gather stream and return at once."""
+    device = getattr(group, "device", None)
+    return device is not None and device.type == "cpu"
+
+
+def _fsdp_default(comm: Any) -> bool:
+    """Whether a param group's all-gather is FSDP2's own (not a user's `set_custom_all_gather`)."""
+    return type(comm).__name__ == "DefaultAllGather"
+
+
 class _Traffic:
     """Each group's communication as the training thread meets it (the module docstring): the
     time in its all-gathers (`unshard`, which issues one, and `wait_for_unshard`) and its
@@ -298,6 +337,7 @@ class ShardedJob:
         config: ShardConfig | None = None,
         group: dist.ProcessGroup | None = None,
         memory_budget_bytes: int | None = None,
+        async_gathers: bool | None = None,
     ) -> None:
         fsdp_module = _fsdp_module_type()
         if not isinstance(model, fsdp_module):
@@ -312,8 +352,24 @@ class ShardedJob:
         if not dist.is_initialized():
             raise ValueError("autobyte.fsdp.attach needs torch.distributed to be initialized")
         check_memory_budget(memory_budget_bytes)
+        if async_gathers is not None and not isinstance(async_gathers, bool):
+            raise ValueError(f"async_gathers must be None, True or False, got {async_gathers!r}")
         self.model = model
         self.groups = [m for m in model.modules() if isinstance(m, fsdp_module) and m is not model]
+        # every param group's all-gather as FSDP2 (or the user) set it: restored at close
+        self._param_groups = [
+            g for m in (model, *self.groups) for g in m._get_fsdp_state()._fsdp_param_groups
+        ]
+        # (None: a torch whose FSDP2 has no custom all-gather hook; its groups stay as they are)
+        self._own_gathers = {
+            id(g): getattr(g, "_all_gather_comm", None) for g in self._param_groups
+        }
+        self.async_gathers = False
+        self.set_async_gathers(
+            async_gathers
+            if async_gathers is not None
+            else any(_holds_the_thread(g) for g in self._param_groups)
+        )
         self._original = {
             id(m): _Original(
                 list(m._get_fsdp_state()._states_to_forward_prefetch),
@@ -391,6 +447,23 @@ class ShardedJob:
         self._check_budget(config, config.describe())
         with self._lock:
             self._proposal = (config, at_step or 0, decision_id)
+
+    def set_async_gathers(self, on: bool) -> None:
+        """Issue every group's all-gathers asynchronously (`on`), or as FSDP2 does (off). On gloo,
+        whose collectives hold the training thread until they finish, FSDP2's prefetch cannot
+        overlap anything: the thread that would compute waits in the prefetched all-gather. With
+        asynchronous all-gathers it runs while the thread computes, as on a GPU's all-gather
+        stream; the same collectives run on the same buffers (the parameters are FSDP2's to the
+        bit). `attach` turns it on where the job's parameters are on CPU (gloo); a group with a
+        custom all-gather of the user's keeps it. Call it on every rank between steps."""
+        if not isinstance(on, bool):
+            raise ValueError(f"set_async_gathers takes True or False, got {on!r}")
+        for group in self._param_groups:
+            own = self._own_gathers[id(group)]
+            if own is None:
+                continue
+            group._all_gather_comm = _AsyncAllGather() if on and _fsdp_default(own) else own
+        self.async_gathers = on
 
     def gathered_bytes(self, config: ShardConfig) -> int:
         """The most bytes of gathered (unsharded) parameters the job holds at once under `config`,
@@ -479,6 +552,7 @@ class ShardedJob:
         for handle in self._handles:
             handle.remove()
         self._traffic.remove()
+        self.set_async_gathers(False)
         if self._incoming is not None:
             self._incoming[0].wait()
             self._incoming = None
@@ -668,10 +742,13 @@ def attach(
     config: ShardConfig | None = None,
     group: dist.ProcessGroup | None = None,
     memory_budget_bytes: int | None = None,
+    async_gathers: bool | None = None,
 ) -> ShardedJob:
     """Measure an FSDP2 model's steps and apply `ShardConfig`s on every rank at the same step
     (the module docstring). Call it on every rank, after every `fully_shard` call; `config`, if
     given, is rank 0's first proposal. `memory_budget_bytes`: the most bytes of gathered
     parameters the job may hold at once (`ShardedJob.gathered_bytes`); a proposal predicted over
-    it is refused (ValueError), a daemon's decision over it is not applied."""
-    return ShardedJob(model, optimizer, config, group, memory_budget_bytes)
+    it is refused (ValueError), a daemon's decision over it is not applied. `async_gathers`:
+    issue the all-gathers asynchronously (`ShardedJob.set_async_gathers`; None: where the parameters
+    are on CPU)."""
+    return ShardedJob(model, optimizer, config, group, memory_budget_bytes, async_gathers)
