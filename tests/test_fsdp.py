@@ -298,6 +298,12 @@ def _budgeted(rank: int, world: int) -> dict:
         abf.attach(model, memory_budget_bytes=5_000)
     except ValueError as exc:
         out["refused"].append(str(exc))
+    # the refused attach left the model as it was: FSDP2's own all-gathers
+    out["gathers after refusal"] = {
+        type(g._all_gather_comm).__name__
+        for m in (*model.blocks, model)
+        for g in m._get_fsdp_state()._fsdp_param_groups
+    }
     job = abf.attach(model, memory_budget_bytes=7_500)
     configs = {
         "as built": abf.ShardConfig(),
@@ -338,6 +344,7 @@ def test_a_configuration_over_the_memory_budget_is_refused_before_it_runs():
     assert "memory_budget_bytes=5,000" in got["refused"][0]
     assert "reshard_after_forward=False would hold 9,900 bytes" in got["refused"][1]
     assert "backward_prefetch=3" in got["refused"][2] and "7,500" in got["refused"][2]
+    assert got["gathers after refusal"] == {"DefaultAllGather"}
 
 
 # ---------------------------------------------------------------- measured and steered by autobyted

@@ -365,11 +365,6 @@ class ShardedJob:
             id(g): getattr(g, "_all_gather_comm", None) for g in self._param_groups
         }
         self.async_gathers = False
-        self.set_async_gathers(
-            async_gathers
-            if async_gathers is not None
-            else any(_holds_the_thread(g) for g in self._param_groups)
-        )
         self._original = {
             id(m): _Original(
                 list(m._get_fsdp_state()._states_to_forward_prefetch),
@@ -418,6 +413,12 @@ class ShardedJob:
             p.device.type == "cuda" for p in model.parameters()
         )
         self._closed = False
+        # last, once nothing of attach can fail: a refused attach leaves the model as it was
+        self.set_async_gathers(
+            async_gathers
+            if async_gathers is not None
+            else any(_holds_the_thread(g) for g in self._param_groups)
+        )
         if config is not None and self.rank == 0:
             self.propose(config)
         # autobyte.init() streams this job's steps to autobyted and applies its decisions (at once
@@ -749,6 +750,6 @@ def attach(
     given, is rank 0's first proposal. `memory_budget_bytes`: the most bytes of gathered
     parameters the job may hold at once (`ShardedJob.gathered_bytes`); a proposal predicted over
     it is refused (ValueError), a daemon's decision over it is not applied. `async_gathers`:
-    issue the all-gathers asynchronously (`ShardedJob.set_async_gathers`; None: where the parameters
-    are on CPU)."""
+    issue the all-gathers asynchronously (`ShardedJob.set_async_gathers`; None: where the
+    parameters are on CPU)."""
     return ShardedJob(model, optimizer, config, group, memory_budget_bytes, async_gathers)
