@@ -138,6 +138,10 @@ def drive(specs: list[tuple[str, bool]], out_dir: str, parallel: int = 3) -> tup
     """The parent: runs the jobs (mode, ddp), `parallel` at a time; returns None. A forked rank
     returns its job's arguments instead."""
     results = open(os.path.join(out_dir, "results.jsonl"), "a")  # noqa: SIM115 - appended to as each job ends; forked ranks return out of this loop
+    # torch's optimizers import torch._dynamo when the first one is built (1.5 s of CPU): imported
+    # here once, as a rank would have it by its first step, not again in each of them
+    import torch._dynamo  # noqa: F401
+
     # torch's objects, imported once, out of every forked rank's garbage collections: each rank
     # would otherwise walk (and copy, page by page) all of them at its first collection and at its
     # interpreter's shutdown, seconds of CPU a rank; the shutdown itself is unchanged
