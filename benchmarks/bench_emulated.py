@@ -47,6 +47,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autobyte.types import parse_bytes
+
 from benchmarks.harness.scenario import GBIT, Scenario, load_scenario
 from benchmarks.testbed import worker_cli
 from benchmarks.testbed.host import HostWatch
@@ -401,6 +403,7 @@ def run_tuned_block(
     label: str = "fsdp:daemon",
     warmup: int = 0,
     timeout_s: float = 1800.0,
+    budget_bytes: int | None = None,
 ) -> dict[str, Any]:
     """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
     own process in the testbed's hub namespace, `--tuner auto`), on a testbed like the static
@@ -409,7 +412,9 @@ def run_tuned_block(
     under the same trace, no daemon: the static setting the tuned run is compared with, step for
     step of the trace. `warmup` steps run before the measured ones (a held setting takes effect
     at the second boundary; the tuned run gets as many, so both measure the same span of the
-    trace)."""
+    trace). `budget_bytes` (the model's bytes): the job's memory budget for gathered parameters,
+    from which the tuned run starts (`autobyte.fsdp.ShardedJob.derived_config`); None: FSDP2's
+    defaults."""
     import tempfile
 
     from benchmarks.harness.autobyte_policy import HubDaemon
@@ -427,6 +432,7 @@ def run_tuned_block(
         rounds=1,
         steps=steps,
         warmup=warmup,
+        fsdp_budget=budget_bytes // scenario.byte_scale if budget_bytes else None,
     )
     watch = HostWatch()
     tuned = None
@@ -452,6 +458,7 @@ def run_tuned_block(
         "label": label,
         "ranks": ranks,
         "rate_gbit": rate_gbit,
+        "budget_bytes": budget_bytes,
         "conditions": describe_conditions(at_rate) if trace is not None else "none",
         "steps": len(times),
         "step_times_s": times,
@@ -505,12 +512,18 @@ def format_tuned(
             f"trials included) x defaults {static['ddp_default_s'] / mean:.2f}, x best static "
             f"{static['ddp_best_s'] / mean:.2f} (sequential runs on the same testbed, not paired)"
         )
+    budget = (
+        f"memory budget {tuned['budget_bytes']:,} model bytes (started from the derived "
+        "configuration), "
+        if tuned.get("budget_bytes")
+        else ""
+    )
     held_runs = "".join(
         f"; whole run x {b['label']} held under the same trace {b['mean_s'] / tuned['mean_s']:.3f}"
         for b in beside
     )
     return (
-        f"autobyte (live, {tuned['ranks']} ranks, {tuned['steps']} steps, conditions "
+        f"autobyte (live, {tuned['ranks']} ranks, {tuned['steps']} steps, {budget}conditions "
         f"{tuned.get('conditions', 'none')}): last quarter median "
         f"{_ms(tuned['last_quarter_median_s'])} ms, mean {_ms(tuned['mean_s'])} ms{by_rate}{ref}"
         f"{held_runs}; decisions {dict(sorted(kinds.items()))}; tuner: {t.get('detail', '')}; "
@@ -723,6 +736,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="with --fsdp-tuned: also these ';'-separated FSDP2 labels (fsdp, fsdp:F,B,R), each "
         "held for the same STEPS under the same trace: the tuned run's whole-run reference",
     )
+    parser.add_argument(
+        "--fsdp-budget",
+        default="",
+        metavar="SIZE",
+        help="with --fsdp-tuned: the jobs' memory budget for gathered parameters (the model's "
+        "bytes, e.g. 2GiB); the tuned run starts from the configuration derived from it "
+        "(default: no budget, FSDP2's defaults)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -803,6 +824,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         held = [s for s in args.fsdp_held.split(";") if s]
+        try:
+            budget = parse_bytes(args.fsdp_budget) if args.fsdp_budget else None
+        except ValueError as error:
+            raise SystemExit(f"bench_emulated: --fsdp-budget: {error}") from None
         for label in held:
             try:
                 ok_label = RunConfig.parse(label).kind == "fsdp" and label != "fsdp:daemon"
@@ -830,7 +855,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label in ("fsdp:daemon", *held):
                 tuned.append(
                     run_tuned_block(
-                        scenario, b["ranks"], b["rate_gbit"], args.fsdp_tuned, label, args.warmup
+                        scenario,
+                        b["ranks"],
+                        b["rate_gbit"],
+                        args.fsdp_tuned,
+                        label,
+                        args.warmup,
+                        budget_bytes=budget,
                     )
                 )
                 _save(report, args.out)

@@ -347,6 +347,89 @@ def test_a_configuration_over_the_memory_budget_is_refused_before_it_runs():
     assert got["gathers after refusal"] == {"DefaultAllGather"}
 
 
+def _derived(rank: int, world: int) -> dict:
+    import autobyte.fsdp as abf
+    from torch.distributed.fsdp import fully_shard
+
+    def derived(budget: int | None, build=None) -> abf.ShardConfig:
+        model = build() if build is not None else _sharded(world)
+        job = abf.attach(model, memory_budget_bytes=budget)
+        try:
+            return job.derived_config()
+        finally:
+            job.close()
+
+    def own_prefetch() -> Net:
+        model = _sharded(world)
+        model.blocks[1].set_modules_to_forward_prefetch([model.blocks[2]])
+        return model
+
+    def kept_by_the_user() -> Net:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        model = Net()
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    out = {
+        "no budget": derived(None),
+        "9,900": derived(9_900),
+        "7,500": derived(7_500),
+        "5,000": None,
+        "own prefetch": derived(9_900, own_prefetch),
+        "kept by the user": derived(9_900, kept_by_the_user),
+    }
+    try:
+        derived(5_000)
+    except ValueError:
+        out["5,000"] = "refused"
+    # attach with no config starts there, on every rank at one step; asked for, as asked
+    model = _sharded(world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = abf.attach(model, opt, memory_budget_bytes=9_900)
+    gen = torch.Generator().manual_seed(100 + rank)
+    configs = []
+    for _ in range(4):
+        configs.append(job.config)
+        nn.functional.cross_entropy(
+            model(torch.randn(8, 24, generator=gen)), torch.zeros(8).long()
+        ).backward()
+        opt.step()
+        opt.zero_grad()
+    out["configs"], out["state"] = configs, _state_of(model)
+    job.close()
+    asked = abf.attach(_sharded(world), config=abf.ShardConfig(), memory_budget_bytes=9_900)
+    out["asked"] = asked._proposal
+    asked.close()
+    torch.distributed.barrier()  # as in _refuses
+    return out
+
+
+def test_with_a_memory_budget_the_job_starts_from_the_configuration_derived_from_it():
+    """Keeping the gathered parameters and forward prefetch 1 where the budget allows (the sizes of
+    _budgeted: keeping holds 9,900 bytes, prefetch 1 as many as FSDP2's defaults, 5,100); without
+    a budget, or where the user set a knob, as built; a config asked for wins."""
+    import autobyte.fsdp as abf
+
+    ranks = run_ranks(_derived, 2)
+    got = ranks[0]
+    assert got["no budget"] == abf.ShardConfig()
+    assert got["9,900"] == abf.ShardConfig(forward_prefetch=1, reshard_after_forward=False)
+    assert got["7,500"] == abf.ShardConfig(forward_prefetch=1)
+    assert got["5,000"] == "refused"  # even FSDP2's defaults are over it
+    assert got["own prefetch"] == abf.ShardConfig(reshard_after_forward=False)
+    assert got["kept by the user"] == abf.ShardConfig(forward_prefetch=1)
+    start = abf.ShardConfig(forward_prefetch=1, reshard_after_forward=False)
+    assert got["configs"][0] == abf.ShardConfig() and got["configs"][-1] == start, got["configs"]
+    assert ranks[1]["configs"] == got["configs"]
+    # FSDP2 holds it: blocks.1 prefetches blocks.2, its backward FSDP2's implicit one, all kept
+    assert got["state"] == ranks[1]["state"] == (1, 0, (False,) * 4)
+    assert got["asked"] is None  # nothing proposed: the job as built
+
+
 # ---------------------------------------------------------------- measured and steered by autobyted
 STREAMED_STEPS = 40
 
@@ -362,7 +445,13 @@ def _streamed_job(
         autobyte.init(address, name, rank=rank, world_size=world, flush_interval_s=0.1)
     model = _sharded(world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    job = abf.attach(model, opt, memory_budget_bytes=budget) if address is not None else None
+    # FSDP2's defaults at the start, asked for (with a budget the job would start from the
+    # configuration derived from it)
+    job = (
+        abf.attach(model, opt, config=abf.ShardConfig(), memory_budget_bytes=budget)
+        if address is not None
+        else None
+    )
     return model, opt, job, torch.Generator().manual_seed(100 + rank)
 
 

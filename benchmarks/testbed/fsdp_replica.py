@@ -12,7 +12,9 @@ Labels (the worker's configurations):
                      `fsdp:=,=,=` is FSDP2's knobs with the all-gathers off the thread, as a GPU's
                      all-gather stream has them)
     fsdp:F,B,R,sync  the same knobs, the all-gathers issued as FSDP2 does (holding the thread)
-    fsdp:daemon      autobyted's tuner sets the knobs (AUTOBYTE_DAEMON in the environment)
+    fsdp:daemon      autobyted's tuner sets the knobs (AUTOBYTE_DAEMON in the environment), from
+                     where the job starts: as built, or with the worker's --fsdp-budget the
+                     configuration attach derives from it
     agrs             the bound's communication probe: one all-gather and one reduce-scatter of
                      every group's parameters (FSDP2's least traffic a step: parameters kept after
                      forward), issued back to back, no compute
@@ -84,9 +86,12 @@ class BlockedModel(nn.Module):
 
 class ShardedReplica:
     """The FSDP2 replica of a worker: built on first use (collective: every rank runs the same
-    segments), measured and steered by `autobyte.fsdp.attach`."""
+    segments), measured and steered by `autobyte.fsdp.attach` (under `memory_budget_bytes`, in
+    the replica's own bytes, where given)."""
 
-    def __init__(self, model: nn.Module, optimizer: Any) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: Any, memory_budget_bytes: int | None = None
+    ) -> None:
         import autobyte.fsdp as abf
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -107,7 +112,9 @@ class ShardedReplica:
             fully_shard(block, mesh=mesh)
         fully_shard(self.model, mesh=mesh)
         self.optimizer = optimizer(self.model.parameters())
-        self.job = abf.attach(self.model, self.optimizer)
+        # with a budget, the job starts from the configuration derived from it (attach's
+        # derived_config); a label's configuration replaces it at its segment
+        self.job = abf.attach(self.model, self.optimizer, memory_budget_bytes=memory_budget_bytes)
         self.steps: list[Any] = []  # every step's autobyte.fsdp.ShardStep, as measured on this rank
         self.job.add_step_callback(self.steps.append)
         self._probe: list[tuple[torch.Tensor, torch.Tensor]] | None = None

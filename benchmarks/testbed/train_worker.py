@@ -395,7 +395,11 @@ class Trainer:
 
             model_args = json.loads(self.args.model_args) if self.args.model_args else {}
             torch.manual_seed(self.args.seed)
-            self.fsdp = ShardedReplica(build(self.args.model, **model_args).model, self._optimizer)
+            self.fsdp = ShardedReplica(
+                build(self.args.model, **model_args).model,
+                self._optimizer,
+                self.args.fsdp_budget or None,
+            )
         return self.fsdp
 
     def _collectives(self, buffers: list[torch.Tensor]) -> None:

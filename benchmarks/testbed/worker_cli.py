@@ -68,6 +68,13 @@ def parser() -> argparse.ArgumentParser:
         help="stop every rank at the same step once this long has passed since "
         "train_start on rank 0 (a 1-float broadcast per step on its own group)",
     )
+    parser.add_argument(
+        "--fsdp-budget",
+        type=int,
+        default=0,
+        help="FSDP2 rows: autobyte.fsdp.attach's memory_budget_bytes (bytes of the replica's "
+        "tensors, so the model's divided by the byte scale); 0: none, the job starts as built",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
