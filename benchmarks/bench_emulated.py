@@ -432,7 +432,7 @@ def run_tuned_block(
         rounds=1,
         steps=steps,
         warmup=warmup,
-        fsdp_budget=budget_bytes // scenario.byte_scale if budget_bytes else None,
+        fsdp_budget=int(budget_bytes / scenario.byte_scale) if budget_bytes else None,
     )
     watch = HostWatch()
     tuned = None
