@@ -150,6 +150,11 @@ class LinkModel:
     # instead (CFS wake-up preemption: no such stalls).
     quota_period_s: float = 0.0
     quota_workers: int = 1
+    # A collective's fixed cost and its wire time overlap: it holds the link for the larger of the
+    # two, not their sum. So on the emulated testbed at N ranks, where the fixed cost is the ring's
+    # 2(N-1) hops waiting for N processes to be scheduled on the host's cores while the shaped link
+    # drains the bytes of the collectives in flight beside it (benchmarks/sim_vs_emulated.py).
+    fixed_overlaps_wire: bool = False
 
     def __post_init__(self) -> None:
         for name in ("message_extra_s", "flow_message_extra_s"):
@@ -241,6 +246,25 @@ def lower_bound_step_s(
     return max(profile.compute_s * compute_factor, comm)
 
 
+FREE_LINK = LinkModel(latency_s=0.0, collective_overhead_s=0.0, launch_s=0.0, ddp_launch_s=0.0)
+DEPENDENCY_PARTITIONS = (256 << 10, 1 << 20, 4 << 20)
+
+
+def dependency_bound_step_s(
+    profile: ModelProfile, workers: int, bandwidth_bytes_per_s: float, credit_partitions: int = 4
+) -> float:
+    """The scheduler's best step on a link with no per-collective cost (FREE_LINK; partitions of
+    DEPENDENCY_PARTITIONS, a credit window of `credit_partitions` of them). Above
+    lower_bound_step_s by the data dependency alone: the first layers' gradients are ready last in
+    backward and the next forward needs them first, so even a free link leaves their transfer
+    exposed under the priority order (a tied embedding, ready only at the end of backward, most)."""
+    sim = Simulator(profile, workers, PiecewiseConstant.constant(bandwidth_bytes_per_s), FREE_LINK)
+    return min(
+        sim.steady_step_s(Config(p, p * credit_partitions), bandwidth_bytes_per_s, steps=8)
+        for p in DEPENDENCY_PARTITIONS
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SimulatedStep:
     """What one simulated step looked like (mirrors the scheduler's per-step metrics)."""
@@ -304,9 +328,15 @@ def _transfer_end(
     rate: float,
     trace: PiecewiseConstant | None,
     base_s: float,
+    overlap: bool = False,
 ) -> float:
     """The link model, in one place: when a message of `size` bytes that starts at `start` has
-    crossed the link (fixed per-collective cost, then size x ring factor at the bandwidth in force)."""
+    crossed the link (fixed per-collective cost, then size x ring factor at the bandwidth in force;
+    with `overlap`, the later of the fixed cost's end and the bytes' end from `start`)."""
+    if overlap:
+        return max(
+            start + fixed_s, _transfer_end(start, size, 0.0, wire_factor, rate, trace, base_s)
+        )
     if trace is None:
         return start + fixed_s + size * wire_factor / rate
     return trace.integrate_until(base_s + start + fixed_s, size * wire_factor) - base_s
@@ -330,6 +360,7 @@ def _dispatch(
     trace: PiecewiseConstant | None,
     base_s: float,
     tail_bytes: float = 0.0,
+    overlap: bool = False,
 ) -> list[float]:
     """Completion time (relative to base_s) of every message; `ready` must be ascending.
 
@@ -367,7 +398,7 @@ def _dispatch(
         launched = t + launch_s
         start = max(launched, link_free)
         size = sizes[message]
-        end = _transfer_end(start, size, fixed[message], wire_factor, rate, trace, base_s)
+        end = _transfer_end(start, size, fixed[message], wire_factor, rate, trace, base_s, overlap)
         link_free = end
         done[message] = end
         inflight.append((end, size))
@@ -413,6 +444,7 @@ def _dispatch_contended(
     base_s: float,
     slowdown: float,
     tail_bytes: float = 0.0,
+    overlap: bool = False,
 ) -> tuple[list[float], float, list[float], list[float]]:
     """Backward pass and dispatcher together, compute slowed while the link is busy.
 
@@ -463,7 +495,9 @@ def _dispatch_contended(
             launched = issue_t + launch_s
             start = max(launched, link_free)
             size = sizes[message]
-            end = _transfer_end(start, size, fixed_s[message], wire_factor, rate, trace, base_s)
+            end = _transfer_end(
+                start, size, fixed_s[message], wire_factor, rate, trace, base_s, overlap
+            )
             if starts and start <= ends[-1]:
                 ends[-1] = end
             else:
@@ -777,6 +811,7 @@ class Simulator:
             trace,
             base_s,
             plan.tail_bytes,
+            self.link.fixed_overlaps_wire,
         )
         span = max(done)
         if plan.is_ddp:
@@ -834,6 +869,7 @@ class Simulator:
             base_s,
             self.link.compute_slowdown(rate, share),
             plan.tail_bytes,
+            self.link.fixed_overlaps_wire,
         )
         span = max(done)
         if plan.is_ddp:

@@ -230,6 +230,80 @@ def test_the_simulator_comparison_scores_a_block_against_its_own_predictions():
         sim_vs_emulated.simulator_config("comm")
 
 
+def test_the_simulator_at_n_ranks_takes_the_per_collective_cost_measured_at_n(tmp_path):
+    """The gloo_n variant charges each collective the latency measured at the block's rank count
+    (with the credit window in flight where measured); a rank count never measured is an error
+    naming the command that measures it; the derived start's row is simulated at its sizes."""
+    import json
+
+    from autobyte.types import Config
+
+    from benchmarks import sim_vs_emulated
+
+    table = tmp_path / "collective.json"
+    table.write_text(
+        json.dumps(
+            {
+                "ranks": {
+                    "2": {"1": {"latency_s": 0.004}, "4": {"latency_s": 0.002}},
+                    "8": {"1": {"latency_s": 0.03}},
+                }
+            }
+        )
+    )
+    assert sim_vs_emulated.collective_cost_s(2, table) == 0.002
+    assert sim_vs_emulated.collective_cost_s(8, table) == 0.03
+    with pytest.raises(ValueError, match="no measurement at 4 ranks.*bench_collective --ranks 4"):
+        sim_vs_emulated.collective_cost_s(4, table)
+    shipped = sim_vs_emulated.collective_cost_s(8)  # the checked-in calibration has 2, 4 and 8
+    assert shipped > sim_vs_emulated.collective_cost_s(2) > 0
+    scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-8w.toml")
+    block = {"ranks": 8, "rate_gbit": 13.2, "compute_s": 1.5, "comm_s": 1.5, "rows": []}
+    gloo = sim_vs_emulated.block_simulator(scenario, block, "gloo")
+    per_n = sim_vs_emulated.block_simulator(scenario, block, "gloo_n")
+    assert per_n.link.collective_overhead_s == shipped != gloo.link.collective_overhead_s
+    row = {"config": "sched:auto", "derived_wire_bytes": [1 << 18, 1 << 20]}
+    assert sim_vs_emulated.row_config(row, 128) == Config(32 << 20, 128 << 20)
+    with pytest.raises(ValueError, match="derived sizes"):
+        sim_vs_emulated.simulator_config("sched:auto")
+
+
+def test_the_simulator_past_this_host_plans_the_default_the_grid_and_ddp(capsys):
+    """benchmarks.sim_at_scale: at each rank count and rate every configuration is at or above the
+    bound, the bests are the minima of their grids, the default is what the scheduler derives
+    from the link's costs; bad arguments exit with a message naming them."""
+    from autobyte.scheduler.start import CollectiveCost, derive
+
+    from benchmarks import sim_at_scale
+
+    scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-8w.toml")
+    ddp_grid, partitions = [5 << 20, 25 << 20], [4 << 20, 16 << 20, 64 << 20]
+    result = sim_at_scale.block(scenario, 32, 1.0, ddp_grid, partitions)
+    steps = [*result["ddp_s"].values(), *result["grid_s"].values(), result["default_s"]]
+    assert min(steps) >= result["bound_s"] * 0.999
+    # a free link takes away only the per-collective costs: the dependency bound lies between
+    assert result["bound_s"] * 0.999 <= result["dependency_bound_s"] <= result["grid_best_s"]
+    assert result["ddp_best_s"] == min(result["ddp_s"].values()) <= result["ddp_default_s"]
+    assert result["grid_best_s"] == min(result["grid_s"].values())
+    link = scenario.link
+    bandwidth = result["rate_gbit"] * GBIT
+    expected = derive(
+        scenario.profile.total_param_bytes,
+        CollectiveCost(link.fixed_s(32) + link.launch_s, 62 / 32 / bandwidth),
+    )
+    assert (result["default_partition"], result["default_credit"]) == (
+        expected.partition_bytes,
+        expected.credit_bytes,
+    )
+    path = str(ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-8w.toml")
+    assert sim_at_scale.main([path, "--ranks", "16", "--rates", "1x", "--partitions", "8MiB"]) == 0
+    assert "gpt2-medium" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--rates 'fast'"):
+        sim_at_scale.main([path, "--rates", "fast"])
+    with pytest.raises(SystemExit, match="--partitions"):
+        sim_at_scale.main([path, "--partitions", "0"])
+
+
 def needs_netns(test):
     """Ranks in the testbed's namespaces (the harness's code, which the markers' static reach does
     not follow): marked here; they need root and iproute2."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import textwrap
@@ -31,7 +32,7 @@ from simulator import (
     ring_allreduce_s,
     vgg16,
 )
-from simulator.engine import _dispatch
+from simulator.engine import _dispatch, dependency_bound_step_s
 from simulator.trace import periodic_trace, step_trace
 
 GBIT = 1e9 / 8
@@ -107,6 +108,29 @@ def test_ring_allreduce_formula_and_one_message_in_the_simulator(workers):
     link = LinkModel(latency_s=latency, collective_overhead_s=0, launch_s=0, ddp_launch_s=0)
     sim = Simulator(profile, workers, PiecewiseConstant.constant(bandwidth), link)
     assert sim.run(Config(None, None), steps=2)[-1].step_time_s == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("fixed_s", [0.001, 0.05])
+def test_a_fixed_cost_that_overlaps_the_wire_holds_the_link_for_the_larger_of_the_two(fixed_s):
+    """LinkModel.fixed_overlaps_wire: one collective of 10 MiB at 2 ranks (8 ms on the wire)
+    takes max(fixed, wire), not their sum, on a constant link and across a rate change; the
+    dependency bound (a free link) lies between the bound and any configuration's step."""
+    nbytes, bandwidth = 10 * MIB, 10 * MIB / 0.008  # ring factor 1 at 2 ranks: 8 ms on the wire
+    profile = ModelProfile("one", (LayerProfile("w", 0.0, 0.0, (nbytes,)),))
+    link = LinkModel(latency_s=0, collective_overhead_s=fixed_s, launch_s=0, ddp_launch_s=0)
+    for overlap, expected in ((False, fixed_s + 0.008), (True, max(fixed_s, 0.008))):
+        model = dataclasses.replace(link, fixed_overlaps_wire=overlap)
+        sim = Simulator(profile, 2, PiecewiseConstant.constant(bandwidth), model)
+        assert sim.run(Config(None, None), steps=2)[-1].step_time_s == pytest.approx(expected)
+        # the same across a rate change: the bytes integrate over the trace from the start
+        changing = step_trace([bandwidth, bandwidth / 2], [100.0])
+        sim = Simulator(profile, 2, changing, model)
+        assert sim.run(Config(None, None), steps=2)[-1].step_time_s == pytest.approx(expected)
+    resnet = resnet50().scaled(50)
+    bound = lower_bound_step_s(resnet, 4, 5 * GBIT)
+    free = dependency_bound_step_s(resnet, 4, 5 * GBIT)
+    costly = Simulator(resnet, 4, PiecewiseConstant.constant(5 * GBIT), LinkModel())
+    assert bound <= free <= costly.steady_step_s(Config(4 * MIB, 16 * MIB), 5 * GBIT)
 
 
 def test_transfer_integrates_across_a_bandwidth_change():
