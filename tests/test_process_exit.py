@@ -267,3 +267,36 @@ def test_a_peer_dying_while_the_interpreter_finalizes_leaves_no_abort(tmp_path, 
     assert (tmp_path / "finalizing").exists(), outputs[0][-3000:]
     assert "terminate called" not in outputs[0], outputs[0][-3000:]
     assert ranks[0].returncode == -2, outputs[0][-3000:]
+
+
+def test_a_wait_that_times_out_as_the_collective_completes_is_no_failure():
+    """The completion thread polls each collective with a short timeout. When the poll times out
+    ("Operation timed out!") and the collective completes before the thread asks whether it has,
+    the collective's own outcome counts: none if it succeeded (a rank once failed its job here
+    with the poll's timeout as its error), its error if it failed. torch's Work, stood in for by
+    the three calls the thread makes."""
+    from autobyte.scheduler.dispatch import _outcome_after_timeout
+
+    class CompletedAfterTheTimeout:
+        def __init__(self, error=None):
+            self.waits, self.error = 0, error
+
+        def wait(self, timeout=None):
+            self.waits += 1
+            if self.waits == 1:
+                raise RuntimeError("Operation timed out!")
+            if self.error is not None:
+                raise self.error
+            return True
+
+        def is_completed(self):
+            return self.waits >= 1
+
+    work = CompletedAfterTheTimeout()
+    with pytest.raises(RuntimeError, match="timed out"):
+        work.wait()
+    assert work.is_completed() and _outcome_after_timeout(work) is None
+    failed = CompletedAfterTheTimeout(RuntimeError("Connection closed by peer"))
+    with pytest.raises(RuntimeError, match="timed out"):
+        failed.wait()
+    assert str(_outcome_after_timeout(failed)) == "Connection closed by peer"

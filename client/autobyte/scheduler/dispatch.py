@@ -50,6 +50,17 @@ from autobyte.types import Config
 COMPLETION_POLL = datetime.timedelta(milliseconds=50)
 
 
+def _outcome_after_timeout(work: Any) -> RuntimeError | None:
+    """A wait that raised and a work completed by the time it is asked: the wait may have timed
+    out ("Operation timed out!") a moment before the collective completed, which is no failure.
+    The work's own outcome, from a second wait (at once, it is complete): its error, or None."""
+    try:
+        work.wait(COMPLETION_POLL)
+    except RuntimeError as outcome:
+        return outcome
+    return None
+
+
 class DispatchStats:
     """The scheduler's own cost apart from the backend's launch calls (CPU ns)."""
 
@@ -215,14 +226,16 @@ class Dispatcher:
                 s, start, length, work, unpack = inflight[0]
             try:
                 work.wait(COMPLETION_POLL)
-            except RuntimeError as error:
+            except RuntimeError:
                 if not work.is_completed():  # "Operation timed out!": still in flight
                     if self.closed:
                         return  # left to the backend, with nothing of Python attached
                     continue
-                inflight.popleft()
-                self.progress.fail(error)
-                continue
+                failure = _outcome_after_timeout(work)
+                if failure is not None:
+                    inflight.popleft()
+                    self.progress.fail(failure)
+                    continue
             inflight.popleft()
             if unpack is not None:
                 try:
