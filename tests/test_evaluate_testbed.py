@@ -110,14 +110,12 @@ def test_a_scaled_emulated_scenario_runs_its_policies_in_the_models_bytes(tmp_pa
     scenario.write_text(SCALED)
     cache = tmp_path / "cache"
     argv = [str(scenario), "--testbed", "--skip-references", "--testbed-cache", str(cache)]
-    policies = ["--policy", "static:16MiB,64MiB", "--policy", "bo-once", "--policy", "ddp"]
+    # DDP's label across the scale: test_emulated.py, test_sizes_cross_the_byte_scale_both_ways
+    policies = ["--policy", "static:16MiB,64MiB", "--policy", "bo-once"]
     assert main([*argv, *policies, "--out", str(tmp_path / "out")]) == 0
     runs = {path.name: json.loads(path.read_text()) for path in cache.glob("*.json")}
     static = next(run for name, run in runs.items() if "16MiB_64MiB" in name)
     assert set(static["labels"]) == {"sched:16MiB,64MiB"} and len(static["labels"]) > 3
-    assert set(
-        next(run for name, run in runs.items() if name.endswith("--ddp.json"))["labels"]
-    ) == {"ddp"}
     result = json.loads((tmp_path / "out" / "results.json").read_text())["scenarios"][0]
     online = result["online"]["bo-once"]
     assert online["applied"] >= 1
