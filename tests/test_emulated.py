@@ -18,12 +18,14 @@ from benchmarks.harness.scenario import GBIT, load_scenario
 from benchmarks.testbed import wire, worker_cli
 from benchmarks.testbed.emulated import (
     EmulatedModel,
+    EmulatedTable,
     build_emulated,
     gradient_fill,
     scaled_elements,
 )
 from benchmarks.testbed.train_worker import RunConfig, _param_digest
-from simulator.profiles import LayerProfile, ModelProfile, load_profile
+from simulator.profiles import LayerProfile, ModelProfile, RowSparseTable, load_profile
+from tests.helpers.dist import SPARSE_ROWS_EVERYWHERE
 from tests.helpers.paths import ROOT
 
 # Three layers, short waits: 5 ms of compute a step, 35 KiB of gradients in five tensors.
@@ -66,6 +68,53 @@ def test_layers_carry_the_profile_sizes_and_gradients_arrive_in_backward_order()
     assert after["busy_s"] - before["busy_s"] == pytest.approx(TINY.compute_s, rel=1e-9)
     assert after["waits"] - before["waits"] == 6
     assert elapsed[0] >= TINY.compute_s  # the device never shortens a wait
+
+
+# TINY whose first tensor is an embedding table of 64 rows x 64 (a batch looks up a quarter of them)
+TINY_TABLE = ModelProfile(
+    "tiny-table",
+    (
+        LayerProfile("embed", 0.0005, 0.0010, (16384,), RowSparseTable(64, 0.25)),
+        *TINY.layers[1:],
+    ),
+    batch_size=4,
+    source="recorded",
+)
+
+
+def test_a_table_is_an_embedding_whose_gradient_holds_the_rows_a_batch_looked_up(monkeypatch):
+    """A profile's embedding table is an `nn.Embedding` of its rows / the byte scale, its row width
+    the profile's, and each backward's gradient is non-zero in the profile's share of the rows (the
+    common ones first, the rest drawn per batch): what the scheduler reduces row-sparse."""
+    from autobyte.scheduler import sparse_rows
+
+    positions = RowSparseTable(8, 0.5, overlap=1.0)  # the same 4 rows on every rank and batch
+    profile = ModelProfile(
+        "tables",
+        (
+            *TINY_TABLE.layers,
+            LayerProfile("pos", 0.0005, 0.0005, (8 * 64 * 4,), positions),
+        ),
+        batch_size=4,
+        source="recorded",
+    )
+    model = EmulatedModel(profile, byte_scale=2)
+    tables = [layer for layer in model.layers if isinstance(layer, EmulatedTable)]
+    assert [t.weight.shape for t in tables] == [(32, 64), (4, 64)]
+    assert all(not isinstance(layer, EmulatedTable) for layer in model.layers[1:3])
+    drawn = []
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.zeros(1)).sum().backward()
+        table, pos = (t.weight.grad for t in tables)
+        rows = table.ne(0).any(dim=1).nonzero().squeeze(1)
+        assert len(rows) == 8 and torch.equal(table[rows], torch.full((8, 64), gradient_fill(0, 0)))
+        drawn.append(rows.tolist())
+        assert pos.ne(0).any(dim=1).tolist() == [True, True, False, False]
+    assert len({tuple(r) for r in drawn}) == 3  # another batch, other rows
+    monkeypatch.setenv(sparse_rows.MIN_BYTES_ENV, "0")
+    params = list(model.parameters())
+    assert [params[i] for i in sparse_rows.eligible(model, params)] == [t.weight for t in tables]
 
 
 def test_the_builder_loads_the_simulators_profiles_scaled():
@@ -405,7 +454,7 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
     DDP replicas, one clipping, show that the clip changed the parameters."""
     from benchmarks.testbed import Testbed
 
-    scenario = _tiny_scenario(tmp_path, 2)
+    scenario = _tiny_scenario(tmp_path, 2, profile=TINY_TABLE)
     plain = ["ddp", "sched:4096,16384", "py:4096,16384"]
     clipped = ["ddp+clip", "sched:4096,16384+clip", "py:4096,16384+clip"]
     labels = [*plain, *clipped, "ddp:64KiB", "ddp:32KiB+clip"]
@@ -416,8 +465,8 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
         warmup=0,
         param_digest=True,
     )
-    with Testbed(world_size=2, rate="200mbit") as bed:
-        result = bed.run(command, cwd=str(ROOT), timeout_s=180)
+    with Testbed(world_size=2, rate="200mbit") as bed:  # the table reduced row-sparse, too
+        result = bed.run(command, cwd=str(ROOT), timeout_s=180, env=SPARSE_ROWS_EVERYWHERE)
     digests = {
         (rank.rank, r["config"]): r["param_digest"] for rank in result.ranks for r in rank.results
     }
@@ -428,8 +477,14 @@ def test_the_scheduler_trains_an_emulated_model_to_ddps_bits_at_two_ranks(tmp_pa
         assert len({digests[key] for key in keys}) == 1, digests
     assert digests[0, "ddp:64KiB"] == digests[0, "ddp"]  # a fresh replica, three plain steps
     assert digests[0, "ddp:32KiB+clip"] != digests[0, "ddp"]  # the clip changed them
-    start = EmulatedModel(TINY, byte_scale=2)  # every parameter zero: training did move them
+    start = EmulatedModel(TINY_TABLE, byte_scale=2)  # every parameter zero: training did move them
     assert _param_digest(start) not in digests.values()
+    # and the scheduler sent the table's rows packed: fewer bytes than every gradient dense
+    dense = sum(p.numel() * p.element_size() for p in start.parameters())
+    for rank in result.ranks:
+        for row in rank.results:
+            if row["kind"] in ("sched", "py"):
+                assert row["metrics_median"]["bytes_reduced"] < dense - 2048, row
 
 
 # Two transformer blocks (h.0, h.1) between an embedding and a final norm: FSDP2 rows group them

@@ -6,7 +6,8 @@ ResNet-50, BERT-base, VGG-16 and GPT-2 profiles at a device throughput, or one r
 model) becomes an `EmulatedLayer` module that owns parameters of the layer's tensor sizes (1-D, in
 the profile's order, divided by `byte_scale`). Its forward waits `forward_s` and its backward waits
 `backward_s` on the rank's `EmulatedDevice`, then returns each parameter's gradient as a constant
-fill (a cheap memory write, no arithmetic). Everything else is the real thing: autograd's
+fill (a cheap memory write, no arithmetic); an embedding table's (`EmulatedTable`) fills only the
+rows a batch looked up. Everything else is the real thing: autograd's
 AccumulateGrad and post-accumulate-grad hooks fire as the layers' gradients appear, so DDP's reducer,
 the scheduler (both hot paths), gloo, the testbed's veth links with tc, the reporter and autobyted
 run exactly as they do for a real model. The optimizer's update is real host work on the scaled
@@ -32,12 +33,14 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from autobyte.scheduler import sparse_rows
 from torch import nn
 
 from benchmarks.testbed.workload import Workload
@@ -46,6 +49,7 @@ from simulator.profiles import (
     DEFAULT_DEVICE_FLOPS_PER_S,
     LayerProfile,
     ModelProfile,
+    RowSparseTable,
     load_profile,
 )
 
@@ -144,9 +148,7 @@ class _LayerCompute(torch.autograd.Function):
     """The layer's forward and backward as device waits; gradients are constant fills."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, layer: EmulatedLayer, *params: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, layer: _Emulated, *params: torch.Tensor) -> torch.Tensor:
         ctx.layer = layer
         ctx.shapes = [(p.shape, p.dtype) for p in params]
         layer.device.wait(layer.forward_s)
@@ -154,29 +156,40 @@ class _LayerCompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        layer: EmulatedLayer = ctx.layer
+        layer: _Emulated = ctx.layer
         value = gradient_fill(layer.index, layer.rank())
         grads = [
             torch.empty(shape, dtype=dtype).fill_(value) if needed else None
             for (shape, dtype), needed in zip(ctx.shapes, ctx.needs_input_grad[2:])
         ]
+        if layer.table is not None and grads[0] is not None:
+            keep = layer.table_rows()
+            if keep is not None:  # the rows this batch did not look up are zero
+                sparse = torch.zeros_like(grads[0])
+                sparse[keep] = value
+                grads[0] = sparse
         layer.device.wait(layer.backward_s)
         return (grad_out if ctx.needs_input_grad[0] else None, None, *grads)
 
 
-class EmulatedLayer(nn.Module):
-    """One profile layer: parameters of its tensor sizes, read through the module (as the scheduler's
-    first-use tracking expects), a forward and a backward of the profile's times."""
+class _Emulated:
+    """What an emulated layer is, whatever module class it is (`EmulatedLayer`, `EmulatedTable`):
+    parameters of the profile's tensor sizes, read through the module (as the scheduler's first-use
+    tracking expects), a forward and a backward of the profile's times."""
 
-    def __init__(
+    index: int
+    table: RowSparseTable | None
+
+    def _emulate(
         self, index: int, profile: LayerProfile, byte_scale: float, device: EmulatedDevice
     ) -> None:
-        super().__init__()
         self.index = index
         self.profile_name = profile.name
         self.forward_s = profile.forward_s
         self.backward_s = profile.backward_s
         self.device = device
+        self.table = None
+        self._backwards = 0  # which batch: the rows a table's gradient holds change with it
         names = (
             ["weight", "bias"]
             if len(profile.param_bytes) <= 2
@@ -184,9 +197,10 @@ class EmulatedLayer(nn.Module):
         )
         self.param_names = names[: len(profile.param_bytes)]
         for name, nbytes in zip(self.param_names, profile.param_bytes):
-            self.register_parameter(
-                name, nn.Parameter(torch.zeros(scaled_elements(nbytes, byte_scale)))
-            )
+            if not hasattr(self, name):  # an EmulatedTable's weight is already its table
+                self.register_parameter(  # type: ignore[attr-defined]
+                    name, nn.Parameter(torch.zeros(scaled_elements(nbytes, byte_scale)))
+                )
 
     @staticmethod
     def rank() -> int:
@@ -196,8 +210,58 @@ class EmulatedLayer(nn.Module):
     def parameter_list(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.param_names]
 
+    def table_rows(self) -> torch.Tensor | None:
+        """Overridden by tables: the rows this rank's batch looked up."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _LayerCompute.apply(x, self, *self.parameter_list())
+
+
+class EmulatedLayer(_Emulated, nn.Module):
+    """One profile layer (`_Emulated`), its tensors 1-D."""
+
+    def __init__(
+        self, index: int, profile: LayerProfile, byte_scale: float, device: EmulatedDevice
+    ) -> None:
+        nn.Module.__init__(self)
+        self._emulate(index, profile, byte_scale, device)
+
+
+class EmulatedTable(_Emulated, nn.Embedding):
+    """A profile layer whose first tensor is an embedding table (`LayerProfile.table`): an
+    `nn.Embedding` of the table's rows divided by `byte_scale` (its row width the profile's), so the
+    scheduler reduces it row-sparse where it would the real model's
+    (client/autobyte/scheduler/sparse_rows.py). Each backward, a rank's gradient is non-zero in the
+    rows its batch looked up (`table_rows`): the same `share` of the rows the profile gives, the
+    `overlap` of them common to every rank (positions), the rest drawn per rank and batch."""
+
+    def __init__(
+        self, index: int, profile: LayerProfile, byte_scale: float, device: EmulatedDevice
+    ) -> None:
+        table = profile.table
+        assert table is not None
+        width = max(1, profile.param_bytes[0] // BYTES_PER_PARAM // table.rows)
+        nn.Embedding.__init__(self, max(1, math.ceil(table.rows / byte_scale)), width)
+        with torch.no_grad():
+            self.weight.zero_()
+        self._emulate(index, profile, byte_scale, device)
+        self.table = table
+
+    def table_rows(self) -> torch.Tensor | None:
+        assert self.table is not None
+        rows = self.num_embeddings
+        common = round(self.table.share * self.table.overlap * rows)
+        own = round(self.table.share * rows) - common
+        self._backwards += 1
+        if common + own >= rows:
+            return None  # every row
+        # the same draw on a rank for a batch in every run (DDP's replica and the scheduler's)
+        generator = torch.Generator().manual_seed(
+            (self.index * 1_000_003 + self.rank()) * 1_000_003 + self._backwards
+        )
+        drawn = torch.randperm(rows - common, generator=generator)[:own] + common
+        return torch.cat([torch.arange(common), drawn])
 
 
 class EmulatedModel(nn.Module):
@@ -211,7 +275,9 @@ class EmulatedModel(nn.Module):
         self.byte_scale = byte_scale
         self.device = DEVICE
         self.layers = nn.ModuleList(
-            EmulatedLayer(k, layer, byte_scale, self.device)
+            (EmulatedTable if layer.table is not None else EmulatedLayer)(
+                k, layer, byte_scale, self.device
+            )
             for k, layer in enumerate(profile.layers)
         )
 
@@ -255,6 +321,9 @@ def build_emulated(
         )
     loaded = emulated_profile(profile, batch_size, device_flops_per_s, compute_scale)
     model = EmulatedModel(loaded, byte_scale)
+    # The scheduler's smallest row-sparse table, divided by the scale as every size is (the
+    # simulator judges a table by its full size, simulator/engine.py `sparse_wire`).
+    os.environ.setdefault(sparse_rows.MIN_BYTES_ENV, str(int(sparse_rows.MIN_BYTES // byte_scale)))
 
     def make_batch(size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.zeros(1), torch.zeros(1)
