@@ -210,9 +210,21 @@ def test_best_says_when_the_reference_ran_only_in_the_warm_up(thread_daemon):
     assert "none/inf not measured past the warm-up in this context" in best.stdout, best.stdout
 
 
-def test_history_and_best_agree_with_themselves(thread_daemon):
+@pytest.fixture
+def quiet_daemon(db_url):
+    """A daemon whose tuner is off: every decision in its history is the test's own (an `auto`
+    tuner may decide on the test's samples between the test's steps)."""
+    from tests.helpers.daemon import ThreadDaemon
+
+    daemon = ThreadDaemon(db_url, tuner="off").start()
+    yield daemon
+    daemon.stop()
+
+
+def test_history_and_best_agree_with_themselves(quiet_daemon):
     """The table shows the step a decision was applied at, the CSV carries it, reasons
     are whole, and `best` shows every configuration it compared and says when the baseline is missing."""
+    thread_daemon = quiet_daemon
     client = Client(thread_daemon.address)
     session = client.register().session_id
     # past the tuner's warm-up (10 steps): 5 steps of the baseline, 15 of 1 MiB partitions
@@ -244,7 +256,7 @@ def test_history_and_best_agree_with_themselves(thread_daemon):
     assert lines[header].split() == ["DECISION", "ASKED", "APPLIED", "PART/CREDIT", "STATE"]
     assert lines[header + 1].split()[:3] == [f"#{decision.decision_id}", "next", "51"]
     assert lines[header + 2].strip().startswith("by operator; step time predicted -, measured")
-    # the reason's lines, up to the next decision's row (the daemon's tuner may have made one by now)
+    # the reason's lines, up to the next decision's row, if any
     reason_lines = []
     for line in lines[header + 3 :]:
         if line.strip().startswith("#"):
