@@ -40,8 +40,8 @@ DDP_CODES = {
     "sigterm_one": (1, -15),
     "kill_one": (1, -9),
 }
-# Where the race to the interpreter's teardown was (an abort on most runs before the fix): many
-# runs of each, on both hot paths; each other path once a hot path.
+# Where the race to the interpreter's teardown was (an abort on most runs before the fix): several
+# runs of each on the native hot path, one on the Python path; each other path once (native).
 RACY = {"end": 3, "exit3": 2, "destroy_only": 2, "sigint_all": 2}
 # The paths whose last update must have landed before the script's own atexit handlers run
 # (a DDP step() returns with its update applied), and the DDP run they equal.
@@ -83,7 +83,8 @@ def _differences(a: dict, b: dict) -> str:
 
 @pytest.mark.parametrize("hot_path", ["native", "python"])
 def test_every_ending_exits_like_ddp_with_no_abort_and_the_updates_landed(tmp_path, hot_path):
-    racy = [f"{mode}*{n}" for mode, n in RACY.items()]
+    runs = RACY if hot_path == "native" else dict.fromkeys(RACY, 1)
+    racy = [f"{mode}*{n}" for mode, n in runs.items()]
     once = [mode for mode in DDP_CODES if mode not in RACY] if hot_path == "native" else []
     references = ["end@ddp", "exit3@ddp"] if hot_path == "native" else ["end@ddp"]
     rows = _run_jobs(
@@ -94,7 +95,7 @@ def test_every_ending_exits_like_ddp_with_no_abort_and_the_updates_landed(tmp_pa
     jobs: dict[int, dict[int, dict]] = {}
     for row in rows:
         jobs.setdefault(row["job"], {})[row["rank"]] = row
-    assert len(jobs) == sum(RACY.values()) + len(once) + len(references)
+    assert len(jobs) == sum(runs.values()) + len(once) + len(references)
     failures = []
     for job, ranks in sorted(jobs.items()):
         mode, ddp = ranks[0]["mode"], ranks[0]["ddp"]
@@ -129,7 +130,7 @@ def test_every_ending_exits_like_ddp_with_no_abort_and_the_updates_landed(tmp_pa
                 f"{ranks[rank]['stderr_tail']}"
             )
         checked += 1
-    assert checked >= RACY["end"]
+    assert checked >= runs["end"]
 
 
 def test_under_torchrun_a_failed_rank_fails_the_job_cleanly_and_an_ended_one_tells_the_daemon(

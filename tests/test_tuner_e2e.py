@@ -21,9 +21,9 @@ from tests.helpers.wait import wait_for
 pytestmark = pytest.mark.slow
 
 # The tuner holds a fused configuration by step ~100 on a quiet machine (a trial, a check, hold
-# best); the job runs on for 15 times that, so that its last 200 steps are far from the search
+# best); the job runs on for 10 times that, so that its last 200 steps are far from the search
 # even when the suite's load slows it.
-STEPS = 1500
+STEPS = 1000
 
 
 def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
