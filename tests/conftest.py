@@ -115,6 +115,32 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(kind)
         if kinds and item.get_closest_marker("slow") is None:
             item.add_marker("slow")
+    items[:] = heaviest_files_first(items)
+
+
+# A test's weight in the file order below: roughly its seconds of CPU on this host (a testbed's
+# namespaces and ranks; processes, each importing torch; in-process work).
+_WEIGHT = {"netns": 8.0, "multiprocess": 3.0, "postgres": 1.0}
+
+
+def heaviest_files_first(items: list) -> list:
+    """The tests file by file, the files in falling order of their tests' weight (_WEIGHT by the
+    kinds each test is marked), each file's tests in their own order. scripts/test.sh hands whole
+    files to its two workers (`--dist loadfile`: a module's fixtures start once, on one worker)
+    in this order, so the last files to start are short ones and neither worker idles long while
+    the other finishes a heavy file."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def weight(tests: list) -> float:
+        return sum(
+            max([0.1] + [w for kind, w in _WEIGHT.items() if t.get_closest_marker(kind)])
+            for t in tests
+        )
+
+    order = sorted(files, key=lambda name: (-weight(files[name]), name))
+    return [item for name in order for item in files[name]]
 
 
 @pytest.fixture
