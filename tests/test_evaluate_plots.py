@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.harness import evaluate
 from benchmarks.harness.scenario import load_scenario
+from tests.helpers.paths import ROOT
 
 
 def test_rolling_throughput_is_flat_for_evenly_spaced_steps():
@@ -113,6 +114,30 @@ def test_the_warm_start_runs_on_the_testbed_only_and_names_a_bad_start(capsys):
     assert "autobyte-warm:4MiB" in capsys.readouterr().err
     assert evaluate._autobyte_label("autobyte-warm:4MiB,16MiB") == "sched:4MiB,16MiB"
     assert evaluate._autobyte_label("autobyte-warm:auto") == "sched:auto"
+
+
+def test_a_restart_at_another_scale_names_its_first_runs_rank_count(tmp_path, capsys):
+    """autobyte-restart:P,C (the job's first run at [testbed] restart_from_workers ranks, its second
+    at the scenario's): testbed only, like the warm start; a scenario that does not say the first
+    run's rank count, or says its own, is named before any run."""
+    argv = ["s.toml", "--policy", "autobyte-restart:4MiB,16MiB", "autobyte-restart:auto"]
+    assert evaluate.parse_args([*argv, "--testbed"]).policy == argv[2:]
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(argv)
+    assert "runs on the testbed only" in capsys.readouterr().err
+    assert evaluate._autobyte_label("autobyte-restart:4MiB,16MiB") == "sched:4MiB,16MiB"
+    checked_in = load_scenario(
+        ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-4w-restart.toml"
+    )
+    assert checked_in.workers == 4 and evaluate.restart_workers(checked_in) == 8
+    body = 'model = "gpt2"\nworkers = 4\nduration_s = 10\n[bandwidth]\nkind = "constant"\n'
+    for extra, named in (("", "None"), ("restart_from_workers = 4\n", "own rank count")):
+        path = tmp_path / f"s{len(extra)}.toml"
+        path.write_text(f"{body}value = 10\n[testbed]\n{extra}")
+        with pytest.raises(ValueError, match=named):
+            evaluate.testbed_scenario(
+                load_scenario(path), ["autobyte-restart:4MiB,16MiB"], references=False
+            )
 
 
 def test_steps_to_reach_the_grid_best_are_counted_from_the_configurations_own_steps():

@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.harness.policies import (
     AUTOBYTE_AUTO,
+    AUTOBYTE_RESTART,
     AUTOBYTE_WARM,
     default_grid,
     make_policy,
@@ -472,7 +473,7 @@ def _autobyte_label(name: str) -> str:
     P,C."""
     from simulator.adapter import SCHEDULER_DEFAULT
 
-    prefix = AUTOBYTE_WARM if name.startswith(AUTOBYTE_WARM) else "autobyte:"
+    prefix = next((p for p in SECOND_RUNS if name.startswith(p)), "autobyte:")
     if name == "autobyte":
         return _testbed_label(SCHEDULER_DEFAULT)
     if name[len(prefix) :] == "auto":
@@ -480,24 +481,56 @@ def _autobyte_label(name: str) -> str:
     return _testbed_label(start_config(name, prefix))
 
 
+# The policies that measure a job's second run against the daemon that tuned its first.
+SECOND_RUNS = (AUTOBYTE_WARM, AUTOBYTE_RESTART)
+
+
+def restart_workers(scenario: Scenario) -> int:
+    """The rank count of an 'autobyte-restart:' policy's first run ([testbed] restart_from_workers);
+    ValueError naming the scenario when it is missing or the scenario's own count."""
+    value = scenario.testbed.get("restart_from_workers")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"{scenario.name}: {AUTOBYTE_RESTART}P,C needs [testbed] restart_from_workers, the rank "
+            f"count of the job's first run (an int >= 1), got {value!r}"
+        )
+    if value == scenario.workers:
+        raise ValueError(
+            f"{scenario.name}: restart_from_workers = {value} is the scenario's own rank count "
+            f"(that is {AUTOBYTE_WARM}P,C)"
+        )
+    return value
+
+
 def _warm_pair(
-    cache: pathlib.Path | None, scenario: Scenario, trace: Any, label: str, cold_key: str
+    cache: pathlib.Path | None,
+    scenario: Scenario,
+    trace: Any,
+    label: str,
+    cold_key: str,
+    first_workers: int | None = None,
 ) -> TestbedSeries:
     """'autobyte-warm:P,C': the job run twice against one daemon (one database), the second run
     under another job name (a second job of the same model and rank count), both from `label`;
     returns the second. The first is stored under its cold twin's key (it is that policy's run),
-    and both runs happen again unless the second is cached (the daemon's database is not)."""
+    and both runs happen again unless the second is cached (the daemon's database is not).
+    'autobyte-restart:P,C' (`first_workers`): the first run at that rank count, the second at the
+    scenario's (the job restarted at another scale); the first is stored under the second's key
+    and "-first"."""
     import tempfile
 
-    warm_key = cold_key.replace("policy-autobyte", "policy-autobyte-warm", 1)
+    restart = first_workers is not None
+    kind = "policy-autobyte-restart" if restart else "policy-autobyte-warm"
+    warm_key = cold_key.replace("policy-autobyte", kind, 1)
     pair: list[TestbedSeries] = []
+    first = dataclasses.replace(scenario, workers=first_workers) if restart else scenario
 
     def both() -> TestbedSeries:
         with tempfile.TemporaryDirectory(prefix="abwarm-") as daemon_dir:
-            for job in (scenario.name, f"{scenario.name}-again"):
+            for run_scenario, job in ((first, scenario.name), (scenario, f"{scenario.name}-again")):
                 pair.append(
                     _run_on_testbed(
-                        scenario,
+                        run_scenario,
                         label,
                         trace,
                         daemon="auto",
@@ -509,7 +542,7 @@ def _warm_pair(
 
     second = _cached_run(cache, scenario, warm_key, both)
     if pair and cache is not None:  # the first run of this pair replaces an older cold run
-        first_path = _cache_path(cache, scenario, cold_key)
+        first_path = _cache_path(cache, scenario, f"{warm_key}-first" if restart else cold_key)
         first_path.write_text(json.dumps(dataclasses.asdict(pair[0])) + "\n")
     return second
 
@@ -558,6 +591,8 @@ def testbed_scenario(
         )
     )
     wanted = list(dict.fromkeys([*policy_names, *(REFERENCE_POLICIES if references else ())]))
+    if any(name.startswith(AUTOBYTE_RESTART) for name in wanted):
+        restart_workers(scenario)  # a scenario without the first run's rank count: before any run
     fixed: dict[str, list[str]] = {}
     for name in wanted:
         if name == "ddp":
@@ -629,19 +664,21 @@ def testbed_scenario(
     # A warm policy's first run is its cold twin's (autobyte:P,C): run first, so that a cold twin
     # asked for in the same command reads it from the cache instead of running again.
     for name in sorted(
-        (n for n in wanted if n not in fixed), key=lambda n: not n.startswith(AUTOBYTE_WARM)
+        (n for n in wanted if n not in fixed), key=lambda n: not n.startswith(SECOND_RUNS)
     ):
         policy: Policy
-        if name == "autobyte" or name.startswith(("autobyte:", AUTOBYTE_WARM)):
+        if name == "autobyte" or name.startswith(("autobyte:", *SECOND_RUNS)):
             label = _autobyte_label(name)
             logger.info(
                 "%s: %s (a real autobyted in the hub namespace) from %s",
                 scenario.name,
-                "autobyte, the job's second run" if name.startswith(AUTOBYTE_WARM) else "autobyte",
+                "autobyte, the job's second run" if name.startswith(SECOND_RUNS) else "autobyte",
                 label,
             )
             key = "policy-autobyte" if name == "autobyte" else f"policy-autobyte-{label}"
-            if name.startswith(AUTOBYTE_WARM):
+            if name.startswith(AUTOBYTE_RESTART):
+                series = _warm_pair(cache, scenario, trace, label, key, restart_workers(scenario))
+            elif name.startswith(AUTOBYTE_WARM):
                 series = _warm_pair(cache, scenario, trace, label, key)
             else:
                 series = _cached_run(
@@ -924,7 +961,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "tuner), autobyte:P,C (from P,C), autobyte:auto (from the derived sizes; --testbed "
         "only), autobyte-warm:P,C or autobyte-warm:auto (the job's second run against the "
         "daemon that tuned its first: the warm start; --testbed only; its first run is "
-        "autobyte:P,C's); --policy a b and --policy a --policy b both work "
+        "autobyte:P,C's), autobyte-restart:P,C or autobyte-restart:auto (the same, its first run "
+        "at [testbed] restart_from_workers ranks: the job restarted at another scale); "
+        "--policy a b and --policy a --policy b both work "
         "[default: ddp grid-best bo-once oracle]",
     )
     parser.add_argument(
@@ -948,7 +987,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
     try:
         for name in args.policy:
-            if args.testbed and name.startswith(AUTOBYTE_WARM):
+            if args.testbed and name.startswith(SECOND_RUNS):
                 _autobyte_label(name)  # a bad P,C is named here, before any run
             elif not (args.testbed and name == AUTOBYTE_AUTO):
                 make_policy(name)

@@ -277,6 +277,7 @@ POLICY_NAMES = (
     "autobyte:P,C",
     "autobyte:auto (--testbed)",
     "autobyte-warm:P,C or autobyte-warm:auto (--testbed)",
+    "autobyte-restart:P,C or autobyte-restart:auto (--testbed)",
 )
 
 
@@ -292,6 +293,9 @@ def start_config(spec: str, prefix: str) -> Config:
 AUTOBYTE_AUTO = "autobyte:auto"  # the tuner from the sizes the scheduler derives (testbed only)
 # The job's second run against the daemon that tuned its first (testbed only): the warm start.
 AUTOBYTE_WARM = "autobyte-warm:"
+# The same, its first run at another rank count ([testbed] restart_from_workers): the job
+# restarted at another scale (testbed only).
+AUTOBYTE_RESTART = "autobyte-restart:"
 
 
 def make_policy(spec: str) -> Policy:
@@ -312,7 +316,7 @@ def make_policy(spec: str) -> Policy:
         return BayesOptOncePolicy()
     if spec == "oracle":
         return OraclePolicy()
-    if spec.startswith(AUTOBYTE_WARM):
+    if spec.startswith((AUTOBYTE_WARM, AUTOBYTE_RESTART)):
         raise ValueError(
             f"{spec} runs on the testbed only (evaluate --testbed): the job is run twice against "
             "one real autobyted"
