@@ -32,6 +32,13 @@ When the dataset holds blocks recorded with windows of different lengths (`--ste
 errors (at the first share) and the noise floor are also given per window length: a window of
 more steps is a less noisy measurement, both as the reference and as the truth.
 Goals: median <= 5%, p90 <= 15%, tau >= 0.6.
+
+`--emulated`: the same over the dataset's emulated-accelerator blocks (`record_windows --emulated`:
+the regime of the tuner at scale, 2-8 ranks), left out by model, by rank count and by rate in turn;
+the priors train on every other block, CPU and emulated. Each block's reference is the
+configuration its job derived at start (`default` in the block), as the tuner's first prediction
+is; a left-out model that is one of the simulator's named profiles (the emulated ranks run that very
+profile) is left out of the simulated windows as well.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import pathlib
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +86,14 @@ def ensemble_predictor(ensemble: Any) -> Callable[[Any, Config, list[Config]], l
     return predict
 
 
-def evaluate(ensemble: Any, windows: Sequence[Any], default: Config) -> dict[str, Any]:
+Default = Config | Mapping[str, Config]  # the reference: one for all blocks, or per block (job)
+
+
+def _default_of(default: Default, job: str) -> Config:
+    return default if isinstance(default, Config) else default[job]
+
+
+def evaluate(ensemble: Any, windows: Sequence[Any], default: Default) -> dict[str, Any]:
     """Errors and rank agreement of `ensemble` on held-out windows (see the module docstring)."""
     return score(ensemble_predictor(ensemble), windows, default)
 
@@ -92,9 +106,10 @@ def unchanged(ref: Any, reference: Config, configs: list[Config]) -> list[float]
 def score(
     predict: Callable[[Any, Config, list[Config]], list[float]],
     windows: Sequence[Any],
-    default: Config,
+    default: Default,
 ) -> dict[str, Any]:
-    """`predict(reference window, reference, configurations)` -> step times, scored on `windows`."""
+    """`predict(reference window, reference, configurations)` -> step times, scored on `windows`
+    (`default`: the reference the tuner has when a job starts, per block where they differ)."""
     from_default, from_any, taus = [], [], []
     # per block, per round: the log step times predicted from the default and measured
     rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]] = defaultdict(list)
@@ -108,7 +123,7 @@ def score(
                 if c != reference
             ]
             from_any += errors
-            if reference == default:
+            if reference == _default_of(default, job):
                 from_default += errors
                 taus += ordered_tau(predicted, [by_config[c].step_time_s for c in configs])
                 rounds[job].append(
@@ -122,12 +137,12 @@ def score(
 
 
 def averaged_over_rounds(
-    rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]], default: Config
+    rounds: dict[str, list[tuple[dict[Config, float], dict[Config, float]]]], default: Default
 ) -> tuple[list[float], list[float]]:
     """Errors and taus of the geometric means over each block's rounds (predicted from each
     round's default window; measured), over the configurations every round has."""
     errors, taus = [], []
-    for per_round in rounds.values():
+    for job, per_round in rounds.items():
         if len(per_round) < 2:
             continue
         common = sorted(set.intersection(*(set(measured) for _, measured in per_round)), key=str)
@@ -136,7 +151,7 @@ def averaged_over_rounds(
         errors += [
             abs(math.exp(p - m) - 1.0)
             for p, m, c in zip(predicted, measured, common)
-            if c != default
+            if c != _default_of(default, job)
         ]
         taus += ordered_tau(predicted, measured)
     return errors, taus
@@ -214,17 +229,34 @@ def pooled(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def folds(
-    blocks: Sequence[dict[str, Any]],
+    blocks: Sequence[dict[str, Any]], emulated: bool = False
 ) -> list[tuple[str, str, Callable[[dict[str, Any]], bool]]]:
-    """(kind, name, is_held_out(block)) for every model and every condition of the dataset."""
-    out = []
-    for model in sorted({b["model"] for b in blocks}):
-        out.append(("model", model, lambda b, m=model: b["model"] == m))
-    conditions = sorted({b["condition"] for b in blocks})
+    """(kind, name, is_held_out(block)) for every model and every condition of the dataset's CPU
+    testbed blocks; with `emulated`, of its emulated-accelerator blocks, and every rank count."""
+    mine = [b for b in blocks if bool(b.get("emulated")) == emulated]
+
+    def of(key: str, value: Any) -> Callable[[dict[str, Any]], bool]:
+        return lambda b: bool(b.get("emulated")) == emulated and b[key] == value
+
+    out = [("model", model, of("model", model)) for model in sorted({b["model"] for b in mine})]
+    if emulated:
+        out += [
+            ("ranks", str(n), of("world_size", n)) for n in sorted({b["world_size"] for b in mine})
+        ]
+    conditions = sorted({b["condition"] for b in mine})
     if len(conditions) > 1:
-        for condition in conditions:
-            out.append(("condition", condition, lambda b, c=condition: b["condition"] == c))
+        out += [("condition", c, of("condition", c)) for c in conditions]
     return out
+
+
+def simulator_exclusion(kind: str, name: str, emulated: bool) -> tuple[str, ...]:
+    """The simulator profiles a fold leaves out with its blocks: an emulated block's model is one of
+    the simulator's named profiles (benchmarks/testbed/emulated.py runs the same profile), so a
+    left-out emulated model leaves its profile out of the simulated windows too; the CPU testbed's
+    models differ in size from every simulator profile."""
+    from simulator.train_prior import NAMED_MODELS
+
+    return (name,) if emulated and kind == "model" and name in NAMED_MODELS else ()
 
 
 def split(
@@ -238,10 +270,18 @@ def split(
     return test, train
 
 
-def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None) -> dict[str, Any]:
+KINDS = ("model", "ranks", "condition")
+
+
+def run(
+    dataset: pathlib.Path,
+    shares: Sequence[float],
+    seed: int | None = None,
+    emulated: bool = False,
+) -> dict[str, Any]:
     from simulator import train_prior
     from simulator.adapter import SCHEDULER_DEFAULT
-    from simulator.real_windows import block_job, block_windows, load_dataset
+    from simulator.real_windows import block_default, block_job, block_windows, load_dataset
 
     seed = train_prior.SEED if seed is None else seed
 
@@ -257,12 +297,23 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
         "shares": list(shares),
         "folds": [],
     }
+    results["regime"] = "emulated" if emulated else "cpu"
     per_block = [block_windows(b) for b in blocks]  # read once, shared by every fold
-    all_windows = [w for windows in per_block for w in windows]
+    # the reference each block's job started from: the derived start (emulated), else the constant
+    defaults = {block_job(b): block_default(b) or SCHEDULER_DEFAULT for b in blocks}
+    all_windows = [
+        w
+        for b, windows in zip(blocks, per_block)
+        if bool(b.get("emulated")) == emulated
+        for w in windows
+    ]
+    results["regime_blocks"] = len({w.job for w in all_windows})
     results["noise_floor"] = noise_floor(all_windows)
-    results["unchanged"] = score(unchanged, all_windows, SCHEDULER_DEFAULT)
+    results["unchanged"] = score(unchanged, all_windows, defaults)
     # Blocks recorded with longer windows are less noisy: their floor and errors apart as well
-    steps_of = {block_job(b): int(b["steps"]) for b in blocks}
+    steps_of = {
+        block_job(b): int(b["steps"]) for b in blocks if bool(b.get("emulated")) == emulated
+    }
     lengths = sorted(set(steps_of.values()))
     if len(lengths) == 1:
         lengths = []  # one length: the pooled rows say it all
@@ -270,9 +321,9 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
         results["noise_floor_by_steps"] = {
             str(n): noise_floor([w for w in all_windows if steps_of[w.job] == n]) for n in lengths
         }
-    for kind, name, held_out in folds(blocks):
+    for kind, name, held_out in folds(blocks, emulated):
         started = time.perf_counter()
-        exclude: tuple[str, ...] = ()  # no simulator profile is of a dataset model (sizes differ)
+        exclude = simulator_exclusion(kind, name, emulated)
         if exclude not in simulated:
             simulated[exclude] = train_prior.generate_windows(seed, exclude=exclude)
             before_priors[exclude] = train_prior.train(
@@ -284,22 +335,28 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
             "left_out": name,
             "test_windows": len(test),
             "train_windows": len(train),
-            "before": evaluate(before_priors[exclude], test, SCHEDULER_DEFAULT),
+            "before": evaluate(before_priors[exclude], test, defaults),
             "after": {},
         }
         for share in shares:
-            after = train_prior.train(
-                seed, exclude=exclude, real=train, real_share=share, simulated=simulated[exclude]
+            # the share varied is the evaluated regime's; the other keeps the shipped prior's
+            shares_of = (
+                {"real_share": train_prior.REAL_SHARE, "emulated_share": share}
+                if emulated
+                else {"real_share": share}
             )
-            fold["after"][str(share)] = evaluate(after, test, SCHEDULER_DEFAULT)
+            after = train_prior.train(
+                seed, exclude=exclude, real=train, simulated=simulated[exclude], **shares_of
+            )
+            fold["after"][str(share)] = evaluate(after, test, defaults)
             if share == shares[0]:
                 fold["by_steps"] = {}
                 for n in lengths:
                     subset = [w for w in test if steps_of[w.job] == n]
                     if subset:
                         fold["by_steps"][str(n)] = {
-                            "before": evaluate(before_priors[exclude], subset, SCHEDULER_DEFAULT),
-                            "after": evaluate(after, subset, SCHEDULER_DEFAULT),
+                            "before": evaluate(before_priors[exclude], subset, defaults),
+                            "after": evaluate(after, subset, defaults),
                         }
         fold["seconds"] = round(time.perf_counter() - started, 1)
         results["folds"].append(fold)
@@ -308,7 +365,7 @@ def run(dataset: pathlib.Path, shares: Sequence[float], seed: int | None = None)
             file=sys.stderr,
             flush=True,
         )
-    for kind in ("model", "condition"):
+    for kind in KINDS:
         mine = [f for f in results["folds"] if f["kind"] == kind]
         if mine:
             results[f"pooled_{kind}"] = {
@@ -351,7 +408,7 @@ def format_results(results: dict[str, Any]) -> str:
         lines.append(_row(f"{name} | before (simulator only)", fold["before"]))
         for share, value in fold["after"].items():
             lines.append(_row(f"{name} | after (real {float(share):.0%})", value))
-    for kind in ("model", "condition"):
+    for kind in KINDS:
         item = results.get(f"pooled_{kind}")
         if item:
             lines.append(_row(f"**every {kind}, pooled** | before", item["before"]))
@@ -367,7 +424,7 @@ def format_results(results: dict[str, Any]) -> str:
         )
     )
     share = f"{float(results['shares'][0]):.0%}"
-    for kind in ("model", "condition"):
+    for kind in KINDS:
         for n, item in results.get(f"pooled_{kind}_by_steps", {}).items():
             lines.append(_row(f"every {kind}, pooled, {n}-step windows | before", item["before"]))
             lines.append(
@@ -390,7 +447,7 @@ def format_results(results: dict[str, Any]) -> str:
             results[f"pooled_{kind}"]["before"],
             results[f"pooled_{kind}"]["after"],
         )
-        for kind in ("model", "condition")
+        for kind in KINDS
         if results.get(f"pooled_{kind}")
     ]
     for name, before, after in averaged:
@@ -428,13 +485,20 @@ def _strip_raw(value: Any) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from simulator.real_windows import DATASET_PATH
-    from simulator.train_prior import REAL_SHARE, SEED
+    from simulator.train_prior import EMULATED_SHARE, REAL_SHARE, SEED
 
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.predictor_error", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dataset", default=str(DATASET_PATH))
-    parser.add_argument("--real-share", type=float, nargs="+", default=[REAL_SHARE])
+    parser.add_argument(
+        "--real-share",
+        type=float,
+        nargs="+",
+        default=None,
+        help="the evaluated regime's share of the training weight (default: the shipped "
+        "prior's, REAL_SHARE or with --emulated EMULATED_SHARE)",
+    )
     parser.add_argument("--out", default="")
     parser.add_argument(
         "--seed",
@@ -442,7 +506,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=SEED,
         help="the priors' seed (simulated contexts and ensembles; the shipped prior's by default)",
     )
+    parser.add_argument(
+        "--emulated",
+        action="store_true",
+        help="fold over the emulated-accelerator blocks (model, rank count, rate), not the CPU's",
+    )
     args = parser.parse_args(argv)
+    if args.real_share is None:
+        args.real_share = [EMULATED_SHARE if args.emulated else REAL_SHARE]
     for share in args.real_share:
         if not 0.0 < share < 1.0:
             parser.error(f"--real-share {share}: must be between 0 and 1 (exclusive)")
@@ -451,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"--dataset {path}: no such file (record one with python -m benchmarks.record_windows)"
         )
-    results = run(path, args.real_share, args.seed)
+    results = run(path, args.real_share, args.seed, args.emulated)
     print(format_results(results))
     if args.out:
         out = pathlib.Path(args.out)

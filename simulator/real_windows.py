@@ -40,7 +40,20 @@ def metrics_from_dict(record: dict[str, Any]) -> StepMetrics:
 
 
 def block_job(block: dict[str, Any]) -> str:
+    if block.get("emulated"):  # emulated-accelerator blocks: one model at several rank counts
+        return (
+            f"real:emulated:{block['model']}:{block['world_size']}r:{block['condition']}:"
+            f"{block.get('commit', '')}"
+        )
     return f"real:{block['model']}:{block['condition']}:{block.get('commit', '')}"
+
+
+def block_default(block: dict[str, Any]) -> Config | None:
+    """The configuration the job started from (the reference the tuner first predicts from): the
+    one the scheduler derived in an emulated block; None for the testbed's CPU blocks, which
+    started from the constant default (simulator/adapter.py SCHEDULER_DEFAULT)."""
+    default = block.get("default")
+    return Config(*default) if default else None
 
 
 def block_windows(block: dict[str, Any]) -> list[Window]:

@@ -78,3 +78,43 @@ def test_the_no_change_baseline_scores_the_measured_spread_and_has_no_order():
     )  # |1/0.8 - 1| = 0.25, |1/1.25 - 1| = 0.2
     assert result["tau_median"] is None and result["rounds_averaged"]["tau_median"] is None
     assert result["rounds_averaged"]["n"] == 2
+
+
+def test_each_block_is_scored_from_the_configuration_its_job_started_from():
+    """Emulated blocks start from the derived configuration, not the constant default: the
+    from-default errors are taken from each job's own reference."""
+    from autobyted.tuner.predictor import Window
+    from benchmarks.predictor_error import score, unchanged
+
+    windows = [Window("cpu", 0, c, None, t, 4) for c, t in ((DEFAULT, 1.0), (A, 0.8))]
+    windows += [Window("emu", 0, c, None, t, 4) for c, t in ((A, 1.0), (B, 1.25))]
+    result = score(unchanged, windows, {"cpu": DEFAULT, "emu": A})
+    # cpu from DEFAULT: A |1/0.8 - 1| = 0.25; emu from A: B |1/1.25 - 1| = 0.2
+    assert sorted(result["_raw"]["from_default"]) == pytest.approx([0.2, 0.25])
+    with pytest.raises(KeyError):
+        score(unchanged, windows, {"cpu": DEFAULT})
+
+
+def test_emulated_folds_leave_out_model_rank_count_and_rate_of_emulated_blocks_only():
+    from benchmarks.predictor_error import folds, simulator_exclusion
+
+    cpu = {"model": "resnet", "condition": "quiet", "world_size": 2}
+    emulated = [
+        {"model": m, "condition": c, "world_size": n, "emulated": {"byte_scale": 8}}
+        for m, n, c in (("resnet50", 2, "rate=1x"), ("gpt2-medium", 4, "rate=2x"))
+    ]
+    blocks = [cpu, *emulated]
+    got = {(kind, name): [held(b) for b in blocks] for kind, name, held in folds(blocks, True)}
+    assert got == {
+        ("model", "gpt2-medium"): [False, False, True],
+        ("model", "resnet50"): [False, True, False],
+        ("ranks", "2"): [False, True, False],  # the CPU block at 2 ranks stays in training
+        ("ranks", "4"): [False, False, True],
+        ("condition", "rate=1x"): [False, True, False],
+        ("condition", "rate=2x"): [False, False, True],
+    }
+    assert [name for _, name, _ in folds(blocks)] == ["resnet"]  # the CPU regime's only
+    # the emulated ranks run the simulator's own profile: left out of the simulated windows too
+    assert simulator_exclusion("model", "resnet50", True) == ("resnet50",)
+    assert simulator_exclusion("model", "gpt2-medium", True) == ()
+    assert simulator_exclusion("model", "resnet", False) == ()

@@ -39,11 +39,26 @@ def test_every_block_has_the_shape_a_real_client_registers(dataset):
         assert block["shape"] == shapes[key], (block["model"], block["condition"])
 
 
+def block_grid(block: dict) -> set[Config]:
+    """What a block measures in every round: the tuner's whole grid (CPU testbed), or the
+    configurations it drew with sched:auto as what the scheduler derived (emulated)."""
+    from benchmarks.testbed.train_worker import RunConfig
+
+    if not block.get("emulated"):
+        return set(candidate_grid(JobShape(**block["shape"])))
+    configs = {Config(*block["default"])}
+    for label in block["configs"]:
+        parsed = RunConfig.parse(label)
+        if not parsed.auto:
+            configs.add(Config(parsed.partition_bytes, parsed.credit_bytes, parsed.tail_bytes))
+    return configs
+
+
 def test_every_block_measured_the_whole_grid_in_every_round(dataset):
     assert {b["model"] for b in dataset["blocks"]} >= {"mlp", "vgg", "transformer"}
     assert len({b["condition"] for b in dataset["blocks"]}) >= 3
     for block in dataset["blocks"]:
-        grid = set(candidate_grid(JobShape(**block["shape"])))
+        grid = block_grid(block)
         rounds = {}
         for item in block["windows"]:
             assert len(item["metrics"]) == block["steps"], (
@@ -91,6 +106,20 @@ def test_the_real_windows_carry_the_stated_share_of_the_training_weight(dataset)
         assert real_rows.sum() == len(data.y) - len(base.y) > 0
         assert data.weights[real_rows].sum() / data.weights.sum() == pytest.approx(share)
     assert train_prior.with_real(base, [], 0.5) is base
+    # the emulated-accelerator blocks carry their own share beside the CPU testbed's
+    emulated = rw.block_windows(next(b for b in dataset["blocks"] if b.get("emulated")))
+    assert all(map(train_prior.is_emulated, emulated)) and not any(
+        map(train_prior.is_emulated, real)
+    )
+    data = train_prior.with_real(base, real + emulated, 0.25, 0.1)
+    groups = [str(g) for g in data.groups]
+    share = {
+        kind: data.weights[[g.startswith(prefix) for g in groups]].sum() / data.weights.sum()
+        for kind, prefix in (("emulated", "real:emulated:"), ("real", "real:"))
+    }
+    assert share["emulated"] == pytest.approx(0.1) and share["real"] == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="must leave the simulator a share"):
+        train_prior.with_real(base, real + emulated, 0.5, 0.5)
 
 
 def test_a_file_that_is_not_a_dataset_is_refused_by_name(tmp_path):
@@ -98,3 +127,56 @@ def test_a_file_that_is_not_a_dataset_is_refused_by_name(tmp_path):
     path.write_text(json.dumps({"format": "autobyte optimum map v1", "blocks": []}))
     with pytest.raises(ValueError, match="map.json: not a real-windows dataset"):
         rw.load_dataset(path)
+
+
+def test_an_emulated_block_is_named_by_scenario_rank_count_and_rate(tmp_path):
+    from benchmarks.record_windows import EmulatedBlock
+
+    scenario = "benchmarks/scenarios/emulated-resnet50-8w-1500ms.toml"
+    block = EmulatedBlock.parse(f"{scenario}:4:0.5x")
+    assert (block.scenario_path, block.ranks, block.rate) == (scenario, 4, "0.5x")
+    for bad, message in (
+        (f"{scenario}:1:1x", "RANKS >= 2"),
+        (f"{scenario}:4:", "SCENARIO.toml:RANKS:RATE"),
+        ("nowhere.toml:4:1x", "no scenario file nowhere.toml"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            EmulatedBlock.parse(bad)
+    with pytest.raises(ValueError, match="multiple of the balanced rate"):
+        EmulatedBlock.parse(f"{scenario}:4:fast").rate_gbit(block.scenario())
+    cpu = "benchmarks/scenarios/testbed-mlp-2w-step.toml"
+    with pytest.raises(ValueError, match="not an emulated scenario"):
+        EmulatedBlock.parse(f"{cpu}:2:1x").scenario()
+
+
+def test_an_emulated_block_measures_the_derived_start_and_the_grid_the_tuner_searches_there():
+    from autobyte.scheduler.start import MIN_AUTO_PARTITION_BYTES
+
+    from autobyted.tuner.grid import TRUST_OCTAVES, _partition_octave
+    from benchmarks.record_windows import emulated_labels, estimated_start
+    from benchmarks.testbed.train_worker import RunConfig
+
+    shape = {
+        "world_size": 4,
+        "backend": "gloo",
+        "parameter_bytes": 11 << 20,
+        "tensor_count": 292,
+        "largest_tensor_bytes": 1 << 20,
+        "median_tensor_bytes": 64,
+    }
+    slow, fast = estimated_start(shape, 40e6), estimated_start(shape, 400e6)
+    # a faster link sends more bytes in one collective's latency: larger partitions
+    assert MIN_AUTO_PARTITION_BYTES <= slow.partition_bytes < fast.partition_bytes
+    labels = emulated_labels(shape, 40e6, 6, "seed")
+    assert labels == emulated_labels(shape, 40e6, 6, "seed")  # the block's own seed
+    assert labels != emulated_labels(shape, 40e6, 6, "another")
+    assert labels[0] == "sched:auto" and len(labels) == len(set(labels)) == 7
+    configs = [RunConfig.parse(label) for label in labels[1:]]
+    assert (configs[0].partition_bytes, configs[0].credit_bytes) == (
+        slow.partition_bytes,
+        slow.credit_bytes,
+    )
+    centre = _partition_octave(slow, JobShape(**shape))
+    for config in configs:
+        candidate = Config(config.partition_bytes, config.credit_bytes)
+        assert abs(_partition_octave(candidate, JobShape(**shape)) - centre) <= TRUST_OCTAVES
