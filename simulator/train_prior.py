@@ -313,9 +313,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(PRIOR_PATH))
     parser.add_argument("--check", action="store_true", help="regenerate and compare with --out")
     parser.add_argument("--exclude-model", action="append", default=[])
+    parser.add_argument(
+        "--exclude-emulated",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="train without the dataset's emulated-accelerator blocks of MODEL (a prior that "
+        "never saw it in that regime, for a left-out run of the tuner)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    ensemble = train(exclude=args.exclude_model)
+    real = None
+    if args.exclude_emulated:
+        real = real_windows(
+            exclude=lambda b: bool(b.get("emulated")) and b["model"] in args.exclude_emulated
+        )
+    ensemble = train(exclude=args.exclude_model, real=real)
     data = ensemble.to_bytes()
     took = time.perf_counter() - started
     if args.check:
