@@ -1,8 +1,13 @@
 """Verifying: after switching to the search's winner (tuner.transitions' `finish`), one window
-checks it: if the context moved meanwhile (drift.window_shift), re-tune (actions.Abort); if it is
-slower than the incumbent beyond the noise, roll back (actions.RollBack). A warm start's switch is
-kept when its window measures at least `min_gain` over the incumbent (actions.Verified), else it
-counts as a lost trial (actions.WarmStartLost).
+checks it: if a context signal moved since the winner's trial (drift.window_shift), re-tune
+(actions.Abort); if it is slower than the incumbent beyond the noise, roll back (actions.RollBack);
+if it is not, but its own step time moved since its trial (verdict.moved), re-tune too. The last
+catches a move no signal shows that came and went while the trials ran (a link's rate swinging
+back before the confirm, its bandwidth estimate held at the compute's pace while partitions wait
+for gradients): the incumbent measured before and after the trials agree, and only the winner's
+own window shows that its gain was the context's. A warm start's switch is kept when its window
+measures at least `min_gain` over the incumbent (actions.Verified), else it counts as a lost
+trial (actions.WarmStartLost).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from autobyted.tuner.drift import window_shift
 from autobyted.tuner.job import Search, TunerJob
 from autobyted.tuner.measured import MeasuredWindow
 from autobyted.tuner.phases import Phase
-from autobyted.tuner.verdict import rolls_back
+from autobyted.tuner.verdict import moved, rolls_back
 
 
 class Verifying(Phase):
@@ -63,4 +68,9 @@ class Verifying(Phase):
             params,
         ):
             return RollBack(search, winner, measured)
+        # Not slower than the incumbent, but not what its trial measured either: the comparison
+        # the switch was made on does not hold here; search again in the context as it is now.
+        shift = moved(winner, measured, job.sigma, params)
+        if shift is not None:
+            return Abort(search, shift, measured)
         return Verified(search, winner, measured)
