@@ -672,3 +672,49 @@ def test_a_context_that_swings_and_back_during_the_trials_is_caught_by_the_winne
     # what is held at the end was measured in the context it is held in: no 1.67x gain claimed
     assert "1.6" not in tuner.detail and "1.7" not in tuner.detail, tuner.detail
     assert tuner.phase in ("holding", "no headroom"), tuner.phase
+
+
+def test_a_job_restarted_at_another_rank_count_tries_what_it_held_first_early_in_its_baseline():
+    """The job ran at 2 ranks and held BEST; restarted at 4 ranks (another shape: its windows are
+    no known ratios here), it ends its baseline early and tries BEST first, even where the model
+    predicts another configuration; a trial like any, so where BEST loses at 4 ranks it is cut and
+    the search goes on."""
+    first, first_sink = make(predictor_for(BEST, 0.3))
+    ScriptedJob(better(BEST, 0.3), seed=1).run(first, first_sink, 400)
+    assert first.phase == "holding" and first.job.held.config == BEST
+    at_four = dataclasses.replace(SHAPE, world_size=4)
+    wrong = predictor_for(Config(16 * MIB, 64 * MIB), 0.3)
+    params = TunerParams()
+    early = params.warmup_steps + params.min_trial_steps + 1 + params.apply_lead_steps
+    sink = MemorySink("restarted")
+    restarted = JobTuner("restarted", at_four, wrong, sink, known=first_sink.windows)
+    assert restarted.job.evidence.known == {}
+    carried = restarted.job.evidence.carried
+    assert carried is not None and (carried.config, carried.world_size) == (BEST, 2)
+    ScriptedJob(better(BEST, 0.3), seed=2).run(restarted, sink, 400)
+    trial = sink.decisions[0]
+    assert (trial.kind, trial.config, trial.apply_at_step) == ("trial", BEST, early), trial
+    assert "1MiB/4MiB, held by job at 2 ranks, predicted" in trial.reason, trial.reason
+    assert restarted.phase == "holding" and restarted.job.held.config == BEST
+    # without the first run the same job measures its whole baseline and follows the model
+    cold_sink = MemorySink("cold")
+    cold = JobTuner("cold", at_four, wrong, cold_sink)
+    ScriptedJob(better(BEST, 0.3), seed=2).run(cold, cold_sink, 400)
+    assert cold.job.evidence.carried is None
+    assert cold_sink.decisions[0].apply_at_step > params.warmup_steps + params.baseline_steps
+    assert cold_sink.decisions[0].config != BEST
+    # where BEST is 30% slower at 4 ranks, its trial is cut and the search goes on from the start
+    lost_sink = MemorySink("lost")
+    lost = JobTuner("lost", at_four, wrong, lost_sink, known=first_sink.windows)
+
+    def slower(config, step):
+        return (0.13 if config == BEST else 0.1), 1e8
+
+    ScriptedJob(slower, seed=3).run(lost, lost_sink, 500)
+    first_trial = lost_sink.decisions[0]
+    assert (first_trial.kind, first_trial.config, first_trial.state) == (
+        "trial",
+        BEST,
+        "rolled_back",
+    )
+    assert lost.job.held is not None and lost.job.held.config != BEST

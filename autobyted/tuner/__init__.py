@@ -19,15 +19,17 @@ Files, one concern each:
                   trial is next and how a search ends
     verdict.py    the stateless decision arithmetic: what beats what, a trial's value and which
                   trials pay, the gain calibration, the A-B-A and context-jump tests
-    evidence.py   what earlier jobs of the shape measured and held, and the predictor's measured
-                  errors on this job: both correct the candidates' scores
+    evidence.py   what earlier jobs of the shape measured and held (and of the model at other
+                  rank counts held), and the predictor's measured errors on this job: both
+                  correct the candidates' scores
     measured.py   the records a search keeps: a measured window, a decision awaiting its apply
     sink.py       where a search's effects go: the daemon's storage and control path (manager.py),
                   or memory (memory_sink.py, for the simulator and tests)
     drift.py      CUSUM drift detection on the held configuration's steps
     manager.py    the daemon's side: reads samples from storage, runs every job's search on one
                   worker thread, retrains the predictor on another, writes decisions and state
-    prior.model   the simulator-trained prior (simulator/train_prior.py regenerates it)    sharded.py    ShardTuner: an FSDP2 job's search over FSDP2's knobs (prefetch depths,
+    prior.model   the simulator-trained prior (simulator/train_prior.py regenerates it)
+    sharded.py    ShardTuner: an FSDP2 job's search over FSDP2's knobs (prefetch depths,
                   resharding), measured, without the predictor; the manager runs it in place
                   of JobTuner for jobs whose engine is fsdp2
     eligible.py   which jobs are tuned at all

@@ -5,7 +5,8 @@ measures and judges.
 
     Stay                      the phase goes on
     Open                      a search: baseline, or re-tuning after drift / a rescore / a resume
-    BaselineMeasured          the baseline's window is in: plan the search from it
+    BaselineMeasured          the baseline's window is in: plan the search from it (ended early:
+                              what this model held at another rank count is the first trial)
     WarmStart                 early in the baseline, an earlier job's winner wins here: switch to it
     Accept                    a trial's window counts: learn from it, then the next trial or the end
     Check                     a trial's context jumped: measure the incumbent again first
@@ -23,6 +24,7 @@ import dataclasses
 from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.drift import Alarm
+from autobyted.tuner.evidence import Carried
 from autobyted.tuner.job import Search
 from autobyted.tuner.measured import MeasuredWindow
 from autobyted.tuner.predictor import Prediction
@@ -53,6 +55,7 @@ class Open(Action):
 class BaselineMeasured(Action):
     search: Search
     incumbent: MeasuredWindow
+    carried: Carried | None = None  # ended early to try what this model held at another size
 
 
 @dataclasses.dataclass(frozen=True)

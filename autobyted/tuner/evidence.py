@@ -5,6 +5,7 @@ of this shape measured")."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -45,6 +46,36 @@ def same_context(past: Context, now: Context) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """What an earlier job of this model held at another world size (a restart at another rank
+    count): tried first, early in the job's first baseline (tuner.phases.baseline)."""
+
+    config: Config
+    world_size: int
+    job: str
+
+
+def carried(
+    relatives: dict[tuple[str, int], dict[Config, list[Window]]], shape: JobShape
+) -> Carried | None:
+    """Of the configurations earlier jobs of this model held after a search (a trial's window and
+    its verification's: two windows of one configuration in one segment) at other world sizes, the
+    one held last at the world size nearest this job's (in octaves); None when none was held."""
+    held = [
+        (abs(math.log2(windows[0].context.shape.world_size / shape.world_size)), -latest, c, w)
+        for by_config in relatives.values()
+        for c, windows in by_config.items()
+        if len(windows) >= 2
+        for w in [windows[-1]]
+        for latest in [max(x.created_at_s for x in windows)]
+    ]
+    if not held:
+        return None
+    _distance, _latest, config, window = min(held, key=lambda t: t[:2])
+    return Carried(config, window.context.shape.world_size, window.job)
+
+
 class JobEvidence:
     """Earlier jobs' windows of this job's shape, and the predictor's measured errors on this job."""
 
@@ -59,15 +90,22 @@ class JobEvidence:
         self.known: dict[tuple[str, int], dict[Config, Window]] = {}
         self.known_held: set[tuple[str, int, Config]] = set()  # an earlier search's verified winner
         self.known_winners: set[Config] = set()  # those of segments in this context (known_ratios)
+        # Earlier jobs of this model at other world sizes: (job, segment) -> config -> windows.
+        relatives: dict[tuple[str, int], dict[Config, list[Window]]] = {}
         for window in known:
             earlier = window.job != job or window.segment < first_segment
-            if window.context.shape == shape and earlier and window.step_time_s > 0:
-                key = (window.job, window.segment)
+            if not earlier or window.step_time_s <= 0:
+                continue
+            key = (window.job, window.segment)
+            if window.context.shape == shape:
                 if window.config in self.known.get(key, {}):
                     # A second window of a configuration in one segment is the verification of a
                     # search's winner (a trial's window, then the switch's; baselines open segments).
                     self.known_held.add((*key, window.config))
                 self.known.setdefault(key, {})[window.config] = window
+            elif window.context.shape.same_model(shape):
+                relatives.setdefault(key, {}).setdefault(window.config, []).append(window)
+        self.carried = carried(relatives, shape)
         # The predictor's measured errors on this job: (config, measured - predicted log ratio).
         self.errors: list[tuple[Config, float]] = []
         self.search_errors: list[tuple[Config, float]] = []  # this search's, until it ends cleanly

@@ -47,6 +47,11 @@ class JobShape:
             median_tensor_bytes=max(0, fp.median_tensor_bytes),
         )
 
+    def same_model(self, other: JobShape) -> bool:
+        """The same model on the same backend, at any world size (a job restarted at another rank
+        count: tuner.evidence's `carried`)."""
+        return dataclasses.replace(other, world_size=self.world_size) == self
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:

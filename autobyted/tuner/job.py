@@ -14,7 +14,7 @@ from autobyte.types import Config, StepMetrics, describe_speedup, speedup
 
 from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.drift import robust_sigma
-from autobyted.tuner.evidence import JobEvidence
+from autobyted.tuner.evidence import Carried, JobEvidence
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.grid import candidate_grid, describe
 from autobyted.tuner.measured import MeasuredWindow, PendingDecision
@@ -37,6 +37,8 @@ class Search:
     # trials a check of the incumbent followed (their A-B-A)
     checked: list[MeasuredWindow] = dataclasses.field(default_factory=list)
     confirmed: bool = False  # the incumbent was measured again at the end of this search
+    # what this model held at another world size, tried first (the job's first search only)
+    carried: Carried | None = None
 
     def context_note(self) -> str:
         return f" ({self.retune_reason})" if self.retune_reason else ""
@@ -255,13 +257,19 @@ class TunerJob:
         )
 
     def plan(
-        self, incumbent: MeasuredWindow, trials: Sequence[MeasuredWindow], sigma: float
+        self,
+        incumbent: MeasuredWindow,
+        trials: Sequence[MeasuredWindow],
+        sigma: float,
+        extra: tuple[Config, ...] = (),
     ) -> tuple[tuple[Config, ...], Prediction]:
         """The candidates around `incumbent` and their predictions from its window: the model,
         corrected by this job's errors, combined with what earlier jobs measured here (`sigma`:
-        the job's noise; `trials`: what this search measured besides the incumbent)."""
+        the job's noise; `trials`: what this search measured besides the incumbent; `extra`:
+        configurations outside the grid to score too, what this model ran at another size)."""
         starting = self.starting.config if self.starting is not None else incumbent.config
-        candidates = candidate_grid(self.shape, starting, around=incumbent.config)
+        grid = candidate_grid(self.shape, starting, around=incumbent.config)
+        candidates = grid + tuple(c for c in extra if c not in grid)
         context = summarize(incumbent.samples, self.shape)
         prediction = self.evidence.with_known(
             self.evidence.corrected(

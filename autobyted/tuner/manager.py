@@ -459,8 +459,11 @@ class TunerManager:
             return self._track(job, info, tuner, sink)
         assert self.predictor is not None
         shape = JobShape.from_info(info)
-        # What earlier jobs of this shape measured (the search uses it where the context matches).
-        known = [w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape == shape]
+        # What earlier jobs of this shape measured (the search uses it where the context matches),
+        # and of this model at other rank counts (what they held is tried first).
+        known = [
+            w for w in self._stored_windows(MAX_KNOWN_WINDOWS) if w.context.shape.same_model(shape)
+        ]
         tuner = JobTuner(
             job,
             shape,

@@ -40,6 +40,11 @@ Trials (`next_trial`):
   it counts as a lost trial and the search goes on. When a trial's winner is the configuration an
   earlier job held after its search in the same context (tried first when its trial pays), the
   search ends there: that search already paid for the trials from it.
+- what earlier jobs of this model held at another rank count (tuner.evidence's `carried`, the job
+  restarted at another size): the job's first baseline ends early (min_trial_steps + 2 steps) and
+  that configuration is the first trial, whatever the model predicts ("trial 1/N: ..., held by
+  JOB at 8 ranks, ..."); a trial like any other (cut when clearly worse, confirmed before a
+  switch), never a switch without one: the best configuration moves with the rank count.
 
 The end of a search (`finish`, `settle`):
 - the best measured configuration wins only if it beats the incumbent by more than `min_gain` and
@@ -204,6 +209,12 @@ def baseline_measured(job: TunerJob, action: act.BaselineMeasured) -> Phase:
     search, incumbent, params = action.search, action.incumbent, job.params
     _adopt(job, incumbent)
     candidates, prediction = job.plan(incumbent, search.trials, job.sigma)
+    if action.carried is not None:
+        search.carried = action.carried
+        if action.carried.config not in candidates:
+            candidates, prediction = job.plan(
+                incumbent, search.trials, job.sigma, extra=(action.carried.config,)
+            )
     _set_plan(job, incumbent, candidates, prediction)
     gate = -math.log1p(params.min_gain)
     if job.mode == "observe":
@@ -218,7 +229,7 @@ def baseline_measured(job: TunerJob, action: act.BaselineMeasured) -> Phase:
         ],
     )
     search.trials_planned = min(params.max_trials, len(pays))
-    if not pays:
+    if not pays and search.carried is None:
         return finish(job, search, none_pays(best))
     return next_trial(job, search)
 
@@ -335,11 +346,20 @@ def next_trial(job: TunerJob, search: Search) -> Phase:
         )
     ]
     pays, best = _paying(job, reference, scored)
-    if not pays:
+    carried = search.carried if not search.trials else None
+    if carried is not None and carried.config in untried:
+        # What this model held at another rank count: tried first, whatever the model predicts
+        # (a clearly worse trial is cut after a few steps).
+        config, mu = carried.config, next(mu for c, mu, _sd in scored if c == carried.config)
+        held = f", held by {carried.job} at {carried.world_size} ranks,"
+    elif not pays:
         return finish(job, search, "" if search.trials else none_pays(best))
-    # What an earlier search in this context ended holding is tried first (its measurement is
-    # the surest gain; if it wins again, that search's trials from it need not be repeated).
-    config, mu, _value = next((t for t in pays if t[0] in job.evidence.known_winners), pays[0])
+    else:
+        # What an earlier search in this context ended holding is tried first (its measurement
+        # is the surest gain; if it wins again, that search's trials from it need not be
+        # repeated).
+        config, mu, _value = next((t for t in pays if t[0] in job.evidence.known_winners), pays[0])
+        held = ""
     predicted = reference.median_s * math.exp(mu)
     spread = next(sd for c, _mu, sd in scored if c == config)
     if (
@@ -352,7 +372,7 @@ def next_trial(job: TunerJob, search: Search) -> Phase:
     number = len(search.trials) + 1
     search.trials_planned = max(search.trials_planned, number)
     reason = (
-        f"trial {number}/{search.trials_planned}: {describe(config)} predicted "
+        f"trial {number}/{search.trials_planned}: {describe(config)}{held} predicted "
         f"{job.versus_incumbent(predicted)}{search.context_note()}"
     )
     prefix = f"{search.retune_reason}: " if search.retune_reason else ""

@@ -8,7 +8,8 @@ for (tuner.actions), and tuner.transitions acts on it (decisions, status, the ne
 
 - baseline.py: warm-up and baseline / re-tuning: a window of the configuration in effect gives the
   context, the noise level and the incumbent's step time (the search is planned from it in
-  tuner.transitions); early in it, the warm start when an earlier job's winner wins here.
+  tuner.transitions); early in it, the warm start when an earlier job's winner wins here, or
+  the first trial of what this model held at another rank count.
 - exploring.py: a trial's window with its sequential cut, and the context check a suspicious trial
   gets.
 - checking.py: the incumbent measured again, after a suspicious trial (checking) or before switching

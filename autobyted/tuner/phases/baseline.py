@@ -11,7 +11,9 @@
   drop: ..."), instead of searching to the end.
 - observe mode (`autobyted start --tuner observe`): after the baseline, a *recommendation*
   (stored, never pushed) and watching; no trials.
-- the warm start: early in the baseline, when an earlier job's winner wins here (`Baseline._warm`).
+- the warm start: early in the baseline, when an earlier job's winner wins here (`Baseline._warm`);
+  else, when an earlier job of this model held another configuration at another rank count, the
+  baseline ends there and that configuration is the first trial (`Baseline._carried`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class Baseline(Phase):
         job, search, params = self.job, self.search, self.job.params
         self.window.append(m)
         if len(self.window) < search.window_steps:
-            if len(self.window) == params.min_trial_steps + 2 and job.evidence.known:
-                return self._warm(m) or STAY
+            if len(self.window) == params.min_trial_steps + 2 and job.mode == "auto":
+                return self._warm(m) or self._carried(m) or STAY
             return STAY
         return BaselineMeasured(
             search, MeasuredWindow(m.config, list(self.window), job.decision_in_effect or 0)
@@ -61,7 +63,7 @@ class Baseline(Phase):
         what the first one found ~20 steps in. Otherwise None: the baseline runs its full window,
         as for a job nobody measured before."""
         job, params = self.job, self.job.params
-        if job.mode != "auto":
+        if not job.evidence.known:
             return None
         incumbent = MeasuredWindow(m.config, list(self.window), job.decision_in_effect or 0)
         # The noise as adopting this window would leave it; the job's state is not touched yet.
@@ -86,4 +88,22 @@ class Baseline(Phase):
             prediction,
             config,
             incumbent.median_s * math.exp(mu),
+        )
+
+    def _carried(self, m: StepMetrics) -> BaselineMeasured | None:
+        """Early in the job's first baseline, when an earlier job of this model held another
+        configuration at another world size (the job restarted at another rank count,
+        tuner.evidence's `carried`): end the baseline here and try that configuration first. It is
+        a trial, not a switch: the best configuration moves with the rank count (a ring's
+        per-collective cost grows with it), so the search judges it as any trial, and goes on."""
+        job, search = self.job, self.search
+        carried = job.evidence.carried
+        if carried is None or search.retune_reason or job.searched_once or search.trials:
+            return None
+        if carried.config == m.config:
+            return None
+        return BaselineMeasured(
+            search,
+            MeasuredWindow(m.config, list(self.window), job.decision_in_effect or 0),
+            carried,
         )
