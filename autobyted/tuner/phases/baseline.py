@@ -91,16 +91,16 @@ class Baseline(Phase):
         )
 
     def _carried(self, m: StepMetrics) -> BaselineMeasured | None:
-        """Early in the job's first baseline, when an earlier job of this model held another
-        configuration at another world size (the job restarted at another rank count,
-        tuner.evidence's `carried`): end the baseline here and try that configuration first. It is
-        a trial, not a switch: the best configuration moves with the rank count (a ring's
-        per-collective cost grows with it), so the search judges it as any trial, and goes on."""
+        """Early in the job's first baseline, when no earlier job of this shape was measured (its
+        evidence would be the nearer) but one of this model held another configuration at another
+        world size (the job restarted at another rank count, tuner.evidence's `carried`): end the
+        baseline here and try that configuration first. It is a trial, not a switch: the best
+        configuration moves with the rank count (a ring's per-collective cost grows with it), so
+        the search judges it as any trial, and goes on."""
         job, search = self.job, self.search
         carried = job.evidence.carried
-        if carried is None or search.retune_reason or job.searched_once or search.trials:
-            return None
-        if carried.config == m.config:
+        first = not (search.retune_reason or job.searched_once or search.trials)
+        if carried is None or not first or job.evidence.known or carried.config == m.config:
             return None
         return BaselineMeasured(
             search,
