@@ -718,3 +718,11 @@ def test_a_job_restarted_at_another_rank_count_tries_what_it_held_first_early_in
         "rolled_back",
     )
     assert lost.job.held is not None and lost.job.held.config != BEST
+    # a job of a shape the daemon has measured reads that shape's evidence, not the other size's
+    again_sink = MemorySink("again")
+    again = JobTuner(
+        "again", at_four, wrong, again_sink, known=[*first_sink.windows, *sink.windows]
+    )
+    assert again.job.evidence.known and again.job.evidence.carried is not None
+    ScriptedJob(better(BEST, 0.3), seed=4).run(again, again_sink, 100)
+    assert all("held by job at 2 ranks" not in d.reason for d in again_sink.decisions)
