@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from devtools.ports import free_port
 from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.dist import torchrun_argv
+from tests.helpers.hf import hf_env
 from tests.helpers.paths import ROOT
 
 
@@ -30,16 +30,7 @@ def test_train_mlp_example_trains_and_streams_to_the_daemon(db_url, tmp_path):
             PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
         )
         job = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                str(ROOT / "examples" / "train_mlp.py"),
-            ],
+            torchrun_argv(str(ROOT / "examples" / "train_mlp.py")),
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -67,29 +58,9 @@ AUTOBYTE_IMPORT = (
 
 
 def _run_accelerate_example(script, out, steps=8):
-    env = dict(
-        os.environ,
-        TMPDIR=str(out),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
-    )
-    env.pop("AUTOBYTE_DAEMON", None)
+    env = hf_env(out)
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            str(script),
-            "--steps",
-            str(steps),
-            "--output-dir",
-            str(out / "model"),
-        ],
+        torchrun_argv(str(script), "--steps", str(steps), "--output-dir", str(out / "model")),
         env=env,
         cwd=out,
         capture_output=True,

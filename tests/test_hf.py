@@ -5,70 +5,25 @@ GradScaler, evaluation, a checkpoint resume, save_state/load_state, a configurat
 configurations applied show up in Trainer's logs, the job streams to a real daemon under the
 Trainer's run name, and settings the scheduler cannot reproduce are refused."""
 
-import json
-import os
 import subprocess
-import sys
 
 import pytest
-
-pytest.importorskip(
-    "transformers",
-    reason="the Hugging Face drop-ins are an optional extra: "
-    "pip install 'autobyte[hf]' (scripts/setup.sh installs it)",
-)
-pytest.importorskip(
-    "accelerate",
-    reason="the Hugging Face drop-ins are an optional extra: "
-    "pip install 'autobyte[hf]' (scripts/setup.sh installs it)",
-)
-
 from autobyte.protocol import autobyte_pb2 as pb
 
-from devtools.ports import free_port
-from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.dist import torchrun_argv
+from tests.helpers.hf import hf_env, hf_launch, require_hf
 from tests.helpers.paths import ROOT
 from tests.helpers.rpc import Client
+
+require_hf()
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     """One torchrun launch of tests/_hf_job.py against a real daemon: (rank results, daemon jobs)."""
     out = tmp_path_factory.mktemp("hf")
-    daemon = ThreadDaemon(f"sqlite:///{out / 'autobyted.db'}").start()
-    try:
-        env = dict(
-            os.environ,
-            TMPDIR=str(out),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
-        )
-        env.pop("AUTOBYTE_DAEMON", None)
-        env.pop("AUTOBYTE_JOB", None)
-        job = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                str(ROOT / "tests" / "_hf_job.py"),
-                str(out),
-                daemon.address,
-            ],
-            env=env,
-            cwd=out,
-            capture_output=True,
-            text=True,
-            timeout=400,
-            check=False,
-        )
-        assert job.returncode == 0, job.stderr[-4000:]
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-        client = Client(daemon.address)
+    with hf_launch("_hf_job.py", out, timeout_s=400) as (ranks, address, output):
+        client = Client(address)
         try:
             jobs = {
                 j.job: sorted(j.ranks)
@@ -76,9 +31,7 @@ def launch(tmp_path_factory):
             }
         finally:
             client.close()
-        yield ranks, jobs, job.stdout + job.stderr
-    finally:
-        daemon.stop()
+        yield ranks, jobs, output
 
 
 CASES = [
@@ -194,28 +147,15 @@ def test_unknown_trainer_option_is_refused():
 
 @pytest.mark.timeout(240)
 def test_trainer_example_trains_and_saves(tmp_path):
-    env = dict(
-        os.environ,
-        TMPDIR=str(tmp_path),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
-    )
+    env = hf_env(tmp_path)
     job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
+        torchrun_argv(
             str(ROOT / "examples" / "train_hf_trainer.py"),
             "--steps",
             "4",
             "--output-dir",
             str(tmp_path / "out"),
-        ],
+        ),
         env=env,
         cwd=tmp_path,
         capture_output=True,

@@ -34,9 +34,22 @@ accelerate. The parameters are DDP's to the bit. How accelerate's calls map to t
 * `save_state` / `load_state` / `get_state_dict`: after every pending update landed.
 * `end_training()`: closes the schedulers (collective) and the autobyted session it opened.
 
-Refused with a ValueError (never silently different): distributed types other than DDP's
-(FSDP, DeepSpeed, XLA, tensor parallel), DDP communication hooks (they change the numbers),
-a clipping norm other than the one given to the constructor.
+FSDP2 (`fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)`, or `accelerate launch` with
+an FSDP2 config): `prepare` shards the model as accelerate does (`fully_shard` per its wrap policy,
+the optimizer switched to the sharded parameters), then attaches autobyte to it
+(`autobyte.fsdp.attach(model, optimizer, memory_budget_bytes=...)`): every step measured and, with
+a daemon, streamed as an FSDP2 job whose prefetch depths and resharding autobyted tunes. The
+arithmetic stays accelerate's FSDP2 (the knobs move when collectives run, never what they
+compute); `clip_grad_norm_`, `accumulate` (FSDP2's `set_requires_gradient_sync`), mixed precision
+and checkpoints are accelerate's own. accelerate 1.16 turns the plugin on only on an accelerator
+(on CPU it runs the job as plain data parallelism, the plugin ignored); this Accelerator turns it
+on under a multi-process CPU launch too (gloo runs FSDP2's collectives), so a script behaves the
+same on both.
+
+Refused with a ValueError (never silently different): distributed types other than DDP's and
+FSDP2 (FSDP1, DeepSpeed, XLA, tensor, context or replicated-shard parallelism), DDP
+communication hooks (they change the numbers), a clipping norm other than the one given to the
+constructor, the scheduler's settings on an FSDP2 job or a memory budget on a DDP-style one.
 
 Buffers (BatchNorm statistics): `DistributedDataParallelKwargs(broadcast_buffers=...)` (default True)
 becomes the scheduler's `broadcast_buffers`, which copies rank 0's buffers as DDP does.
@@ -49,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,7 +72,12 @@ from torch import nn
 try:
     import accelerate
     from accelerate.optimizer import AcceleratedOptimizer
-    from accelerate.utils import DDPCommunicationHookType, DistributedType
+    from accelerate.state import PartialState
+    from accelerate.utils import (
+        DDPCommunicationHookType,
+        DistributedType,
+        FullyShardedDataParallelPlugin,
+    )
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
         "autobyte.accelerate needs accelerate: pip install 'autobyte[hf]' "
@@ -88,6 +107,8 @@ class Accelerator(accelerate.Accelerator):
         job, daemon, token, tune: if `job` or `daemon` is given, `autobyte.init(daemon, job, token,
             tune=tune)` runs when the first scheduler is built, and `end_training()` shuts it down.
         timeout_s, native: as `ScheduledOptimizer`'s.
+        memory_budget_bytes: an FSDP2 job's budget of gathered parameters
+            (`autobyte.fsdp.attach`'s: a configuration predicted to exceed it is never applied).
         The remaining arguments are accelerate's `Accelerator`'s.
     """
 
@@ -105,8 +126,14 @@ class Accelerator(accelerate.Accelerator):
         tune: bool = True,
         timeout_s: float = 300.0,
         native: bool = True,
+        memory_budget_bytes: int | None = None,
         **kwargs: Any,
     ) -> None:
+        from autobyte.fsdp import check_memory_budget
+
+        check_memory_budget(memory_budget_bytes)
+        self._memory_budget = memory_budget_bytes
+        self._requested = (partition_bytes, credit_bytes, tail_bytes)
         self._config = Requested(
             partition_bytes, credit_bytes, tail_bytes
         )  # ValueError naming a bad value
@@ -140,8 +167,26 @@ class Accelerator(accelerate.Accelerator):
         )
         self._session_started = False
         self._scheduled: dict[int, ScheduledOptimizer] = {}  # id(model) -> its scheduler
+        self._sharded: dict[int, Any] = {}  # id(model) -> its autobyte.fsdp.ShardedJob
+        plugin = kwargs.get("fsdp_plugin")
+        if plugin is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            plugin = kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin()  # as accelerate's
         super().__init__(*args, **kwargs)
         self._scheduling = self.use_distributed and self.num_processes > 1
+        if self._scheduling and plugin is not None and plugin.fsdp_version != 2:
+            raise ValueError(
+                f"fsdp_plugin with fsdp_version={plugin.fsdp_version}: autobyte tunes FSDP2; "
+                "pass FullyShardedDataParallelPlugin(fsdp_version=2) (the same arithmetic), or "
+                "use accelerate's own Accelerator for FSDP1"
+            )
+        if (
+            plugin is not None
+            and self.device.type == "cpu"
+            and self.distributed_type in (DistributedType.MULTI_CPU, DistributedType.FSDP)
+            and getattr(self.state, "fsdp_plugin", None) is None
+        ):
+            self._shard_on_cpu(plugin)
+        self._sharding = self._scheduling and getattr(self.state, "fsdp_plugin", None) is not None
         if self._scheduling:
             self._check_supported()
 
@@ -161,6 +206,15 @@ class Accelerator(accelerate.Accelerator):
         """The scheduler of a prepared model (None: not scheduled)."""
         return self._scheduled.get(id(self.unwrap_model(model)))
 
+    @property
+    def sharded_jobs(self) -> list[Any]:
+        """The `autobyte.fsdp.ShardedJob`s `prepare` attached (one per FSDP2 model with an optimizer)."""
+        return list(self._sharded.values())
+
+    def sharded_job(self, model: nn.Module) -> Any:
+        """The `autobyte.fsdp.ShardedJob` of a prepared FSDP2 model (None: not attached)."""
+        return self._sharded.get(id(_uncompiled(model)))
+
     def last_grad_norm(self, model: nn.Module | None = None) -> float | None:
         """The global gradient norm before clipping of the last step, after it landed (with
         `clip_grad_norm`); `model` may be omitted when one model is scheduled."""
@@ -179,7 +233,9 @@ class Accelerator(accelerate.Accelerator):
 
     def prepare(self, *args: Any, device_placement: Any = None) -> Any:
         result = super().prepare(*args, device_placement=device_placement)
-        if self._scheduling:
+        if self._sharding:
+            self._attach_prepared()
+        elif self._scheduling:
             self._schedule_prepared()
         return result
 
@@ -190,14 +246,14 @@ class Accelerator(accelerate.Accelerator):
         return super().prepare_model(
             model,
             device_placement=device_placement,
-            evaluation_mode=evaluation_mode or self._scheduling,
+            evaluation_mode=evaluation_mode or (self._scheduling and not self._sharding),
         )
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> Any:
         prepared = super().prepare_optimizer(optimizer, device_placement=device_placement)
-        if self._scheduling and type(prepared) is AcceleratedOptimizer:
+        if self._scheduling and not self._sharding and type(prepared) is AcceleratedOptimizer:
             prepared.__class__ = _ScheduledStepOptimizer  # no state of its own beyond `scheduled`
             prepared.scheduled = None
         return prepared
@@ -220,15 +276,55 @@ class Accelerator(accelerate.Accelerator):
             prepared.scheduled = self._build_scheduler(model, prepared)
             self._scheduled[id(model)] = prepared.scheduled
 
-    def _build_scheduler(
-        self, model: nn.Module, prepared: AcceleratedOptimizer
-    ) -> ScheduledOptimizer:
+    def _attach_prepared(self) -> None:
+        """autobyte on every prepared FSDP2 model whose optimizer is prepared too."""
+        import autobyte.fsdp
+
+        for prepared in self._optimizers:
+            held = {id(p) for group in prepared.param_groups for p in group["params"]}
+            model = next(
+                (
+                    m
+                    for m in map(_uncompiled, self._models)
+                    if held <= {id(p) for p in m.parameters()}
+                ),
+                None,
+            )
+            if model is None or id(model) in self._sharded:
+                continue  # its model is prepared later, or attached already
+            self._start_session()
+            self._sharded[id(model)] = autobyte.fsdp.attach(
+                model, prepared.optimizer, memory_budget_bytes=self._memory_budget
+            )
+            logger.info(
+                "autobyte on FSDP2, rank %d/%d: %s",
+                self.process_index,
+                self.num_processes,
+                self._sharded[id(model)].config.describe(),
+            )
+
+    def _start_session(self) -> None:
         if self._daemon_args is not None and not self._session_started:
             import autobyte
 
             daemon, job, token, tune = self._daemon_args
             autobyte.init(daemon, job, token, tune=tune)
             self._session_started = True
+
+    def _shard_on_cpu(self, plugin: FullyShardedDataParallelPlugin) -> None:
+        """accelerate's FSDP2 path under a CPU launch, where accelerate ignores the plugin (also
+        where an earlier FSDP2 Accelerator of this process left PartialState's type at FSDP)."""
+        state = self.state
+        state.distributed_type = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        if state.mixed_precision != "no":
+            plugin.set_mixed_precision(state.mixed_precision)
+        state.fsdp_plugin = plugin
+
+    def _build_scheduler(
+        self, model: nn.Module, prepared: AcceleratedOptimizer
+    ) -> ScheduledOptimizer:
+        self._start_session()
         scaler = self.scaler if self.scaler is not None and self.scaler.is_enabled() else None
         scheduled = ScheduledOptimizer(
             model,
@@ -253,6 +349,14 @@ class Accelerator(accelerate.Accelerator):
         return scheduled
 
     def _check_supported(self) -> None:
+        if self._sharding:
+            self._check_sharded()
+            return
+        if self._memory_budget is not None:
+            raise ValueError(
+                f"memory_budget_bytes={self._memory_budget!r} bounds an FSDP2 job's gathered "
+                "parameters; this job is not sharded (no fsdp_plugin): remove it"
+            )
         if self.distributed_type not in _DDP_TYPES or (
             getattr(self, "parallelism_config", None) is not None
             and self.parallelism_config.total_size > 1
@@ -271,6 +375,35 @@ class Accelerator(accelerate.Accelerator):
                 f"DistributedDataParallelKwargs(comm_hook={handler.comm_hook.value!r}, "
                 f"comm_wrapper={handler.comm_wrapper.value!r}) changes the reduced "
                 "gradients, which the scheduler does not reproduce: remove the comm hook"
+            )
+
+    def _check_sharded(self) -> None:
+        given = [
+            f"{name}={value!r}"
+            for name, value, default in zip(
+                ("partition_bytes", "credit_bytes", "tail_bytes"),
+                self._requested,
+                ("auto", "auto", None),
+                strict=True,
+            )
+            if value != default
+        ]
+        if self._clip is not None:
+            given.append(f"clip_grad_norm={self._clip!r}")
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: the DDP-style scheduler's settings, and this job is "
+                "FSDP2 (its knobs are prefetch and resharding, set by autobyte.fsdp): remove "
+                "them (clip with accelerator.clip_grad_norm_ in the loop)"
+            )
+        config = self.parallelism_config
+        if config is not None and (
+            config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled
+        ):
+            raise ValueError(
+                f"parallelism_config {config!r}: autobyte tunes FSDP2 sharded over every "
+                "rank (dp_shard only); tensor, context and replicated-shard parallelism are "
+                "not supported: use accelerate's own Accelerator for them"
             )
 
     def _broadcast_buffers(self) -> bool:
@@ -339,15 +472,18 @@ class Accelerator(accelerate.Accelerator):
         return super().load_state(input_dir, load_kwargs, **load_model_func_kwargs)
 
     def close_schedulers(self) -> None:
-        """Wait for the last updates and stop every scheduler (collective: every rank calls it);
-        a later `prepare` builds new ones. Also shuts down the autobyted session opened here."""
+        """Wait for the last updates and stop every scheduler, detach every FSDP2 job (collective:
+        every rank calls it); a later `prepare` builds new ones. Also shuts down the autobyted session opened here."""
         schedulers, self._scheduled = list(self._scheduled.values()), {}
+        sharded, self._sharded = list(self._sharded.values()), {}
         for prepared in self._optimizers:
             if isinstance(prepared, _ScheduledStepOptimizer):
                 prepared.scheduled = None
         try:
             for scheduled in schedulers:
                 scheduled.close()
+            for job in sharded:
+                job.close()
         finally:
             if self._session_started:
                 import autobyte
@@ -358,6 +494,11 @@ class Accelerator(accelerate.Accelerator):
     def end_training(self) -> None:
         self.close_schedulers()
         super().end_training()
+
+
+def _uncompiled(model: nn.Module) -> nn.Module:
+    """The module `torch.compile` wraps (FSDP2's root), else the module itself."""
+    return getattr(model, "_orig_mod", model)
 
 
 class _ScheduledStepOptimizer(AcceleratedOptimizer):

@@ -20,14 +20,22 @@ Trainer's `max_grad_norm` clipping and its `grad_norm` log entry are its own: it
 `accelerator.clip_grad_norm_` reads the reduced gradients (a read of `.grad` waits for the step's
 reductions, `autobyte.scheduler.grad_reads`), so it clips and logs DDP's norm, to the bit.
 
+FSDP2 (`TrainingArguments(fsdp="full_shard", fsdp_config={"version": 2, ...})`): the model is
+sharded as Trainer and accelerate shard it, and autobyte attaches to it (`autobyte.fsdp`: its
+prefetch depths and resharding measured and tuned, the arithmetic FSDP2's; see
+`autobyte.accelerate`, also for CPU launches); `grad_norm`, clipping and checkpoints are Trainer's.
+
 What it adds to the Trainer's logs:
 * one log entry per configuration the scheduler applies (`autobyte/partition_bytes`,
-  `autobyte/credit_bytes`, `autobyte/tail_bytes`, `autobyte/decision`), so the tuner's decisions
-  appear in the console and in every logging integration Trainer reports to;
+  `autobyte/credit_bytes`, `autobyte/tail_bytes`, `autobyte/decision`; an FSDP2 job's
+  `autobyte/forward_prefetch`, `autobyte/backward_prefetch`, `autobyte/reshard_after_forward`,
+  -1 where the job keeps what the user set), so the tuner's decisions appear in the console and
+  in every logging integration Trainer reports to;
 * the job streams to autobyted under `TrainingArguments.run_name` when a daemon is given.
 
 `autobyte=` (a dict) takes `partition_bytes`, `credit_bytes`, `tail_bytes`, `daemon`, `job`,
-`token`, `tune`, `timeout_s`, `native` (`autobyte.accelerate.Accelerator`'s arguments).
+`token`, `tune`, `timeout_s`, `native`, `memory_budget_bytes` (`autobyte.accelerate.Accelerator`'s
+arguments).
 Refused with a ValueError: a DDP setting whose numbers the scheduler cannot reproduce (see
 `autobyte.accelerate`), an unknown `autobyte=` key.
 
@@ -52,7 +60,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from autobyte.accelerate import Accelerator
-from autobyte.types import NO_LIMIT_BYTES, Config, StepMetrics
+from autobyte.types import NO_LIMIT_BYTES, Config
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +77,7 @@ OPTIONS = frozenset(
         "tune",
         "timeout_s",
         "native",
+        "memory_budget_bytes",
     }
 )
 
@@ -108,6 +117,11 @@ class Trainer(transformers.Trainer):
         """The model's `ScheduledOptimizer` while training (None outside `train`, or single-process)."""
         return self.accelerator.scheduled_optimizer(self.model)
 
+    @property
+    def sharded_job(self) -> Any:
+        """An FSDP2 model's `autobyte.fsdp.ShardedJob` while training (None otherwise)."""
+        return self.accelerator.sharded_job(self.model)
+
     # ------------------------------------------------------------------ training and checkpoints
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
@@ -134,22 +148,22 @@ class Trainer(transformers.Trainer):
 
 
 class _ConfigurationLog(TrainerCallback):
-    """One Trainer log entry (and one `autobyte.hf` log line) per configuration the scheduler
-    applied, read from the scheduler's step measurements on the training thread."""
+    """One Trainer log entry (and one `autobyte.hf` log line) per configuration the scheduler or
+    the FSDP2 job applied, read from their step measurements on the training thread."""
 
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
-        self.scheduled: Any = None
-        self._logged: tuple[Config, int] | None = None
-        self._applied: list[StepMetrics] = []
+        self.scheduled: Any = None  # the ScheduledOptimizer or ShardedJob it listens to
+        self._logged: tuple[Any, int] | None = None
+        self._applied: list[Any] = []  # StepMetrics or ShardStep: config, decision_id, step
 
-    def _on_step(self, metrics: StepMetrics) -> None:
+    def _on_step(self, metrics: Any) -> None:
         if (metrics.config, metrics.decision_id) != self._logged:
             self._logged = (metrics.config, metrics.decision_id)
             self._applied.append(metrics)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        scheduled = self._trainer.scheduled_optimizer
+        scheduled = self._trainer.scheduled_optimizer or self._trainer.sharded_job
         if scheduled is not None and scheduled is not self.scheduled:
             self.scheduled = scheduled
             scheduled.add_step_callback(self._on_step)
@@ -165,14 +179,32 @@ class _ConfigurationLog(TrainerCallback):
             )
             self._trainer.log(
                 {
-                    "autobyte/partition_bytes": _bytes(config.partition_bytes),
-                    "autobyte/credit_bytes": _bytes(config.credit_bytes),
-                    "autobyte/tail_bytes": _bytes(config.tail_bytes),
+                    **_entries(config),
                     "autobyte/decision": metrics.decision_id,
                     "autobyte/from_step": metrics.step,
                 }
             )
         control.should_log = should_log
+
+
+def _entries(config: Any) -> dict[str, int]:
+    """A configuration as Trainer log entries: the scheduler's sizes, or an FSDP2 job's knobs
+    (-1: as the user set it; resharding 1 / 0 for every group)."""
+    if isinstance(config, Config):
+        return {
+            "autobyte/partition_bytes": _bytes(config.partition_bytes),
+            "autobyte/credit_bytes": _bytes(config.credit_bytes),
+            "autobyte/tail_bytes": _bytes(config.tail_bytes),
+        }
+    held = config.to_config()
+    return {
+        f"autobyte/{name}": -1 if value is None else int(value)
+        for name, value in (
+            ("forward_prefetch", held.forward_prefetch),
+            ("backward_prefetch", held.backward_prefetch),
+            ("reshard_after_forward", held.reshard_after_forward),
+        )
+    }
 
 
 def _bytes(value: int | None) -> int:

@@ -160,3 +160,21 @@ def run_ranks_on(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def torchrun_argv(script: object, *args: str, nproc: int = 2) -> list[str]:
+    """The command line of a `torch.distributed.run` launch of `script` on `nproc` local ranks,
+    on a free rendezvous port."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
