@@ -71,6 +71,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autobyte import hooks
+from autobyte.hostload import local_peer_pids
 from autobyte.records import MemoryLimits
 from autobyte.types import Config, StepMetrics, check_depth
 
@@ -384,6 +385,8 @@ class ShardedJob:
         self._leader = 0 if ranks is None else ranks[0]
         # proposals travel on gloo whatever the data backend (a few ints a step, off the data path)
         self._channel = dist.new_group(ranks, backend="gloo")
+        # the job's other ranks on this host (autobyte.hostload: their CPU is not others' load)
+        self.local_job_pids = local_peer_pids(self._channel)
         self._lock = threading.Lock()
         # rank 0's (config, at_step, decision_id): decision_id is autobyted's (0: the script's own)
         self._proposal: tuple[ShardConfig, int, int] | None = None
@@ -726,6 +729,7 @@ class _Reported:
         self._job = job
         self.model = job.model
         self.process_group = job.group
+        self.local_job_pids = job.local_job_pids
         self._bytes = sum(p.numel() * p.element_size() for p in job.model.parameters())
         self._partitions = len(job.groups) + 1
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autobyte import hooks
+from autobyte import hooks, hostload
 from autobyte.scheduler import (
     amp,
     checks,
@@ -151,6 +151,12 @@ class ScheduledOptimizer:
             own_communicator,
             bool(broadcast_buffers and buffers_mod.synced_buffers(model)),
             self._settings.timeout_s,
+        )
+
+        # the pids of the group's other ranks on this host: their CPU is this job's, not others'
+        # load (autobyte.hostload; the transport's sampler excludes them)
+        self.local_job_pids = (
+            hostload.local_peer_pids(self._groups.decision) if self._groups.world > 1 else ()
         )
 
         # "auto": derived from the gradients' bytes and the group's measured all-reduce cost

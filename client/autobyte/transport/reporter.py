@@ -166,6 +166,8 @@ class Reporter:
             )
         for thread in self._threads:
             thread.start()
+        # the job's other ranks on this host are the job's CPU, not others' load
+        self._host_load.exclude(getattr(optimizer, "local_job_pids", ()))
         self._host_load.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
