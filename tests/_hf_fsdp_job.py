@@ -23,7 +23,13 @@ import transformers.trainer as trainer_module
 from accelerate.state import AcceleratorState, GradientState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import FSDPModule
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    TrainingArguments,
+)
 
 OUT = sys.argv[1]
 DAEMON = sys.argv[2]
@@ -59,7 +65,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def gpt2() -> GPT2LMHeadModel:
+def gpt2(tied: bool = False) -> GPT2LMHeadModel:
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=3,
@@ -69,16 +75,34 @@ def gpt2() -> GPT2LMHeadModel:
         n_positions=16,
         bos_token_id=0,
         eos_token_id=0,
-        tie_word_embeddings=False,  # accelerate's FSDP2 maps tied weights only when loaded
+        tie_word_embeddings=tied,
     )
     return GPT2LMHeadModel(config)
 
 
-def plugin() -> FullyShardedDataParallelPlugin:
+def llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+def plugin(block: str = "GPT2Block", **settings) -> FullyShardedDataParallelPlugin:
     return FullyShardedDataParallelPlugin(
         fsdp_version=2,
         auto_wrap_policy="transformer_based_wrap",
-        transformer_cls_names_to_wrap=["GPT2Block"],
+        transformer_cls_names_to_wrap=[block],
+        **settings,
     )
 
 
@@ -104,10 +128,10 @@ def sharded(model: torch.nn.Module) -> bool:
     )
 
 
-def accelerate_run(accelerator) -> dict:
+def accelerate_run(accelerator, make_model=gpt2) -> dict:
     """The standard accelerate loop: accumulation, clip_grad_norm_ logged, a save_state /
     load_state round trip; autobyte's FSDP2 job gets new configurations at steps 1 and 2."""
-    model = gpt2()
+    model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = torch.utils.data.DataLoader(Tokens(48), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -217,6 +241,30 @@ def main() -> None:
             job="acc-fsdp",
         )
     )
+    # more of what users shard: bf16 (accelerate's MixedPrecisionPolicy) with tied embeddings,
+    # Llama blocks under activation checkpointing
+    variants = {}
+    for name, make_model, block, settings, precision in (
+        ("bf16_tied", lambda: gpt2(tied=True), "GPT2Block", {}, "bf16"),
+        (
+            "llama_checkpointed",
+            llama,
+            "LlamaDecoderLayer",
+            {"activation_checkpointing": True},
+            "no",
+        ),
+    ):
+        pair = []
+        for cls in (AcceleratorFSDP2, autobyte.accelerate.Accelerator):
+            reset()
+            accelerator = cls(
+                cpu=True,
+                fsdp_plugin=plugin(block, **settings),
+                gradient_accumulation_steps=2,
+                mixed_precision=precision,
+            )
+            pair.append(accelerate_run(accelerator, make_model))
+        variants[name] = pair
     original = trainer_module.Accelerator
     trainer_module.Accelerator = AcceleratorFSDP2
     try:
@@ -269,6 +317,16 @@ def main() -> None:
             "checkpoints": (plain_trainer["checkpoints"], ours_trainer["checkpoints"]),
         },
         "refusals": refusals,
+        "variants": {
+            name: {
+                "diff": diff(a["state"], b["state"]),
+                "across": across(b["state"]),
+                "norms_equal": a["norms"] == b["norms"],
+                "sharded": (a["sharded"], b["sharded"]),
+                "changed": b["configs"][-1] != b["configs"][0],
+            }
+            for name, (a, b) in variants.items()
+        },
     }
     with open(f"{OUT}/rank{RANK}.json", "w") as f:
         json.dump(out, f)

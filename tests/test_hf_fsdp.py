@@ -2,7 +2,8 @@
 2-rank gloo torchrun launch (tests/_hf_fsdp_job.py, a tiny GPT-2): the parameters, the clip
 norms and Trainer's `grad_norm` log equal accelerate's own FSDP2 path to the bit on every rank,
 across live configuration changes, a save_state / load_state round trip and Trainer's
-checkpoints; both jobs stream to a real daemon as FSDP2 jobs; what autobyte cannot run is
+checkpoints, also under bf16 with tied embeddings and for Llama blocks under activation
+checkpointing; both jobs stream to a real daemon as FSDP2 jobs; what autobyte cannot run is
 refused with a message."""
 
 import pytest
@@ -51,6 +52,16 @@ def test_accelerate_fsdp2_loop_equals_accelerates_own_to_the_bit_across_live_cha
         assert "forward_prefetch=2, backward_prefetch=2" in run["configs"][3]
         assert run["configs"][-1].endswith("reshard_after_forward=False")
     assert ranks[0]["accelerate"]["configs"] == ranks[1]["accelerate"]["configs"]
+
+
+def test_bf16_tied_embeddings_and_checkpointed_llama_blocks_equal_accelerates_own(launch):
+    ranks, _, _ = launch
+    for r in ranks:
+        assert set(r["variants"]) == {"bf16_tied", "llama_checkpointed"}
+        for name, run in r["variants"].items():
+            assert run["sharded"] == [True, True], name
+            assert run["diff"] == 0.0 and run["across"] == 0.0 and run["norms_equal"], name
+            assert run["changed"], name  # the live changes applied
 
 
 def test_trainer_fsdp2_equals_its_own_run_and_logs_the_configurations(launch):
