@@ -126,6 +126,31 @@ def test_a_bandwidth_drop_reopens_the_search_and_noise_does_not():
     assert abs(tuner.status.measured_step_time_s - 0.2) < 0.02
 
 
+def test_a_re_tune_after_a_drift_alarm_starts_its_baseline_with_the_alarms_fresh_steps():
+    from autobyted.tuner.phases.baseline import Baseline
+
+    tuner, sink = make(predictor_for(BEST, 0.3))
+
+    def landscape(config, step):
+        if step < 700:
+            return better(BEST, 0.3)(config, step)
+        return (0.2 if config == BEST else 0.3), 2.5e7  # the link got 4x slower at step 700
+
+    job = ScriptedJob(landscape, noise=0.03, batch=1)
+    job.run(tuner, sink, 700)
+    assert tuner.phase == "holding" and job.config == BEST
+    while tuner.stats["retunes"] == 0 and job.step < 800:
+        job.run(tuner, sink, 1)
+    phase = tuner._phase
+    assert isinstance(phase, Baseline) and tuner.phase == "re-tuning", tuner.detail
+    seeded = [m.step for m in phase.window]
+    # the alarm's steps after the change (the first of its blocks left out), no step from before
+    # it, at most half the baseline's window: the baseline needs that many fewer steps
+    assert 1 <= len(seeded) <= phase.search.window_steps // 2, seeded
+    assert seeded == list(range(job.step - len(seeded), job.step)) and seeded[0] >= 700, seeded
+    assert all(m.config == BEST for m in phase.window)
+
+
 def test_operator_pause_stops_decisions_and_resume_restarts_from_the_operators_configuration():
     tuner, sink = make(predictor_for(BEST, 0.3))
     job = ScriptedJob(better(BEST, 0.3))

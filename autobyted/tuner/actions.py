@@ -49,6 +49,8 @@ class Open(Action):
     steps: int  # the baseline's nominal window
     sample: StepMetrics | None = None  # a sample the new baseline starts with (after warm-up)
     retune: bool = False  # counted as a re-tune (drift, a rescore)
+    # steps already measured in the new context (a drift alarm's fresh steps): the baseline's first
+    seed: tuple[StepMetrics, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

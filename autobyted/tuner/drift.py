@@ -149,6 +149,9 @@ class Alarm:
     direction: int  # +1 up, -1 down
     shift: float  # current estimate of the shift (median of the last steps minus the reference)
     reason: str
+    # the latest steps already in the new context: those of the blocks the shift was measured on,
+    # but the first (which may straddle the change); a re-tune's baseline starts with them
+    fresh_steps: int = 0
 
 
 class Cusum:
@@ -350,7 +353,13 @@ class DriftDetector:
     def _label(self, since: int) -> Alarm:
         """The alarm's reason, from every signal's shift over its last `since` blocks: the cause
         (module docstring, `cause_of`) among the context signals at least half way to their
-        threshold; else the step-time residual."""
+        threshold; else the step-time residual. Its `fresh_steps`: those blocks' steps but the
+        first block's."""
+        return dataclasses.replace(
+            self._named(since), fresh_steps=max(0, since - 1) * self._block_steps
+        )
+
+    def _named(self, since: int) -> Alarm:
         assert self._tests is not None
 
         def progress(item):

@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from autobyte.types import Config, StepMetrics, describe_speedup
 
@@ -112,7 +112,9 @@ def apply(job: TunerJob, action: act.Action, phase: Phase) -> Phase:
         if isinstance(action, act.Stay):
             return phase
         if isinstance(action, act.Open):
-            phase = open_search(job, action.reason, action.new_segment, action.steps, action.retune)
+            phase = open_search(
+                job, action.reason, action.new_segment, action.steps, action.retune, action.seed
+            )
             if action.sample is None:
                 return phase
             action = phase.on_sample(action.sample)
@@ -162,10 +164,16 @@ def resume(job: TunerJob) -> Phase:
 
 
 def open_search(
-    job: TunerJob, reason: str, new_segment: bool, steps: int, retune: bool = False
+    job: TunerJob,
+    reason: str,
+    new_segment: bool,
+    steps: int,
+    retune: bool = False,
+    seed: Sequence[StepMetrics] = (),
 ) -> Baseline:
     """Open a search: a new context segment (unless it is the job's first), a baseline of `steps`
-    (fewer for long steps), and nothing held until the search settles."""
+    (fewer for long steps) that starts with `seed` (steps of the configuration in effect already
+    in the new context: a drift alarm's), and nothing held until the search settles."""
     if retune:
         job.stats["retunes"] += 1
     if new_segment:
@@ -178,7 +186,7 @@ def open_search(
     # running job reads from its newest step): say so rather than print none/inf.
     in_effect = describe(job.config) if job.config is not None else "the configuration in effect"
     _status(job, state, f"{prefix}measuring {in_effect}")
-    return Baseline(job, job.search)
+    return Baseline(job, job.search, seed)
 
 
 def _adopt(job: TunerJob, incumbent: MeasuredWindow) -> None:

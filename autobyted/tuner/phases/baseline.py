@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from autobyte.types import StepMetrics
 
@@ -38,16 +39,25 @@ class WarmUp(Phase):
 class Baseline(Phase):
     """The window of the configuration in effect, for the plan of the search."""
 
-    def __init__(self, job: TunerJob, search: Search) -> None:
+    def __init__(self, job: TunerJob, search: Search, seed: Sequence[StepMetrics] = ()) -> None:
         super().__init__(job)
         self.search = search
-        self.window: list[StepMetrics] = []
+        # a re-tune after a drift alarm starts with the alarm's steps in the new context (at most
+        # half the window: the alarm chose them, the rest are the baseline's own)
+        keep = search.window_steps // 2
+        self.window: list[StepMetrics] = list(seed)[-keep:] if keep else []
+        self._early = len(self.window) > job.params.min_trial_steps + 1  # the early look done
 
     def on_sample(self, m: StepMetrics) -> Action:
         job, search, params = self.job, self.search, self.job.params
         self.window.append(m)
         if len(self.window) < search.window_steps:
-            if len(self.window) == params.min_trial_steps + 2 and job.mode == "auto":
+            if (
+                not self._early
+                and len(self.window) >= params.min_trial_steps + 2
+                and job.mode == "auto"
+            ):
+                self._early = True
                 return self._warm(m) or self._carried(m) or STAY
             return STAY
         return BaselineMeasured(

@@ -61,11 +61,13 @@ class Watching(Phase):
             return STAY
         alarm = self.detector.update(m)
         if alarm is not None:
+            fresh = [*self.recent, m][-alarm.fresh_steps :] if alarm.fresh_steps else []
             return Open(
                 f"re-tuning after {alarm.reason}",
                 new_segment=True,
                 steps=params.rebaseline_steps,
                 retune=True,
+                seed=tuple(fresh),
             )
         self.recent.append(m)
         del self.recent[:-RECENT_STEPS]
