@@ -103,6 +103,18 @@ def test_the_tuner_from_the_derived_start_runs_on_the_testbed_only(capsys):
     assert "runs on the testbed only" in capsys.readouterr().err
 
 
+def test_the_daemons_database_is_kept_on_request_on_the_testbed_only(tmp_path, capsys):
+    argv = ["s.toml", "--keep-daemon", str(tmp_path / "kept")]
+    assert evaluate.parse_args([*argv, "--testbed"]).keep_daemon == str(tmp_path / "kept")
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(argv)
+    assert "needs --testbed" in capsys.readouterr().err
+    scenario = load_scenario(str(ROOT / "benchmarks" / "scenarios" / "resnet50-2w-step.toml"))
+    kept = evaluate._kept(tmp_path / "kept", scenario, "policy-autobyte-sched:auto")
+    assert kept == tmp_path / "kept" / f"{scenario.name}--policy-autobyte-sched_auto"
+    assert kept.is_dir() and evaluate._kept(None, scenario, "x") is None
+
+
 def test_the_warm_start_runs_on_the_testbed_only_and_names_a_bad_start(capsys):
     argv = ["s.toml", "--policy", "autobyte-warm:4MiB,16MiB", "autobyte-warm:auto"]
     assert evaluate.parse_args([*argv, "--testbed"]).policy == argv[2:]

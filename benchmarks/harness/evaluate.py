@@ -444,10 +444,13 @@ def _decision_time_s(decision: dict[str, Any], ends_s: Sequence[float]) -> float
     return ends_s[min(step, len(ends_s)) - 1] if ends_s and step > 0 else 0.0
 
 
+def _run_name(scenario: Scenario, key: str) -> str:
+    """A run's name in file names: the scenario's and the policy's, no '/', ':' or ','."""
+    return f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}"
+
+
 def _cache_path(cache: pathlib.Path, scenario: Scenario, key: str) -> pathlib.Path:
-    return (
-        cache / f"{scenario.name}--{key.replace('/', '_').replace(':', '_').replace(',', '_')}.json"
-    )
+    return cache / f"{_run_name(scenario, key)}.json"
 
 
 def _cached_run(
@@ -547,11 +550,21 @@ def _warm_pair(
     return second
 
 
+def _kept(root: pathlib.Path | None, scenario: Scenario, key: str) -> pathlib.Path | None:
+    """Where an autobyte run's daemon keeps its database and log (`--keep-daemon`), created."""
+    if root is None:
+        return None
+    path = root / _run_name(scenario, key)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def testbed_scenario(
     scenario: Scenario,
     policy_names: Sequence[str],
     cache: pathlib.Path | None = None,
     references: bool = True,
+    keep_daemon: pathlib.Path | None = None,
 ) -> dict[str, Any]:
     """Run every policy on the namespace testbed under the scenario's bandwidth trace.
 
@@ -685,7 +698,13 @@ def testbed_scenario(
                     cache,
                     scenario,
                     key,
-                    lambda label=label: _run_on_testbed(scenario, label, trace, daemon="auto"),
+                    lambda label=label, key=key: _run_on_testbed(
+                        scenario,
+                        label,
+                        trace,
+                        daemon="auto",
+                        daemon_dir=_kept(keep_daemon, scenario, key),
+                    ),
                 )
             tuner = series.tuner or {}
             tuned[name] = series
@@ -979,12 +998,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="with --testbed: reuse the runs stored in DIR by earlier commands, store new ones",
     )
     parser.add_argument(
+        "--keep-daemon",
+        default=None,
+        metavar="DIR",
+        help="with --testbed: keep each autobyte run's daemon database and log in "
+        "DIR/SCENARIO--POLICY (for `autobyted start --db sqlite:///...` and `autobyte status`, "
+        "`history`, `plot` afterwards)",
+    )
+    parser.add_argument(
         "--skip-references",
         action="store_true",
         help="with --testbed: run only the named policies (no oracle / grid-best)",
     )
     args = parser.parse_args(argv)
     args.policy = list(dict.fromkeys(args.policy or ["ddp", "grid-best", "bo-once", "oracle"]))
+    if args.keep_daemon and not args.testbed:
+        parser.error("--keep-daemon keeps the testbed's daemons: it needs --testbed")
     try:
         for name in args.policy:
             if args.testbed and name.startswith(SECOND_RUNS):
@@ -1013,6 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.policy,
                 pathlib.Path(args.testbed_cache) if args.testbed_cache else None,
                 references=not args.skip_references,
+                keep_daemon=pathlib.Path(args.keep_daemon) if args.keep_daemon else None,
             )
         else:
             result = simulate_scenario(scenario, args.policy)
