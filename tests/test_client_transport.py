@@ -674,3 +674,52 @@ def test_a_malformed_daemon_environment_warns_once_and_training_goes_on(monkeypa
         )
         assert "training goes on" in messages[0]
     assert session._reporter is before  # nothing was started
+
+
+def _calls_left_worker(rank, world, address):
+    import gc
+
+    import autobyte
+    import grpc
+    import torch
+    from autobyte.transport import session
+
+    gc.disable()  # what survives close() below is held or in a cycle: never collected here
+    try:
+        reporter = autobyte.init(daemon=address, job="calls-left")
+        model = torch.nn.Linear(8, 2)
+        with autobyte.ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1)) as opt:
+            for _ in range(5):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+        deadline = time.monotonic() + 30
+        while reporter.control._watch_stream is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the watch stream is open (the call close() cancels)
+        watched = reporter.control._watch_stream is not None
+        flushed = reporter.flush(20)
+        threads = list(reporter._threads)
+        autobyte.shutdown(timeout_s=10)
+        for thread in threads:
+            thread.join(10)
+        calls = [
+            type(o).__name__ for o in gc.get_objects() if isinstance(o, grpc._channel._Rendezvous)
+        ]
+        return {
+            "watched": watched,
+            "flushed": flushed,
+            "alive": [t.name for t in threads if t.is_alive()],
+            "calls": calls,
+            "reporter_gone": session._reporter is None,
+        }
+    finally:
+        gc.enable()
+
+
+def test_closed_reporter_leaves_no_grpc_call_for_interpreter_shutdown(thread_daemon):
+    """A call still alive (or in a reference cycle) after shutdown() is collected during
+    interpreter shutdown, where its __del__ can wait forever on a lock of a daemon thread the
+    shutdown stopped: a rank that wrote its results and never exited (seen under torchrun)."""
+    (result,) = run_ranks(_calls_left_worker, 1, thread_daemon.address, timeout_s=90)
+    assert result["watched"] and result["flushed"] and result["reporter_gone"], result
+    assert result["alive"] == [], result
+    assert result["calls"] == [], result

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 from tests.helpers.daemon import ThreadDaemon
-from tests.helpers.dist import torchrun_argv
+from tests.helpers.dist import run_launch, torchrun_argv
 from tests.helpers.hf import hf_env
 from tests.helpers.paths import ROOT
 
@@ -29,14 +28,8 @@ def test_train_mlp_example_trains_and_streams_to_the_daemon(db_url, tmp_path):
             TMPDIR=str(tmp_path),
             PYTHONPATH=os.pathsep.join([str(ROOT / "client"), str(ROOT)]),
         )
-        job = subprocess.run(
-            torchrun_argv(str(ROOT / "examples" / "train_mlp.py")),
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=200,
-            check=False,
+        job = run_launch(
+            torchrun_argv(str(ROOT / "examples" / "train_mlp.py")), env=env, cwd=ROOT, timeout_s=200
         )
         assert job.returncode == 0, job.stderr[-3000:]
         assert "autobyte job example: follow it with `autobyte history example`" in job.stdout, (
@@ -59,14 +52,11 @@ AUTOBYTE_IMPORT = (
 
 def _run_accelerate_example(script, out, steps=8):
     env = hf_env(out)
-    return subprocess.run(
+    return run_launch(
         torchrun_argv(str(script), "--steps", str(steps), "--output-dir", str(out / "model")),
         env=env,
         cwd=out,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
+        timeout_s=200,
     )
 
 

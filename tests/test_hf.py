@@ -5,12 +5,10 @@ GradScaler, evaluation, a checkpoint resume, save_state/load_state, a configurat
 configurations applied show up in Trainer's logs, the job streams to a real daemon under the
 Trainer's run name, and settings the scheduler cannot reproduce are refused."""
 
-import subprocess
-
 import pytest
 from autobyte.protocol import autobyte_pb2 as pb
 
-from tests.helpers.dist import torchrun_argv
+from tests.helpers.dist import run_launch, torchrun_argv
 from tests.helpers.hf import hf_env, hf_launch, require_hf
 from tests.helpers.paths import ROOT
 from tests.helpers.rpc import Client
@@ -148,7 +146,7 @@ def test_unknown_trainer_option_is_refused():
 @pytest.mark.timeout(240)
 def test_trainer_example_trains_and_saves(tmp_path):
     env = hf_env(tmp_path)
-    job = subprocess.run(
+    job = run_launch(
         torchrun_argv(
             str(ROOT / "examples" / "train_hf_trainer.py"),
             "--steps",
@@ -158,10 +156,7 @@ def test_trainer_example_trains_and_saves(tmp_path):
         ),
         env=env,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
+        timeout_s=200,
     )
     assert job.returncode == 0, job.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()

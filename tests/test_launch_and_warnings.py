@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from devtools.ports import free_port
 from tests.helpers.daemon import ThreadDaemon
-from tests.helpers.dist import run_ranks
+from tests.helpers.dist import run_launch, run_ranks, torchrun_argv
 from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.slow
@@ -35,23 +33,10 @@ def test_bare_init_under_torchrun_derives_one_job_id_for_the_launch(db_url, tmp_
         ids = []
         for launch in range(2):
             out = tmp_path / f"launch{launch}-r{{rank}}.json"
-            job = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nproc-per-node",
-                    "2",
-                    "--master-port",
-                    str(free_port()),
-                    str(ROOT / "tests" / "_bare_init_job.py"),
-                    str(out),
-                ],
+            job = run_launch(
+                torchrun_argv(ROOT / "tests" / "_bare_init_job.py", str(out)),
                 env=env,
-                capture_output=True,
-                text=True,
-                timeout=180,
-                check=False,
+                timeout_s=180,
             )
             assert job.returncode == 0, job.stderr[-3000:]
             ranks = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from tests._exit_job import free_port
+from tests.helpers.dist import run_launch, torchrun_argv
 from tests.helpers.paths import ROOT
 
 JOB = str(ROOT / "tests" / "_exit_job.py")
@@ -145,34 +145,9 @@ def test_under_torchrun_a_failed_rank_fails_the_job_cleanly_and_an_ended_one_tel
 
     def torchrun(mode: str, job: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "AUTOBYTE_DAEMON": thread_daemon.address, "AUTOBYTE_JOB": job}
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            JOB,
-            "--torchrun",
-            mode,
-            str(tmp_path),
-        ]
-        launcher = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # the launcher and its workers: one group to kill on a hang
+        return run_launch(
+            torchrun_argv(JOB, "--torchrun", mode, str(tmp_path)), env=env, timeout_s=120
         )
-        try:
-            out, err = launcher.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            out, err = launcher.communicate()
-            pytest.fail(f"torchrun {mode} did not end within 120 s; its output:\n{err[-4000:]}")
-        return subprocess.CompletedProcess(argv, launcher.returncode, out, err)
 
     ended = torchrun("end", "exit-end")
     assert ended.returncode == 0, ended.stderr[-3000:]

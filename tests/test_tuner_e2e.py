@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 
 from devtools.ports import free_port
 from tests.helpers.daemon import start_daemon_process, stop_process
+from tests.helpers.dist import run_launch
 from tests.helpers.paths import ROOT
 from tests.helpers.rpc import Client
 from tests.helpers.wait import wait_for
@@ -39,7 +39,7 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
             "AUTOBYTE_JOB": "e2e",
             "TMPDIR": str(tmp_path),
         }  # torchrun's torchelastic_* folder goes with the test
-        job = subprocess.run(
+        job = run_launch(
             [
                 sys.executable,
                 "-m",
@@ -63,10 +63,7 @@ def test_a_real_daemon_tunes_a_real_two_rank_job(db_url, tmp_path):
                 str(tmp_path / "r{rank}.json"),
             ],
             env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+            timeout_s=300,
         )
         assert job.returncode == 0, job.stderr[-3000:]
         ranks = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
+import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -178,3 +181,65 @@ def torchrun_argv(script: object, *args: str, nproc: int = 2) -> list[str]:
         str(script),
         *args,
     ]
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` now, children first (from every /proc/<pid>/stat's parent: torchrun
+    starts each worker in a session of its own, out of reach of the launcher's process group)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in parents.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def run_launch(
+    argv: list[str], *, env: dict[str, str], timeout_s: float, cwd: object = None
+) -> subprocess.CompletedProcess:
+    """Run a launcher (torchrun and its workers) to its end within `timeout_s`. A launch that
+    hangs fails the test with every process's Python stacks (faulthandler on, SIGABRT to the
+    launcher and each of its descendants) and all of them killed: never an orphaned worker or a
+    bare timeout."""
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
+    launcher = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = launcher.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal_all([launcher.pid], signal.SIGSTOP)  # it would stop the workers at the first abort
+        workers = _descendants(launcher.pid)
+        try:
+            for pid in workers:  # faulthandler: each worker's stacks to stderr, one at a time
+                _signal_all([pid], signal.SIGABRT)
+                time.sleep(0.5)
+        finally:
+            _signal_all([*workers, launcher.pid], signal.SIGKILL)
+        out, err = launcher.communicate()
+        raise AssertionError(
+            f"{' '.join(map(str, argv[2:]))} did not end within {timeout_s:.0f} s; its stderr "
+            f"with every process's stacks:\n{err[-12000:]}\nstdout:\n{out[-2000:]}"
+        ) from None
+    return subprocess.CompletedProcess(argv, launcher.returncode, out, err)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.daemon import ThreadDaemon
-from tests.helpers.dist import torchrun_argv
+from tests.helpers.dist import run_launch, torchrun_argv
 from tests.helpers.paths import ROOT
 
 EXTRA = "the Hugging Face drop-ins are an optional extra: pip install 'autobyte[hf]' (scripts/setup.sh installs it)"
@@ -47,14 +46,11 @@ def hf_launch(worker: str, out: Path, timeout_s: float) -> Iterator[tuple[list[d
     output) while the daemon still runs."""
     daemon = ThreadDaemon(f"sqlite:///{out / 'autobyted.db'}").start()
     try:
-        job = subprocess.run(
+        job = run_launch(
             torchrun_argv(str(ROOT / "tests" / worker), str(out), daemon.address),
             env=hf_env(out),
             cwd=out,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
+            timeout_s=timeout_s,
         )
         assert job.returncode == 0, job.stderr[-4000:]
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

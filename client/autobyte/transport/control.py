@@ -14,6 +14,7 @@ import grpc
 from autobyte.convert import config_from_proto, config_to_proto
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
+from autobyte.transport.endpoints import release_call
 from autobyte.types import Config, StepMetrics
 
 log = logging.getLogger(__name__)
@@ -135,12 +136,15 @@ class Control:
                     self._last_update_id = update.decision_id
                     self._apply(update.decision_id, config, update.apply_at_step)
             except grpc.RpcError as error:
+                release_call(error)
                 if time.monotonic() - opened > 5.0:
                     attempt = 0  # it was a working stream that broke, not a failing one
                 if not self._link.closed.is_set():
                     log.debug("control stream ended: %s %s", error.code(), error.details())
             except Exception:
                 log.exception("unexpected error in the autobyte control thread")
+            finally:
+                stream = self._watch_stream = None  # freed here, not at interpreter shutdown
             attempt += 1
             self._link.backoff(attempt)
 

@@ -56,3 +56,12 @@ class DaemonEndpoints:
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
+
+
+def release_call(error: grpc.RpcError) -> None:
+    """Drop the traceback of a streaming call's error. gRPC raises the call object itself, and its
+    traceback holds gRPC's frame whose `self` is that call: a cycle only the cyclic collector
+    frees, possibly during interpreter shutdown, where the call's `__del__` waits forever on a lock
+    that a daemon thread stopped by the shutdown may hold (a rank that never exits). Without the
+    traceback the call is freed on the thread that handled it, while every thread still runs."""
+    error.__traceback__ = None

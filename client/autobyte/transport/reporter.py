@@ -28,7 +28,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.records import MemoryLimits
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
-from autobyte.transport.endpoints import DaemonEndpoints
+from autobyte.transport.endpoints import DaemonEndpoints, release_call
 from autobyte.transport.place import RankPlace
 from autobyte.transport.sample_buffer import SampleBuffer
 from autobyte.types import Config, StepMetrics, check_metrics
@@ -400,6 +400,7 @@ class Reporter:
                     self._ack(ack.acked_seq)
                     self.background_cpu_s += time.thread_time() - cpu0
             except grpc.RpcError as error:
+                release_call(error)
                 wait_s = _retry_after_s(error)
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     self._drop_rejected(error.details())
