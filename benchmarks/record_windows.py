@@ -131,7 +131,7 @@ def estimated_start(shape: dict[str, Any], wire_rate_bps: float) -> Any:
     benchmarks/sim_vs_emulated.py reads): the centre of the tuner's search, before the job says."""
     from autobyte.scheduler.start import CollectiveCost, derive
 
-    from benchmarks.sim_vs_emulated import collective_cost_s
+    from simulator.links import collective_cost_s
 
     ranks = int(shape["world_size"])
     per_byte = 2 * (ranks - 1) / ranks / (wire_rate_bps / 8)

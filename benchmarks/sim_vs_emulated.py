@@ -57,24 +57,17 @@ from benchmarks.harness.scenario import Scenario, load_scenario
 from benchmarks.predictor_error import kendall
 from simulator.engine import (
     DDPConfig,
-    LinkModel,
     RunConfig,
     Simulator,
     dependency_bound_step_s,
 )
+from simulator.links import gloo_link, gloo_n_link
 
 ERROR_GOAL = 0.05
 TAU_GOAL = 0.7
 NOISE_TAU_GOAL = 0.8  # the rounds' agreement a block needs to judge a simulator's tau on it
-TRACE_HORIZON_S = 30.0
+TRACE_HORIZON_S = 30.0  # simulated time over which a changing rate's mean step is taken
 VARIANTS = ("scenario", "probes", "gloo", "gloo_n")
-GLOO_LINK = pathlib.Path(__file__).resolve().parent / "calibration" / "optimum-map.report.json"
-GLOO_LINK_KEYS = ("collective_overhead_s", "launch_s")
-GLOO_COLLECTIVE = pathlib.Path(__file__).resolve().parent / "calibration" / "gloo-collective.json"
-GLOO_BY_SIZE_KEYS = (
-    "message_extra_s",
-    "flow_message_extra_s",
-)  # simulated time over which a changing rate's mean step is taken
 
 
 def simulator_config(label: str) -> RunConfig:
@@ -107,45 +100,6 @@ def row_config(row: dict[str, Any], byte_scale: float) -> RunConfig:
         partition, credit = (None if b is None else round(b * byte_scale) for b in derived)
         return Config(partition, credit)
     return simulator_config(row["config"])
-
-
-def gloo_link(link: LinkModel, byte_scale: float) -> LinkModel:
-    """`link` with this testbed's per-collective costs (GLOO_LINK's calibration); the by-size
-    tables' wire sizes in the model's bytes."""
-    measured = json.loads(GLOO_LINK.read_text())["constants"]
-    costs: dict[str, Any] = {key: float(measured[key]) for key in GLOO_LINK_KEYS}
-    costs["latency_s"] = 0.0  # in collective_overhead_s (measured per collective)
-    for key in GLOO_BY_SIZE_KEYS:
-        if key in measured:
-            costs[key] = tuple((size * byte_scale, seconds) for size, seconds in measured[key])
-    return dataclasses.replace(link, **costs)
-
-
-def collective_cost_s(ranks: int, path: pathlib.Path = GLOO_COLLECTIVE) -> float:
-    """The fitted per-collective latency at `ranks` gloo ranks on this host, with the credit
-    window's partitions in flight (one where the file has no such column)."""
-    from autobyte.scheduler.start import CREDIT_PARTITIONS
-
-    measured = json.loads(path.read_text())["ranks"]
-    if str(ranks) not in measured:
-        raise ValueError(
-            f"{path.name} has no measurement at {ranks} ranks (it has {sorted(measured, key=int)}): "
-            f"run python -m benchmarks.bench_collective --ranks {ranks} --in-flight "
-            f"1,{CREDIT_PARTITIONS}"
-        )
-    by_flight = measured[str(ranks)]
-    column = by_flight.get(str(CREDIT_PARTITIONS)) or by_flight["1"]
-    return max(0.0, float(column["latency_s"]))
-
-
-def gloo_n_link(link: LinkModel, byte_scale: float, ranks: int) -> LinkModel:
-    """`gloo_link` with the per-collective cost measured at `ranks`, overlapping the wire time
-    (the `gloo_n` variant)."""
-    return dataclasses.replace(
-        gloo_link(link, byte_scale),
-        collective_overhead_s=collective_cost_s(ranks),
-        fixed_overlaps_wire=True,
-    )
 
 
 def block_simulator(scenario: Scenario, block: dict[str, Any], variant: str) -> Simulator:

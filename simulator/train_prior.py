@@ -4,7 +4,9 @@
     python -m simulator.train_prior --check         # regenerates in memory, compares with the file
 
 Training data: `CONTEXTS` random contexts, each a model, a worker count, a link bandwidth, a device
-speed and a link cost model; in each, `CONFIGS_PER_CONTEXT` configurations of the tuner's own
+speed and a link cost model, of four kinds drawn alike (`KINDS`: CPU ranks on a gloo-like link, the
+2-core testbed's calibrated gloo, GPUs on NCCL, and the emulated-accelerator testbed: a slow device
+at 2-8 ranks on this host's gloo as measured at that rank count, simulator/links.py); in each, `CONFIGS_PER_CONTEXT` configurations of the tuner's own
 candidate grid (always including the scheduler's default) run to a settled state in the simulator,
 and a window of `WINDOW_STEPS` steps of each goes through the same adapter the `autobyte` policy
 uses (simulator/adapter.py: noisy StepMetrics, what a rank reports). Pairs of windows of
@@ -21,6 +23,7 @@ four shapes. The checked-in scenarios are not used. `--exclude-model NAME` train
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import math
 import pathlib
@@ -37,6 +40,7 @@ from autobyted.tuner.predictor import Ensemble, TrainingSet, Window, train_ensem
 from autobyted.tuner.search import candidate_grid
 from simulator.adapter import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
 from simulator.engine import LinkModel, Simulator
+from simulator.links import gloo_n_link
 from simulator.profiles import (
     LayerProfile,
     ModelProfile,
@@ -51,7 +55,7 @@ from simulator.trace import PiecewiseConstant
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PRIOR_PATH = ROOT / "autobyted" / "tuner" / "prior.model"
 SEED = 0
-CONTEXTS = 360
+CONTEXTS = 480
 CONFIGS_PER_CONTEXT = 8
 WINDOW_STEPS = 12
 SETTLE_STEPS = 2
@@ -83,6 +87,11 @@ GLOO_CPU = LinkModel(
 )  # the testbed's calibrated gloo (2-core machine)
 GLOO = LinkModel()  # gloo-like defaults
 NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)
+# The kinds of context, drawn alike: CPU ranks on a gloo-like link (2-64), the 2-core testbed's
+# calibrated gloo (2 ranks), GPUs on NCCL, and the emulated-accelerator testbed (emulated_context).
+KINDS = ("cpu", "cpu-gloo", "gpu", "emulated")
+EMULATED_RANKS = (2, 4, 8)  # the rank counts gloo's per-collective cost was measured at
+EMULATED_BYTE_SCALES = (8, 16, 32, 64, 128)  # the shipped emulated scenarios' scales
 
 
 def synthetic_model(rng: random.Random, index: int, tables: random.Random) -> ModelProfile:
@@ -133,7 +142,9 @@ def draw_context(
         base = synthetic_model(rng, index, random.Random(f"tables-{seed}-{index}"))
     else:
         base = NAMED_MODELS[rng.choice(names)]()
-    kind = rng.choice(("cpu", "cpu-gloo", "gpu"))
+    kind = rng.choice(KINDS)
+    if kind == "emulated":
+        return emulated_context(rng, base)
     if kind == "gpu":
         profile = base.scaled(rng.choice((20.0, 50.0, 100.0)))
         link, workers = NCCL, rng.choice((2, 4, 8, 16, 32, 64))
@@ -147,6 +158,24 @@ def draw_context(
         link, workers = GLOO, rng.choice((2, 4, 8, 16, 32, 64))
         bandwidth = math.exp(rng.uniform(math.log(0.3), math.log(25.0))) * GBIT
     return profile, workers, bandwidth, link
+
+
+def emulated_context(
+    rng: random.Random, base: ModelProfile
+) -> tuple[ModelProfile, int, float, LinkModel]:
+    """A context of the emulated-accelerator testbed (docs/emulated.md): a slow device (a step's
+    compute 0.3-4 s), 2, 4 or 8 ranks, a rate of 0.35-3x the balanced one (where a ring all-reduce
+    of every gradient takes the compute) and this host's gloo at that rank count, with the bytes
+    divided by one of the testbed's byte scales (simulator/links.py `gloo_n_link`: what
+    benchmarks/sim_vs_emulated.py checks the simulator with against the testbed)."""
+    workers = rng.choice(EMULATED_RANKS)
+    profile = dataclasses.replace(
+        base.with_compute_s(math.exp(rng.uniform(math.log(0.3), math.log(4.0)))), optimizer_s=0.0
+    )
+    ring = 2 * (workers - 1) / workers
+    balanced = ring * profile.total_param_bytes / profile.compute_s
+    bandwidth = balanced * math.exp(rng.uniform(math.log(0.35), math.log(3.0)))
+    return profile, workers, bandwidth, gloo_n_link(NCCL, rng.choice(EMULATED_BYTE_SCALES), workers)
 
 
 def context_windows(

@@ -288,6 +288,7 @@ def test_the_simulator_at_n_ranks_takes_the_per_collective_cost_measured_at_n(tm
     from autobyte.types import Config
 
     from benchmarks import sim_vs_emulated
+    from simulator import links
 
     table = tmp_path / "collective.json"
     table.write_text(
@@ -300,12 +301,12 @@ def test_the_simulator_at_n_ranks_takes_the_per_collective_cost_measured_at_n(tm
             }
         )
     )
-    assert sim_vs_emulated.collective_cost_s(2, table) == 0.002
-    assert sim_vs_emulated.collective_cost_s(8, table) == 0.03
+    assert links.collective_cost_s(2, table) == 0.002
+    assert links.collective_cost_s(8, table) == 0.03
     with pytest.raises(ValueError, match="no measurement at 4 ranks.*bench_collective --ranks 4"):
-        sim_vs_emulated.collective_cost_s(4, table)
-    shipped = sim_vs_emulated.collective_cost_s(8)  # the checked-in calibration has 2, 4 and 8
-    assert shipped > sim_vs_emulated.collective_cost_s(2) > 0
+        links.collective_cost_s(4, table)
+    shipped = links.collective_cost_s(8)  # the checked-in calibration has 2, 4 and 8
+    assert shipped > links.collective_cost_s(2) > 0
     scenario = load_scenario(ROOT / "benchmarks" / "scenarios" / "emulated-gpt2-medium-8w.toml")
     block = {"ranks": 8, "rate_gbit": 13.2, "compute_s": 1.5, "comm_s": 1.5, "rows": []}
     gloo = sim_vs_emulated.block_simulator(scenario, block, "gloo")

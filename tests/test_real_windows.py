@@ -180,3 +180,31 @@ def test_an_emulated_block_measures_the_derived_start_and_the_grid_the_tuner_sea
     for config in configs:
         candidate = Config(config.partition_bytes, config.credit_bytes)
         assert abs(_partition_octave(candidate, JobShape(**shape)) - centre) <= TRUST_OCTAVES
+
+
+def test_the_prior_has_simulated_contexts_of_the_emulated_testbed():
+    """A quarter of the prior's simulated contexts are of the emulated testbed's kind: a slow device
+    at 2, 4 or 8 ranks, a rate around the balanced one, and gloo's per-collective cost as measured
+    at that rank count, overlapping the wire time (what benchmarks/sim_vs_emulated.py checks the
+    simulator with)."""
+    import random
+
+    from simulator import links, train_prior
+
+    rng = random.Random(3)
+    emulated = [
+        train_prior.emulated_context(rng, train_prior.synthetic_model(rng, i, random.Random(i)))
+        for i in range(40)
+    ]
+    for profile, workers, bandwidth, link in emulated:
+        assert workers in (2, 4, 8)
+        assert 0.3 <= profile.compute_s <= 4.0 and profile.optimizer_s == 0.0
+        balanced = 2 * (workers - 1) / workers * profile.total_param_bytes / profile.compute_s
+        assert 0.35 <= bandwidth / balanced <= 3.0
+        assert link.fixed_overlaps_wire and link.latency_s == 0.0
+        assert link.collective_overhead_s == links.collective_cost_s(workers)
+    assert {w for _, w, _, _ in emulated} == {2, 4, 8}
+    drawn = random.Random(0)
+    links_drawn = [train_prior.draw_context(drawn, i, ())[3] for i in range(200)]
+    share = sum(link.fixed_overlaps_wire for link in links_drawn) / len(links_drawn)
+    assert 0.15 <= share <= 0.35, share
