@@ -14,6 +14,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 
 from devtools.ports import free_port
 from tests.helpers.daemon import start_daemon_process, stop_process
+from tests.helpers.dist import kill_launch
 from tests.helpers.rpc import Client
 from tests.helpers.trainer import start_mlp_trainer
 
@@ -108,9 +109,7 @@ def test_sigkill_of_one_of_two_daemons_during_training(tmp_path, pg_url):
         assert decision.apply_at_step < STEPS - 50, "the job ran too fast for this test"
         assert trainer.wait(180) == 0, trainer.stdout.read()
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
+        kill_launch(trainer)
         for proc in daemons.values():
             stop_process(proc, signal.SIGKILL)
     try:

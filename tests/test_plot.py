@@ -6,6 +6,7 @@ import struct
 
 from tests.helpers.cli import run_cli
 from tests.helpers.daemon import ThreadDaemon
+from tests.helpers.dist import kill_launch
 from tests.helpers.paths import ROOT
 from tests.helpers.trainer import start_mlp_trainer
 
@@ -22,7 +23,10 @@ def test_plot_of_a_real_job_and_of_an_unknown_one(db_url, tmp_path):
     daemon = ThreadDaemon(db_url, tuner="auto").start()
     try:
         trainer = start_mlp_trainer(daemon.address, "pictured", 250, tmp_path)
-        output, _ = trainer.communicate(timeout=280)
+        try:
+            output, _ = trainer.communicate(timeout=280)
+        finally:
+            kill_launch(trainer)
         assert trainer.returncode == 0, output[-3000:]
         png = tmp_path / "job.png"
         result = run_cli("plot", "pictured", "--out", str(png), "--daemon", daemon.address)

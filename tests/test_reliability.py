@@ -12,6 +12,7 @@ from autobyte.protocol import autobyte_pb2 as pb
 from devtools.ports import free_port
 from tests.helpers.daemon import start_daemon_process, stop_process
 from tests.helpers.databases import DATABASES, database_url
+from tests.helpers.dist import kill_launch
 from tests.helpers.rpc import Client
 from tests.helpers.trainer import start_mlp_trainer
 
@@ -72,9 +73,7 @@ def test_daemon_sigkill_and_restart_during_training(tmp_path, db_url):
         back_at = time.monotonic()
         assert trainer.wait(180) == 0, trainer.stdout.read()
     finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
+        kill_launch(trainer)
         if restarted is not None:
             assert stop_process(restarted) == 0
         stop_process(daemon, signal.SIGKILL)

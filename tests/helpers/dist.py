@@ -243,3 +243,11 @@ def run_launch(
             f"with every process's stacks:\n{err[-12000:]}\nstdout:\n{out[-2000:]}"
         ) from None
     return subprocess.CompletedProcess(argv, launcher.returncode, out, err)
+
+
+def kill_launch(launcher: subprocess.Popen) -> None:
+    """Kill a launcher that is still running and every process below it (torchrun's workers run in
+    sessions of their own: killing the launcher alone leaves them running), then reap it."""
+    if launcher.poll() is None:
+        _signal_all([*_descendants(launcher.pid), launcher.pid], signal.SIGKILL)
+        launcher.wait()
