@@ -213,9 +213,9 @@ def run_launch(
     argv: list[str], *, env: dict[str, str], timeout_s: float, cwd: object = None
 ) -> subprocess.CompletedProcess:
     """Run a launcher (torchrun and its workers) to its end within `timeout_s`. A launch that
-    hangs fails the test with every process's Python stacks (faulthandler on, SIGABRT to the
-    launcher and each of its descendants) and all of them killed: never an orphaned worker or a
-    bare timeout."""
+    hangs fails the test with each worker's Python stacks (faulthandler on; the launcher stopped,
+    then SIGABRT to each of its descendants in turn) and all of them killed: never an orphaned
+    worker or a bare timeout."""
     env = {**env, "PYTHONFAULTHANDLER": "1"}
     launcher = subprocess.Popen(
         argv,
