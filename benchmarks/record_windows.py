@@ -74,7 +74,11 @@ def model_shape(builder: str, model_args: dict[str, Any], world_size: int) -> di
     fingerprint = fingerprint_from_proto(
         model_fingerprint(build(builder, **model_args).model.parameters())
     )
-    return dataclasses.asdict(JobShape.from_fingerprint(world_size, "gloo", fingerprint))
+    shape = dataclasses.asdict(JobShape.from_fingerprint(world_size, "gloo", fingerprint))
+    # the per-collective latency is the cluster's, not the model's: a block's is this host's at its
+    # rank count, filled when the dataset is read (simulator/real_windows.py block_shape)
+    del shape["collective_latency_s"]
+    return shape
 
 
 def grid_labels(shape: dict[str, Any]) -> list[str]:

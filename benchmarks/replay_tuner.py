@@ -120,16 +120,15 @@ def replay_block(
     block: dict[str, Any], predictor: Any, steps: int, seed: int, params: Any = None
 ) -> Replay:
     """Run a JobTuner against one block's recorded steps (module docstring)."""
-    from autobyted.tuner.features import JobShape
     from autobyted.tuner.memory_sink import MemorySink
     from autobyted.tuner.params import TunerParams
     from autobyted.tuner.search import JobTuner
-    from simulator.real_windows import block_job
+    from simulator.real_windows import block_job, block_shape
 
     recorded, default = recorded_steps(block)
     median_s = _medians(recorded)
     mean_s = {c: statistics.mean(m.step_time_s for m in ms) for c, ms in recorded.items()}
-    shape = JobShape(**block["shape"])
+    shape = block_shape(block)
     sink = MemorySink("replay")
     tuner = JobTuner("replay", shape, predictor, sink, "auto", params or TunerParams())
     rng = random.Random(seed)
@@ -175,13 +174,14 @@ def calibration_pairs(
     """(predicted, measured) log ratio against the default of the `top` candidates the predictor
     ranks fastest in this block, seen from the default's recorded steps: the candidates a first
     search tries, and what they measured (medians of every recorded step)."""
-    from autobyted.tuner.features import JobShape, summarize
+    from autobyted.tuner.features import summarize
+    from simulator.real_windows import block_shape
 
     recorded, default = recorded_steps(block)
     median = _medians(recorded)
     others = [c for c in median if c != default]
     prediction = predictor.predict(
-        summarize(recorded[default], JobShape(**block["shape"])), default, others
+        summarize(recorded[default], block_shape(block)), default, others
     )
     ranked = sorted(zip(others, (float(mu) for mu in prediction.mean)), key=lambda t: t[1])[:top]
     return [(mu, math.log(median[c] / median[default])) for c, mu in ranked]

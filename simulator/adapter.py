@@ -26,7 +26,7 @@ from autobyte.types import Config, StepMetrics, summarize_tensor_sizes
 
 from autobyted.storage.records import Fingerprint
 from autobyted.tuner.features import JobShape
-from simulator.engine import SimulatedStep
+from simulator.engine import LinkModel, SimulatedStep
 from simulator.profiles import ModelProfile
 
 # The fixed start of simulated jobs and of the prior's contexts (the client derives its own start
@@ -35,15 +35,19 @@ SCHEDULER_DEFAULT = Config(4 << 20, 16 << 20)
 T0 = 1.7e9  # wall clock of a simulated run's start (any plausible unix time)
 
 
-def job_shape(profile: ModelProfile, workers: int, backend: str) -> JobShape:
-    """Registration info of a simulated job (what autobyte.transport.session.model_fingerprint computes)."""
+def job_shape(
+    profile: ModelProfile, workers: int, backend: str, link: LinkModel | None = None
+) -> JobShape:
+    """Registration info of a simulated job (what autobyte.transport.session.model_fingerprint
+    computes), with the per-collective latency its ranks would measure on `link` (none: 0.0)."""
     sizes = summarize_tensor_sizes(
         b for layer in profile.layers for b in layer.param_bytes if b > 0
     )
     fingerprint = Fingerprint(
         parameter_count=sizes.parameter_bytes // 4, digest=profile.name, **sizes._asdict()
     )
-    return JobShape.from_fingerprint(workers, backend, fingerprint)
+    latency = link.tiny_collective_s(workers) if link is not None else 0.0
+    return JobShape.from_fingerprint(workers, backend, fingerprint, latency)
 
 
 class MetricsAdapter:

@@ -22,6 +22,7 @@ from autobyte.types import Config, StepMetrics
 
 from autobyted.tuner.features import JobShape, summarize
 from autobyted.tuner.predictor import Window
+from simulator.links import lone_collective_s
 
 FORMAT = "autobyte real windows v1"
 # beside the code that trains the prior from it (simulator/train_prior.py)
@@ -56,8 +57,19 @@ def block_default(block: dict[str, Any]) -> Config | None:
     return Config(*default) if default else None
 
 
+def block_shape(block: dict[str, Any]) -> JobShape:
+    """The block's registration info. Its per-collective latency, where the block did not record
+    one (every block recorded before registrations carried it), is this host's lone single-element
+    gloo all-reduce at the block's rank count (simulator/links.py `lone_collective_s`): what its
+    ranks measured at construction, before any of them computed (on the CPU testbed too)."""
+    shape = dict(block["shape"])
+    if shape.get("backend") == "gloo":
+        shape.setdefault("collective_latency_s", lone_collective_s(int(shape["world_size"])))
+    return JobShape(**shape)
+
+
 def block_windows(block: dict[str, Any]) -> list[Window]:
-    shape = JobShape(**block["shape"])
+    shape = block_shape(block)
     job = block_job(block)
     out = []
     for item in block["windows"]:

@@ -51,6 +51,7 @@ def _train(rank, world, address, job, steps, sleep_s, buffer_samples=10_000, wai
         "threads": sorted(t.name for t in threading.enumerate()),
         "root_handlers_unchanged": list(logging.getLogger().handlers) == root_handlers,
         "last_step": metrics[-1].step,
+        "collective_latency_s": opt.collective_latency_s,
     }
     if address is not None:
         reporter = session._reporter
@@ -116,6 +117,15 @@ def test_metrics_stream_and_decisions_apply_on_every_rank(thread_daemon):
     status = client.query.Status(pb.StatusRequest(), timeout=5).jobs[0]
     assert status.config.partition_bytes == 16 << 10
     client.close()
+    # the per-collective cost measured at construction (the same on both ranks) is the job's
+    from autobyted.storage.db import make_engine
+    from autobyted.storage.sql import SqlStorage
+
+    latency = rank0["collective_latency_s"]
+    assert latency > 0 and rank1["collective_latency_s"] == latency
+    assert SqlStorage(make_engine(thread_daemon.settings.db)).job_info(
+        "t1"
+    ).collective_latency_s == (latency)
 
 
 def test_without_init_nothing_is_sent_or_started():

@@ -378,3 +378,36 @@ def test_a_bad_memory_budget_is_refused_and_registers_nothing(client, thread_dae
     assert says in info.value.details(), info.value.details()
     with pytest.raises(Exception, match="no job|not found|unknown"):  # nothing was stored
         storage_of(thread_daemon).job_info(job)
+
+
+@pytest.mark.parametrize("value", [-1e-3, math.inf, math.nan, 61.0])
+def test_a_bad_collective_latency_is_refused_and_registers_nothing(client, thread_daemon, value):
+    job = f"lat-{time.monotonic_ns()}"
+    with pytest.raises(grpc.RpcError) as info:
+        client.register(job=job, collective_latency_s=value)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "collective_latency_s must be seconds in [0, 60]" in info.value.details()
+    with pytest.raises(Exception, match="no job|not found|unknown"):  # nothing was stored
+        storage_of(thread_daemon).job_info(job)
+
+
+def test_the_per_collective_cost_is_rank_0s_and_reaches_the_predictors_shape(client, thread_daemon):
+    from autobyted.tuner.features import JobShape
+
+    job = f"lat-{time.monotonic_ns()}"
+    storage = storage_of(thread_daemon)
+    client.register(job=job, rank=1, instance="i-1", collective_latency_s=0.5)
+    assert storage.job_info(job).collective_latency_s == 0.5  # the job's first registration
+    client.register(job=job, rank=0, instance="i-0", collective_latency_s=0.0125)
+    client.register(job=job, rank=1, instance="i-1", collective_latency_s=0.25)
+    info = storage.job_info(job)
+    assert info.collective_latency_s == 0.0125  # rank 0 decides, as for the configuration
+    shape = JobShape.from_info(info)
+    assert shape.collective_latency_s == 0.0125
+    # a measurement of the cluster, not the model: another run's shape is the same shape
+    other = JobShape.from_fingerprint(2, "gloo", info.fingerprint, 0.03)
+    assert other == shape and other.same_model(shape)
+    # an old client (the field absent): unknown, not zero seconds
+    old = f"lat-old-{time.monotonic_ns()}"
+    client.register(job=old)
+    assert storage.job_info(old).collective_latency_s == 0.0

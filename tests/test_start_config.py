@@ -92,6 +92,7 @@ def _built(rank: int, world: int, sizes: dict) -> dict:
             "rule": None if cost is None else derive(grad_bytes, cost),
             "ran": [m.config for m in [opt.last_step_metrics()] if m is not None],
             "world": dist.get_world_size(),
+            "latency": opt.collective_latency_s,
         }
     finally:
         opt.close()
@@ -106,9 +107,14 @@ def test_the_default_is_derived_on_the_group_and_the_same_on_every_rank():
     # every rank: the same measured cost (the slowest rank's) and the same configuration
     assert [r["cost"] for r in ranks] == [first["cost"]] * 2
     assert [r["config"] for r in ranks] == [first["config"]] * 2
+    # the per-collective cost a rank registers with (the predictor's): the measured latency
+    assert [r["latency"] for r in ranks] == [first["cost"].latency_s] * 2
 
 
-def test_given_sizes_win_on_the_ranks_and_nothing_is_measured():
+def test_given_sizes_win_on_the_ranks_and_only_the_latency_is_measured():
     ranks = run_ranks(_built, 2, {"partition_bytes": 64 << 10, "credit_bytes": "auto"})
     for rank in ranks:
         assert rank["config"] == Config(64 << 10, 256 << 10) and rank["cost"] is None
+    # the per-collective cost is still measured (single-element all-reduces, no probe of the
+    # link's bytes), the slowest rank's on every rank
+    assert ranks[0]["latency"] > 0 and ranks[1]["latency"] == ranks[0]["latency"]

@@ -107,3 +107,36 @@ def test_online_training_learns_a_job_the_prior_gets_wrong():
     )
     assert error(trained) < 0.5 * error(prior) and error(trained) < 0.25
     assert train_online(prior, windows[:1]) is None  # one window alone makes no pair
+
+
+def test_the_per_collective_cost_is_the_latency_each_configuration_pays_in_a_step():
+    import dataclasses
+
+    from autobyted.tuner.features import feature_matrix
+
+    rng = random.Random(0)
+    samples = [sample(i, START, 0, 0.5, 1e8, rng) for i in range(8)]
+    latency = 0.004  # a lone single-element all-reduce: 4 ms, as at 4 gloo ranks on a small host
+    shape = dataclasses.replace(SHAPE, collective_latency_s=latency)
+    ctx = summarize(samples, shape)
+    finer, coarser = Config(256 << 10, 1 << 20), Config(None, None)
+    rows = feature_matrix(ctx, START, [START, finer, coarser])
+    at = {name: FEATURE_NAMES.index(name) for name in FEATURE_NAMES if "latency" in name}
+    gradient = ctx.bytes_reduced
+    messages = {
+        START: math.ceil(gradient / START.partition_bytes),
+        finer: math.ceil(gradient / finer.partition_bytes),
+        coarser: SHAPE.tensor_count,  # no partitioning: one all-reduce a tensor
+    }
+    per_message = latency / ctx.step_time_s
+    for row, candidate in zip(rows, (START, finer, coarser), strict=True):
+        assert row[at["ref_latency_share"]] == pytest.approx(messages[START] * per_message)
+        assert row[at["cand_latency_share"]] == pytest.approx(messages[candidate] * per_message)
+        assert row[at["delta_latency_share"]] == pytest.approx(
+            (messages[candidate] - messages[START]) * per_message
+        )
+    assert rows[1, at["delta_latency_share"]] > 0  # smaller partitions: more latencies a step
+    assert rows[0, at["delta_latency_share"]] == 0
+    # a job that did not measure it (an old client): missing values, never a cost of zero
+    unknown = feature_matrix(summarize(samples, SHAPE), START, [finer])
+    assert all(math.isnan(unknown[0, i]) for i in at.values())

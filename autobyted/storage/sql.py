@@ -177,6 +177,7 @@ class SqlStorage(BaseStorage):
                             tuning_disabled=r.tuning_disabled,
                             engine=r.engine,
                             **_memory_columns(r.memory),
+                            collective_latency_s=r.collective_latency_s or None,
                         )
                     )
         except AlreadyExists:
@@ -204,6 +205,7 @@ class SqlStorage(BaseStorage):
                 job.tuning_disabled = r.tuning_disabled
                 for name, value in _memory_columns(r.memory).items():
                     setattr(job, name, value)
+                job.collective_latency_s = r.collective_latency_s or None
             rank = session.scalars(
                 sa.select(m.Rank)
                 .where(m.Rank.job_id == job.id, m.Rank.rank == r.rank)
@@ -733,6 +735,7 @@ class SqlStorage(BaseStorage):
                 tuning_disabled=row.tuning_disabled,
                 engine=row.engine,
                 memory=MemoryLimits.stored(row.memory_budget_bytes, row.over_budget),
+                collective_latency_s=row.collective_latency_s or 0.0,
                 created_at_s=row.created_at,
                 last_seen_s=row.last_seen_at,
                 finished_at_s=self._finished_at(session, row),

@@ -31,13 +31,21 @@ class JobShape:
     tensor_count: int
     largest_tensor_bytes: int
     median_tensor_bytes: int
+    # One single-element all-reduce on the job's group, measured by the client when its scheduler
+    # was built (0.0: unknown). A measurement of the cluster, not of the model: two runs of one
+    # model at one world size are the same shape whatever each measured (compare=False).
+    collective_latency_s: float = dataclasses.field(default=0.0, compare=False)
 
     @classmethod
     def from_info(cls, info: JobInfo) -> JobShape:
-        return cls.from_fingerprint(info.world_size, info.backend, info.fingerprint)
+        return cls.from_fingerprint(
+            info.world_size, info.backend, info.fingerprint, info.collective_latency_s
+        )
 
     @classmethod
-    def from_fingerprint(cls, world_size: int, backend: str, fp: Fingerprint) -> JobShape:
+    def from_fingerprint(
+        cls, world_size: int, backend: str, fp: Fingerprint, collective_latency_s: float = 0.0
+    ) -> JobShape:
         return cls(
             world_size=max(1, world_size),
             backend=backend or "unknown",
@@ -45,6 +53,7 @@ class JobShape:
             tensor_count=max(0, fp.tensor_count),
             largest_tensor_bytes=max(0, fp.largest_tensor_bytes),
             median_tensor_bytes=max(0, fp.median_tensor_bytes),
+            collective_latency_s=max(0.0, collective_latency_s),
         )
 
     def same_model(self, other: JobShape) -> bool:
@@ -181,6 +190,7 @@ FEATURE_NAMES = (
     + tuple(f"ref_{n}" for n in CONFIG_FEATURES)
     + tuple(f"cand_{n}" for n in CONFIG_FEATURES)
     + ("delta_log_messages", "delta_log2_partition", "delta_log2_credit")
+    + ("ref_latency_share", "cand_latency_share", "delta_latency_share")
 )
 
 
@@ -229,14 +239,22 @@ def feature_matrix(ctx: Context, reference: Config, candidates: Sequence[Config]
         )
 
     ref_p, ref_c = effective(reference)
+    # The per-collective cost: the share of the reference's step that each configuration's
+    # collectives cost in fixed latency alone (messages x the measured single-element all-reduce),
+    # and the difference, the step time a switch adds or saves in latency before any overlap.
+    latency = ctx.shape.collective_latency_s
+    per_message = latency / ctx.step_time_s if latency > 0 and ctx.step_time_s > 0 else NAN
+    ref_share = math.exp(ref[_LOG_MESSAGES]) * per_message
     rows = []
     for candidate in candidates:
         cand = _config_features(candidate, ctx.shape, gradient)
         cand_p, cand_c = effective(candidate)
+        cand_share = math.exp(cand[_LOG_MESSAGES]) * per_message
         rows.append(
             base
             + ref
             + cand
             + [cand[_LOG_MESSAGES] - ref[_LOG_MESSAGES], cand_p - ref_p, cand_c - ref_c]
+            + [ref_share, cand_share, cand_share - ref_share]
         )
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))

@@ -66,7 +66,7 @@ class AutobytePolicy(Policy):
         if context.profile is None:
             raise RuntimeError("the autobyte policy needs the job's profile (registration info)")
         profile = context.profile
-        shape = job_shape(profile, context.workers, context.backend)
+        shape = job_shape(profile, context.workers, context.backend, context.link)
         base = self.prior or load_prior()
         self.predictor = Predictor(base)
         if self.history:

@@ -107,6 +107,7 @@ def policy_context(scenario: Scenario, sim: Simulator, horizon_s: float) -> Poli
         profile=scenario.profile,
         workers=scenario.workers,
         backend=scenario_backend(scenario),
+        link=scenario.link,
     )
 
 

@@ -8,7 +8,7 @@ import abc
 import dataclasses
 from collections.abc import Callable
 
-from simulator.engine import RunConfig, SimulatedStep
+from simulator.engine import LinkModel, RunConfig, SimulatedStep
 from simulator.profiles import ModelProfile
 
 
@@ -40,6 +40,7 @@ class PolicyContext:
     profile: ModelProfile | None = None
     workers: int = 1
     backend: str = "gloo"
+    link: LinkModel | None = None  # the per-collective latency a rank would measure on it
 
 
 class Policy(abc.ABC):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterable
 
 from autobyte.protocol import autobyte_pb2 as pb
@@ -103,7 +104,20 @@ def registration_from_proto(request: pb.RegisterRequest) -> Registration:
         tuning_disabled=request.tuning_disabled,
         engine=engine,
         memory=memory_from_proto(request),
+        collective_latency_s=collective_latency_from_proto(request.collective_latency_s),
     )
+
+
+MAX_COLLECTIVE_LATENCY_S = 60.0  # one single-element all-reduce; beyond it, not a measurement
+
+
+def collective_latency_from_proto(value: float) -> float:
+    """ValueError for a latency that is not a number of seconds in [0, MAX_COLLECTIVE_LATENCY_S]."""
+    if not math.isfinite(value) or not 0.0 <= value <= MAX_COLLECTIVE_LATENCY_S:
+        raise ValueError(
+            f"collective_latency_s must be seconds in [0, {MAX_COLLECTIVE_LATENCY_S:g}], got {value!r}"
+        )
+    return float(value)
 
 
 def memory_from_proto(request: pb.RegisterRequest) -> MemoryLimits | None:

@@ -171,6 +171,15 @@ class ScheduledOptimizer:
             grad_bytes=sum(p.numel() * p.element_size() for p in params),
         )
         config = dataclasses.replace(config, tail_bytes=tail_bytes)
+        # the per-collective cost the daemon's predictor reads (autobyte.records.Registration):
+        # measured above for "auto" sizes, else one-element all-reduces only (a few ms)
+        self._collective_latency_s = (
+            self._start_cost.latency_s
+            if self._start_cost is not None
+            else start.measure_latency(self._groups.data, self._managed.device, self._managed.dtype)
+            if self._groups.world > 1
+            else 0.0
+        )
 
         # Training-thread state.
         self._cycle = StepCycle(self._managed.n)
@@ -275,6 +284,12 @@ class ScheduledOptimizer:
         """The all-reduce cost measured at construction for an "auto" partition size (None when
         the sizes were given, or on one rank)."""
         return self._start_cost
+
+    @property
+    def collective_latency_s(self) -> float:
+        """One all-reduce of a single element on the data-parallel group, measured at construction
+        (the slowest rank's seconds; 0.0 on one rank)."""
+        return self._collective_latency_s
 
     @property
     def step_index(self) -> int:

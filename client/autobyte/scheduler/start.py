@@ -98,6 +98,13 @@ def _timed(fn: Any, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def _slowest(values: list[float], group: Any, device: torch.device) -> list[float]:
+    """Every rank's `values`, element-wise the largest of the group's (collective)."""
+    agreed = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+    return agreed.tolist()
+
+
 def measure_cost(
     group: Any, device: torch.device, dtype: torch.dtype, grad_bytes: int
 ) -> CollectiveCost:
@@ -115,11 +122,22 @@ def measure_cost(
     _timed(reduce(probe), device)  # untimed: buffers and connections set up
     latency = statistics.median(_timed(reduce(tiny), device) for _ in range(TINY_REPEATS))
     probe_s = statistics.median(_timed(reduce(probe), device) for _ in range(PROBE_REPEATS))
-    agreed = torch.tensor([latency, probe_s], dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    latency, probe_s = agreed.tolist()
+    latency, probe_s = _slowest([latency, probe_s], group, device)
     per_byte = max(probe_s - latency, 0.0) / (probe.numel() * element)
     return CollectiveCost(latency, per_byte)
+
+
+def measure_latency(group: Any, device: torch.device, dtype: torch.dtype) -> float:
+    """`measure_cost`'s latency alone (collective): the all-reduce of one element, the slowest
+    rank's median, with no probe of PROBE_BYTES on the link (a job whose sizes were given)."""
+    tiny = torch.zeros(1, dtype=dtype, device=device)
+
+    def reduce() -> None:
+        dist.all_reduce(tiny, group=group)
+
+    _timed(reduce, device)  # untimed: the ranks arrive at different times
+    latency = statistics.median(_timed(reduce, device) for _ in range(TINY_REPEATS))
+    return _slowest([latency], group, device)[0]
 
 
 def derive(grad_bytes: int, cost: CollectiveCost) -> Config:

@@ -254,6 +254,7 @@ class Reporter:
                 data_parallel_size=self.place.dp_size,
                 data_parallel_leader=self.place.dp_leader,
                 tuning_disabled=not self.tune,
+                collective_latency_s=float(getattr(self._optimizer, "collective_latency_s", 0.0)),
                 **memory_to_proto(self._memory_limits()),
             ),
             timeout=RPC_TIMEOUT_S,
