@@ -14,6 +14,12 @@ derive its starting partition, and the simulator's per-collective cost at N rank
 (benchmarks/sim_vs_emulated.py, benchmarks/calibration/gloo-collective.json).
 
     python -m benchmarks.bench_collective --ranks 2,4,8 --in-flight 1,4 --out results/collective.json
+
+`--lone` measures instead what a rank registers as its job's per-collective cost when its
+scheduler is built (autobyte.scheduler.start.measure_latency: the median of small all-reduces,
+4 KB, one at a time, the slowest rank's) at each rank count, and adds it to `--out`'s
+"lone_latency_s" (the file's other figures kept): the figure the predictor's training data gives a
+job at that rank count on this host (simulator/links.py `lone_collective_s`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import collections
 import json
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -100,6 +107,46 @@ def measure(
         proc.start()
     try:
         return out.get(timeout=600)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _lone_rank(rank: int, world: int, port: int, rounds: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+    from autobyte.scheduler.start import measure_latency
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        cpu = torch.device("cpu")
+        figures = [measure_latency(None, cpu, torch.float32) for _ in range(rounds)]
+        if rank == 0:
+            out.put(statistics.median(figures))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_lone(world: int, rounds: int) -> float:
+    """The per-collective latency a job of `world` gloo ranks on loopback registers (the median
+    over `rounds` measurements, each as a scheduler makes it at construction)."""
+    import torch.multiprocessing as mp
+
+    from devtools.ports import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_lone_rank, args=(r, world, port, rounds, out)) for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        return out.get(timeout=300)
     finally:
         for proc in procs:
             proc.join(timeout=30)
@@ -186,10 +233,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=20, help="all-reduces timed together")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default="", help="write the results as JSON here")
+    parser.add_argument(
+        "--lone",
+        action="store_true",
+        help="measure the per-collective latency a job registers instead (module docstring), "
+        "added to --out's figures",
+    )
     args = parser.parse_args(argv)
     worlds = _counts(args.ranks, "--ranks", 2)
     in_flights = _counts(args.in_flight, "--in-flight", 1)
     load = os.getloadavg()[0]
+    if args.lone:
+        lone = {w: measure_lone(w, args.rounds) for w in worlds}
+        print(
+            "ms per small all-reduce as a scheduler measures it (median of rounds): "
+            + ", ".join(f"{w} ranks {s * 1e3:.3f}" for w, s in lone.items())
+        )
+        if args.out:
+            path = pathlib.Path(args.out)
+            report = json.loads(path.read_text()) if path.exists() else {}
+            report.setdefault("lone_latency_s", {}).update({str(w): s for w, s in lone.items()})
+            report["lone_load_before"] = load
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        return 0
     results = {w: measure(w, SIZES, args.batch, args.rounds, in_flights) for w in worlds}
     print(format_table(results))
     if args.out:

@@ -155,7 +155,7 @@ class LinkModel:
     # 2(N-1) hops waiting for N processes to be scheduled on the host's cores while the shaped link
     # drains the bytes of the collectives in flight beside it (benchmarks/sim_vs_emulated.py).
     fixed_overlaps_wire: bool = False
-    # A lone collective's cost as a rank measures it (one single-element all-reduce, nothing else
+    # A lone collective's cost as a rank measures it (one small all-reduce, nothing else
     # in flight: autobyte.scheduler.start.measure_latency) where it differs from the cost of one
     # among several in flight above (gloo at N ranks on this host: simulator/links.py); None: the
     # same costs.
@@ -198,14 +198,14 @@ class LinkModel:
         longest = q * self.quota_period_s * (1.0 - (1.0 - cpu_share ** (k + 1)) / ((k + 1) * q))
         return events * longest
 
-    def tiny_collective_s(self, workers: int, element_bytes: int = 4) -> float:
-        """What a rank measures as one all-reduce of a single element (the client's
-        autobyte.scheduler.start.measure_latency): issuing it and its per-collective cost."""
+    def tiny_collective_s(self, workers: int, nbytes: int = 4096) -> float:
+        """What a rank measures as one small all-reduce (the client's
+        autobyte.scheduler.start.measure_latency, 4 KB): issuing it and its per-collective cost."""
         if workers <= 1:
             return 0.0
         if self.lone_collective_s is not None:
             return self.lone_collective_s
-        return self.launch_s + self.message_s(element_bytes, workers)
+        return self.launch_s + self.message_s(nbytes, workers)
 
     def fixed_s(self, workers: int) -> float:
         """Per-collective time that does not depend on size."""

@@ -49,12 +49,9 @@ def gloo_link(link: LinkModel, byte_scale: float) -> LinkModel:
     return dataclasses.replace(link, **costs)
 
 
-def collective_cost_s(
-    ranks: int, path: pathlib.Path = GLOO_COLLECTIVE, in_flight: int | None = None
-) -> float:
+def collective_cost_s(ranks: int, path: pathlib.Path = GLOO_COLLECTIVE) -> float:
     """The fitted per-collective latency at `ranks` gloo ranks on this host, with the credit
-    window's partitions in flight (one where the file has no such column), or with `in_flight`
-    (1: a lone collective, what a rank measures at construction)."""
+    window's partitions in flight (one where the file has no such column)."""
     from autobyte.scheduler.start import CREDIT_PARTITIONS
 
     measured = _read(path)["ranks"]
@@ -65,26 +62,29 @@ def collective_cost_s(
             f"1,{CREDIT_PARTITIONS}"
         )
     by_flight = measured[str(ranks)]
-    column = by_flight.get(str(in_flight or CREDIT_PARTITIONS)) or by_flight["1"]
+    column = by_flight.get(str(CREDIT_PARTITIONS)) or by_flight["1"]
     return max(0.0, float(column["latency_s"]))
 
 
-def lone_collective_s(ranks: int) -> float:
-    """A lone single-element all-reduce at `ranks` gloo ranks on this host, as a rank measures it
-    when its scheduler is built (the per-collective cost its registration carries); the nearest
-    measured rank counts' figures interpolated in log2(ranks) where `ranks` was not measured."""
+def lone_collective_s(ranks: int, path: pathlib.Path = GLOO_COLLECTIVE) -> float:
+    """A small all-reduce at `ranks` gloo ranks on this host, one at a time, as a rank measures
+    it when its scheduler is built (autobyte.scheduler.start.measure_latency: the per-collective
+    cost its registration carries; `python -m benchmarks.bench_collective --lone` writes it): the
+    measured rank counts' figures, interpolated in log2(ranks) between them, the nearest beyond
+    them. Above a partition's fixed cost among several in flight (collective_cost_s), as one at a
+    time pays every hop's wait for its process to be scheduled."""
     if ranks <= 1:
         return 0.0
-    measured = sorted(int(r) for r in _read(GLOO_COLLECTIVE)["ranks"])
+    measured = {int(r): float(s) for r, s in _read(path)["lone_latency_s"].items()}
     if ranks in measured:
-        return collective_cost_s(ranks, in_flight=1)
-    below = max((r for r in measured if r < ranks), default=measured[0])
-    above = min((r for r in measured if r > ranks), default=measured[-1])
-    low, high = collective_cost_s(below, in_flight=1), collective_cost_s(above, in_flight=1)
+        return measured[ranks]
+    counts = sorted(measured)
+    below = max((r for r in counts if r < ranks), default=counts[0])
+    above = min((r for r in counts if r > ranks), default=counts[-1])
     if below == above:
-        return low
+        return measured[below]
     w = (math.log2(ranks) - math.log2(below)) / (math.log2(above) - math.log2(below))
-    return low + w * (high - low)
+    return measured[below] + w * (measured[above] - measured[below])
 
 
 def gloo_n_link(link: LinkModel, byte_scale: float, ranks: int) -> LinkModel:
@@ -93,5 +93,5 @@ def gloo_n_link(link: LinkModel, byte_scale: float, ranks: int) -> LinkModel:
         gloo_link(link, byte_scale),
         collective_overhead_s=collective_cost_s(ranks),
         fixed_overlaps_wire=True,
-        lone_collective_s=collective_cost_s(ranks, in_flight=1),
+        lone_collective_s=lone_collective_s(ranks),
     )

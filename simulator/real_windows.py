@@ -59,8 +59,8 @@ def block_default(block: dict[str, Any]) -> Config | None:
 
 def block_shape(block: dict[str, Any]) -> JobShape:
     """The block's registration info. Its per-collective latency, where the block did not record
-    one (every block recorded before registrations carried it), is this host's lone single-element
-    gloo all-reduce at the block's rank count (simulator/links.py `lone_collective_s`): what its
+    one (every block recorded before registrations carried it), is this host's small gloo
+    all-reduce at the block's rank count (simulator/links.py `lone_collective_s`): what its
     ranks measured at construction, before any of them computed (on the CPU testbed too)."""
     shape = dict(block["shape"])
     if shape.get("backend") == "gloo":

@@ -41,7 +41,7 @@ from autobyted.tuner.predictor import Ensemble, TrainingSet, Window, train_ensem
 from autobyted.tuner.search import candidate_grid
 from simulator.adapter import SCHEDULER_DEFAULT, MetricsAdapter, job_shape
 from simulator.engine import LinkModel, Simulator
-from simulator.links import gloo_n_link
+from simulator.links import gloo_n_link, lone_collective_s
 from simulator.profiles import (
     LayerProfile,
     ModelProfile,
@@ -89,6 +89,7 @@ GLOO_CPU = LinkModel(
     launch_s=40e-6,
     ddp_launch_s=20e-6,
     comm_cpu_s_per_byte=1.1e-9,
+    lone_collective_s=lone_collective_s(2),  # what its ranks measure at construction
 )  # the testbed's calibrated gloo (2-core machine)
 GLOO = LinkModel()  # gloo-like defaults
 NCCL = LinkModel(latency_s=5e-6, collective_overhead_s=50e-6, launch_s=50e-6, ddp_launch_s=10e-6)

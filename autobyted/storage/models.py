@@ -80,7 +80,7 @@ class Job(ConfigColumns, Base):
     # MemoryLimits, from rank 0's registration; NULL: no budget).
     memory_budget_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     over_budget: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # 0008: one single-element all-reduce on the job's group as rank 0 measured it when its
+    # 0008: one small all-reduce (4 KB of fp32) on the job's group as rank 0 measured it when its
     # scheduler was built (seconds; NULL: not measured): the predictor's per-collective cost.
     collective_latency_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 

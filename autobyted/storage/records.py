@@ -71,7 +71,7 @@ class JobInfo:
     finished_at_s: float | None = None  # every rank said goodbye (their last, at this time)
     engine: str = "scheduler"  # autobyte.types.ENGINES
     memory: MemoryLimits | None = None  # an FSDP2 job's budget (rank 0's registration)
-    collective_latency_s: float = 0.0  # rank 0's measured single-element all-reduce (0.0: unknown)
+    collective_latency_s: float = 0.0  # rank 0's measured small all-reduce (0.0: unknown)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,7 @@ Configuration, once for the reference (ref_*) and once for the candidate (cand_*
 Differences candidate - reference: delta_log_messages, delta_log2_partition, delta_log2_credit
 (trees split on one feature at a time; the differences save them learning subtraction).
 The per-collective cost: ref_latency_share, cand_latency_share = messages x the job's measured
-single-element all-reduce (its registration's collective_latency_s) / the reference's step, and
+small all-reduce (its registration's collective_latency_s) / the reference's step, and
 delta_latency_share, their difference: the step time a switch adds or saves in latency alone,
 before any overlap (at 8 gloo ranks several ms a collective, on NCCL tens of us). NaN when the job
 did not measure it.

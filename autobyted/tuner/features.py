@@ -31,7 +31,7 @@ class JobShape:
     tensor_count: int
     largest_tensor_bytes: int
     median_tensor_bytes: int
-    # One single-element all-reduce on the job's group, measured by the client when its scheduler
+    # One small all-reduce on the job's group, measured by the client when its scheduler
     # was built (0.0: unknown). A measurement of the cluster, not of the model: two runs of one
     # model at one world size are the same shape whatever each measured (compare=False).
     collective_latency_s: float = dataclasses.field(default=0.0, compare=False)

@@ -108,7 +108,7 @@ def registration_from_proto(request: pb.RegisterRequest) -> Registration:
     )
 
 
-MAX_COLLECTIVE_LATENCY_S = 60.0  # one single-element all-reduce; beyond it, not a measurement
+MAX_COLLECTIVE_LATENCY_S = 60.0  # one small all-reduce; beyond it, not a measurement
 
 
 def collective_latency_from_proto(value: float) -> float:

@@ -34,7 +34,8 @@ class Registration:
     tuning_disabled: bool = False
     engine: str = "scheduler"  # autobyte.types.ENGINES: whose Config fields the job's configs set
     memory: MemoryLimits | None = None  # an FSDP2 job's budget (autobyte.fsdp), where it set one
-    # one single-element all-reduce on the job's group, measured at construction (0.0: unknown)
+    # one small all-reduce on the job's group, measured at construction (0.0: unknown;
+    # autobyte.scheduler.start.measure_latency)
     collective_latency_s: float = 0.0
 
 

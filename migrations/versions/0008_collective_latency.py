@@ -1,6 +1,6 @@
 """The job's per-collective cost
 
-`jobs.collective_latency_s`: one single-element all-reduce on the job's data-parallel group, as
+`jobs.collective_latency_s`: one small all-reduce (4 KB of fp32) on the job's data-parallel group, as
 rank 0 measured it when its scheduler was built (autobyte.scheduler.start.measure_latency), from
 its registration; the predictor reads it (autobyted/tuner/features.py). NULL: not measured (every
 job stored before, an FSDP2 job, a client before it).

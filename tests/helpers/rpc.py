@@ -73,19 +73,41 @@ def batch(session_id: str, seqs, job="job", rank=0, **fields) -> pb.MetricsBatch
 MIB = 1 << 20
 
 
+# The model a SyntheticJob registers: 24 MB of gradients in 12 tensors
+SYNTHETIC_MODEL = pb.ModelFingerprint(
+    parameter_count=6_000_000,
+    parameter_bytes=24_000_000,
+    tensor_count=12,
+    largest_tensor_bytes=8_000_000,
+    median_tensor_bytes=1_000_000,
+    digest="synthetic",
+)
+
+
 class SyntheticJob:
     """Streams rank 0's samples of a job over gRPC; step times do not depend on the configuration
-    and the job never applies a decision unless told to (`applied`)."""
+    and the job never applies a decision unless told to (`applied`). It registers as a real client
+    would (a model, a measured per-collective latency) and starts where any tuner tries something:
+    64 KiB partitions of its 24 MB of gradients, 366 all-reduces a step, most of the step spent
+    waiting on them."""
 
     def __init__(self, client: Client, job: str = "job", **register) -> None:
         self.client, self.job = client, job
+        register.setdefault("model", SYNTHETIC_MODEL)
+        register.setdefault("collective_latency_s", 5e-4)
         self.session = client.register(job=job, rank=0, world_size=2, **register).session_id
         self.seq = 0
-        self.config = pb.Config(partition_bytes=4 * MIB, credit_bytes=16 * MIB)
+        self.config = pb.Config(partition_bytes=64 << 10, credit_bytes=64 << 10)
         self.decision_id = 0
         self.wall = time.time()
 
     def steps(self, n: int, step_time_s: float = 0.1, **fields) -> None:
+        fields = {
+            "bytes_reduced": SYNTHETIC_MODEL.parameter_bytes,
+            "partitions": 366,
+            "exposed_comm_s": 0.06,
+            **fields,
+        }
         samples = []
         for _ in range(n):
             self.seq += 1

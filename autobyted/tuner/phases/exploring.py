@@ -8,6 +8,13 @@ tuner.transitions' `next_trial`, its arithmetic tuner.verdict).
   against the incumbent *and* against every configuration already measured in this search
   (verdict.unexplained_jump) is checked (tuner.phases.checking), unless it is faster than anything
   that context could have made the incumbent (drift.fastest_in_context) by the switch margin.
+- A trial that would lead the search (faster than everything measured in it by the switch margin)
+  is checked too when a smaller move of its context in its favour (drift.favourable_move: a link
+  faster, compute or others' load lighter, beyond the noise) could explain its gain: a pulse of
+  the context (a rate swinging 4x) can fall inside one trial, between a baseline and a confirm
+  that both saw the slow phase, and an A-B-A alone cannot tell that from a gain. The check is
+  the incumbent measured at once, in the trial's context: it costs what the search's confirm
+  would (the check stands in for it when the trial stays the winner).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 from autobyte.types import StepMetrics
 
 from autobyted.tuner.actions import STAY, Accept, Action, Check
-from autobyted.tuner.drift import fastest_in_context
+from autobyted.tuner.drift import Alarm, fastest_in_context, favourable_move
 from autobyted.tuner.job import Search, TunerJob
 from autobyted.tuner.measured import MeasuredWindow
 from autobyted.tuner.phases import Phase
@@ -65,11 +72,23 @@ class Exploring(Phase):
                 fastest * 1e3,
             )
             jump = None
+        if jump is None and not trial.cut and trial.median_s * (1 + params.min_gain) >= fastest:
+            jump = self._favourable_move_behind_a_lead()
         if jump is not None and (jump.signal, jump.direction) not in search.cleared:
             # A jump no configuration explains: did the context move while the trial ran? Measure
             # the incumbent again before trusting the comparison.
             return Check(search, trial, jump, fastest)
         return Accept(search, trial)
+
+    def _favourable_move_behind_a_lead(self) -> Alarm | None:
+        """A move of the context in the trial's favour that could explain why the trial leads the
+        search (module docstring); None for a trial that does not lead it."""
+        job, trial = self.job, self.trial
+        assert job.incumbent is not None
+        best = min([job.incumbent.median_s] + [t.median_s for t in self.search.trials if not t.cut])
+        if trial.median_s * (1 + job.params.min_gain) >= best:
+            return None
+        return favourable_move(job.incumbent.samples, trial.samples)
 
     def _clearly_worse(self) -> bool:
         """Wald's SPRT on log step times against the best configuration measured in this search

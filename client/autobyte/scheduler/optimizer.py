@@ -171,12 +171,10 @@ class ScheduledOptimizer:
             grad_bytes=sum(p.numel() * p.element_size() for p in params),
         )
         config = dataclasses.replace(config, tail_bytes=tail_bytes)
-        # the per-collective cost the daemon's predictor reads (autobyte.records.Registration):
-        # measured above for "auto" sizes, else one-element all-reduces only (a few ms)
+        # the per-collective cost the daemon's predictor reads (autobyte.records.Registration;
+        # a few small all-reduces, ms)
         self._collective_latency_s = (
-            self._start_cost.latency_s
-            if self._start_cost is not None
-            else start.measure_latency(self._groups.data, self._managed.device, self._managed.dtype)
+            start.measure_latency(self._groups.data, self._managed.device, self._managed.dtype)
             if self._groups.world > 1
             else 0.0
         )
@@ -287,8 +285,8 @@ class ScheduledOptimizer:
 
     @property
     def collective_latency_s(self) -> float:
-        """One all-reduce of a single element on the data-parallel group, measured at construction
-        (the slowest rank's seconds; 0.0 on one rank)."""
+        """One small all-reduce on the data-parallel group (start.measure_latency), measured at
+        construction: the slowest rank's seconds, the same on every rank; 0.0 on one rank."""
         return self._collective_latency_s
 
     @property

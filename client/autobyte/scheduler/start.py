@@ -127,13 +127,19 @@ def measure_cost(
     return CollectiveCost(latency, per_byte)
 
 
+SMALL_ELEMENTS = 1024  # the per-collective cost's probe: 4 KB of fp32
+
+
 def measure_latency(group: Any, device: torch.device, dtype: torch.dtype) -> float:
-    """`measure_cost`'s latency alone (collective): the all-reduce of one element, the slowest
-    rank's median, with no probe of PROBE_BYTES on the link (a job whose sizes were given)."""
-    tiny = torch.zeros(1, dtype=dtype, device=device)
+    """The group's per-collective cost as the daemon's predictor reads it (collective): one
+    all-reduce of SMALL_ELEMENTS elements at a time, the slowest rank's median. Not
+    `measure_cost`'s single element: a ring splits a buffer into one chunk a rank, and one
+    element leaves most of its 2(N-1) hops empty (at 8 gloo ranks on a 2-core host 2 ms, where
+    4 KB, like any partition, takes 22 ms); a few KB is still all latency on any link."""
+    small = torch.zeros(SMALL_ELEMENTS, dtype=dtype, device=device)
 
     def reduce() -> None:
-        dist.all_reduce(tiny, group=group)
+        dist.all_reduce(small, group=group)
 
     _timed(reduce, device)  # untimed: the ranks arrive at different times
     latency = statistics.median(_timed(reduce, device) for _ in range(TINY_REPEATS))
