@@ -736,6 +736,31 @@ def test_a_pulse_of_a_faster_link_under_the_first_trial_is_checked_at_once_not_s
     assert "1.6" not in tuner.detail and "1.7" not in tuner.detail, tuner.detail
 
 
+def test_a_trial_that_beats_the_incumbent_before_and_after_a_pulse_is_credited_with_its_own_gain():
+    """BEST is 10% faster than the start in any context; the link is faster for 60 steps from the
+    first trial on (the step 0.1 s -> 0.06 s). The trial (54 ms) beats anything that context could
+    make the start (its compute, 60 ms), so it is not checked; the confirm after it finds the start
+    moved, but the trial beat it there too: the switch goes ahead, credited with the 1.11x it beat
+    the start by in the trial's context, not the 1.85x against the start's baseline in the slow
+    phase."""
+    tuner, sink = make(predictor_for(BEST, 0.1))
+
+    def landscape(config, step):
+        first = sink.decisions[0].apply_at_step if sink.decisions else None
+        fast = first is not None and first <= step < first + 60
+        base, bandwidth = (0.06, 2.7e8) if fast else (0.1, 1e8)
+        return (base * 0.9 if config == BEST else base), bandwidth
+
+    ScriptedJob(landscape).run(tuner, sink, 300)
+    reasons = [d.reason for d in sink.decisions]
+    assert reasons[1].startswith("confirm: measuring 4MiB/16MiB again"), reasons
+    switch = next(d for d in sink.decisions if d.kind == "switch")
+    assert switch.config == BEST and "measured 1.11x faster than 4MiB/16MiB" in switch.reason, (
+        reasons
+    )
+    assert not any("1.8" in r for r in reasons), reasons
+
+
 def test_a_job_restarted_at_another_rank_count_tries_what_it_held_first_early_in_its_baseline():
     """The job ran at 2 ranks and held BEST; restarted at 4 ranks (another shape: its windows are
     no known ratios here), it ends its baseline early and tries BEST first, even where the model

@@ -281,9 +281,9 @@ class TunerJob:
         )
         return candidates, prediction
 
-    def versus_incumbent(self, step_time_s: float) -> str:
-        """'1.12x faster than 4MiB/16MiB': a step time against the search's incumbent."""
+    def versus_incumbent(self, step_time_s: float, window: MeasuredWindow | None = None) -> str:
+        """'1.12x faster than 4MiB/16MiB': a step time against the search's incumbent (as
+        `window` is compared with it, where given: MeasuredWindow.against)."""
         assert self.incumbent is not None
-        return describe_speedup(
-            speedup(self.incumbent.median_s, step_time_s), describe(self.incumbent.config)
-        )
+        reference = self.incumbent.median_s if window is None else window.against(self.incumbent)
+        return describe_speedup(speedup(reference, step_time_s), describe(self.incumbent.config))

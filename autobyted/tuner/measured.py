@@ -24,6 +24,15 @@ class MeasuredWindow:
     # gain calibration, and that reference's log median then (verdict.gain_calibration's evidence).
     model_log: float | None = None
     reference_log: float = 0.0
+    # The incumbent's median step time to compare this window with, where the incumbent was
+    # measured again after it and had moved, but this window still beat both measurements
+    # (tuner.phases.checking): the faster of the two, the gain that holds in either context. None:
+    # the search's incumbent's own.
+    incumbent_s: float | None = None
+
+    def against(self, incumbent: MeasuredWindow) -> float:
+        """The incumbent's median step time this window is compared with (`incumbent_s`)."""
+        return incumbent.median_s if self.incumbent_s is None else self.incumbent_s
 
     @property
     def log_median(self) -> float:

@@ -453,7 +453,7 @@ def accept(job: TunerJob, action: act.Accept) -> Phase:
     # Committed when the search ends cleanly, or when what interrupted it was a jump of the
     # context large enough to show in a trial's own context check (`abort`); not when the
     # context moved under the search more gently (a ramp is no evidence); clipped.
-    error = (trial.log_median - job.incumbent.log_median) - trial.predicted_log
+    error = (trial.log_median - math.log(trial.against(job.incumbent))) - trial.predicted_log
     job.evidence.add_search_error(trial.config, error)
     job.learn_noise(trial.samples)
     search.trials.append(trial)
@@ -562,7 +562,8 @@ def finish(job: TunerJob, search: Search, why: str) -> Phase:
     reason = (
         f"return to {describe(winner.config)}: no trial beat it{search.context_note()}"
         if returning
-        else f"hold best: {describe(winner.config)} measured {job.versus_incumbent(winner.median_s)}"
+        else f"hold best: {describe(winner.config)} measured "
+        f"{job.versus_incumbent(winner.median_s, winner)}"
         f"{search.context_note()}"
     )
 
@@ -679,7 +680,7 @@ def settle(
         gain = "no candidate beat it"
     else:
         # The figure of the decision that switched (the same two windows), not a second one.
-        gain = f"measured {job.versus_incumbent(winner.median_s)}"
+        gain = f"measured {job.versus_incumbent(winner.median_s, winner)}"
     after = f" ({search.retune_reason.removeprefix('re-tuning ')})" if search.retune_reason else ""
     _status(job, "holding", f"holding {describe(held.config)}: {gain}{after}")
     return phase

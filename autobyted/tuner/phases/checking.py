@@ -86,12 +86,13 @@ class Checking(_Remeasure):
         job, search, trial, jump = self.job, self.search, self.trial, self.jump
         incumbent = job.incumbent
         assert incumbent is not None
+        shift = moved(incumbent, again, job.sigma, job.params)
+        credit_against_the_faster(trial, incumbent, again, shift)
         if early:
             # The trial beats the incumbent before and after it by the switch margin: the
             # comparison holds whatever the context did (not measured long enough to clear the
             # jump itself).
             return Accept(search, trial, checked=(trial,))
-        shift = moved(incumbent, again, job.sigma, job.params)
         if shift is None or trial_beats_both(trial, incumbent, again, job.sigma, job.params):
             # Same context, or a move smaller than the trial's gain: the comparison holds either
             # way. Same context: every trial so far was measured between two equal measurements of
@@ -117,9 +118,23 @@ class Confirming(_Remeasure):
         job, search, winner = self.job, self.search, self.trial
         incumbent = job.incumbent
         assert incumbent is not None
-        shift = None if early else moved(incumbent, again, job.sigma, job.params)
-        if shift is not None and not trial_beats_both(
-            winner, incumbent, again, job.sigma, job.params
+        shift = moved(incumbent, again, job.sigma, job.params)
+        if (
+            not early
+            and shift is not None
+            and not trial_beats_both(winner, incumbent, again, job.sigma, job.params)
         ):
             return Abort(search, shift, again)
+        credit_against_the_faster(winner, incumbent, again, shift)
         return Finish(search, confirmed=True)
+
+
+def credit_against_the_faster(
+    trial: MeasuredWindow, incumbent: MeasuredWindow, again: MeasuredWindow, shift: Alarm | None
+) -> None:
+    """A trial that beat the incumbent measured before and after it, where the incumbent moved
+    between the two: its gain is what it beat the faster of them by (its figure in the switch's
+    reason and status, and what the predictor learns from it: MeasuredWindow.incumbent_s), not
+    what it beat the incumbent by in another context."""
+    if shift is not None:
+        trial.incumbent_s = min(trial.against(incumbent), again.median_s)
