@@ -11,7 +11,11 @@ conditions. What the stored steps carry says when those moved:
   factor of 2 or more (BANDWIDTH_SHIFT, log units).
 
 A move counts when CONFIRM_BLOCKS blocks in a row show it with the same cause; blocks are
-BLOCK_STEPS consecutive steps of one configuration (block medians: one slow step is not a change).
+consecutive steps of one configuration (block medians: one slow step is not a change), BLOCK_STEPS
+of them, or fewer (at least MIN_BLOCK_STEPS) where that many take more than BLOCK_SECONDS: a job of
+1.7-3.5 s steps under a rate swinging every minute (benchmarks/scenarios/emulated-gpt2-medium-8w-swing.toml)
+runs 17 steps in a slow phase, fewer than three blocks of ten, so every phase would stay one
+context and `best` would compare what ran at one rate with what ran at the other.
 Its cause is the tuner's (`autobyted.signals.cause_of`: the host load that falls with a bandwidth
 drop, as less traffic takes less of the host's CPU, is the link's), so `autobyte best` and the
 tuner's status name one change alike. The new context begins at the change point: the step from
@@ -40,6 +44,11 @@ from autobyte.types import Config
 from autobyted.signals import SIGNALS, cause_of
 
 BLOCK_STEPS = 10
+# A block closes after BLOCK_SECONDS of steps once it has MIN_BLOCK_STEPS: a job of steps under
+# 0.5 s keeps ten-step blocks (the evidence below was measured on such jobs); a job of 1.7 s steps
+# confirms a move within 3 blocks of 3 steps (15 s), one of 3.5 s steps within 31 s.
+BLOCK_SECONDS = 5.0
+MIN_BLOCK_STEPS = 3
 CONFIRM_BLOCKS = 3  # blocks in a row that must show a move before it counts (>= 2)
 BANDWIDTH_SHIFT = math.log(2.0)
 MIN_SHIFT = {**{signal.name: signal.min_shift for signal in SIGNALS}, "bandwidth": BANDWIDTH_SHIFT}
@@ -193,7 +202,9 @@ def split_contexts(points: Sequence[StepPoint]) -> list[Context]:
             block = []
         current.append(point)
         block.append(point)
-        if len(block) == BLOCK_STEPS:
+        if len(block) == BLOCK_STEPS or (
+            len(block) >= MIN_BLOCK_STEPS and sum(p.step_time_s for p in block) >= BLOCK_SECONDS
+        ):
             judge(block)
             block = []
         previous = point

@@ -254,3 +254,36 @@ def test_a_host_load_change_alone_is_named_host_load():
     )
     assert [c.started_by for c in contexts] == ["the job's start", "a host load rise at step 43"]
     assert contexts[0].last_step == 41  # step 42, just before the change point: in neither
+
+
+def test_a_rate_swinging_every_minute_under_slow_steps_is_a_context_a_phase():
+    """The 8-rank swing trace's shape (benchmarks/scenarios/emulated-gpt2-medium-8w-swing.toml):
+    60 s phases of 1.7 s steps (35 steps) and 3.5 s steps (17 steps), the bandwidth estimate 10
+    and 3.5 MB/s. Ten-step blocks needed 30 steps to confirm a move, longer than a slow phase: the
+    whole job was one context and `best` compared configurations measured at both rates. Now each
+    phase is a context of its own, named by what changed."""
+    from autobyted.contexts import split_contexts
+
+    held = (256 << 10, 1 << 20)
+    fast, slow = (35, held, 1.72, 1.0e7, 0.0), (17, held, 3.47, 3.5e6, 0.0)
+    contexts = split_contexts(_points([fast, slow, fast, slow]))
+    assert [c.started_by.split(" at ")[0] for c in contexts] == [
+        "the job's start",
+        "a bandwidth drop",
+        "a bandwidth rise",
+        "a bandwidth drop",
+    ], [c.describe(len(contexts)) for c in contexts]
+    for context, begins in zip(contexts[1:], (35, 52, 87)):
+        assert abs(context.first_step - begins) <= 1, context.describe(len(contexts))
+
+
+def test_a_brief_wander_of_the_estimate_is_no_new_context_at_any_step_time():
+    """A 2x dip of the bandwidth estimate for 15 steps of 0.1 s (the wander measured on 2-rank gloo
+    jobs on a shared host), or for two of 3.5 s: neither lasts the three blocks a move needs."""
+    from autobyted.contexts import split_contexts
+
+    held = (4 << 20, 16 << 20)
+    for step_s, dip in ((0.1, 15), (3.5, 2)):
+        steady, wander = (40, held, step_s, 1.0e7, 0.0), (dip, held, step_s, 4.0e6, 0.0)
+        contexts = split_contexts(_points([steady, wander, steady]))
+        assert len(contexts) == 1, (step_s, [c.describe(len(contexts)) for c in contexts])
