@@ -654,3 +654,60 @@ def test_pinned_ranks_and_their_busy_loops_share_one_core() -> None:
             assert time.monotonic() < deadline, os.sched_getaffinity(pid)
             time.sleep(0.02)
     assert [r.results[0]["cpus"] for r in result.ranks] == [[cpus[0]], [cpus[1 % len(cpus)]]]
+
+
+LINKS_WORKER = textwrap.dedent("""
+    import json, time, torch, torch.distributed as dist
+    from autobyte.tcplinks import LinkSampler, rank_addresses
+    dist.init_process_group("gloo")
+    addresses = rank_addresses(None)
+    sampler = LinkSampler(0.5)
+    sampler.start()
+    buf, seen, end = torch.zeros(1 << 18), [], time.monotonic() + 7.0
+    while time.monotonic() < end:
+        dist.all_reduce(buf)
+        time.sleep(0.02)
+        if not seen or time.monotonic() - seen[-1][0] >= 0.5:
+            seen.append((time.monotonic(), sampler.value))
+    sampler.stop()
+    print(json.dumps({"event": "result", "addresses": addresses, "links": [v for _, v in seen[4:]]}))
+    dist.destroy_process_group()
+""")
+
+
+@needs_netns
+def test_a_straggler_link_is_named_from_the_ranks_queued_sockets() -> None:
+    """Four ranks in a ring all-reduce, rank 1's link at a quarter of the others': every rank's
+    most queued socket (autobyte/tcplinks.py, from the kernel) names its peer by rank, the slow
+    pairs share rank 1, and the daemon's rule (autobyted/tuner/stragglers.py) names rank 1's link."""
+    from autobyte.types import StepMetrics
+
+    from autobyted.tuner.ranks import merge_ranks
+    from autobyted.tuner.stragglers import name_link
+
+    with Testbed(world_size=4, rate="100mbit") as bed:
+        bed.set_rate("25mbit", ranks=[1])
+        result = bed.run(
+            [sys.executable, "-c", LINKS_WORKER],
+            timeout_s=120,
+            cwd=str(REPO),
+            env={"PYTHONPATH": f"{REPO}:{REPO / 'client'}"},
+        )
+        addresses = [bed.address(r) for r in range(4)]
+    got = [r.results[0] for r in result.ranks]
+    assert all(g["addresses"] == {a: r for r, a in enumerate(addresses)} for g in got), got
+    steps = []
+    for i in range(min(len(g["links"]) for g in got)):
+        samples = [
+            StepMetrics(
+                step=i,
+                wall_time_s=1.7e9 + i,
+                step_time_s=1.0,
+                link_queue_s=g["links"][i][0],
+                link_peer=1 + addresses.index(g["links"][i][2]),
+            )
+            for g in got
+        ]
+        steps.append(merge_ranks(samples[0], dict(enumerate(samples[1:], start=1))))
+    assert len(steps) >= 4, got
+    assert name_link(steps).startswith("rank 1's link ("), (name_link(steps), got)

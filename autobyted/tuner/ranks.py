@@ -52,6 +52,9 @@ class JobStep(StepMetrics):
     in rank order (the ranks whose sample of this step is in)."""
 
     rank_compute_s: tuple[tuple[int, float], ...] = ()
+    # each rank's most queued link (autobyte/tcplinks.py) as (rank, link_queue_s, link_peer), the
+    # ranks that measured one: where a straggler link is (autobyted/tuner/stragglers.py)
+    rank_links: tuple[tuple[int, float, int], ...] = ()
 
 
 def merge_ranks(
@@ -75,6 +78,11 @@ def merge_ranks(
     return JobStep(
         **fields,
         rank_compute_s=tuple((r, ranks[r].forward_s + ranks[r].backward_s) for r in sorted(ranks)),
+        rank_links=tuple(
+            (r, ranks[r].link_queue_s, ranks[r].link_peer)
+            for r in sorted(ranks)
+            if ranks[r].link_peer > 0
+        ),
     )
 
 

@@ -81,6 +81,7 @@ from autobyted.tuner.phases.paused import Paused
 from autobyted.tuner.phases.verifying import Verifying
 from autobyted.tuner.phases.watching import Watching
 from autobyted.tuner.predictor import Prediction
+from autobyted.tuner.stragglers import LINK_STEPS, where
 from autobyted.tuner.verdict import Valued, beats, gain_calibration, none_pays, paying
 
 log = logging.getLogger(__name__)
@@ -469,8 +470,9 @@ def check(job: TunerJob, action: act.Check) -> Phase:
     incumbent = job.incumbent
     assert incumbent is not None
     check_steps = job.window(params.rebaseline_steps, params.baseline_window_s)
+    link = where(jump.signal, jump.direction, trial.samples[-LINK_STEPS:])
     reason = (
-        f"check: {jump.reason} during trial {len(search.trials) + 1}? it could explain the "
+        f"check: {jump.reason}{link} during trial {len(search.trials) + 1}? it could explain the "
         f"trial's {trial.median_s * 1e3:.0f} ms (the incumbent at best {action.fastest_s * 1e3:.0f} ms): "
         f"measuring {describe(incumbent.config)} again, ~{check_steps} steps"
     )
@@ -704,7 +706,8 @@ def abort(job: TunerJob, action: act.Abort) -> Phase:
     if job.aborts < job.params.max_aborts:
         return open_search(
             job,
-            f"re-tuning after {moved.reason}, during the search",
+            f"re-tuning after {moved.reason}"
+            f"{where(moved.signal, moved.direction, in_effect.samples[-LINK_STEPS:])}, during the search",
             new_segment=True,
             steps=job.params.rebaseline_steps,
         )

@@ -73,6 +73,7 @@ from torch import nn
 from autobyte import hooks
 from autobyte.hostload import local_peer_pids
 from autobyte.records import MemoryLimits
+from autobyte.tcplinks import rank_addresses
 from autobyte.types import Config, StepMetrics, check_depth
 
 logger = logging.getLogger(__name__)
@@ -387,6 +388,8 @@ class ShardedJob:
         self._channel = dist.new_group(ranks, backend="gloo")
         # the job's other ranks on this host (autobyte.hostload: their CPU is not others' load)
         self.local_job_pids = local_peer_pids(self._channel)
+        # each rank's address (autobyte.tcplinks: the peer of a queued link, named by its rank)
+        self.rank_addresses = rank_addresses(self._channel)
         self._lock = threading.Lock()
         # rank 0's (config, at_step, decision_id): decision_id is autobyted's (0: the script's own)
         self._proposal: tuple[ShardConfig, int, int] | None = None
@@ -730,6 +733,7 @@ class _Reported:
         self.model = job.model
         self.process_group = job.group
         self.local_job_pids = job.local_job_pids
+        self.rank_addresses = job.rank_addresses
         self._bytes = sum(p.numel() * p.element_size() for p in job.model.parameters())
         self._partitions = len(job.groups) + 1
 

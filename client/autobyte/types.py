@@ -270,6 +270,11 @@ class StepMetrics:
     host_load: float = metric(
         "share of the host's CPU", "float", limit=1e3, default=0.0, server_default="0"
     )
+    # This rank's most queued link over the last second (autobyte.tcplinks): how far the smoothed
+    # round-trip time of its most delayed collective socket stood above that socket's minimum, and
+    # 1 + the rank at that socket's far end; 0.0 and 0 = unknown.
+    link_queue_s: float = metric("s", "float", limit=_DAY_S, default=0.0, server_default="0")
+    link_peer: int = metric("1 + rank", "int32", limit=1 << 24, default=0, server_default="0")
 
 
 # Upper bounds no real measurement reaches; a value beyond them is a bug, not a measurement.

@@ -21,6 +21,7 @@ from autobyted.tuner.grid import describe
 from autobyted.tuner.job import TunerJob
 from autobyted.tuner.measured import MeasuredWindow
 from autobyted.tuner.phases import Phase
+from autobyted.tuner.stragglers import LINK_STEPS, where
 
 RECENT_STEPS = 20  # the held configuration's latest steps, the context a rescore predicts from
 
@@ -62,8 +63,9 @@ class Watching(Phase):
         alarm = self.detector.update(m)
         if alarm is not None:
             fresh = [*self.recent, m][-alarm.fresh_steps :] if alarm.fresh_steps else []
+            link = where(alarm.signal, alarm.direction, fresh or [*self.recent, m][-LINK_STEPS:])
             return Open(
-                f"re-tuning after {alarm.reason}",
+                f"re-tuning after {alarm.reason}{link}",
                 new_segment=True,
                 steps=params.rebaseline_steps,
                 retune=True,

@@ -40,7 +40,7 @@ class ModelFingerprint(_message.Message):
     def __init__(self, parameter_count: _Optional[int] = ..., parameter_bytes: _Optional[int] = ..., tensor_count: _Optional[int] = ..., largest_tensor_bytes: _Optional[int] = ..., median_tensor_bytes: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("seq", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s", "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s", "config", "decision_id", "host_load")
+    __slots__ = ("seq", "step", "wall_time_s", "step_time_s", "forward_s", "backward_s", "exposed_comm_s", "queueing_delay_s", "bytes_reduced", "partitions", "bandwidth_bytes_per_s", "config", "decision_id", "host_load", "link_queue_s", "link_peer")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class StepMetrics(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_LOAD_FIELD_NUMBER: _ClassVar[int]
+    LINK_QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    LINK_PEER_FIELD_NUMBER: _ClassVar[int]
     seq: int
     step: int
     wall_time_s: float
@@ -69,7 +71,9 @@ class StepMetrics(_message.Message):
     config: Config
     decision_id: int
     host_load: float
-    def __init__(self, seq: _Optional[int] = ..., step: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., queueing_delay_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., partitions: _Optional[int] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., decision_id: _Optional[int] = ..., host_load: _Optional[float] = ...) -> None: ...
+    link_queue_s: float
+    link_peer: int
+    def __init__(self, seq: _Optional[int] = ..., step: _Optional[int] = ..., wall_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., exposed_comm_s: _Optional[float] = ..., queueing_delay_s: _Optional[float] = ..., bytes_reduced: _Optional[int] = ..., partitions: _Optional[int] = ..., bandwidth_bytes_per_s: _Optional[float] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., decision_id: _Optional[int] = ..., host_load: _Optional[float] = ..., link_queue_s: _Optional[float] = ..., link_peer: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("decision_id", "job", "config", "apply_at_step", "reason", "predicted_step_time_s", "measured_step_time_s", "created_at_s", "state", "applied_at_step", "source")

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autobyte import hooks, hostload
+from autobyte import hooks, hostload, tcplinks
 from autobyte.scheduler import (
     amp,
     checks,
@@ -157,6 +157,10 @@ class ScheduledOptimizer:
         # load (autobyte.hostload; the transport's sampler excludes them)
         self.local_job_pids = (
             hostload.local_peer_pids(self._groups.decision) if self._groups.world > 1 else ()
+        )
+        # each rank's address (autobyte.tcplinks: the peer of a queued link, named by its rank)
+        self.rank_addresses = (
+            tcplinks.rank_addresses(self._groups.decision) if self._groups.world > 1 else {}
         )
 
         # "auto": derived from the gradients' bytes and the group's measured all-reduce cost

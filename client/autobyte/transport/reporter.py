@@ -27,6 +27,7 @@ from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
 from autobyte.records import MemoryLimits
+from autobyte.tcplinks import LinkSampler
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
 from autobyte.transport.endpoints import DaemonEndpoints, release_call
 from autobyte.transport.place import RankPlace
@@ -102,10 +103,13 @@ class Reporter:
         self.place: RankPlace | None = None  # known once a ScheduledOptimizer is attached
         self._metadata = auth_metadata(token)
         self._instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # The scheduler leaves StepMetrics.host_load at 0.0 (unknown); the reporter's sampler
-        # (autobyte.hostload) supplies it, kept beside each buffered sample.
+        # The scheduler leaves StepMetrics.host_load and the link figures at 0 (unknown); the
+        # reporter's samplers (autobyte.hostload, autobyte.tcplinks) supply them, kept beside each
+        # buffered sample.
         self._buffer = SampleBuffer(buffer_samples)
         self._host_load = HostLoadSampler()
+        self._links = LinkSampler()
+        self._addresses: dict[str, int] = {}  # each rank's address -> its rank (the link's peer)
         self._flush_interval_s = flush_interval_s
         self._send_due = 0.0
         self._flush_requested = False
@@ -169,17 +173,30 @@ class Reporter:
         # the job's other ranks on this host are the job's CPU, not others' load
         self._host_load.exclude(getattr(optimizer, "local_job_pids", ()))
         self._host_load.start()
+        self._addresses = dict(getattr(optimizer, "rank_addresses", None) or {})
+        if len(self._addresses) > 1:  # a link to name needs two hosts
+            self._links.start()
 
     def on_step(self, metrics: StepMetrics) -> None:
         """Step callback (training thread): buffer the sample and note a decision that took effect."""
         if self._closed.is_set():
             return
         with self._cond:
-            if self._buffer.append(metrics, self._host_load.value) >= MAX_BATCH_SAMPLES:
+            context = (self._host_load.value, self._links.value)
+            if self._buffer.append(metrics, context) >= MAX_BATCH_SAMPLES:
                 self._cond.notify()
         self.control.on_step(metrics)
 
     # ------------------------------------------------------------------ background threads
+    def _add_link(self, sample: pb.StepMetrics, link: tuple[float, str, str]) -> None:
+        """This rank's most queued link when the step ended (autobyte.tcplinks), its far end as
+        1 + that rank; nothing where it is unknown or the peer is not one of the job's ranks."""
+        queue_s, _local, peer = link
+        rank = self._addresses.get(peer)
+        if rank is not None and rank != self.rank and sample.link_peer == 0:
+            sample.link_queue_s = queue_s
+            sample.link_peer = rank + 1
+
     def backoff(self, attempt: int) -> None:
         delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** min(attempt, 10))
         self._closed.wait(delay * random.uniform(0.5, 1.0))
@@ -306,7 +323,7 @@ class Reporter:
             cpu0 = time.thread_time()
             batch = pb.MetricsBatch(job=self.job, rank=self.rank, session_id=session_id)
             now = time.time()
-            for seq, metrics, host_load in pending:
+            for seq, metrics, (host_load, link) in pending:
                 try:
                     check_metrics(metrics, now)
                 except ValueError as error:  # a broken measurement: never worth a refused batch
@@ -316,6 +333,7 @@ class Reporter:
                 sample = metrics_to_proto(metrics, seq)
                 if not sample.host_load:
                     sample.host_load = host_load
+                self._add_link(sample, link)
                 batch.samples.append(sample)
             batch.dropped_total = self.dropped_total
             self.background_cpu_s += time.thread_time() - cpu0
@@ -529,6 +547,7 @@ class Reporter:
         with self._cond:
             self._cond.notify_all()
         self._host_load.stop(timeout_s=0.1)
+        self._links.stop(timeout_s=0.1)
         self.control.cancel_watch()
         self.endpoints.close()
         for thread in self._threads:

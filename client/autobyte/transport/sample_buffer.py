@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+from typing import Any
 
 from autobyte.types import StepMetrics
 
@@ -15,8 +16,8 @@ class SampleBuffer:
     def __init__(self, capacity: int) -> None:
         # Guards this buffer; the send loop keeps its own stream state under it too and waits on it.
         self.cond = threading.Condition()
-        # (seq, metrics, host load when the step ended), oldest first.
-        self._samples: collections.deque[tuple[int, StepMetrics, float]] = collections.deque()
+        # (seq, metrics, what the reporter's samplers read when the step ended), oldest first.
+        self._samples: collections.deque[tuple[int, StepMetrics, Any]] = collections.deque()
         self._capacity = capacity
         self.seq = 0  # the last appended
         self.acked_seq = 0  # everything up to it is stored by the daemon
@@ -40,14 +41,14 @@ class SampleBuffer:
         """Samples that never reached the daemon: overflow plus invalid or refused ones."""
         return self.dropped_overflow + self.invalid + self.rejected
 
-    def append(self, metrics: StepMetrics, host_load: float) -> int:
+    def append(self, metrics: StepMetrics, context: Any) -> int:
         """Buffer a sample under the next seq (the oldest is dropped and counted when full); returns
         how many samples are unsent."""
         self.seq += 1
         if len(self._samples) >= self._capacity:
             self._samples.popleft()
             self.dropped_overflow += 1
-        self._samples.append((self.seq, metrics, host_load))
+        self._samples.append((self.seq, metrics, context))
         return self.seq - self.sent_seq
 
     def restart(self) -> None:
@@ -59,7 +60,7 @@ class SampleBuffer:
     def unsent_count(self) -> int:
         return self._samples[-1][0] - self.sent_seq if self._samples else 0
 
-    def take_unsent(self, limit: int) -> tuple[list[tuple[int, StepMetrics, float]], int, bool]:
+    def take_unsent(self, limit: int) -> tuple[list[tuple[int, StepMetrics, Any]], int, bool]:
         """The next (at most `limit`) unsent samples, now counted as sent; with the seq sent before
         them and whether a batch sent before them is still unacknowledged."""
         offset = max(0, self.sent_seq - self._samples[0][0] + 1)
