@@ -133,12 +133,15 @@ def rank_addresses(group: Any) -> dict[str, int]:
     import torch
     import torch.distributed as dist
 
-    mine = own_address()
-    packed = [0, 0, 0]
-    if mine:
-        address = ipaddress.ip_address(mine)
-        value = int(address)
-        packed = [address.version, _signed(value >> 64), _signed(value & ((1 << 64) - 1))]
+    packed = [0, 0, 0]  # unknown: every rank must reach the all-gather whatever happens here
+    try:
+        mine = own_address()
+        if mine:
+            address = ipaddress.ip_address(mine)
+            value = int(address)
+            packed = [address.version, _signed(value >> 64), _signed(value & ((1 << 64) - 1))]
+    except Exception:  # a figure for people; never a reason for one rank to miss the collective
+        log.debug("this rank's address is unknown", exc_info=True)
     every = [torch.zeros(3, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, torch.tensor(packed, dtype=torch.int64), group=group)
     out: dict[str, int] = {}
