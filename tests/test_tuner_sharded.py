@@ -154,3 +154,45 @@ def test_observe_mode_and_a_pause_issue_nothing():
     tuner.resume()
     job.run(tuner, sink, 400)
     assert job.config.forward_prefetch, tuner.detail
+
+
+class _QueuedLink:
+    """The tuner as the manager feeds it a 4-rank job's merged steps (autobyted.tuner.ranks): from
+    step `from_step` rank 2's link queues (its ring pairs 2 -> 1 and 3 -> 2), before it none does."""
+
+    def __init__(self, tuner: ShardTuner, from_step: int) -> None:
+        self.tuner, self.from_step = tuner, from_step
+
+    def observe(self, samples) -> None:
+        import dataclasses
+
+        from autobyted.tuner.ranks import merge_ranks
+
+        merged = []
+        for m in samples:
+            slow = m.step >= self.from_step
+            peers = {
+                r: dataclasses.replace(
+                    m,
+                    link_queue_s=0.04 if slow and r in (2, 3) else 3e-4,
+                    link_peer=1 + (r - 1) % 4,
+                )
+                for r in (1, 2, 3)
+            }
+            leader = dataclasses.replace(m, link_queue_s=3e-4, link_peer=4)
+            merged.append(merge_ranks(leader, peers))
+        self.tuner.observe(merged)
+
+    def __getattr__(self, name):
+        return getattr(self.tuner, name)
+
+
+def test_a_slower_step_with_one_link_queued_names_that_link():
+    tuner, sink = make()
+    job = ScriptedJob(landscape(keep_hurts_after=400), start=DEFAULTS)
+    fed = _QueuedLink(tuner, from_step=400)
+    job.run(fed, sink, 400)
+    assert "link" not in " ".join(s.detail for s in sink.statuses)
+    job.run(fed, sink, 500)
+    moved = [s.detail for s in sink.statuses if "step time moved" in s.detail]
+    assert moved and "rank 2's link (40 ms of queueing" in moved[0], moved

@@ -55,6 +55,7 @@ from autobyted.tuner.job import Clock, Noise
 from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
 from autobyted.tuner.sink import TunerSink
+from autobyted.tuner.stragglers import LINK_STEPS, name_link
 from autobyted.tuner.verdict import beats_both, clearly_worse, step_time_move
 
 log = logging.getLogger(__name__)
@@ -398,6 +399,9 @@ class ShardTuner:
         if move is None:
             return
         reason = f"step time moved {math.expm1(move):+.0%} under {_short(measured.config)}"
+        named = name_link(measured.samples[-LINK_STEPS:]) if move > 0 else ""
+        if named:  # a slower step with one link queued: where (autobyted/tuner/stragglers.py)
+            reason += f": {named}"
         self._open(reason)
         self.incumbent = measured
         self._round_from(measured)
