@@ -73,6 +73,31 @@ def test_a_real_change_alarms_within_a_few_seconds_and_names_its_cause(change, s
     assert index <= 50  # within 5 s of steps of 0.1 s (blocks of half a second)
 
 
+@pytest.mark.parametrize("head_steps", [10, 0])
+def test_a_change_while_the_reference_is_collected_alarms_when_it_completes(head_steps):
+    # A configuration held just before a change: the window that measured it is the head start (2
+    # blocks of 5 steps), the blocks that complete the reference (8 blocks) are after the change.
+    # Against a reference of the new context the CUSUMs would never alarm.
+    rng = random.Random(4)
+    detector = DriftDetector(series(head_steps, rng))
+    before = series(10 if head_steps else 15, rng, start=head_steps)
+    assert alarms(detector, before) == []
+    start = head_steps + len(before)
+    found = alarms(detector, series(300, rng, start=start, bandwidth=1.5e8, step_s=0.3))
+    assert found, "a drop while the reference was collected went unseen"
+    index, alarm = found[0]
+    assert index < 40 - start and detector.ready  # when the 8th block completes
+    assert alarm.reason == "bandwidth drop" and alarm.fresh_steps > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_reference_collected_in_one_context_does_not_alarm(seed):
+    rng = random.Random(seed)
+    for head in (series(10, rng), ()):
+        detector = DriftDetector(head)
+        assert alarms(detector, series(2_000, rng, start=len(head), spikes=0.02)) == []
+
+
 def test_host_load_is_watched_only_when_known():
     rng = random.Random(3)
     unknown = DriftDetector(series(60, rng))

@@ -152,6 +152,7 @@ class Alarm:
     # the latest steps already in the new context: those of the blocks the shift was measured on,
     # but the first (which may straddle the change); a re-tune's baseline starts with them
     fresh_steps: int = 0
+    rank: int | None = None  # the rank whose own compute moved; None: the job's signal
 
 
 class Cusum:
@@ -226,8 +227,10 @@ class DriftDetector:
         self._tests: list[tuple[Signal, Cusum]] | None = None
         self._recent: dict[str, list[float]] = {}
         self._deferred: int | None = None  # blocks since a step-time alarm whose label waits
+        self._head_blocks = 0  # reference blocks that came from the head start
         for sample in head_start:
             self.update(sample)
+        self._head_blocks = len(self._reference_samples)
 
     @property
     def ready(self) -> bool:
@@ -248,6 +251,40 @@ class DriftDetector:
             values = [v for v in map(signal.extract, block) if math.isfinite(v)]
             out[signal.key] = statistics.median(values) if values else math.nan
         return out
+
+    def _moved_in_reference(self) -> Alarm | None:
+        """A change while the reference was collected: its later blocks (those after the head
+        start, else its second half) against the earlier, by `window_shift`. The CUSUMs cannot see
+        it: against a reference whose median is already the new context's (or whose spread the
+        two contexts inflate), the blocks after it are in control. A configuration held just
+        before a change is exactly that case: the window that measured it is the head start, the
+        blocks that complete the reference straddle the change (the quick start's links dropped
+        1.4 s after a re-tune returned to the incumbent: 2 blocks before the drop, 6 after, and no
+        alarm followed). Only a change the job felt counts, as for the CUSUMs: a rank's compute
+        alone, with the step time not moved half its min_shift the same way, is not one."""
+        blocks = self._reference_samples
+        split = self._head_blocks if 0 < self._head_blocks < len(blocks) else len(blocks) // 2
+        earlier = [m for block in blocks[:split] for m in block]
+        later = [m for block in blocks[split:] for m in block]
+        signals = [
+            dataclasses.replace(s, min_shift=s.min_shift * self._shift_scale)
+            for s in self._base_signals
+        ]
+        alarm = window_shift(earlier, later, signals)
+        if alarm is None:
+            return None
+        if alarm.rank is not None:
+            step = next(s for s in signals if s.name == "step_time")
+            felt = [[v for v in map(step.extract, w) if math.isfinite(v)] for w in (earlier, later)]
+            if (
+                not all(felt)
+                or (statistics.median(felt[1]) - statistics.median(felt[0])) * alarm.direction
+                < step.min_shift / 2
+            ):
+                return None
+        # the later blocks' median is the new context's, so their second half is in it
+        fresh = min(FRESH_BLOCKS - 1, (len(blocks) - split) // 2)
+        return dataclasses.replace(alarm, fresh_steps=fresh * self._block_steps)
 
     def _start(self) -> None:
         self._tests = []
@@ -288,9 +325,11 @@ class DriftDetector:
         if self._tests is None:
             self._reference_samples.append(self._pending)
             self._pending = []
-            if len(self._reference_samples) >= self._reference_blocks:
-                self._start()
-            return None
+            if len(self._reference_samples) < self._reference_blocks:
+                return None
+            moved = self._moved_in_reference()
+            self._start()
+            return moved
         block = self._block_medians(self._pending)
         self._pending = []
         alarmed: list[tuple[Signal, Cusum]] = []
@@ -384,7 +423,11 @@ class DriftDetector:
             shift = shifts[signal.key][1]
             direction = (1 if shift > 0 else -1) if shift else (1 if test.up >= test.down else -1)
             return Alarm(
-                signal.name, direction, shift, signal.rise if direction > 0 else signal.fall
+                signal.name,
+                direction,
+                shift,
+                signal.rise if direction > 0 else signal.fall,
+                rank=signal.rank,
             )
         return _alarm(*cause)
 
@@ -417,7 +460,11 @@ def window_shift(
 
 def _alarm(signal: Signal, shift: float) -> Alarm:
     return Alarm(
-        signal.name, 1 if shift > 0 else -1, shift, signal.rise if shift > 0 else signal.fall
+        signal.name,
+        1 if shift > 0 else -1,
+        shift,
+        signal.rise if shift > 0 else signal.fall,
+        rank=signal.rank,
     )
 
 
