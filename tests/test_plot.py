@@ -142,3 +142,17 @@ def test_an_8_rank_job_is_folded_to_rank_0_the_lagging_rank_and_a_band(tmp_path)
     out = tmp_path / "wide.png"
     plot.draw_job("wide", points, [], str(out))
     assert png_size(out) == (plot.WIDTH_PX, plot.HEIGHT_PX)
+
+
+def test_a_decision_label_keeps_the_straggler_link_its_reason_names():
+    """On an 8-rank job the lines are folded; the link a re-tune named stays in its label."""
+    from autobyte.plot import short_reason
+
+    named = (
+        "trial 1/4: 32MiB/128MiB predicted 1.31x faster than 16MiB/64MiB (re-tuning after "
+        "bandwidth drop on rank 1's link (10 ms of queueing, the other ranks' at most 1.1 ms))"
+    )
+    assert short_reason(named) == "trial 1/4 · rank 1's link"
+    path = "re-tuning after bandwidth drop on the path between rank 2 and rank 5 (9 ms ...)"
+    assert short_reason(path) == "re-tuning after bandwidth…" + " · link 2-5"
+    assert short_reason("hold best: 1MiB/4MiB measured 1.20x faster") == "hold best"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -54,13 +55,22 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed: the message says which extra brings it."""
 
 
+_LINK = re.compile(r"rank (\d+)'s link|the path between rank (\d+) and rank (\d+)")
+
+
 def short_reason(reason: str, limit: int = 28) -> str:
     """The head of a decision's reason ('trial 2/4', 'hold best', 'rollback', 'operator request'),
-    cut at a word: the whole text is in `autobyte history`."""
+    cut at a word: the whole text is in `autobyte history`. A straggler's link the reason names
+    (autobyted/tuner/stragglers.py) is kept after it ('trial 1/4 · rank 1's link'): on a job of
+    many ranks it is what the picture could not show otherwise."""
     head = reason.split(":", 1)[0].strip() or "decision"
-    if len(head) <= limit:
+    if len(head) > limit:
+        head = head[:limit].rsplit(" ", 1)[0] + "…"
+    link = _LINK.search(reason)
+    if link is None:
         return head
-    return head[:limit].rsplit(" ", 1)[0] + "…"
+    one, a, b = link.groups()
+    return f"{head} · " + (f"rank {one}'s link" if one else f"link {a}-{b}")
 
 
 LABEL_ROWS = 4  # heights a decision's label may take before it is left out (its line stays)
