@@ -377,3 +377,43 @@ def _untracked_worker(rank: int, world: int) -> str:
 def test_untracked_parameter_reads_are_refused():
     message = run_ranks(_untracked_worker, 1, timeout_s=50)[0]
     assert "'1.lin.weight'" in message and "never read through its module" in message
+
+
+def _direct_step_worker(rank: int, world: int) -> dict:
+    from autobyte import ScheduledOptimizer
+    from autobyte.scheduler import SchedulerError
+
+    model = _net()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = ScheduledOptimizer(model, base)
+    F.mse_loss(model(torch.randn(4, 16)), torch.zeros(4, 8)).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = {}
+    try:
+        base.step()  # the wrapped optimizer, not the scheduler
+        out["raised"] = "not raised"
+    except SchedulerError as error:
+        out["raised"] = str(error)
+    out["untouched"] = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    sched.step()  # the loop goes on as it should have
+    sched.zero_grad()
+    F.mse_loss(model(torch.randn(4, 16)), torch.zeros(4, 8)).backward()
+    sched.step()
+    sched.close()
+    model.zero_grad()
+    F.mse_loss(model(torch.randn(4, 16)), torch.zeros(4, 8)).backward()
+    base.step()  # closed: the optimizer is the loop's again
+    out["after_close"] = True
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_stepping_the_wrapped_optimizer_directly_is_refused_where_it_is_made():
+    """Before this check the call went through (an update the scheduler did not know of) and the
+    next backward raised "received a second gradient in step 0", naming accumulation."""
+    for got in run_ranks(_direct_step_worker, 2, timeout_s=50):
+        assert (
+            "SGD.step() was called on an optimizer that a ScheduledOptimizer wraps"
+            in (got["raised"])
+        ), got
+        assert got["untouched"] and got["after_close"], got

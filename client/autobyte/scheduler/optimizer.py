@@ -50,6 +50,18 @@ logger = logging.getLogger(__name__)
 _UNSET: Any = object()
 
 
+def _stepped_directly(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """The step pre-hook of every optimizer a ScheduledOptimizer wraps: stepping one directly
+    would apply an update the scheduler does not know of and leave its own step unended (the next
+    backward would read as a second one in the same step), so it is refused where it is made."""
+    raise SchedulerError(
+        f"{type(optimizer).__name__}.step() was called on an optimizer that a ScheduledOptimizer "
+        "wraps: call the ScheduledOptimizer's step() instead (scaler.step(scheduled_optimizer) "
+        "with a GradScaler); it applies this optimizer's update to each parameter as its reduced "
+        "gradient arrives. After ScheduledOptimizer.close() the optimizer steps as before."
+    )
+
+
 class ScheduledOptimizer:
     """Gradient sync + optimizer step with priority, partitioning and a credit window.
 
@@ -256,6 +268,10 @@ class ScheduledOptimizer:
                         tracking.CopySafeHook(functools.partial(self._forward_pre_hook, own))
                     )
                 )
+        # The wrapped optimizers are never stepped by the scheduler (its update thread steps
+        # copies of them, without their hooks: update.py), so a step of one is the loop's own.
+        for opt in optimizers:
+            self._handles.append(opt.register_step_pre_hook(_stepped_directly))
         self._tracked = tracking.install(
             model, index_of, self._on_read
         )  # last: no read of ours after it
