@@ -185,3 +185,43 @@ def test_the_predictor_is_retrained_from_every_job_and_survives_a_restart(db_url
     upgraded = TunerManager(storage, no_decisions)
     upgraded._load_predictor()
     assert upgraded.predictor.ensemble.meta["kind"] == "prior" and upgraded.new_windows
+
+
+def test_an_fsdp2_job_starts_from_what_the_latest_job_of_its_model_held(db_url):
+    """The daemon learns across FSDP2 jobs: a new job's search measures first what the latest other
+    job of the same model (fingerprint), world size and backend held (tuner.sharded)."""
+    from autobyte.records import Fingerprint, Registration, TunerStatusRecord
+    from autobyte.types import Config
+
+    from autobyted.storage.db import make_engine, migrate
+    from autobyted.storage.sql import SqlStorage
+    from autobyted.tuner.manager import TunerManager
+
+    engine = make_engine(db_url)
+    migrate(engine)
+    storage = SqlStorage(engine)
+    model, other = Fingerprint(10, 40, 2, 32, 8, "model"), Fingerprint(10, 40, 2, 32, 8, "other")
+    held = Config(forward_prefetch=1, reshard_after_forward=False)
+    earlier = [  # (job, fingerprint, world size, what its tuner held)
+        ("first", model, 2, Config(forward_prefetch=2)),
+        ("other-model", other, 2, Config(forward_prefetch=3)),
+        ("other-size", model, 4, Config(backward_prefetch=3)),
+        ("latest", model, 2, held),
+        ("never-tuned", model, 2, None),
+    ]
+    for job, fingerprint, world, config in [*earlier, ("new", model, 2, None)]:
+        storage.register(Registration(job, 0, world, "gloo", job, fingerprint, engine="fsdp2"), 30)
+        if config is not None:
+            status = TunerStatusRecord("auto", "holding", "holding", config, 0.1, 0.08)
+            storage.save_tuner_status(job, status)
+
+    def no_decisions(*args, **kwargs):
+        raise AssertionError("not deciding here")
+
+    manager = TunerManager(storage, no_decisions)
+    assert manager._held_by_earlier("new", storage.job_info("new")) == (held, "latest")
+    assert manager._open("new").tuner._known == (held, "latest")
+    # a job of a model no earlier job ran starts from its own settings
+    storage.register(Registration("alone", 0, 2, "gloo", "alone", other, engine="fsdp2"), 30)
+    storage.save_tuner_status("other-model", TunerStatusRecord("auto", "baseline", "baseline"))
+    assert manager._held_by_earlier("alone", storage.job_info("alone")) is None

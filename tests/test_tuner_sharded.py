@@ -33,9 +33,9 @@ def landscape(fast_forward=0.25, keep=0.15, base_s=0.1, keep_hurts_after=None):
     return step_time
 
 
-def make(mode="auto", params=TunerParams(), memory=None):
+def make(mode="auto", params=TunerParams(), memory=None, known=None):
     sink = MemorySink("fsdp-job")
-    return ShardTuner("fsdp-job", sink, mode, params, memory), sink
+    return ShardTuner("fsdp-job", sink, mode, params, memory, known), sink
 
 
 def test_neighbours_move_one_knob_one_step_from_the_users_own_settings():
@@ -106,6 +106,42 @@ def test_a_configuration_the_registration_names_over_the_budget_is_never_asked_f
     assert job.config.forward_prefetch and tuner.phase in ("holding", "no headroom"), tuner.detail
     trials = [d.reason for d in sink.decisions if d.kind == "trial"]
     assert any("1 neighbour over the memory budget of 7,500 bytes not tried" in r for r in trials)
+
+
+BEST = Config(forward_prefetch=1, reshard_after_forward=False)
+
+
+def test_what_an_earlier_job_of_the_model_held_is_measured_first_and_reached_sooner():
+    def reached(known):
+        tuner, sink = make(known=known)
+        job = ScriptedJob(landscape(), start=DEFAULTS)
+        job.run(tuner, sink, 600)
+        assert job.config == BEST and tuner.phase == "holding", (job.config, tuner.detail)
+        return job.configs.index(BEST), sink
+
+    cold, _ = reached(None)
+    warm, sink = reached((BEST, "earlier-run"))
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert trials[0].config == BEST, trials[0]
+    assert "what job earlier-run of this model held" in trials[0].reason, trials[0].reason
+    # it won by the switch margin: round 1's other trials were not run, the switch came next
+    assert [d.kind for d in sink.decisions][:3] == ["trial", "return", "switch"], sink.decisions
+    assert warm < cold * 0.7, (warm, cold)
+
+
+def test_what_an_earlier_job_held_is_not_tried_over_this_jobs_budget_nor_kept_when_it_loses():
+    over = frozenset({BEST})
+    tuner, sink = make(memory=MemoryLimits(7_500, over), known=(BEST, "earlier-run"))
+    job = ScriptedJob(landscape(), start=DEFAULTS)
+    job.run(tuner, sink, 600)
+    assert all(d.config != BEST for d in sink.decisions)
+    # on a landscape where it is slower, it is one trial of round 1, and the search goes on
+    tuner, sink = make(known=(Config(backward_prefetch=3), "earlier-run"))
+    job = ScriptedJob(landscape(keep=0.0), start=DEFAULTS)
+    job.run(tuner, sink, 600)
+    trials = [d for d in sink.decisions if d.kind == "trial"]
+    assert trials[0].config == Config(backward_prefetch=3) and len(trials) >= 2
+    assert job.config.forward_prefetch == 1 and tuner.phase == "holding", tuner.detail
 
 
 def test_no_headroom_when_no_knob_beats_the_job_as_built():

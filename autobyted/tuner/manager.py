@@ -31,6 +31,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+from autobyte.types import Config
+
 from autobyted.errors import FailedPrecondition, NotFound
 from autobyted.storage.base import BaseStorage
 from autobyted.storage.records import (
@@ -455,7 +457,8 @@ class TunerManager:
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
         tuner: JobTuner | ShardTuner
         if info.engine == "fsdp2":  # measured, no predictor (tuner.sharded)
-            tuner = ShardTuner(job, sink, self.mode, self.params, info.memory)
+            known = self._held_by_earlier(job, info)
+            tuner = ShardTuner(job, sink, self.mode, self.params, info.memory, known)
             return self._track(job, info, tuner, sink)
         assert self.predictor is not None
         shape = JobShape.from_info(info)
@@ -475,6 +478,30 @@ class TunerManager:
             first_segment=self.storage.next_window_segment(job),
         )
         return self._track(job, info, tuner, sink)
+
+    def _held_by_earlier(self, job: str, info: JobInfo) -> tuple[Config, str] | None:
+        """What the latest other FSDP2 job of the same model (fingerprint), world size and
+        backend held, measured (its tuner's configuration: held, kept for want of headroom, or
+        in effect when it ended), with that job's name: the new job's search measures it first
+        (tuner.sharded). None when no such job held anything but its script's own settings."""
+        if not info.fingerprint.digest:
+            return None
+        found: tuple[float, Config, str] | None = None
+        for record in self.storage.jobs(running_within_s=self.idle_after_s):
+            status = record.tuner
+            if (
+                record.job == job
+                or record.engine != "fsdp2"
+                or (record.world_size, record.backend) != (info.world_size, info.backend)
+                or status is None
+                or status.measured_step_time_s <= 0
+                or status.config == Config()
+                or (found is not None and record.last_seen_s <= found[0])
+            ):
+                continue
+            if self.storage.job_info(record.job).fingerprint == info.fingerprint:
+                found = (record.last_seen_s, status.config, record.job)
+        return None if found is None else (found[1], found[2])
 
     def _track(
         self, job: str, info: JobInfo, tuner: JobTuner | ShardTuner, sink: StorageSink

@@ -25,6 +25,9 @@ way a person tuning FSDP2 by hand does, with the tuner's paired arithmetic (tune
   moved during the round cannot make a trial look better;
 - the winner is switched to and measured (verifying); the next round starts from it, at most
   MAX_ROUNDS rounds a search;
+- a second job of a model (the same fingerprint, world size and backend) measures what the latest
+  such job held first (`known`, from the manager); when it beats the incumbent by the switch margin
+  the round ends there (the check, the switch, then its neighbours' round);
 - the held configuration is watched: a window whose median moved beyond the switch margin
   (verdict.step_time_move, the bar raised after fruitless re-tunes as the scheduler's tuner does)
   opens a new search from the configuration in effect.
@@ -99,6 +102,7 @@ class ShardTuner:
         mode: str = "auto",
         params: TunerParams = TunerParams(),
         memory: MemoryLimits | None = None,
+        known: tuple[Config, str] | None = None,
     ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
@@ -127,6 +131,11 @@ class ShardTuner:
         self._switched = False  # this search moved the configuration
         self._fruitless = 0  # searches in a row that kept the configuration
         self._reason = ""
+        # What an earlier job of this model held (its configuration, the job): the first round
+        # measures it first (`_round_from`), once
+        self._known = known
+        self._known_from = known[1] if known else ""
+        self._known_trial: Config | None = None
         if mode == "observe":
             self._set(
                 "observing",
@@ -250,6 +259,14 @@ class ShardTuner:
         allowed = [c for c in untried if self.memory is None or self.memory.allows(c)]
         self._over_budget = len(untried) - len(allowed)
         self._queue = [c for c in allowed if c not in self.refused][: self.params.max_trials]
+        known, self._known = self._known, None
+        if known is not None and (
+            known[0] not in self._tried
+            and known[0] not in self.refused
+            and (self.memory is None or self.memory.allows(known[0]))
+        ):
+            self._known_trial = known[0]
+            self._queue = [known[0], *(c for c in self._queue if c != known[0])]
         if not self._queue or self._round > MAX_ROUNDS:
             self._queue = []
             self._hold(incumbent)
@@ -263,10 +280,13 @@ class ShardTuner:
         config = self._queue[0]
         incumbent = self.incumbent
         assert incumbent is not None
+        how = f"one knob from {_short(incumbent.config)}"
+        if config == self._known_trial:
+            how = f"what job {self._known_from} of this model held"
         if not self._issue(
             config,
             "trial",
-            f"trial: {_short(config)}, one knob from {_short(incumbent.config)} "
+            f"trial: {_short(config)}, {how} "
             f"(round {self._round}, measured, not predicted{self._budget_note()})",
         ):
             return
@@ -298,6 +318,20 @@ class ShardTuner:
         self._trials.append(trial)
         self.stats["trials"] += 1
         self.sink.close_decision(self._decision, trial.median_s, "rolled_back" if cut else None)
+        if config == self._known_trial:
+            self._known_trial = None
+            if not cut and beats_both(
+                trial.log_median,
+                len(trial.samples),
+                incumbent.log_median,
+                incumbent.log_median,
+                len(incumbent.samples),
+                self.noise.sigma,
+                self.params,
+            ):
+                # what the earlier job held wins here too: the check and the rounds from it
+                # follow at once (its neighbours are the next round's), not this round's others
+                self._queue = []
         self._next_trial()
 
     def _check(self) -> None:
