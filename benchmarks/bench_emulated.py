@@ -404,6 +404,7 @@ def run_tuned_block(
     warmup: int = 0,
     timeout_s: float = 1800.0,
     budget_bytes: int | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
     own process in the testbed's hub namespace, `--tuner auto`), on a testbed like the static
@@ -414,7 +415,9 @@ def run_tuned_block(
     at the second boundary; the tuned run gets as many, so both measure the same span of the
     trace). `budget_bytes` (the model's bytes): the job's memory budget for gathered parameters,
     from which the tuned run starts (`autobyte.fsdp.ShardedJob.derived_config`); None: FSDP2's
-    defaults."""
+    defaults. `jobs` > 1 (tuned only): as many jobs of the model one after the other against the
+    same daemon, each its own job name, the first's figures at the top and the later ones' in
+    `later_jobs` (each learns from those before it: tuner.sharded's `known`)."""
     import tempfile
 
     from benchmarks.harness.autobyte_policy import HubDaemon
@@ -434,41 +437,49 @@ def run_tuned_block(
         warmup=warmup,
         fsdp_budget=int(budget_bytes / scenario.byte_scale) if budget_bytes else None,
     )
-    watch = HostWatch()
-    tuned = None
+    runs = []
     with (
         tempfile.TemporaryDirectory(prefix="abfsdp-") as tmp,
         Testbed(world_size=ranks, rate=wire_rate_bps) as bed,
     ):
-        hub, env = None, None
+        hub = None
         if label == "fsdp:daemon":
             hub = HubDaemon(bed, pathlib.Path(tmp), job=f"fsdp-{ranks}w", tuner="auto").start()
-            env = hub.env
         try:
-            result = bed.run(command, trace=trace, timeout_s=timeout_s, cwd=str(REPO), env=env)
+            for k in range(jobs if hub is not None else 1):
+                watch = HostWatch()
+                job = f"fsdp-{ranks}w" + (f"-{k + 1}" if k else "")
+                env = {**hub.env, "AUTOBYTE_JOB": job} if hub is not None else None
+                result = bed.run(command, trace=trace, timeout_s=timeout_s, cwd=str(REPO), env=env)
+                runs.append([result, watch.report(), job])
         finally:
-            if hub is not None:
-                tuned = hub.stop()
-    host = watch.report()
-    (row,) = summarise([label], [label], [r.results for r in result.ranks], os.cpu_count() or 1)
-    (only,) = result.ranks[0].results  # one segment
-    times = only["step_times_s"]
-    tail = times[-max(1, len(times) // 4) :]
-    return {
-        "label": label,
-        "ranks": ranks,
-        "rate_gbit": rate_gbit,
-        "budget_bytes": budget_bytes,
-        "conditions": describe_conditions(at_rate) if trace is not None else "none",
-        "steps": len(times),
-        "step_times_s": times,
-        "mean_s": statistics.fmean(times),
-        "last_quarter_median_s": statistics.median(tail),
-        "by_rate": mean_by_rate(times, at_rate) if rate_changes(at_rate) else {},
-        "row": row,
-        "tuner": tuned,
-        "host": host,
-    }
+            cpu_s = hub.stop().get("daemon_cpu_s") if hub is not None else None
+        for run in runs:  # the database outlives the daemon until the folder goes
+            run[2] = {**hub.records(run[2], cpu_s), "job": run[2]} if hub is not None else None
+
+    def one(result: Any, host: dict, tuned: dict | None) -> dict[str, Any]:
+        (row,) = summarise([label], [label], [r.results for r in result.ranks], os.cpu_count() or 1)
+        (only,) = result.ranks[0].results  # one segment
+        times = only["step_times_s"]
+        tail = times[-max(1, len(times) // 4) :]
+        return {
+            "label": label,
+            "ranks": ranks,
+            "rate_gbit": rate_gbit,
+            "budget_bytes": budget_bytes,
+            "conditions": describe_conditions(at_rate) if trace is not None else "none",
+            "steps": len(times),
+            "step_times_s": times,
+            "mean_s": statistics.fmean(times),
+            "last_quarter_median_s": statistics.median(tail),
+            "by_rate": mean_by_rate(times, at_rate) if rate_changes(at_rate) else {},
+            "row": row,
+            "tuner": tuned,
+            "host": host,
+        }
+
+    first, *later = [one(*run) for run in runs]
+    return {**first, "later_jobs": later} if later else first
 
 
 def mean_by_rate(step_times_s: Sequence[float], scenario: Scenario) -> dict[str, float]:
@@ -674,7 +685,35 @@ def format_report(report: dict[str, Any]) -> str:
         )
         beside = [r for r in same if r.get("label", "fsdp:daemon") != "fsdp:daemon"]
         tables.append(format_tuned(tuned, static, beside))
+        tables += [format_later_job(later, tuned) for later in tuned.get("later_jobs", ())]
     return "\n\n".join(tables)
+
+
+def settled_at(tuned: dict[str, Any]) -> int | None:
+    """The step at which the job's last switch took effect (None: it never switched)."""
+    steps = [
+        d["applied_at_step"]
+        for d in tuned["tuner"]["decisions"]
+        if d["reason"].startswith("switch to") and d.get("applied_at_step") is not None
+    ]
+    return max(steps) if steps else None
+
+
+def format_later_job(later: dict[str, Any], first: dict[str, Any]) -> str:
+    """A later job of the model against the same daemon (`run_tuned_block`'s `jobs`), beside the
+    first: whole-run mean, the step its search switched last, where it ended."""
+    t = later["tuner"]
+    first_trial = next((d for d in t["decisions"] if d["reason"].startswith("trial")), None)
+    return (
+        f"later job {t.get('job', '?')} of the model, same daemon ({later['ranks']} ranks, "
+        f"{later['steps']} steps): mean {_ms(later['mean_s'])} ms (x the first job "
+        f"{first['mean_s'] / later['mean_s']:.3f}), last quarter median "
+        f"{_ms(later['last_quarter_median_s'])} ms; last switch at step {settled_at(later)} "
+        f"(the first job: {settled_at(first)}); first trial: "
+        f"{first_trial['reason'] if first_trial else 'none'}; tuner: {t.get('detail', '')}; "
+        f"flag {','.join(later['row']['cpu_limited']) or '-'}; host "
+        f"{HostWatch.describe(later['host'])}"
+    )
 
 
 def _save(report: dict[str, Any], out: str) -> None:
@@ -728,6 +767,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="STEPS",
         help="with --fsdp: also one run of STEPS steps tuned live by a real autobyted at each "
         "rank count and rate (under the scenario's trace from its start)",
+    )
+    parser.add_argument(
+        "--fsdp-jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --fsdp-tuned: N jobs of the model one after the other against the same daemon "
+        "(each learns from those before it)",
     )
     parser.add_argument(
         "--fsdp-held",
@@ -862,6 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         label,
                         args.warmup,
                         budget_bytes=budget,
+                        jobs=args.fsdp_jobs if label == "fsdp:daemon" else 1,
                     )
                 )
                 _save(report, args.out)

@@ -251,11 +251,8 @@ class HubDaemon:
         )
 
     def stop(self) -> dict:
+        """End the daemon; `records` of the job it was started for."""
         import signal
-
-        from autobyted.storage.db import make_engine
-        from autobyted.storage.sql import SqlStorage
-        from benchmarks.testbed.wire import model_config
 
         cpu_s = None
         if self.proc is not None and self.proc.poll() is None:
@@ -265,11 +262,20 @@ class HubDaemon:
                 self.proc.wait(30)
             except Exception:  # noqa: BLE001 - not stopped within 30 s: killed
                 self.proc.kill()
+        return self.records(self.job, cpu_s)
+
+    def records(self, job: str, cpu_s: float | None = None) -> dict:
+        """What the daemon's database holds of `job`: its decisions (in the model's bytes), the
+        tuner's last status, the samples each rank sent; the daemon may still run."""
+        from autobyted.storage.db import make_engine
+        from autobyted.storage.sql import SqlStorage
+        from benchmarks.testbed.wire import model_config
+
         storage = SqlStorage(make_engine(self.db_url))
         try:
-            decisions = storage.decisions(self.job)
-            status = storage.tuner_status(self.job)
-            rows = storage.samples_after(self.job, 0, rank=None, limit=10_000_000)
+            decisions = storage.decisions(job)
+            status = storage.tuner_status(job)
+            rows = storage.samples_after(job, 0, rank=None, limit=10_000_000)
         except Exception as error:  # noqa: BLE001 - the job never registered: say so in the results
             return {
                 "decisions": [],
