@@ -82,9 +82,12 @@ def check_setup(
     first = params[0]
     for p in params:
         if p.dtype != first.dtype or p.device != first.device:
+            names = {q: n for n, q in model.named_parameters(remove_duplicate=False)}
             raise ValueError(
-                "all trainable parameters must share one dtype and device, found "
-                f"{first.dtype}/{first.device} and {p.dtype}/{p.device}"
+                "all trainable parameters must share one dtype and device (autobyte reduces them "
+                f"in one buffer): {names.get(first, '?')!r} is {first.dtype} on {first.device}, "
+                f"{names.get(p, '?')!r} is {p.dtype} on {p.device}. Keep the weights in one "
+                "dtype on one device (model.to(dtype)) and use torch.autocast for mixed precision"
             )
         if not p.dtype.is_floating_point:
             raise ValueError(f"trainable parameters must be floating point, found {p.dtype}")
