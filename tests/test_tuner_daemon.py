@@ -189,7 +189,8 @@ def test_the_predictor_is_retrained_from_every_job_and_survives_a_restart(db_url
 
 def test_an_fsdp2_job_starts_from_what_the_latest_job_of_its_model_held(db_url):
     """The daemon learns across FSDP2 jobs: a new job's search measures first what the latest other
-    job of the same model (fingerprint), world size and backend held (tuner.sharded)."""
+    job of the same model (fingerprint) and backend held, at its world size if one ran there
+    (tuner.sharded)."""
     from autobyte.records import Fingerprint, Registration, TunerStatusRecord
     from autobyte.types import Config
 
@@ -221,6 +222,9 @@ def test_an_fsdp2_job_starts_from_what_the_latest_job_of_its_model_held(db_url):
     manager = TunerManager(storage, no_decisions)
     assert manager._held_by_earlier("new", storage.job_info("new")) == (held, "latest")
     assert manager._open("new").tuner._known == (held, "latest")
+    # restarted at a rank count no earlier job of the model ran: the latest at another one
+    storage.register(Registration("at-8", 0, 8, "gloo", "at-8", model, engine="fsdp2"), 30)
+    assert manager._held_by_earlier("at-8", storage.job_info("at-8")) == (held, "latest")
     # a job of a model no earlier job ran starts from its own settings
     storage.register(Registration("alone", 0, 2, "gloo", "alone", other, engine="fsdp2"), 30)
     storage.save_tuner_status("other-model", TunerStatusRecord("auto", "baseline", "baseline"))

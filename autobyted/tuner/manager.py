@@ -480,28 +480,32 @@ class TunerManager:
         return self._track(job, info, tuner, sink)
 
     def _held_by_earlier(self, job: str, info: JobInfo) -> tuple[Config, str] | None:
-        """What the latest other FSDP2 job of the same model (fingerprint), world size and
-        backend held, measured (its tuner's configuration: held, kept for want of headroom, or
-        in effect when it ended), with that job's name: the new job's search measures it first
-        (tuner.sharded). None when no such job held anything but its script's own settings."""
+        """What the latest other FSDP2 job of the same model (fingerprint) and backend held,
+        measured (its tuner's configuration: held, kept for want of headroom, or in effect when it
+        ended), with that job's name: the new job's search measures it first (tuner.sharded). A
+        job at the same world size is preferred; else one at another (a job restarted at another
+        rank count: what keeps the link busy moves little with the ranks). None when no such job
+        held anything but its script's own settings."""
         if not info.fingerprint.digest:
             return None
-        found: tuple[float, Config, str] | None = None
+        found: dict[bool, tuple[float, Config, str]] = {}  # same world size -> the latest
         for record in self.storage.jobs(running_within_s=self.idle_after_s):
             status = record.tuner
+            same = record.world_size == info.world_size
             if (
                 record.job == job
                 or record.engine != "fsdp2"
-                or (record.world_size, record.backend) != (info.world_size, info.backend)
+                or record.backend != info.backend
                 or status is None
                 or status.measured_step_time_s <= 0
                 or status.config == Config()
-                or (found is not None and record.last_seen_s <= found[0])
+                or (same in found and record.last_seen_s <= found[same][0])
             ):
                 continue
             if self.storage.job_info(record.job).fingerprint == info.fingerprint:
-                found = (record.last_seen_s, status.config, record.job)
-        return None if found is None else (found[1], found[2])
+                found[same] = (record.last_seen_s, status.config, record.job)
+        best = found.get(True) or found.get(False)
+        return None if best is None else (best[1], best[2])
 
     def _track(
         self, job: str, info: JobInfo, tuner: JobTuner | ShardTuner, sink: StorageSink

@@ -25,8 +25,8 @@ way a person tuning FSDP2 by hand does, with the tuner's paired arithmetic (tune
   moved during the round cannot make a trial look better;
 - the winner is switched to and measured (verifying); the next round starts from it, at most
   MAX_ROUNDS rounds a search;
-- a second job of a model (the same fingerprint, world size and backend) measures what the latest
-  such job held first (`known`, from the manager); when it beats the incumbent by the switch margin
+- a second job of a model (the same fingerprint and backend; its world size preferred) measures
+  what the latest such job held first (`known`, from the manager); when it beats the incumbent by the switch margin
   the round ends there (the check, the switch, then its neighbours' round);
 - the held configuration is watched: a window whose median moved beyond the switch margin
   (verdict.step_time_move, the bar raised after fruitless re-tunes as the scheduler's tuner does)
