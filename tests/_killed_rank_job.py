@@ -90,6 +90,7 @@ try:
                 hook.remove()
             sched.step()
             lr_schedule.step()
+            sched.zero_grad()
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 optimizer_state = sched.state_dict()  # synchronizes: every update has landed
                 if rank == 0:

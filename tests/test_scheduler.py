@@ -147,6 +147,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
         for x, y, use in _batches(rank, steps):
             F.mse_loss(model(x, use), y).backward()
             sched.step()
+            sched.zero_grad()
             lr_sched.step()
         sched.synchronize()
         results["adamw_lr_scheduler"] = _max_diff(ref_model, model, ref_opt, opt)
@@ -160,6 +161,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
         for x, y, use in batches[:4]:
             F.mse_loss(model(x, use), y).backward()
             sched.step()
+            sched.zero_grad()
         saved = sched.state_dict()
     opt = _make_optimizer("adam", model.parameters())
     opt.load_state_dict(saved)
@@ -167,6 +169,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
         for x, y, use in batches[4:]:
             F.mse_loss(model(x, use), y).backward()
             sched.step()
+            sched.zero_grad()
         sched.synchronize()
         results["state_dict_round_trip"] = _max_diff(ref_model, model, ref_opt, opt)
 
@@ -180,6 +183,7 @@ def _equivalence_worker(rank: int, world: int) -> dict:
         for x, y, use in _batches(rank, steps):
             F.mse_loss(model(x, use), y).backward()
             sched.step()
+            sched.zero_grad()
         sched.synchronize()
         results["clip_grad_norm"] = _max_diff(ref_model, model, ref_opt, opt)
         results["clip_grad_norm"]["norm"] = sched.last_grad_norm
@@ -305,6 +309,7 @@ def _jitter_worker(rank: int, world: int, steps: int, reconfigs: int, channel: s
                 )
             loss.backward()
             sched.step()
+            sched.zero_grad()
             nap()
             if step % 50 == 25:
                 with torch.no_grad():  # an evaluation forward without backward must not hang
@@ -419,6 +424,7 @@ def _overlap_worker(rank: int, world: int, steps: int) -> dict:
     def sched_step():
         model(x).square().mean().backward()
         sched.step()
+        sched.zero_grad()
 
     sched_time = timed(sched_step)
     sched.synchronize()
@@ -545,13 +551,14 @@ def _errors_worker(rank: int, world: int) -> dict:
         out["hook_error"] = str(error.__cause__)
     sched.close()
 
-    # Two synchronising backward passes in one step are refused loudly, at the second backward
-    # (gradient accumulation goes through no_sync(): tests/test_scheduler_recipes.py).
+    # A local backward (inside no_sync()) after the step's synchronising one is refused loudly,
+    # at that backward (accumulation: tests/test_scheduler_recipes.py).
     model = lin()
     sched = ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     model(x).sum().backward()
     try:
-        model(x).sum().backward()
+        with sched.no_sync():
+            model(x).sum().backward()
         out["accumulation"] = "not raised"
     except SchedulerError as error:
         out["accumulation"] = str(error)
@@ -598,7 +605,8 @@ def test_reconfigure_bad_values_change_nothing(errors):
 def test_errors_surface_in_training_thread(errors):
     assert errors["update_error"] == "ArithmeticError"
     assert "vanished" in errors["hook_error"]
-    assert "accumulation" in errors["accumulation"] and "no_sync()" in errors["accumulation"]
+    assert "inside no_sync()" in errors["accumulation"], errors["accumulation"]
+    assert "call step() before the next micro-batches" in errors["accumulation"]
     assert errors["zero_grad_harmless"]
     assert errors["closed"] == "refused"
     assert errors["threads_left"] == []

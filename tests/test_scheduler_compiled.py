@@ -46,6 +46,7 @@ def _compiled_worker(rank: int, world: int, steps: int) -> dict:
         for tokens in batches:
             lm_loss(compiled, tokens).backward()
             sched.step()
+            sched.zero_grad()
             compiled_frames.append(
                 (counters["frames"]["total"], counters["stats"]["unique_graphs"])
             )

@@ -119,8 +119,13 @@ def _habits_worker(rank: int, world: int, steps: int) -> dict:
             sched = ScheduledOptimizer(
                 model_a, opt_a, partition_bytes=4 << 10, credit_bytes=8 << 10, timeout_s=30
             )
+
+            def sched_step():
+                sched.step()
+                sched.zero_grad()
+
             with sched:
-                logged = _habits_loop(rank, model_a, sched.step, model_b, ddp_b, opt_b, batches)
+                logged = _habits_loop(rank, model_a, sched_step, model_b, ddp_b, opt_b, batches)
             hot_paths.append(sched.hot_path)
         else:
             ddp_a = DDP(model_a)
@@ -181,6 +186,7 @@ def _subgroups_worker(rank: int, world: int, steps: int) -> dict:
             F.mse_loss(net(x), y).backward()
             if scheduled:
                 sched.step()
+                sched.zero_grad()
             else:
                 opt.step()
                 opt.zero_grad()

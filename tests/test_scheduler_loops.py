@@ -81,8 +81,7 @@ def _amp_worker(rank: int, world: int) -> dict:
             net = DDP(model)
         scales = []
         for step, (x, y) in enumerate(batches):
-            if not scheduled:
-                opt.zero_grad()
+            opt.zero_grad()  # the wrapped optimizer's own, as the DDP loop calls it
             with torch.autocast("cpu", dtype=dtype):
                 loss = F.mse_loss(net(x).float(), y)
             if step == overflow_at and rank == 0:

@@ -5,6 +5,7 @@ and with AMP's GradScaler) and its misuse, raised at the backward that reveals i
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import random
@@ -137,6 +138,7 @@ def _clip_worker(rank: int, world: int, steps: int) -> dict:
                     lm_loss(model, tokens).backward()
                     sched.step()
                     schedule.step()
+                    sched.zero_grad()
                 sched.synchronize()
                 last_norm = sched.last_grad_norm
             results[(kind, foreach)] = {
@@ -171,6 +173,41 @@ def test_clipping_equals_ddp_to_the_bit_on_every_rank(hot_path):
 MICRO = 4
 
 
+def _case_scaler(case: str):
+    """The fp16 GradScaler of the "amp" cases (None for the others)."""
+    if case == "amp":
+        return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    return None
+
+
+def _case_autocast(case: str):
+    """fp16 autocast in the "amp" cases."""
+    if case == "amp":
+        return torch.autocast("cpu", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _scheduled_lm(case: str, rank: int, clip: float | None = None) -> tuple:
+    """The LM, AdamW and its schedule, the case's scaler and a ScheduledOptimizer over them, with
+    jitter that varies the order gradients complete in."""
+    from autobyte import ScheduledOptimizer
+
+    model = make_lm()
+    opt, schedule = make_optimizer("adamw", model.parameters())
+    scaler = _case_scaler(case)
+    sched = ScheduledOptimizer(
+        model,
+        opt,
+        partition_bytes=4 << 10,
+        credit_bytes=8 << 10,
+        clip_grad_norm=clip,
+        grad_scaler=scaler,
+        timeout_s=60,
+    )
+    jitter(model, random.Random(rank * 11 + 3))
+    return model, opt, schedule, scaler, sched
+
+
 def _accumulate(model, micro_batches, backward, no_sync) -> None:
     """The LLM recipe: all but the last micro-batch inside no_sync(), each loss divided by k."""
     for k, tokens in enumerate(micro_batches):
@@ -189,15 +226,8 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
     for case in ("plain", "clip", "amp"):
         clip = 0.5 if case == "clip" else None
 
-        def scaler():
-            if case == "amp":  # noqa: B023 - called within this iteration
-                return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
-            return None
-
-        def autocast():
-            if case == "amp":  # noqa: B023 - called within this iteration
-                return torch.autocast("cpu", dtype=torch.float16)
-            return contextlib.nullcontext()
+        scaler = functools.partial(_case_scaler, case)
+        autocast = functools.partial(_case_autocast, case)
 
         model = make_lm()
         ddp = DDP(model)
@@ -221,19 +251,7 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
             schedule.step()
         ref = model
 
-        model = make_lm()
-        opt, schedule = make_optimizer("adamw", model.parameters())
-        sched_scaler = scaler()
-        sched = ScheduledOptimizer(
-            model,
-            opt,
-            partition_bytes=4 << 10,
-            credit_bytes=8 << 10,
-            clip_grad_norm=clip,
-            grad_scaler=sched_scaler,
-            timeout_s=60,
-        )
-        jitter(model, random.Random(rank * 11 + 3))
+        model, opt, schedule, sched_scaler, sched = _scheduled_lm(case, rank, clip)
         with sched:
             for micro in steps_of:
 
@@ -242,28 +260,21 @@ def _accumulation_worker(rank: int, world: int, steps: int) -> dict:
 
                 with autocast():
                     _accumulate(model, micro, backward, sched.no_sync)
-                if sched_scaler:
-                    sched_scaler.step(sched)
-                    sched_scaler.update()
-                else:
-                    sched.step()
-                schedule.step()
+                _step(sched, schedule, sched_scaler)
+                sched.zero_grad()
             sched.synchronize()
-            scale = sched_scaler.get_scale() if sched_scaler else None
-        results[case] = {
-            "diff": max_state_diff(ref, model),
-            "digests": param_digests(model),
-            "scale_equal": scale == (ref_scaler.get_scale() if ref_scaler else None),
-        }
+        results[case] = _outcome(ref, model, ref_scaler, sched_scaler)
         results["hot_paths"].append(sched.hot_path)
 
-    # Misuse: a second synchronising backward raises at that backward, naming the parameter.
+    # Misuse: a backward inside no_sync() after the step's synchronising one raises at that
+    # backward, naming the parameter (DDP would leave each rank its own unsynchronised sum).
     model = make_lm()
     opt, _ = make_optimizer("sgd", model.parameters())
     with ScheduledOptimizer(model, opt, timeout_s=30) as sched:
         lm_loss(model, batches[0]).backward()
         try:
-            lm_loss(model, batches[1]).backward()
+            with sched.no_sync():
+                lm_loss(model, batches[1]).backward()
             results["misuse"] = "not raised"
         except Exception as error:  # noqa: BLE001 - the test reports what was raised
             results["misuse"] = f"{type(error).__name__}: {error}"
@@ -291,10 +302,116 @@ def test_accumulation_with_no_sync_equals_ddp_no_sync(hot_path):
         assert set(got.pop("hot_paths")) == {hot_path}
         misuse, misuse_step = got.pop("misuse"), got.pop("misuse_step")
         assert misuse.startswith("SchedulerError") and "no_sync()" in misuse, misuse
-        assert re.search(r"parameter '[\w.]+' received a second gradient", misuse), misuse
+        assert re.search(r"parameter '[\w.]+' received a gradient inside no_sync\(\)", misuse)
         assert misuse_step == "SchedulerError"
         for case, result in got.items():
             assert result["diff"] == 0.0, (rank, case, result["diff"])
             assert result["scale_equal"], (rank, case)
+    for case in ranks[0]:
+        assert ranks[0][case]["digests"] == ranks[1][case]["digests"], case
+
+
+def _grad_norm(model: nn.Module) -> float:
+    """The gradient norm a loop logs (reads every `.grad`)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+
+def _outcome(ref: nn.Module, model: nn.Module, ref_scaler, sched_scaler) -> dict:
+    """How the scheduled run ended against DDP's: parameters and optimizer state, digests, scale."""
+    return {
+        "diff": max_state_diff(ref, model),
+        "digests": param_digests(model),
+        "scale_equal": (sched_scaler.get_scale() if sched_scaler else None)
+        == (ref_scaler.get_scale() if ref_scaler else None),
+    }
+
+
+def _step(optimizer, schedule, scaler) -> None:
+    """The loop's step: through the scaler where there is one, then the LR schedule."""
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    schedule.step()
+
+
+def _sync_accumulation_worker(rank: int, world: int, steps: int) -> dict:
+    """Accumulation as many plain loops write it for DDP: every micro-batch's backward outside
+    no_sync(), so each all-reduces what `.grad` holds (the reduced sum so far + its own)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    batches = token_batches(rank, steps * MICRO, batch=2)
+    steps_of = [batches[s * MICRO : (s + 1) * MICRO] for s in range(steps)]
+    results: dict = {"hot_paths": []}
+    # plain: AdamW + schedule; clip: clip_grad_norm_ in the loop, its norms logged; amp: fp16
+    # GradScaler; read: the gradient norm logged after every micro-batch; mixed: the first
+    # micro-batch inside no_sync(), a zero_grad() after step() and one between two micro-batches;
+    # never: gradients never cleared, so each step's add to the last step's (as DDP's do), and
+    # assigned once after step()
+    for case in ("plain", "clip", "amp", "read", "mixed", "never"):
+        logged: dict[str, list[float]] = {"ddp": [], "sched": []}
+
+        scaler = functools.partial(_case_scaler, case)
+        autocast = functools.partial(_case_autocast, case)
+
+        def train(model, stepper, no_sync, scale, log):
+            for s, micro in enumerate(steps_of):
+                for k, tokens in enumerate(micro):
+                    skip = case == "mixed" and k == 0  # noqa: B023
+                    with no_sync() if skip else contextlib.nullcontext(), autocast():  # noqa: B023
+                        loss = lm_loss(model, tokens) / len(micro)
+                    (scale.scale(loss) if scale else loss).backward()
+                    if case == "read":  # noqa: B023
+                        log.append(_grad_norm(model))
+                    if case == "mixed" and s == 1 and k == 1:  # noqa: B023
+                        model.zero_grad()  # drops what the first two micro-batches summed
+                if case == "clip":  # noqa: B023
+                    log.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
+                stepper(scale)
+                if case != "never":  # noqa: B023
+                    model.zero_grad()
+                elif s == 1:  # a gradient assigned after step() replaces the held one
+                    for p in model.parameters():
+                        p.grad = torch.full_like(p, 1e-3)
+
+        model = make_lm()
+        ddp = DDP(model)
+        opt, schedule = make_optimizer("adamw", model.parameters())
+
+        ref_scaler = scaler()
+        train(ddp, functools.partial(_step, opt, schedule), ddp.no_sync, ref_scaler, logged["ddp"])
+        ref = model
+
+        model, opt, schedule, sched_scaler, sched = _scheduled_lm(case, rank)
+
+        with sched:
+            stepper = functools.partial(_step, sched, schedule)
+            train(model, stepper, sched.no_sync, sched_scaler, logged["sched"])
+            sched.synchronize()
+        results[case] = _outcome(ref, model, ref_scaler, sched_scaler)
+        results[case]["logged_equal"] = logged["ddp"] == logged["sched"]
+        results[case]["logged"] = len(logged["ddp"])
+        results["hot_paths"].append(sched.hot_path)
+    return results
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("hot_path", ["native", "python"])
+def test_accumulation_without_no_sync_equals_ddp(hot_path):
+    """4 micro-batches a step, each backward synchronising (no no_sync()): DDP's parameters to the
+    bit, with AdamW and its schedule, a loop's clip_grad_norm_, GradScaler, gradient norms read
+    after every micro-batch, no_sync() for the first only and a zero_grad() between micro-batches;
+    every logged norm equal to DDP's, and every rank the same; and a loop that never clears its
+    gradients, whose steps add to the last step's reduced gradients as DDP's do."""
+    ranks = run_ranks_on(hot_path, _sync_accumulation_worker, 2, 4, timeout_s=220)
+    for rank, got in enumerate(ranks):
+        assert set(got.pop("hot_paths")) == {hot_path}
+        for case, result in got.items():
+            assert result["diff"] == 0.0, (rank, case, result["diff"])
+            assert result["scale_equal"], (rank, case)
+            assert result["logged_equal"], (rank, case)
+        assert got["clip"]["logged"] == 4 and got["read"]["logged"] == 4 * MICRO
     for case in ranks[0]:
         assert ranks[0][case]["digests"] == ranks[1][case]["digests"], case

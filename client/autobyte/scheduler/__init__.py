@@ -68,9 +68,12 @@ Semantics that differ from a plain optimizer, on purpose
   parameter frozen during training is such a parameter. One frozen at construction and unfrozen later
   raises at that step: build a new ScheduledOptimizer, as DDP must be re-wrapped.
 * Gradient accumulation goes through `with opt.no_sync():`, as with DDP's `model.no_sync()`
-  (`accumulation`): micro-batch gradients stay in `param.grad`, the last backward (outside it) sends
-  their sum by priority as it appears; a second synchronising backward in one step raises at that
-  backward, naming the parameter. The user scales each micro-batch's loss, as with DDP.
+  (`accumulation`, decided at the forward as DDP decides it): micro-batch gradients stay in
+  `param.grad`, the last backward (outside it) sends their sum by priority as it appears. Without
+  it every backward synchronises, as DDP's does: a second synchronising backward in one step ends
+  the step without an update and its gradients are added to the reduced ones before they are
+  sent; so are a step's to the last step's where the loop did not clear them (`zero_grad()`), as
+  DDP's `.grad` accumulates. The user scales each micro-batch's loss, as with DDP.
 * Global-norm gradient clipping (`clip_grad_norm=`) and loss scaling (`grad_scaler=`, see `amp`) need
   every gradient: the update thread waits for all of a step's all-reduces, unscales (skipping the
   step on inf/NaN, the same verdict on every rank), clips exactly like `clip_grad_norm_` (the norm

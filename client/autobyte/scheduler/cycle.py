@@ -1,7 +1,8 @@
 """Where the training thread is in the step cycle: the state `ScheduledOptimizer`'s hooks read and
 write on the training thread (forward pre-hooks, gradient hooks, `.grad` reads and writes, `step`).
 
-Steps are counted by `step()` calls; every per-parameter list holds, for parameter i in the
+Steps are counted by `step()` calls (and by a second synchronising backward before one, which
+re-reduces the accumulated gradients as DDP does: optimizer._carry_over); every per-parameter list holds, for parameter i in the
 scheduler's own numbering (checks.managed), the step in which something last happened to it, so
 that "did it happen in this step" is one comparison and nothing is cleared between steps. Only the
 training thread touches it (the dispatcher and updater threads have their own state: engine.py).
@@ -17,7 +18,7 @@ class StepCycle:
     """The step cycle's state (module docstring); `n` parameters."""
 
     n: int
-    index: int = 0  # step() calls so far
+    index: int = 0  # steps so far: step() calls, and second synchronising backwards (carry)
     # First-use order: parameters in the order the first forward pass reached them (None once the
     # layout is fixed at the first backward pass); recording from the first forward until then.
     order: list[int] | None = dataclasses.field(default_factory=list)

@@ -73,7 +73,8 @@ class SliceReduced(NamedTuple):
 
 
 class StepHyperParameters(NamedTuple):
-    """The optimizer's param-group hyper-parameters captured at the `step()` that ended `step`."""
+    """The optimizer's param-group hyper-parameters captured at the `step()` that ended `step`;
+    None for a step a second synchronising backward ended (no update: its gradients carry on)."""
 
     step: int
-    groups: list[dict]
+    groups: list[dict] | None

@@ -311,7 +311,8 @@ class ScheduledOptimizer:
 
     @property
     def step_index(self) -> int:
-        """Number of `step()` calls so far (their updates may still be landing)."""
+        """Number of steps so far (their updates may still be landing): `step()` calls, and each
+        second synchronising backward in a step (accumulation without `no_sync()`) counts one."""
         return self._cycle.index
 
     @property
@@ -420,13 +421,22 @@ class ScheduledOptimizer:
                 "grad_scaler is set but this step's loss was not scaled: call "
                 "scaler.scale(loss).backward()"
             )
-        progress = self._progress
-        if progress.produced_count != self._managed.n:
-            self._flush_unused(s)
         snapshot = [
             [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             for opt in self._optimizers
         ]
+        self._end_step(s, snapshot)
+        for opt in self._optimizers:
+            opt._opt_called = True  # what the LR scheduler's step tracker would set
+        self._steps.drain()
+
+    def _end_step(self, s: int, snapshot: list | None) -> None:
+        """Close step s: flush unused parameters, hand the updater the step's hyper-parameters
+        (None: a step whose reduced gradients carry into the next, `_carry_over`), fix the next
+        step's configuration on rank 0."""
+        progress = self._progress
+        if progress.produced_count != self._managed.n:
+            self._flush_unused(s)
         self._steps.record(s).t_step = time.perf_counter()
         self._engine.updater.post(StepHyperParameters(s, snapshot))
         if self._groups.is_leader:
@@ -441,9 +451,6 @@ class ScheduledOptimizer:
                 self._engine.dispatcher.drain(s + 1)
         progress.produced_count = 0
         self._cycle.index = s + 1
-        for opt in self._optimizers:
-            opt._opt_called = True  # what the LR scheduler's step tracker would set
-        self._steps.drain()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -765,6 +772,7 @@ class ScheduledOptimizer:
         self._buffers.before_forward()
 
     def _root_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._accumulation.after_forward(torch.is_grad_enabled())
         self._buffers.after_forward(synchronising=not self._accumulation.active)
 
     def _check_frozen(self) -> None:
@@ -818,7 +826,11 @@ class ScheduledOptimizer:
 
     def _grad_hook(self, i: int, param: torch.Tensor) -> None:
         progress = self._progress
-        if not self._closed and progress.produced[i] >= self._cycle.index:
+        if (
+            not self._closed
+            and progress.produced[i] >= self._cycle.index
+            and self._accumulation.local()
+        ):
             # a misuse: raised at the backward that reveals it (and kept for step()); this
             # parameter's gradient of the step is already sent, so the collectives are unaffected
             error = self._accumulation.second_gradient(self._managed.names[i], self._cycle.index)
@@ -827,6 +839,8 @@ class ScheduledOptimizer:
         try:
             if self._closed:
                 return
+            if progress.produced[i] >= self._cycle.index:
+                self._carry_over()
             s = self._cycle.index
             if self._cycle.read_step[i] != s:
                 raise SchedulerError(
@@ -856,11 +870,50 @@ class ScheduledOptimizer:
                 # ends with the interrupt's exit status, not as a scheduler failure
                 raise
 
-    def _hand_off(self, i: int, grad: torch.Tensor, s: int) -> None:
-        """Copy parameter i's gradient of step s into the flat buffer and hand it to dispatch."""
-        if grad.layout != torch.strided:
+    def _carry_over(self) -> None:
+        """A second synchronising backward in step s (a gradient of a parameter whose step-s
+        gradient is already sent, outside no_sync()): DDP all-reduces again what `.grad` holds then,
+        the reduced gradient plus this backward's, and the optimizer steps on the sum. So step s
+        ends here without an update (the updater marks each parameter done as its slice lands) and
+        step s+1 starts, whose gradients add to step s's reduced ones as they are handed off
+        (`_carried`): DDP's sums to the bit, one more synchronisation, as DDP pays. Reads of this backward's forward were of step s; they count for s+1 (no update
+        between)."""
+        s = self._cycle.index
+        self._end_step(s, None)
+        read_step = self._cycle.read_step
+        for i in range(self._managed.n):
+            if read_step[i] == s:
+                read_step[i] = s + 1
+        if self._bridge is not None and self._bridge.scaled_step == s:
+            self._bridge.scaled_step = s + 1
+
+    def _carried(self, i: int, s: int) -> torch.Tensor | None:
+        """What DDP's `.grad` of parameter i still holds from step s-1 when step s's gradient is
+        added to it: its reduced gradient, unless a `zero_grad()` or an assignment cleared it (every
+        usual loop does, and then this is None at no cost) — in a carry step (`_carry_over`), or
+        in a loop that never clears its gradients. None also where the tensor autograd left in the
+        field already includes it (parameters outside the wrapped optimizers,
+        `_on_backward_end`)."""
+        if s == 0 or self._cycle.cleared[i] >= s - 1 or self._managed.owner[i] is None:
+            return None
+        if self._progress.param_step[i] < s:
+            self._wait_params((i,), s)
+        if self._device_sync.cuda:
+            self._device_sync.before_read((i,), s)
+        return self._reduced_grad(i, s - 1)
+
+    def _hand_off(self, i: int, grad: torch.Tensor | None, s: int) -> None:
+        """Copy parameter i's gradient of step s into the flat buffer and hand it to dispatch; in a
+        carry step, added to the previous step's reduced gradient first (`_carry_over`); None: no
+        gradient of this rank, only a carried one."""
+        if grad is not None and grad.layout != torch.strided:
             raise SchedulerError("sparse gradients are not supported")
         layout = self._engine.layout
+        carried = self._carried(i, s)
+        if grad is None:
+            grad = carried
+        elif carried is not None:
+            grad = grad + carried  # autograd's accumulation into DDP's `.grad`
         with torch.no_grad():
             if self._groups.world == 1:
                 layout.grad_views[i].copy_(grad)
@@ -906,6 +959,10 @@ class ScheduledOptimizer:
                     self._wait_params((i,), s)
                 grad = grad_reads.raw_grad(self._managed.params[i])
                 if accumulation.holds(i, s) and grad is not None:
+                    self._hand_off(i, grad, s)
+                    continue
+                # DDP sends what `.grad` holds: the field's tensor, else a carried gradient
+                if grad is not None or self._carried(i, s) is not None:
                     self._hand_off(i, grad, s)
                     continue
                 self._engine.layout.ext_views[i].zero_()
@@ -1042,12 +1099,11 @@ class ScheduledOptimizer:
             with torch.no_grad():
                 self._engine.layout.grad_views[i].copy_(value)
             return
-        if value is None:
-            self._cycle.cleared[i] = max(self._cycle.cleared[i], produced)
-            return
-        grad_reads.set_raw_grad(
-            self._managed.params[i], value
-        )  # autograd accumulates into it, as DDP's
+        # the reduced gradient `.grad` held is gone (`_carried`); a tensor takes its place, and
+        # autograd accumulates into it, as into DDP's
+        self._cycle.cleared[i] = max(self._cycle.cleared[i], produced)
+        if value is not None:
+            grad_reads.set_raw_grad(self._managed.params[i], value)
 
     # ------------------------------------------------------------------ errors
 

@@ -1,7 +1,9 @@
 """The update thread: applies each parameter's optimizer update as soon as its slice is reduced.
 
 Updates of step s use the hyper-parameters captured at the `step()` call that ended step s (so an
-LR scheduler stepping right after `step()` does not leak into the step still in flight). The user's
+LR scheduler stepping right after `step()` does not leak into the step still in flight); a step
+ended by a second synchronising backward instead has none, and no update: its reduced gradients
+carry into the next step (`ScheduledOptimizer._carry_over`). The user's
 optimizers keep the state: a shallow copy of each steps detached aliases of its parameters (same
 storage, their own `.grad`), so a user's `zero_grad()` never reaches a gradient handed to it.
 
@@ -207,10 +209,12 @@ class Updater:
         for s in sorted(ready):
             if s not in snapshots:
                 continue
-            if whole_step and len(ready[s]) < n:
+            snapshot = snapshots[s]
+            if whole_step and snapshot is not None and len(ready[s]) < n:
                 continue
             idxs = ready.pop(s)
-            self._apply(s, idxs, snapshots[s])
+            if snapshot is not None:  # None: the reduced gradients carry into step s+1
+                self._apply(s, idxs, snapshot)
             self.device_sync.after_update(idxs)
             done = updated.get(s, 0) + len(idxs)
             if done == n:
