@@ -86,6 +86,7 @@ def worker(args: argparse.Namespace) -> None:
         else:
             loss.backward()
             run["sched"].step()
+            run["sched"].zero_grad(set_to_none=True)
 
     def window(run: dict[str, Any], steps: int) -> float:
         frames0 = _dynamo_counts()

@@ -105,6 +105,7 @@ def worker(args: argparse.Namespace) -> None:
                     opt.zero_grad(set_to_none=True)
                 else:
                     sched.step()
+                    sched.zero_grad(set_to_none=True)
                 lr.step()
             if sched is not None:
                 sched.synchronize()

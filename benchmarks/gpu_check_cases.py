@@ -397,6 +397,7 @@ def train_scheduled(
         for x, y in batches:
             if case.reconfigure and rng.random() < 0.5:
                 sched.reconfigure(rng.choice(SIZES), rng.choice(CREDITS))
+            sched.zero_grad()  # as the reference's loop clears them
             with _autocast(case, device):
                 loss = case.loss(model(x), y)
             if scaler is not None:
@@ -509,8 +510,7 @@ def _sync_probe(case: Case, device: torch.device, batches: list, scheduled: bool
     warm = 3
 
     def one(x: Any, y: Any) -> None:
-        if sched is None:
-            opt.zero_grad()
+        stepper.zero_grad()
         with _autocast(case, device):
             loss = case.loss(model(x), y)
         if scaler is not None:
@@ -683,6 +683,7 @@ def _overhead_scheduled(
     sched.add_step_callback(lambda m: blocked.append(m.exposed_comm_s))
 
     def sched_step(x: Any, y: Any) -> None:
+        sched.zero_grad()
         loss_fn(model(x), y).backward()
         sched.step()
 

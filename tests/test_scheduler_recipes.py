@@ -347,7 +347,8 @@ def _sync_accumulation_worker(rank: int, world: int, steps: int) -> dict:
     results: dict = {"hot_paths": []}
     # plain: AdamW + schedule; clip: clip_grad_norm_ in the loop, its norms logged; amp: fp16
     # GradScaler; read: the gradient norm logged after every micro-batch; mixed: the first
-    # micro-batch inside no_sync(), a zero_grad() after step() and one between two micro-batches;
+    # micro-batch inside no_sync(), a zero_grad() after step() and the model's or the optimizer's
+    # between two micro-batches (of a no_sync() sum, of reduced gradients);
     # never: gradients never cleared, so each step's add to the last step's (as DDP's do), and
     # assigned once after step()
     for case in ("plain", "clip", "amp", "read", "mixed", "never"):
@@ -356,7 +357,7 @@ def _sync_accumulation_worker(rank: int, world: int, steps: int) -> dict:
         scaler = functools.partial(_case_scaler, case)
         autocast = functools.partial(_case_autocast, case)
 
-        def train(model, stepper, no_sync, scale, log):
+        def train(model, stepper, zero, no_sync, scale, log):
             for s, micro in enumerate(steps_of):
                 for k, tokens in enumerate(micro):
                     skip = case == "mixed" and k == 0  # noqa: B023
@@ -365,8 +366,10 @@ def _sync_accumulation_worker(rank: int, world: int, steps: int) -> dict:
                     (scale.scale(loss) if scale else loss).backward()
                     if case == "read":  # noqa: B023
                         log.append(_grad_norm(model))
-                    if case == "mixed" and s == 1 and k == 1:  # noqa: B023
+                    if case == "mixed" and (s, k) == (1, 1):  # noqa: B023
                         model.zero_grad()  # drops what the first two micro-batches summed
+                    if case == "mixed" and (s, k) in ((2, 0), (3, 2)):  # noqa: B023
+                        zero()  # the optimizer's: a no_sync() sum, then a reduced one
                 if case == "clip":  # noqa: B023
                     log.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
                 stepper(scale)
@@ -381,14 +384,15 @@ def _sync_accumulation_worker(rank: int, world: int, steps: int) -> dict:
         opt, schedule = make_optimizer("adamw", model.parameters())
 
         ref_scaler = scaler()
-        train(ddp, functools.partial(_step, opt, schedule), ddp.no_sync, ref_scaler, logged["ddp"])
+        stepper = functools.partial(_step, opt, schedule)
+        train(ddp, stepper, opt.zero_grad, ddp.no_sync, ref_scaler, logged["ddp"])
         ref = model
 
         model, opt, schedule, sched_scaler, sched = _scheduled_lm(case, rank)
 
         with sched:
             stepper = functools.partial(_step, sched, schedule)
-            train(model, stepper, sched.no_sync, sched_scaler, logged["sched"])
+            train(model, stepper, sched.zero_grad, sched.no_sync, sched_scaler, logged["sched"])
             sched.synchronize()
         results[case] = _outcome(ref, model, ref_scaler, sched_scaler)
         results[case]["logged_equal"] = logged["ddp"] == logged["sched"]

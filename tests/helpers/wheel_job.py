@@ -31,6 +31,7 @@ def rank_main(rank, port, out):
             ref_opt.step()
             F.mse_loss(model(x), y).backward()
             sched.step()
+            sched.zero_grad()
         sched.synchronize()
         diff = max((a - b).abs().max().item() for a, b in zip(ref.parameters(), model.parameters()))
         result = {"hot_path": sched.hot_path, "reason": sched.hot_path_reason, "diff": diff}

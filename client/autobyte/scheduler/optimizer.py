@@ -478,10 +478,26 @@ class ScheduledOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients: those of managed parameters read as None from now until the next
-        backward (a gradient in flight is never touched); the others as `Optimizer.zero_grad`."""
-        produced = self._progress.produced
-        for i in range(self._managed.n):
+        backward (a gradient in flight is never touched); the others as `Optimizer.zero_grad`.
+        Between `backward()` and `step()` it clears what DDP's clears there: the step then updates
+        nothing, and micro-batch sums held under `no_sync()` are dropped."""
+        s = self._cycle.index
+        progress = self._progress
+        n = self._managed.n
+        if self._engine is not None and (progress.produced_count or self._cycle.backward_done == s):
+            dropped = self._engine.updater.dropped
+            for i in range(n):
+                dropped[i] = s
+        produced = progress.produced
+        for i in range(n):
             self._cycle.cleared[i] = produced[i]
+            param = self._managed.params[i]
+            local = grad_reads.raw_grad(param)
+            if local is not None and self._managed.owner[i] is not None:
+                if set_to_none:
+                    grad_reads.set_raw_grad(param, None)
+                else:
+                    local.detach_().zero_()
         managed = set(self._managed.params)
         for group in self.param_groups:
             for p in group["params"]:
