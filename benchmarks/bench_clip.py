@@ -8,10 +8,12 @@ fresh model and optimizer (an MLP, SGD with momentum): `--warmup` unmeasured and
 steps. A window's step time is its wall time over its steps, the scheduler synchronized at both ends
 (its `step()` returns before the updates land). The table shows the median over rounds and the
 ratio to DDP + clip per round. Loopback by default; `--rates 1gbit` runs on the namespace testbed
-(root).
+(root). `--micro K` runs K micro-batches a step, every backward synchronising (accumulation
+without `no_sync()`: one all-reduce of every gradient per micro-batch, for DDP and the scheduler).
 
     python -m benchmarks.bench_clip --rounds 7
     python -m benchmarks.bench_clip --rates 1gbit --rounds 7
+    python -m benchmarks.bench_clip --rates 1gbit --rounds 5 --micro 4
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def worker(args: argparse.Namespace) -> None:
                     if sched is not None:
                         sched.synchronize()
                     start = time.perf_counter()
-                nn.functional.mse_loss(wrapped(x), y).backward()
+                for _ in range(args.micro):  # each backward synchronises: no no_sync()
+                    (nn.functional.mse_loss(wrapped(x), y) / args.micro).backward()
                 if variant in ("ddp_clip", "sched_clip"):
                     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
                 (sched or opt).step()
@@ -116,6 +119,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
             "credit",
             "width",
             "layers",
+            "micro",
         ),
     )
 
@@ -153,9 +157,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument(
+        "--micro",
+        type=int,
+        default=1,
+        help="micro-batches a step, every backward synchronising (accumulation without "
+        "no_sync(): DDP all-reduces at each, and so does the scheduler)",
+    )
     args = parser.parse_args(argv)
     loopback.check_at_least_one(
-        parser, args, ("rounds", "steps", "warmup", "batch_size", "threads", "width", "layers")
+        parser,
+        args,
+        ("rounds", "steps", "warmup", "batch_size", "threads", "width", "layers", "micro"),
     )
     return args
 

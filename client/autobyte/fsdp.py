@@ -59,6 +59,7 @@ ordering them (the waits there are on streams, and not measured yet).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -221,6 +222,11 @@ def check_memory_budget(memory_budget_bytes: Any) -> None:
         raise ValueError(
             f"memory_budget_bytes must be a positive int (bytes), got {memory_budget_bytes!r}"
         )
+
+
+# the last few broadcasts that completed (ShardedJob._retire): freed later, by the thread that
+# appends, or at the interpreter's exit, by its main thread
+_RETIRED: collections.deque = collections.deque(maxlen=8)
 
 
 class _AsyncAllGather:
@@ -598,7 +604,7 @@ class ShardedJob:
         self.set_async_gathers(False)
         if self._incoming is not None:
             self._incoming[0].wait()
-            self._incoming = None
+            self._retire()
         dist.destroy_process_group(self._channel)
 
     # ------------------------------------------------------------------ hooks
@@ -662,7 +668,7 @@ class ShardedJob:
         if self._incoming is not None:
             work, payload = self._incoming
             work.wait()
-            self._incoming = None
+            self._retire()
             number = int(payload[0])
             if number > self._received:
                 self._received = number
@@ -694,6 +700,15 @@ class ShardedJob:
             self._incoming = (work, payload)
         else:
             self._incoming = (_Done(), payload)
+
+    def _retire(self) -> None:
+        """Keep the completed broadcast's work and tensor referenced a while longer, beyond this
+        job's life (`_RETIRED`): gloo's worker thread drops its own reference just after `wait()`
+        returns, and were that the last, it would free a Python tensor, which needs the GIL; at
+        the interpreter's exit that thread cannot get it and the process aborts ("terminate called
+        without an active exception", seen at the end of FSDP2 jobs)."""
+        _RETIRED.append(self._incoming)
+        self._incoming = None
 
     def _apply(self, config: ShardConfig) -> None:
         order = self._order or []
