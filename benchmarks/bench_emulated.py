@@ -151,6 +151,16 @@ def rate_changes(scenario: Scenario) -> bool:
     )
 
 
+def _burst(scenario: Scenario, burst: int | None = None) -> int:
+    """The links' tbf burst: `burst` where given (--burst), else the scenario's
+    (Scenario.testbed_burst; the testbed's default for a real-mode one)."""
+    from benchmarks.testbed import DEFAULT_BURST_BYTES
+
+    if burst is None:
+        burst = scenario.testbed_burst()
+    return DEFAULT_BURST_BYTES if burst is None else burst
+
+
 def block_trace(scenario: Scenario, until_s: float) -> Any:
     """The testbed trace of a scenario with conditions or a changing rate; None otherwise."""
     if not scenario.has_conditions and not rate_changes(scenario):
@@ -291,8 +301,10 @@ def run_block(
     steps: int,
     warmup: int,
     timeout_s: float = 900.0,
+    burst: int | None = None,
 ) -> dict[str, Any]:
-    """Every configuration at `ranks` emulated ranks on one testbed, interleaved round by round."""
+    """Every configuration at `ranks` emulated ranks on one testbed, interleaved round by round;
+    `burst`: the links' tbf burst in bytes (None: the scenario's, `_burst`)."""
     from benchmarks.testbed import Testbed
 
     wire = [wire_label(label, scenario.byte_scale) for label in labels]
@@ -301,7 +313,7 @@ def run_block(
     trace = block_trace(at_rate, timeout_s) if ranks > 1 else None
     step_stat = "mean" if rate_changes(at_rate) else "median"
     watch = HostWatch()
-    with Testbed(world_size=ranks, rate=wire_rate_bps) as bed:
+    with Testbed(world_size=ranks, rate=wire_rate_bps, burst=_burst(at_rate, burst)) as bed:
         result = bed.run(
             _worker_command(scenario, ranks, wire, rounds, steps, warmup),
             trace=trace,
@@ -364,6 +376,7 @@ def run_block(
         "ranks": ranks,
         "rate_gbit": rate_gbit,
         "wire_rate_bps": wire_rate_bps,
+        "burst_bytes": _burst(at_rate, burst),
         "balanced_rate_gbit": balanced_rate_gbit(scenario.profile, ranks) if ranks > 1 else None,
         "conditions": describe_conditions(at_rate) if trace is not None else "none",
         "step_stat": step_stat,
@@ -405,6 +418,7 @@ def run_tuned_block(
     timeout_s: float = 1800.0,
     budget_bytes: int | None = None,
     jobs: int = 1,
+    burst: int | None = None,
 ) -> dict[str, Any]:
     """FSDP2 tuned live: one run of `steps` steps whose knobs a real autobyted's tuner sets (its
     own process in the testbed's hub namespace, `--tuner auto`), on a testbed like the static
@@ -440,7 +454,7 @@ def run_tuned_block(
     runs = []
     with (
         tempfile.TemporaryDirectory(prefix="abfsdp-") as tmp,
-        Testbed(world_size=ranks, rate=wire_rate_bps) as bed,
+        Testbed(world_size=ranks, rate=wire_rate_bps, burst=_burst(at_rate, burst)) as bed,
     ):
         hub = None
         if label == "fsdp:daemon":
@@ -466,6 +480,7 @@ def run_tuned_block(
             "label": label,
             "ranks": ranks,
             "rate_gbit": rate_gbit,
+            "burst_bytes": _burst(at_rate, burst),
             "budget_bytes": budget_bytes,
             "conditions": describe_conditions(at_rate) if trace is not None else "none",
             "steps": len(times),
@@ -592,13 +607,19 @@ def _auto_vs_grid(block: dict[str, Any]) -> str:
     return f"auto at {auto['vs_sched_grid_best']:.3f}x the scheduler grid's best; "
 
 
+def _burst_words(block: dict[str, Any]) -> str:
+    burst = block.get("burst_bytes")  # absent in results recorded before it was set per run
+    return "" if burst is None else f", tbf burst {burst / 1024:.0f} KiB"
+
+
 def format_block(block: dict[str, Any], scale: str) -> str:
     ref = "/FSDP" if block.get("engine") == "fsdp2" else "/DDP"
     lines = [
         scale,
         (
             f"{block['ranks']} ranks, {block['rate_gbit']:.3g} Gbit/s in model bytes "
-            f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire{_balanced(block)}); conditions: "
+            f"({block['wire_rate_bps'] / 1e6:.0f} Mbit/s on the wire{_balanced(block)}"
+            f"{_burst_words(block)}); conditions: "
             f"{block.get('conditions', 'none')}; step: {block.get('step_stat', 'median')} of a "
             f"configuration's steps; profile compute "
             f"{_ms(block['profile_compute_s'])} ms, compute probe {_ms(block['compute_s'])} ms, bare "
@@ -800,6 +821,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="world size 1: the step against the profile's compute (exit 1 beyond 2%%)",
     )
+    parser.add_argument(
+        "--burst",
+        default="auto",
+        help="the links' tbf burst on the wire: auto (one kernel tick of the highest rate, at "
+        "least 64 KiB: benchmarks/testbed/bed.py burst_for) or a size such as 512KiB",
+    )
     parser.add_argument("--out", default="", help="write the results as JSON here")
     parser.add_argument("--report", default="", help="print the tables of a results JSON and exit")
     return parser.parse_args(argv)
@@ -872,6 +899,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         held = [s for s in args.fsdp_held.split(";") if s]
         try:
+            burst = None if args.burst == "auto" else parse_bytes(args.burst)
+        except ValueError as error:
+            raise SystemExit(f"bench_emulated: --burst: {error}") from None
+        if burst is not None and burst <= 0:
+            raise SystemExit(f"bench_emulated: --burst {args.burst!r} must be positive")
+        try:
             budget = parse_bytes(args.fsdp_budget) if args.fsdp_budget else None
         except ValueError as error:
             raise SystemExit(f"bench_emulated: --fsdp-budget: {error}") from None
@@ -894,6 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.steps,
                         args.warmup,
                         args.timeout_s,
+                        burst,
                     )
                 )
                 _save(report, args.out)  # each block as it ends: a later failure loses nothing
@@ -910,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.warmup,
                         budget_bytes=budget,
                         jobs=args.fsdp_jobs if label == "fsdp:daemon" else 1,
+                        burst=burst,
                     )
                 )
                 _save(report, args.out)

@@ -370,6 +370,33 @@ def needs_netns(test):
     return test
 
 
+def test_an_emulated_links_burst_is_one_kernel_tick_of_its_highest_rate():
+    from benchmarks.testbed import DEFAULT_BURST_BYTES, burst_for
+
+    # one tick (250 Hz) of the rate, never below one 64 KiB GSO packet
+    assert burst_for(10**9) == 500_000
+    assert burst_for(59 * 10**6) == 64 << 10
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="rate_bps"):
+            burst_for(bad)
+    scenarios = ROOT / "benchmarks" / "scenarios"
+    steady = load_scenario(scenarios / "emulated-resnet50-4w.toml")  # 7.5 Gbit/s, bytes / 16
+    assert steady.testbed_burst() == burst_for(int(7.5e9 / 16))
+    # a rate that changes: the burst keeps its highest (tbf's burst stays fixed on the testbed)
+    swing = load_scenario(scenarios / "emulated-resnet50-4w-rate-changes.toml")
+    link = swing.link_bandwidth or swing.bandwidth
+    assert len(set(link.values)) > 1
+    assert swing.testbed_burst() == burst_for(int(max(link.values) / swing.byte_scale * 8))
+    # twice the rate, twice the burst; a real-mode scenario keeps the testbed's default
+    doubled = bench_emulated.scenario_at_rate(steady, 15.0)
+    assert bench_emulated._burst(doubled) == burst_for(int(15e9 / 16))
+    assert bench_emulated._burst(doubled, 4096) == 4096  # --burst
+    real = load_scenario(scenarios / "resnet50-2w-step.toml")
+    assert real.testbed_burst() is None and bench_emulated._burst(real) == DEFAULT_BURST_BYTES
+    with pytest.raises(SystemExit, match="--burst"):
+        bench_emulated.main([str(scenarios / "emulated-resnet50-4w.toml"), "--burst", "lots"])
+
+
 @needs_netns
 def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_path):
     scenario = _tiny_scenario(
@@ -387,6 +414,7 @@ def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_p
         scenario, 4, 0.5, labels, rounds=1, steps=3, warmup=1, timeout_s=240
     )
     assert block["wire_rate_bps"] == int(0.5 * GBIT * 8 / 2)
+    assert block["burst_bytes"] == scenario.testbed_burst()
     rows = {row["config"]: row for row in block["rows"]}
     assert list(rows) == labels
     for row in rows.values():
@@ -408,6 +436,7 @@ def test_emulated_ranks_run_ddp_the_scheduler_and_the_bound_on_the_testbed(tmp_p
     assert "straggler" in block["conditions"]
     text = bench_emulated.format_block(block, "EMULATED arithmetic: tiny")
     assert "EMULATED" in text and "x bound" in text and "straggler" in text
+    assert f"tbf burst {block['burst_bytes'] / 1024:.0f} KiB" in text
 
 
 @needs_netns

@@ -364,7 +364,12 @@ def _run_on_testbed(
             command += ["--control", str(control)]
             assert initial is not None
             driver = _OnlineDriver(policy, control, scenario, initial)
-        with harness.Testbed(world_size=workers, rate=trace.changes[0].rate_bps) as bed:
+        burst = scenario.testbed_burst()
+        with harness.Testbed(
+            world_size=workers,
+            rate=trace.changes[0].rate_bps,
+            burst=harness.DEFAULT_BURST_BYTES if burst is None else burst,
+        ) as bed:
             hub = None
             if daemon:
                 from benchmarks.harness.autobyte_policy import HubDaemon

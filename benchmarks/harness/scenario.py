@@ -125,6 +125,20 @@ class Scenario:
         """What the testbed divides tensor sizes and link rates by (emulated mode; 1 otherwise)."""
         return float(self.testbed.get("byte_scale", 1.0)) if self.emulated else 1.0
 
+    def testbed_burst(self) -> int | None:
+        """The tbf burst of an emulated scenario's links, in bytes on the wire: the smallest that
+        keeps the highest rate its links run at (`benchmarks.testbed.bed.burst_for`: a larger one
+        moves a scaled collective faster than the rate). None: the testbed's default (real mode)."""
+        if not self.emulated:
+            return None
+        from benchmarks.testbed.bed import burst_for
+
+        link = self.link_bandwidth or self.bandwidth
+        top = max(link.values)
+        if self.straggler is not None:
+            top = max(top, max(self.straggler.values))
+        return burst_for(int(top / self.byte_scale * 8))
+
     def testbed_workload(self, workers: int | None = None) -> TestbedWorkload:
         """The testbed's model for this scenario (see the module docstring); `workers` overrides
         the scenario's count."""

@@ -21,6 +21,7 @@ from benchmarks.testbed.bed import (
     TRAFFIC_HUB_IFNAME,
     TRAFFIC_PORT,
     Testbed,
+    burst_for,
 )
 from benchmarks.testbed.cli import main
 from benchmarks.testbed.namespaces import NAME_PREFIX, TestbedError, cleanup_stale, list_namespaces
@@ -57,6 +58,7 @@ __all__ = [
     "Testbed",
     "TestbedError",
     "Trace",
+    "burst_for",
     "cleanup_stale",
     "format_rate",
     "list_namespaces",

@@ -91,6 +91,27 @@ TRAFFIC_HUB_IFNAME = "traffic"  # ("tx" would read as ip's txqueuelen keyword)
 # entry expired (connections to the hub timed out for tens of seconds).
 BRIDGE_MAC = "02:ab:00:00:00:01"  # locally administered; each bed's bridge is in its own namespace
 DEFAULT_BURST_BYTES = 512 << 10  # ≥ rate/HZ up to a few gbit; kept fixed across rate changes
+# The burst of an emulated run's links (`burst_for`). tbf lets `burst` bytes through at the veth's
+# own speed whenever its bucket is full, and the bucket refills at the rate during every idle gap:
+# a burst is bandwidth the rate does not count. DEFAULT_BURST_BYTES is 4 ms of a 1 Gbit/s link, but
+# 69 ms of an emulated run's 59 Mbit/s, and a scaled collective is small (an FSDP2 block's
+# all-gather on GPT-2 medium / 128 moves 197 KB a rank): measured at 2 ranks, 59 Mbit/s, the block
+# all-gathers of forward took 7.5 ms with it (their wire time is 26.6 ms) and 25 ms with 64 KiB
+# (docs/emulated.md, "The links' burst"). The floor: the kernel ticks at 250 Hz, and tc-tbf(8) asks
+# for a burst of at least rate/HZ; below one 64 KiB GSO packet the link lost its rate (16 KiB
+# moved a back-to-back all-gather + reduce-scatter probe at 0.87x of 64 KiB's speed).
+KERNEL_HZ = 250  # this kernel's CONFIG_HZ
+MIN_BURST_BYTES = 64 << 10
+
+
+def burst_for(rate_bps: int) -> int:
+    """The smallest tbf burst that keeps `rate_bps` (bits/s; a run whose rate changes: its
+    highest): one kernel tick of it, at least MIN_BURST_BYTES."""
+    if rate_bps <= 0:
+        raise ValueError(f"rate_bps must be positive, got {rate_bps}")
+    return max(MIN_BURST_BYTES, -(-int(rate_bps) // (8 * KERNEL_HZ)))
+
+
 DEFAULT_LATENCY_MS = 50
 DEFAULT_MASTER_PORT = 29500
 
