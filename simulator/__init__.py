@@ -1,4 +1,5 @@
-"""Discrete-event simulator of data-parallel training under the autobyte scheduler and DDP."""
+"""Discrete-event simulator of data-parallel training under the autobyte scheduler and DDP, and
+of FSDP2's step under its knobs (simulator/sharded.py)."""
 
 from simulator.engine import (
     DDP,
@@ -23,6 +24,7 @@ from simulator.profiles import (
     resnet50,
     vgg16,
 )
+from simulator.sharded import ShardedModel, ShardedStep, ShardGroup, ShardLink, simulate_step
 from simulator.trace import (
     PiecewiseConstant,
     periodic_trace,
@@ -41,6 +43,10 @@ __all__ = [
     "PiecewiseConstant",
     "RowSparseTable",
     "RunConfig",
+    "ShardGroup",
+    "ShardLink",
+    "ShardedModel",
+    "ShardedStep",
     "SimulatedStep",
     "Simulator",
     "bert_base",
@@ -52,6 +58,7 @@ __all__ = [
     "record_profile",
     "resnet50",
     "ring_allreduce_s",
+    "simulate_step",
     "sparse_wire",
     "step_trace",
     "trace_from_spec",

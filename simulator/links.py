@@ -49,9 +49,12 @@ def gloo_link(link: LinkModel, byte_scale: float) -> LinkModel:
     return dataclasses.replace(link, **costs)
 
 
-def collective_cost_s(ranks: int, path: pathlib.Path = GLOO_COLLECTIVE) -> float:
-    """The fitted per-collective latency at `ranks` gloo ranks on this host, with the credit
-    window's partitions in flight (one where the file has no such column)."""
+def collective_cost_s(
+    ranks: int, path: pathlib.Path = GLOO_COLLECTIVE, in_flight: int | None = None
+) -> float:
+    """The fitted per-collective latency at `ranks` gloo ranks on this host, with `in_flight`
+    collectives in flight (None: the credit window's partitions; one where the file has no such
+    column)."""
     from autobyte.scheduler.start import CREDIT_PARTITIONS
 
     measured = _read(path)["ranks"]
@@ -62,7 +65,8 @@ def collective_cost_s(ranks: int, path: pathlib.Path = GLOO_COLLECTIVE) -> float
             f"1,{CREDIT_PARTITIONS}"
         )
     by_flight = measured[str(ranks)]
-    column = by_flight.get(str(CREDIT_PARTITIONS)) or by_flight["1"]
+    column = by_flight.get(str(CREDIT_PARTITIONS if in_flight is None else in_flight))
+    column = column or by_flight["1"]
     return max(0.0, float(column["latency_s"]))
 
 

@@ -8,8 +8,11 @@ backward 2, keep the gathered parameters after forward).
 
 Why measured, not predicted: the predictor's features describe the scheduler's partitions and
 credit window (tuner/__init__.py), not all-gathers, and it has never seen a sharded job; the space
-is small and every point is a few steps away from its neighbours. So this search measures, the
-way a person tuning FSDP2 by hand does, with the tuner's paired arithmetic (tuner.verdict):
+is small and every point is a few steps away from its neighbours. The simulator models FSDP2's
+schedule (simulator/sharded.py, checked against the testbed by benchmarks/sim_vs_fsdp.py), but
+it needs each group's bytes and compute, which a job's registration does not carry; this search
+does not use it. So it measures, the way a person tuning FSDP2 by hand does, with the tuner's
+paired arithmetic (tuner.verdict):
 
     warm-up -> baseline -> exploring k/N -> checking -> verifying -> exploring (next round) ...
                   ^                              |                                    |

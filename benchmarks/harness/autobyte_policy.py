@@ -283,11 +283,13 @@ class HubDaemon:
                 "detail": f"no tuner record ({error})",
                 "daemon_cpu_s": cpu_s,
             }
+        # Config() reads as the job's engine's (an FSDP2 job's return to its own knobs: prefetch =/=)
+        engine = Config.engine_of(d.config for d in decisions)
         return {
             "decisions": [
                 {
                     "decision_id": d.decision_id,
-                    "config": describe(model_config(d.config, self.byte_scale)),
+                    "config": model_config(d.config, self.byte_scale).short(engine),
                     "reason": d.reason,
                     "source": d.source,
                     "state": d.state,

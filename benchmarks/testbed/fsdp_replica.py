@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from simulator.sharded import block_of  # the simulator groups a profile the same way
+
 RESHARD = {"reshard": True, "keep": False, "=": None}
 
 
@@ -46,12 +48,6 @@ def shard_config(spec: str) -> Any:
     except ValueError:
         raise ValueError(f"bad FSDP2 configuration {spec!r}: F and B are ints or =") from None
     return ShardConfig(forward, backward, RESHARD[parts[2]])
-
-
-def block_of(name: str) -> str | None:
-    """A profile layer's transformer block (`h.3.attn.c_attn` -> `h.3`); None outside blocks."""
-    parts = name.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 and parts[1].isdigit() else None
 
 
 class BlockedModel(nn.Module):
