@@ -26,7 +26,8 @@ The model (one rank; every rank runs the same schedule):
 What it leaves out: memory (ShardedJob.gathered_bytes predicts the gathered bytes), the optimizer
 step, the CPU's share of gloo's work, collectives overlapping on the link (they share it; here
 they queue, which gives the same finish of the last one). Checked against the emulated testbed by
-benchmarks/sim_vs_fsdp.py (docs/results.md, "FSDP2's schedule in the simulator": 1.7% median error at 2 ranks, 3.6% at 4).
+benchmarks/sim_vs_fsdp.py (docs/results.md, "FSDP2's schedule in the simulator": 1.7% median error at 2 ranks, 3.6% at
+4, 5-11% at 8).
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class ShardLink:
     rs_factor: float = 1.0  # a reduce-scatter's bytes over an all-gather's: 2 on gloo
     sync_all_gathers: bool = False  # FSDP2's own all-gathers on gloo hold the thread
     sync_reduce_scatters: bool = True  # on gloo; False on a GPU's stream
+    # The fixed cost overlaps the bytes' time (a collective holds the link for the larger of the
+    # two), as the scheduler's simulator has it on the testbed at N ranks (simulator/engine.py
+    # LinkModel.fixed_overlaps_wire); False: their sum.
+    fixed_overlaps_wire: bool = False
 
     def __post_init__(self) -> None:
         if not self.bytes_per_s > 0:
@@ -133,12 +138,17 @@ class ShardLink:
             raise ValueError(f"workers must be >= 2, got {self.workers}")
 
     def all_gather_s(self, nbytes: int) -> float:
-        return self.fixed_s + (self.workers - 1) / self.workers * nbytes / self.bytes_per_s
+        return self._cost((self.workers - 1) / self.workers * nbytes / self.bytes_per_s)
 
     def reduce_scatter_s(self, nbytes: int) -> float:
-        return self.fixed_s + self.rs_factor * (
-            (self.workers - 1) / self.workers * nbytes / self.bytes_per_s
+        return self._cost(
+            self.rs_factor * (self.workers - 1) / self.workers * nbytes / self.bytes_per_s
         )
+
+    def _cost(self, wire_s: float) -> float:
+        if self.fixed_overlaps_wire:
+            return max(self.fixed_s, wire_s)
+        return self.fixed_s + wire_s
 
 
 @dataclasses.dataclass(frozen=True)

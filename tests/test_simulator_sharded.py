@@ -99,6 +99,13 @@ def test_a_free_link_leaves_the_compute_and_bad_settings_are_refused():
         ShardLink(1e9, 1)
     with pytest.raises(ValueError, match="prefetch"):
         simulate_step(model, free, -1, None, None)
+    # a collective's fixed cost and its bytes' time: added, or the larger where they overlap
+    slow = ShardLink(10 * MB, 2, fixed_s=0.2)
+    assert slow.all_gather_s(10 * MB) == pytest.approx(0.7)
+    overlapping = ShardLink(10 * MB, 2, fixed_s=0.2, rs_factor=2.0, fixed_overlaps_wire=True)
+    assert overlapping.all_gather_s(10 * MB) == pytest.approx(0.5)
+    assert overlapping.reduce_scatter_s(10 * MB) == pytest.approx(1.0)
+    assert overlapping.all_gather_s(1) == pytest.approx(0.2)
 
 
 def test_the_comparison_reads_bench_emulated_labels_and_the_tuners_decisions(tmp_path):
@@ -141,6 +148,9 @@ def test_the_comparison_reads_bench_emulated_labels_and_the_tuners_decisions(tmp
     assert result["median_abs_error"] == pytest.approx(0.0, abs=1e-12)
     assert result["tau"] == pytest.approx(1.0)
     assert not result["kinder_link"]
+    # the fixed cost overlapping the bytes' time: never slower than added to it
+    assert all(r["overlapped_s"] <= r["simulated_s"] for r in result["rows"])
+    assert result["overlapped_median_abs_error"] > 0
     # FSDP2's defaults gather twice and hold the thread: the slowest of the three
     assert measured["fsdp"] > measured["fsdp:=,=,keep"] > measured["fsdp:2,2,keep"]
     assert sim_vs_fsdp.compare_block({**block, "burst_bytes": 512 << 10}, model, [])["kinder_link"]
