@@ -1,4 +1,4 @@
-"""FSDP2's schedule in the simulator (simulator/sharded.py) against the emulated testbed.
+"""FSDP2's schedule in the simulator (autobyted/tuner/shard_schedule.py) against the emulated testbed.
 
     python -m benchmarks.sim_vs_fsdp results/fsdp-2r-1x-burst.json [more.json ...]
 
@@ -34,10 +34,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from autobyted.tuner.shard_schedule import ShardedModel, ShardLink, simulate_step
 from benchmarks.harness.scenario import GBIT, load_scenario
 from benchmarks.predictor_error import kendall
 from simulator.links import collective_cost_s
-from simulator.sharded import ShardedModel, ShardLink, simulate_step
 
 GLOO_RS_FACTOR = 2.0  # gloo's reduce-scatter moves an all-reduce's bytes (docs/emulated.md)
 ERROR_GOAL = 0.05

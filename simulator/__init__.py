@@ -1,6 +1,13 @@
 """Discrete-event simulator of data-parallel training under the autobyte scheduler and DDP, and
-of FSDP2's step under its knobs (simulator/sharded.py)."""
+of FSDP2's step under its knobs (autobyted/tuner/shard_schedule.py)."""
 
+from autobyted.tuner.shard_schedule import (
+    ShardedModel,
+    ShardedStep,
+    ShardGroup,
+    ShardLink,
+    simulate_step,
+)
 from simulator.engine import (
     DDP,
     DDPConfig,
@@ -24,7 +31,6 @@ from simulator.profiles import (
     resnet50,
     vgg16,
 )
-from simulator.sharded import ShardedModel, ShardedStep, ShardGroup, ShardLink, simulate_step
 from simulator.trace import (
     PiecewiseConstant,
     periodic_trace,

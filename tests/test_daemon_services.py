@@ -411,3 +411,49 @@ def test_the_per_collective_cost_is_rank_0s_and_reaches_the_predictors_shape(cli
     old = f"lat-old-{time.monotonic_ns()}"
     client.register(job=old)
     assert storage.job_info(old).collective_latency_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("layout", "engine", "says"),
+    [
+        ({}, "fsdp2", "names 1 to 100000 groups, got 0"),
+        ({"group_bytes": [4096, -1]}, "fsdp2", "group_bytes[1] must be bytes in [0, 2**50)"),
+        ({"group_bytes": [4096], "root_bytes": 1 << 50}, "fsdp2", "root_bytes must be bytes"),
+        ({"group_bytes": [0, 0]}, "fsdp2", "groups hold no bytes"),
+        ({"group_bytes": [1] * 100_001}, "fsdp2", "more than 100000 groups"),
+        ({"group_bytes": [4096]}, "scheduler", "describes an fsdp2 job; this job runs scheduler"),
+    ],
+)
+def test_a_bad_shard_layout_is_refused_and_registers_nothing(
+    client, thread_daemon, layout, engine, says
+):
+    job = f"layout-{time.monotonic_ns()}"
+    with pytest.raises(grpc.RpcError) as info:
+        client.register(job=job, engine=engine, shard_layout=pb.ShardLayout(**layout))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in info.value.details(), info.value.details()
+    with pytest.raises(Exception, match="no job|not found|unknown"):  # nothing was stored
+        storage_of(thread_daemon).job_info(job)
+
+
+def test_an_fsdp2_jobs_groups_are_rank_0s_and_kept_across_a_restart(client, thread_daemon):
+    from autobyte.records import ShardLayout
+
+    job = f"layout-{time.monotonic_ns()}"
+    storage = storage_of(thread_daemon)
+    first = pb.ShardLayout(group_bytes=[3, 5, 7], root_bytes=11, async_gathers=True)
+    client.register(job=job, rank=1, instance="i-1", engine="fsdp2", shard_layout=first)
+    assert storage.job_info(job).shard_layout == ShardLayout((3, 5, 7), 11, True)
+    ordered = pb.ShardLayout(group_bytes=[5, 3, 7], root_bytes=11)  # after its first step
+    client.register(job=job, rank=0, instance="i-0", engine="fsdp2", shard_layout=ordered)
+    client.register(job=job, rank=1, instance="i-1", engine="fsdp2", shard_layout=first)
+    assert storage.job_info(job).shard_layout == ShardLayout((5, 3, 7), 11, False)
+    # the stored record, as another daemon on the database (or this one restarted) reads it
+    from autobyted.storage.db import make_engine
+    from autobyted.storage.sql import SqlStorage
+
+    again = SqlStorage(make_engine(thread_daemon.settings.db)).job_info(job)
+    assert again.shard_layout == ShardLayout((5, 3, 7), 11, False)
+    old = f"layout-old-{time.monotonic_ns()}"  # a client before layouts: none
+    client.register(job=old, engine="fsdp2")
+    assert storage.job_info(old).shard_layout is None

@@ -566,7 +566,14 @@ def _tuned(rank: int, world: int, address: str | None) -> dict:
     if job is not None:
         autobyte.shutdown()
         job.close()
-    return {"params": full, "configs": configs, "decisions": decisions}
+    return {
+        "params": full,
+        "configs": configs,
+        "decisions": decisions,
+        # fp32 parameters, gathered: each block's, in forward order, and the whole model's
+        "group_bytes": [4 * sum(p.numel() for p in b.parameters()) for b in model.blocks],
+        "param_bytes": 4 * sum(p.numel() for p in model.parameters()),
+    }
 
 
 @pytest.mark.timeout(240)
@@ -584,12 +591,17 @@ def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(t
         tuned = run_ranks(_tuned, 2, daemon.address)
         client = Client(daemon.address)
         history = client.history("fsdp-tuned", steps=True, limit=10_000)
+        layout = daemon.storage().job_info("fsdp-tuned").shard_layout
         with pytest.raises(DaemonError, match="over the job's memory budget of 7,500 bytes"):
             client.propose(client.resolve("fsdp-tuned"), Config(reshard_after_forward=False))
     finally:
         daemon.stop()
     plain = run_ranks(_tuned, 2, None)
     assert tuned[0]["params"] == tuned[1]["params"] == plain[0]["params"]
+    # the job's groups reached the daemon: each one's gathered bytes in forward order, the root's
+    assert layout is not None and layout.async_gathers, layout
+    assert list(layout.group_bytes) == tuned[0]["group_bytes"], layout
+    assert layout.root_bytes + sum(layout.group_bytes) == tuned[0]["param_bytes"], layout
     # every rank ran the same configuration under the same decision at every step
     assert tuned[0]["configs"] == tuned[1]["configs"]
     assert tuned[0]["decisions"] == tuned[1]["decisions"]

@@ -1,4 +1,4 @@
-"""FSDP2's schedule in the simulator (simulator/sharded.py) and its check against the testbed
+"""FSDP2's schedule in the simulator (autobyted/tuner/shard_schedule.py) and its check against the testbed
 (benchmarks/sim_vs_fsdp.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from autobyted.tuner.shard_schedule import ShardedModel, ShardGroup, ShardLink, simulate_step
 from benchmarks import sim_vs_fsdp
 from simulator.profiles import BUILTIN_PROFILES, LayerProfile, ModelProfile
-from simulator.sharded import ShardedModel, ShardGroup, ShardLink, simulate_step
 
 MB = 1_000_000
 

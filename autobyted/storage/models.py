@@ -83,6 +83,9 @@ class Job(ConfigColumns, Base):
     # 0008: one small all-reduce (4 KB of fp32) on the job's group as rank 0 measured it when its
     # scheduler was built (seconds; NULL: not measured): the predictor's per-collective cost.
     collective_latency_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # 0010: an FSDP2 job's groups (autobyte.records.ShardLayout as JSON, from rank 0's
+    # registration; NULL: a scheduler job or an old client): the daemon's model of its schedule.
+    shard_layout: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Rank(Base):

@@ -13,6 +13,7 @@ from autobyte.records import (
     JobRecord,
     MemoryLimits,
     Registration,
+    ShardLayout,
     TunerStatusRecord,
 )
 from autobyte.types import Config, StepMetrics
@@ -33,6 +34,7 @@ __all__ = [
     "Registration",
     "SampleBatch",
     "SampleRow",
+    "ShardLayout",
     "TunerStatusRecord",
     "WindowRecord",
     "tuner_lease",
@@ -72,6 +74,7 @@ class JobInfo:
     engine: str = "scheduler"  # autobyte.types.ENGINES
     memory: MemoryLimits | None = None  # an FSDP2 job's budget (rank 0's registration)
     collective_latency_s: float = 0.0  # rank 0's measured small all-reduce (0.0: unknown)
+    shard_layout: ShardLayout | None = None  # an FSDP2 job's groups (rank 0's registration)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ from autobyted.storage.records import (
     Registration,
     SampleBatch,
     SampleRow,
+    ShardLayout,
     TunerStatusRecord,
     WindowRecord,
     tuner_lease,
@@ -53,6 +54,11 @@ def _memory_columns(memory: MemoryLimits | None) -> dict:
     if memory is None:
         return {"memory_budget_bytes": None, "over_budget": None}
     return {"memory_budget_bytes": memory.budget_bytes, "over_budget": memory.over_budget_json()}
+
+
+def _layout_column(layout: ShardLayout | None) -> str | None:
+    """The job's shard_layout column (NULL without a layout)."""
+    return None if layout is None else layout.to_json()
 
 
 def _config_columns(config: Config) -> dict[str, int | None]:
@@ -178,6 +184,7 @@ class SqlStorage(BaseStorage):
                             engine=r.engine,
                             **_memory_columns(r.memory),
                             collective_latency_s=r.collective_latency_s or None,
+                            shard_layout=_layout_column(r.shard_layout),
                         )
                     )
         except AlreadyExists:
@@ -206,6 +213,7 @@ class SqlStorage(BaseStorage):
                 for name, value in _memory_columns(r.memory).items():
                     setattr(job, name, value)
                 job.collective_latency_s = r.collective_latency_s or None
+                job.shard_layout = _layout_column(r.shard_layout)
             rank = session.scalars(
                 sa.select(m.Rank)
                 .where(m.Rank.job_id == job.id, m.Rank.rank == r.rank)
@@ -736,6 +744,7 @@ class SqlStorage(BaseStorage):
                 engine=row.engine,
                 memory=MemoryLimits.stored(row.memory_budget_bytes, row.over_budget),
                 collective_latency_s=row.collective_latency_s or 0.0,
+                shard_layout=ShardLayout.stored(row.shard_layout),
                 created_at_s=row.created_at,
                 last_seen_s=row.last_seen_at,
                 finished_at_s=self._finished_at(session, row),

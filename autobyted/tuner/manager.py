@@ -48,6 +48,7 @@ from autobyted.tuner.params import TunerParams
 from autobyted.tuner.predictor import Ensemble, Predictor, Window, load_prior, train_online
 from autobyted.tuner.ranks import RankMerger
 from autobyted.tuner.search import JobTuner, TunerSink
+from autobyted.tuner.shard_schedule import JobSchedule
 from autobyted.tuner.sharded import ShardTuner
 
 log = logging.getLogger(__name__)
@@ -456,9 +457,14 @@ class TunerManager:
             return None
         sink = StorageSink(job, self.storage, self._decide, self._window_recorded, self.holder)
         tuner: JobTuner | ShardTuner
-        if info.engine == "fsdp2":  # measured, no predictor (tuner.sharded)
+        if info.engine == "fsdp2":  # measured, ordered by its schedule's model (tuner.sharded)
             known = self._held_by_earlier(job, info)
-            tuner = ShardTuner(job, sink, self.mode, self.params, info.memory, known)
+            schedule = None
+            if info.shard_layout is not None:
+                schedule = JobSchedule(
+                    info.shard_layout, info.world_size, info.backend, info.collective_latency_s
+                )
+            tuner = ShardTuner(job, sink, self.mode, self.params, info.memory, known, schedule)
             return self._track(job, info, tuner, sink)
         assert self.predictor is not None
         shape = JobShape.from_info(info)

@@ -6,13 +6,18 @@ What it searches: `forward_prefetch` (0-3 groups; 0 is FSDP2's implicit prefetch
 from there its neighbours are the first concrete step away from FSDP2's defaults (forward 1,
 backward 2, keep the gathered parameters after forward).
 
-Why measured, not predicted: the predictor's features describe the scheduler's partitions and
-credit window (tuner/__init__.py), not all-gathers, and it has never seen a sharded job; the space
-is small and every point is a few steps away from its neighbours. The simulator models FSDP2's
-schedule (simulator/sharded.py, checked against the testbed by benchmarks/sim_vs_fsdp.py), but
-it needs each group's bytes and compute, which a job's registration does not carry; this search
-does not use it. So it measures, the way a person tuning FSDP2 by hand does, with the tuner's
-paired arithmetic (tuner.verdict):
+Measured, ordered by a model: the predictor's features describe the scheduler's partitions and
+credit window (tuner/__init__.py), not all-gathers, and it has never seen a sharded job. The
+job's model of its own schedule does (autobyted/tuner/shard_schedule.py: each group's all-gather
+and reduce-scatter on the link, the thread waiting where FSDP2 waits; 2-11% median error on the
+testbed, docs/results.md). Where the registration names the job's groups (autobyte.fsdp's
+ShardLayout), each round calibrates it on the incumbent's window (its compute: the step less the
+time in collectives; the rate at which the schedule takes that step), tries the neighbours
+fastest predicted first, leaves out those predicted slower by more than a trial is cut for
+(params.clearly_worse), and first of all tries the setting predicted fastest of all 24 where it
+is predicted faster than the incumbent by the switch margin (a jump: when it wins, the round
+ends there, as with `known`). Every switch is still measured, the way a person tuning FSDP2 by
+hand measures, with the tuner's paired arithmetic (tuner.verdict):
 
     warm-up -> baseline -> exploring k/N -> checking -> verifying -> exploring (next round) ...
                   ^                              |                                    |
@@ -51,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import statistics
 from collections.abc import Sequence
 
 from autobyte.records import MemoryLimits
@@ -60,6 +66,7 @@ from autobyted.storage.records import TunerStatusRecord
 from autobyted.tuner.job import Clock, Noise
 from autobyted.tuner.measured import MeasuredWindow, PendingDecision
 from autobyted.tuner.params import TunerParams
+from autobyted.tuner.shard_schedule import JobSchedule
 from autobyted.tuner.sink import TunerSink
 from autobyted.tuner.stragglers import LINK_STEPS, name_link
 from autobyted.tuner.verdict import beats_both, clearly_worse, step_time_move
@@ -69,6 +76,14 @@ log = logging.getLogger(__name__)
 FORWARD_DEPTHS = range(4)  # 0: FSDP2's implicit prefetch
 BACKWARD_DEPTHS = range(1, 4)
 MAX_ROUNDS = 3  # a search walks at most this far from where it started; a re-tune walks on
+# Every setting the search can reach, the lightest (least memory) first: a tie of predictions
+# goes to it
+SPACE = tuple(
+    Config(forward_prefetch=f, backward_prefetch=b, reshard_after_forward=r)
+    for r in (True, False)
+    for f in FORWARD_DEPTHS
+    for b in BACKWARD_DEPTHS
+)
 
 
 def neighbours(config: Config) -> list[Config]:
@@ -106,6 +121,7 @@ class ShardTuner:
         params: TunerParams = TunerParams(),
         memory: MemoryLimits | None = None,
         known: tuple[Config, str] | None = None,
+        schedule: JobSchedule | None = None,
     ) -> None:
         if mode not in ("auto", "observe"):
             raise ValueError(f"tuner mode {mode!r} is not auto or observe")
@@ -139,6 +155,12 @@ class ShardTuner:
         self._known = known
         self._known_from = known[1] if known else ""
         self._known_trial: Config | None = None
+        # The job's model of its schedule (its registration's groups), calibrated on each round's
+        # incumbent: the round's order, the neighbours it leaves out, the setting it jumps to
+        self.schedule = schedule
+        self._predicted: dict[Config, float] = {}
+        self._jump_trial: Config | None = None
+        self._pruned = 0  # the round's neighbours predicted clearly slower, not tried
         if mode == "observe":
             self._set(
                 "observing",
@@ -259,9 +281,13 @@ class ShardTuner:
         self._round += 1
         self._trials = []
         untried = [c for c in neighbours(incumbent.config) if c not in self._tried]
-        allowed = [c for c in untried if self.memory is None or self.memory.allows(c)]
+        allowed = [c for c in untried if self._allows(c)]
         self._over_budget = len(untried) - len(allowed)
-        self._queue = [c for c in allowed if c not in self.refused][: self.params.max_trials]
+        queue = [c for c in allowed if c not in self.refused]
+        self._predicted, self._pruned, self._jump_trial = self._predict(incumbent), 0, None
+        if self._predicted:
+            queue, self._jump_trial = self._by_prediction(incumbent, queue)
+        self._queue = queue[: self.params.max_trials]
         known, self._known = self._known, None
         if known is not None and (
             known[0] not in self._tried
@@ -276,6 +302,47 @@ class ShardTuner:
             return
         self._next_trial()
 
+    def _allows(self, config: Config) -> bool:
+        return self.memory is None or self.memory.allows(config)
+
+    def _predict(self, incumbent: MeasuredWindow) -> dict[Config, float]:
+        """Every reachable setting's step as the job's model predicts it, calibrated on the
+        incumbent's window (autobyted/tuner/shard_schedule.py); {} without a model."""
+        if self.schedule is None:
+            return {}
+        exposed = statistics.median(s.exposed_comm_s for s in incumbent.samples)
+        calibrated = self.schedule.calibrate(incumbent.config, incumbent.median_s, exposed)
+        if calibrated is None:
+            return {}
+        configs = dict.fromkeys((incumbent.config, *neighbours(incumbent.config), *SPACE))
+        return {c: calibrated.predict(c) for c in configs}
+
+    def _by_prediction(
+        self, incumbent: MeasuredWindow, queue: list[Config]
+    ) -> tuple[list[Config], Config | None]:
+        """The round's neighbours fastest predicted first, those predicted slower than the
+        incumbent by more than a trial is cut for (params.clearly_worse: the sequential test would
+        stop it as clearly worse) left out; first of all the setting predicted fastest of all,
+        where it is predicted faster than the incumbent by the switch margin (the jump)."""
+        predicted = self._predicted
+        own = predicted[incumbent.config]
+        kept = [c for c in queue if predicted[c] <= own * (1 + self.params.clearly_worse)]
+        self._pruned = len(queue) - len(kept)
+        # fastest predicted first; predictions closer than the switch margin keep the neighbours'
+        # own order (the model's differences below it are not worth a reordering)
+        kept.sort(key=lambda c: round((predicted[c] / own - 1) / self.params.min_gain))
+        reachable = [
+            c for c in SPACE if c not in self._tried and c not in self.refused and self._allows(c)
+        ]
+        if not reachable:
+            return kept, None
+        fastest = min(predicted[c] for c in reachable)
+        # the lightest of those within a hair of the fastest (a tie of a saturated link)
+        jump = next(c for c in reachable if predicted[c] <= fastest * (1 + 1e-3))
+        if own < predicted[jump] * (1 + self.params.min_gain):
+            return kept, None
+        return [jump, *(c for c in kept if c != jump)], jump
+
     def _next_trial(self) -> None:
         if not self._queue:
             self._check()
@@ -286,11 +353,21 @@ class ShardTuner:
         how = f"one knob from {_short(incumbent.config)}"
         if config == self._known_trial:
             how = f"what job {self._known_from} of this model held"
+        elif config == self._jump_trial:
+            how = f"the fastest of {len(SPACE)} settings as the job's schedule model predicts"
+        predicted = self._predicted.get(config)
+        basis = "measured, not predicted"
+        if predicted is not None:
+            basis = (
+                f"predicted {predicted * 1e3:.0f} ms against "
+                f"{self._predicted[incumbent.config] * 1e3:.0f} ms by the job's schedule model, "
+                "measured"
+            )
         if not self._issue(
             config,
             "trial",
-            f"trial: {_short(config)}, {how} "
-            f"(round {self._round}, measured, not predicted{self._budget_note()})",
+            f"trial: {_short(config)}, {how} (round {self._round}, {basis}{self._budget_note()})",
+            predicted,
         ):
             return
         self._want = self._steps(self.params.trial_steps, self.params.trial_window_s)
@@ -321,8 +398,11 @@ class ShardTuner:
         self._trials.append(trial)
         self.stats["trials"] += 1
         self.sink.close_decision(self._decision, trial.median_s, "rolled_back" if cut else None)
-        if config == self._known_trial:
-            self._known_trial = None
+        if config in (self._known_trial, self._jump_trial):
+            if config == self._known_trial:
+                self._known_trial = None
+            else:
+                self._jump_trial = None
             if not cut and beats_both(
                 trial.log_median,
                 len(trial.samples),
@@ -332,8 +412,9 @@ class ShardTuner:
                 self.noise.sigma,
                 self.params,
             ):
-                # what the earlier job held wins here too: the check and the rounds from it
-                # follow at once (its neighbours are the next round's), not this round's others
+                # what the earlier job held (or the model's fastest) wins: the check and the
+                # rounds from it follow at once (its neighbours are the next round's), not this
+                # round's others
                 self._queue = []
         self._next_trial()
 
@@ -417,7 +498,8 @@ class ShardTuner:
             self._set(
                 "no headroom",
                 f"no headroom: {tried} neighbour(s) of {_short(measured.config)} measured, "
-                f"none faster beyond the switch margin{self._reason_note()}{self._budget_note()}",
+                f"none faster beyond the switch margin{self._reason_note()}{self._budget_note()}"
+                f"{self._pruned_note()}",
             )
 
     def _watched(self, measured: MeasuredWindow) -> None:
@@ -450,6 +532,15 @@ class ShardTuner:
         return (
             f"; {n} neighbour{'s' if n > 1 else ''} over the memory budget of "
             f"{self.memory.budget_bytes:,} bytes not tried"
+        )
+
+    def _pruned_note(self) -> str:
+        if not self._pruned:
+            return ""
+        n = self._pruned
+        return (
+            f"; {n} neighbour{'s' if n > 1 else ''} predicted over "
+            f"{self.params.clearly_worse:.0%} slower not tried"
         )
 
     def _reason_note(self) -> str:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from simulator.sharded import block_of  # the simulator groups a profile the same way
+from autobyted.tuner.shard_schedule import block_of  # the simulator groups a profile the same way
 
 RESHARD = {"reshard": True, "keep": False, "=": None}
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.records import (
     MAX_OVER_BUDGET,
+    MAX_SHARD_GROUPS,
     BestRecord,
     CandidateRecord,
     DecisionRecord,
@@ -18,6 +19,7 @@ from autobyte.records import (
     JobRecord,
     MemoryLimits,
     Registration,
+    ShardLayout,
     TunerStatusRecord,
 )
 from autobyte.types import ENGINES, Config, StepMetrics
@@ -105,6 +107,7 @@ def registration_from_proto(request: pb.RegisterRequest) -> Registration:
         engine=engine,
         memory=memory_from_proto(request),
         collective_latency_s=collective_latency_from_proto(request.collective_latency_s),
+        shard_layout=shard_layout_from_proto(request, engine),
     )
 
 
@@ -132,6 +135,32 @@ def memory_from_proto(request: pb.RegisterRequest) -> MemoryLimits | None:
         request.memory_budget_bytes,
         frozenset(config_from_proto(c) for c in request.over_budget),
     )
+
+
+def shard_layout_from_proto(request: pb.RegisterRequest, engine: str) -> ShardLayout | None:
+    """ValueError for a layout of no groups, too many, a byte count out of range, or one that a
+    job of another engine than fsdp2 sends."""
+    if not request.HasField("shard_layout"):
+        return None
+    if engine != "fsdp2":
+        raise ValueError(f"a shard layout describes an fsdp2 job; this job runs {engine}")
+    layout = request.shard_layout
+    if len(layout.group_bytes) > MAX_SHARD_GROUPS:  # before converting them
+        raise ValueError(f"a shard layout names more than {MAX_SHARD_GROUPS} groups")
+    return ShardLayout(tuple(layout.group_bytes), layout.root_bytes, layout.async_gathers)
+
+
+def shard_layout_to_proto(layout: ShardLayout | None) -> dict:
+    """RegisterRequest's layout field, as keyword arguments (none without a layout)."""
+    if layout is None:
+        return {}
+    return {
+        "shard_layout": pb.ShardLayout(
+            group_bytes=list(layout.group_bytes),
+            root_bytes=layout.root_bytes,
+            async_gathers=layout.async_gathers,
+        )
+    }
 
 
 def memory_to_proto(memory: MemoryLimits | None) -> dict:

@@ -73,7 +73,8 @@ from torch import nn
 
 from autobyte import hooks
 from autobyte.hostload import local_peer_pids
-from autobyte.records import MemoryLimits
+from autobyte.records import MemoryLimits, ShardLayout
+from autobyte.scheduler.start import measure_latency
 from autobyte.tcplinks import rank_addresses
 from autobyte.types import Config, StepMetrics, check_depth
 
@@ -425,6 +426,11 @@ class ShardedJob:
             p.device.type == "cuda" for p in model.parameters()
         )
         self._closed = False
+        # one small all-reduce on the job's group (the scheduler's measure): the daemon's model of
+        # the schedule prices each collective with it (autobyted/tuner/shard_schedule.py)
+        self.collective_latency_s = (
+            measure_latency(group, self._device(), torch.float32) if self.world > 1 else 0.0
+        )
         # last, once nothing of attach can fail: a refused attach leaves the model as it was
         self.set_async_gathers(
             async_gathers
@@ -587,6 +593,19 @@ class ShardedJob:
         """The groups' names in first-forward order (empty before the first step ends)."""
         names = {id(m): n for n, m in self.model.named_modules()}
         return [names[id(m)] for m in self._order or []]
+
+    def layout(self) -> ShardLayout:
+        """Each group's gathered bytes in forward order (as built before the first step), the
+        root's own and whether the all-gathers are asynchronous: what the daemon's model of the
+        schedule needs (autobyte.records.ShardLayout)."""
+        return ShardLayout(
+            tuple(self._bytes[id(m)] for m in self._ordered()),
+            self._bytes[id(self.model)],
+            self.async_gathers,
+        )
+
+    def _device(self) -> torch.device:
+        return next((p.device for p in self.model.parameters()), torch.device("cpu"))
 
     def _ordered(self) -> list[Any]:
         """The groups in forward order, then any the first forward did not run."""
@@ -763,6 +782,14 @@ class _Reported:
         if budget is None:
             return None
         return MemoryLimits(budget, frozenset(c.to_config() for c in self._job.over_budget()))
+
+    @property
+    def collective_latency_s(self) -> float:
+        return self._job.collective_latency_s
+
+    def shard_layout(self) -> ShardLayout:
+        """The groups for the job's registration (autobyted's model of the schedule)."""
+        return self._job.layout()
 
     def add_step_callback(self, fn: Callable[[StepMetrics], Any]) -> None:
         self._job.add_step_callback(lambda step: fn(self._metrics(step)))

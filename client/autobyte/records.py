@@ -37,6 +37,54 @@ class Registration:
     # one small all-reduce on the job's group, measured at construction (0.0: unknown;
     # autobyte.scheduler.start.measure_latency)
     collective_latency_s: float = 0.0
+    shard_layout: ShardLayout | None = None  # an FSDP2 job's groups (autobyte.fsdp)
+
+
+MAX_SHARD_GROUPS = 100_000  # groups a registration may name (a model of that many is not FSDP2's)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """An FSDP2 job's groups as the daemon's model of its schedule needs them
+    (autobyted/tuner/shard_schedule.py): each group's gathered parameter bytes in forward order,
+    the root's own (gathered for the whole step), and whether its all-gathers leave the training
+    thread (autobyte.fsdp's asynchronous ones) or hold it (FSDP2's own on gloo)."""
+
+    group_bytes: tuple[int, ...]
+    root_bytes: int = 0
+    async_gathers: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.group_bytes) <= MAX_SHARD_GROUPS:
+            raise ValueError(
+                f"a shard layout names 1 to {MAX_SHARD_GROUPS} groups, got {len(self.group_bytes)}"
+            )
+        for name, value in (
+            ("root_bytes", self.root_bytes),
+            *((f"group_bytes[{i}]", b) for i, b in enumerate(self.group_bytes)),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 50:
+                raise ValueError(f"shard layout {name} must be bytes in [0, 2**50), got {value!r}")
+        if not any(self.group_bytes):
+            raise ValueError("a shard layout's groups hold no bytes")
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "group_bytes": list(self.group_bytes),
+                "root_bytes": self.root_bytes,
+                "async_gathers": self.async_gathers,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def stored(cls, text: str | None) -> ShardLayout | None:
+        """What `to_json` stored (None: no layout)."""
+        if not text:
+            return None
+        d = json.loads(text)
+        return cls(tuple(d["group_bytes"]), d["root_bytes"], d["async_gathers"])
 
 
 MAX_OVER_BUDGET = 256  # configurations a registration may name over its budget (the proto's limit)

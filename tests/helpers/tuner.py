@@ -55,9 +55,10 @@ def sample(
     rng: random.Random,
     noise: float = 0.01,
     host_load: float = 0.0,
+    compute_s: float = 0.06,
 ) -> StepMetrics:
     step_s *= math.exp(rng.gauss(0, noise))
-    compute = 0.06 * math.exp(rng.gauss(0, noise))
+    compute = compute_s * math.exp(rng.gauss(0, noise))
     return StepMetrics(
         step=step,
         wall_time_s=1.7e9 + step * 0.1,
@@ -87,9 +88,12 @@ class ScriptedJob:
         applies: bool = True,
         batch: int = 10,
         refuses: Callable[[Config], bool] = lambda config: False,
+        compute_s: float = 0.06,
     ) -> None:
         """`applies` False: the job ignores every decision; `refuses(config)`: the ranks refuse
-        that decision (an FSDP2 job's memory budget) and run on as they were."""
+        that decision (an FSDP2 job's memory budget) and run on as they were; `compute_s`: a
+        step's compute (the rest of the step is its exposed communication)."""
+        self.compute_s = compute_s
         self.landscape, self.config, self.applies, self.batch = landscape, start, applies, batch
         self.refuses = refuses
         self.rng = random.Random(seed)
@@ -120,6 +124,7 @@ class ScriptedJob:
                     self.rng,
                     self.noise,
                     load[0] if load else host_load,
+                    self.compute_s,
                 )
             )
             self.configs.append(self.config)

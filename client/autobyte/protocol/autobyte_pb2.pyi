@@ -102,7 +102,7 @@ class Decision(_message.Message):
     def __init__(self, decision_id: _Optional[int] = ..., job: _Optional[str] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., apply_at_step: _Optional[int] = ..., reason: _Optional[str] = ..., predicted_step_time_s: _Optional[float] = ..., measured_step_time_s: _Optional[float] = ..., created_at_s: _Optional[float] = ..., state: _Optional[str] = ..., applied_at_step: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "engine", "tuning_disabled", "memory_budget_bytes", "over_budget", "collective_latency_s")
+    __slots__ = ("job", "rank", "world_size", "backend", "model", "config", "client_version", "hostname", "pid", "instance_id", "data_parallel_rank", "data_parallel_size", "data_parallel_leader", "engine", "tuning_disabled", "memory_budget_bytes", "over_budget", "collective_latency_s", "shard_layout")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class RegisterRequest(_message.Message):
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     OVER_BUDGET_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    SHARD_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     world_size: int
@@ -139,7 +140,18 @@ class RegisterRequest(_message.Message):
     memory_budget_bytes: int
     over_budget: _containers.RepeatedCompositeFieldContainer[Config]
     collective_latency_s: float
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., engine: _Optional[str] = ..., tuning_disabled: _Optional[bool] = ..., memory_budget_bytes: _Optional[int] = ..., over_budget: _Optional[_Iterable[_Union[Config, _Mapping]]] = ..., collective_latency_s: _Optional[float] = ...) -> None: ...
+    shard_layout: ShardLayout
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., model: _Optional[_Union[ModelFingerprint, _Mapping]] = ..., config: _Optional[_Union[Config, _Mapping]] = ..., client_version: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., data_parallel_leader: _Optional[int] = ..., engine: _Optional[str] = ..., tuning_disabled: _Optional[bool] = ..., memory_budget_bytes: _Optional[int] = ..., over_budget: _Optional[_Iterable[_Union[Config, _Mapping]]] = ..., collective_latency_s: _Optional[float] = ..., shard_layout: _Optional[_Union[ShardLayout, _Mapping]] = ...) -> None: ...
+
+class ShardLayout(_message.Message):
+    __slots__ = ("group_bytes", "root_bytes", "async_gathers")
+    GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_GATHERS_FIELD_NUMBER: _ClassVar[int]
+    group_bytes: _containers.RepeatedScalarFieldContainer[int]
+    root_bytes: int
+    async_gathers: bool
+    def __init__(self, group_bytes: _Optional[_Iterable[int]] = ..., root_bytes: _Optional[int] = ..., async_gathers: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "last_acked_seq")

@@ -17,16 +17,21 @@ import threading
 import time
 import uuid
 import warnings
+from typing import Any
 
 import grpc
 
 from autobyte import __version__
 from autobyte.channel import RETRY_AFTER_KEY, auth_metadata
-from autobyte.convert import config_to_proto, memory_to_proto, metrics_to_proto
+from autobyte.convert import (
+    config_to_proto,
+    memory_to_proto,
+    metrics_to_proto,
+    shard_layout_to_proto,
+)
 from autobyte.hostload import HostLoadSampler
 from autobyte.protocol import autobyte_pb2 as pb
 from autobyte.protocol import autobyte_pb2_grpc as pb_grpc
-from autobyte.records import MemoryLimits
 from autobyte.tcplinks import LinkSampler
 from autobyte.transport.control import RPC_TIMEOUT_S, Control
 from autobyte.transport.endpoints import DaemonEndpoints, release_call
@@ -241,16 +246,19 @@ class Reporter:
         self.control.cancel_watch()
         return True
 
-    def _memory_limits(self) -> MemoryLimits | None:
-        """An FSDP2 job's budget (autobyte.fsdp), computed at each registration: after the first
-        step its forward order is known. A scheduler job has none."""
-        limits = getattr(self._optimizer, "memory_limits", None)
-        if limits is None:
+    def _sharded(self, method: str, what: str) -> Any:
+        """What an FSDP2 job (autobyte.fsdp) tells its registration: its memory budget
+        (`memory_limits`), its groups (`shard_layout`), computed at each registration (after the
+        first step its forward order is known). A scheduler job has neither: None. The
+        registration goes on without it where it fails: the ranks still check their budget, the
+        daemon still measures."""
+        fn = getattr(self._optimizer, method, None)
+        if fn is None:
             return None
         try:
-            return limits()
-        except Exception:  # the registration goes on without them: the ranks still check
-            log.warning("autobyte: cannot tell autobyted the memory budget", exc_info=True)
+            return fn()
+        except Exception:
+            log.warning("autobyte: cannot tell autobyted %s", what, exc_info=True)
             return None
 
     def _register(self, stub) -> tuple[str, int]:
@@ -272,7 +280,8 @@ class Reporter:
                 data_parallel_leader=self.place.dp_leader,
                 tuning_disabled=not self.tune,
                 collective_latency_s=float(getattr(self._optimizer, "collective_latency_s", 0.0)),
-                **memory_to_proto(self._memory_limits()),
+                **memory_to_proto(self._sharded("memory_limits", "the memory budget")),
+                **shard_layout_to_proto(self._sharded("shard_layout", "the job's FSDP2 groups")),
             ),
             timeout=RPC_TIMEOUT_S,
             metadata=self._metadata,

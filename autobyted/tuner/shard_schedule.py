@@ -26,16 +26,28 @@ The model (one rank; every rank runs the same schedule):
 What it leaves out: memory (ShardedJob.gathered_bytes predicts the gathered bytes), the optimizer
 step, the CPU's share of gloo's work, collectives overlapping on the link (they share it; here
 they queue, which gives the same finish of the last one). Checked against the emulated testbed by
-benchmarks/sim_vs_fsdp.py (docs/results.md, "FSDP2's schedule in the simulator": 1.7% median error at 2 ranks, 3.6% at
-4, 5-11% at 8).
+benchmarks/sim_vs_fsdp.py (docs/results.md, "FSDP2's schedule in the simulator": 1.7% median
+error at 2 ranks, 3.6% at 4, 5-11% at 8), where each group's compute comes from the profile.
+
+The daemon's tuner uses it (autobyted/tuner/sharded.py) through `JobSchedule`: a job registers its
+groups' bytes (autobyte.records.ShardLayout), not their compute, so `calibrate` fits the model
+to one measured configuration (the compute is the step less the time in collectives, split by
+bytes; the rate is the one at which the schedule takes the measured step) and `predict` gives
+every other configuration's step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from simulator.profiles import ModelProfile
+from autobyte.records import ShardLayout
+from autobyte.types import Config
+
+if TYPE_CHECKING:  # the simulator's profiles (simulator/profiles.py) are not in the wheel
+    from simulator.profiles import ModelProfile
 
 DEFAULT_BACKWARD_PREFETCH = 1  # FSDP2 prefetches the next group's all-gather in backward
 
@@ -266,3 +278,88 @@ def simulate_step(
             rs_wait += end - t
             t = end
     return ShardedStep(max(t, last_rs), ag_wait, rs_wait, gathers)
+
+
+# ---------------------------------------------------------------------------- the daemon's model
+FORWARD_SHARE = 1 / 3  # a layer's forward in its forward + backward (backward: two matmuls a one)
+RATE_BOUNDS = (1e3, 1e13)  # bytes/s the calibration searches: 8 kbit/s .. 80 Tbit/s
+RATE_ITERATIONS = 60  # bisections in log rate: 2**-60 of the bounds' ratio, far below any noise
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSchedule:
+    """What the daemon knows of an FSDP2 job to predict its steps: its groups (its registration's
+    autobyte.records.ShardLayout), world size, backend and per-collective cost. The compute
+    between collectives is not registered: `calibrate` splits a measured step's compute over the
+    groups by their bytes (a transformer's blocks are alike; its head, in the root, computes in
+    proportion to its bytes too), FORWARD_SHARE of it in forward, the root's after the groups."""
+
+    layout: ShardLayout
+    world_size: int
+    backend: str
+    collective_latency_s: float = 0.0
+
+    def model(self, compute_s: float) -> ShardedModel:
+        layout = self.layout
+        per_byte = compute_s / (layout.root_bytes + sum(layout.group_bytes))
+        f, b = FORWARD_SHARE * per_byte, (1 - FORWARD_SHARE) * per_byte
+        groups = tuple(
+            ShardGroup(str(i), n, n * f, n * b) for i, n in enumerate(layout.group_bytes)
+        )
+        root = layout.root_bytes
+        return ShardedModel(groups, root, (0.0, root * f), (0.0, root * b))
+
+    def link(self, bytes_per_s: float) -> ShardLink:
+        gloo = self.backend == "gloo"  # collectives hold the thread; a reduce-scatter all-reduces
+        return ShardLink(
+            bytes_per_s,
+            self.world_size,
+            fixed_s=self.collective_latency_s,
+            rs_factor=2.0 if gloo else 1.0,
+            sync_all_gathers=gloo and not self.layout.async_gathers,
+            sync_reduce_scatters=gloo,
+        )
+
+    def calibrate(self, config: Config, step_s: float, exposed_s: float) -> Calibrated | None:
+        """The job's model fitted to one measured configuration: its compute (the step less the
+        time in collectives) and the rate at which the schedule takes the step measured. None
+        where that is not a step this model can take (no compute, one rank)."""
+        compute = step_s - exposed_s
+        if self.world_size < 2 or not (compute > 0 and math.isfinite(step_s)):
+            return None
+        model = self.model(compute)
+
+        def step_at(rate: float) -> float:
+            return _simulate(model, self.link(rate), config).step_s
+
+        lo, hi = (math.log(r) for r in RATE_BOUNDS)
+        if step_at(math.exp(hi)) >= step_s:  # the collectives are hidden: as fast as the bound
+            return Calibrated(self, model, math.exp(hi))
+        for _ in range(RATE_ITERATIONS):
+            mid = (lo + hi) / 2
+            if step_at(math.exp(mid)) > step_s:
+                lo = mid
+            else:
+                hi = mid
+        return Calibrated(self, model, math.exp(hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibrated:
+    schedule: JobSchedule
+    model: ShardedModel
+    bytes_per_s: float
+
+    def predict(self, config: Config) -> float:
+        """`config`'s step time under the calibrated compute and rate."""
+        return _simulate(self.model, self.schedule.link(self.bytes_per_s), config).step_s
+
+
+def _simulate(model: ShardedModel, link: ShardLink, config: Config) -> ShardedStep:
+    return simulate_step(
+        model,
+        link,
+        config.forward_prefetch,
+        config.backward_prefetch,
+        config.reshard_after_forward,
+    )
