@@ -608,7 +608,8 @@ def test_autobyted_tunes_an_fsdp2_job_live_and_every_rank_switches_at_one_step(t
     decisions = {d.decision_id: d for d in history.decisions}
     assert decisions and all(d.source == "tuner" for d in decisions.values()), decisions
     trials = [d for d in decisions.values() if "trial" in d.reason]
-    assert trials and trials[0].config.forward_prefetch == 1, trials
+    # forward prefetch first: the first neighbour, or the fastest the job's schedule model predicts
+    assert trials and trials[0].config.forward_prefetch, trials
     # the registration named the over-budget configurations: none was decided, and the trials say so
     assert all(d.config.reshard_after_forward is not False for d in decisions.values())
     assert any("over the memory budget of 7,500 bytes not tried" in d.reason for d in trials)
